@@ -1,0 +1,7 @@
+"""`dphub` commands of the evaluate group (placeholder until implemented)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the root app."""

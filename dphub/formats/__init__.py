@@ -1,0 +1,1 @@
+"""dphub.formats"""

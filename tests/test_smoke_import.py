@@ -1,0 +1,3 @@
+def test_import():
+    import dphub.cli.main  # noqa: F401
+
