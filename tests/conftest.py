@@ -1,0 +1,53 @@
+"""Shared test fixtures.
+
+``tiny_base_model`` is a randomly initialised, very small BERT (hidden 32, 2 layers, 2 heads)
+saved like a public base model (safetensors weights + the embedded MiniLM tokenizer files), so that
+tests can build, train, save and load taggers in seconds on CPU without any download. It keeps the
+full MiniLM vocabulary so the real fast WordPiece tokenizer drives it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+#: Tokenizer files a base model directory carries (copied byte-for-byte from the embedded model).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def make_tiny_base_model(out_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny random ``BertModel`` plus the embedded tokenizer files into ``out_dir``."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from dphub.encoders import embedded_model_dir
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = embedded_model_dir()
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = BertModel(config)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(src / name, out_dir / name)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory of a tiny random BERT base model (safetensors + MiniLM tokenizer files).
+
+    Session-scoped and read-only by convention: tests that need to modify it should copy it.
+    """
+    return make_tiny_base_model(tmp_path_factory.mktemp("tiny-base") / "tiny-bert")
