@@ -1,0 +1,475 @@
+"""The rule member ``rules:default``: regular expressions and dictionaries, no training data (ε = 0).
+
+Why a rule member at all: structured identifiers (dates, phone numbers, e-mail addresses, ids) are
+matched more reliably by patterns than by a small DP model, and a member that saw no patient data
+costs no privacy. The ensemble's union rule then lets the models cover names and free-text PHI.
+
+Scores: a regex match on a structured pattern scores :data:`PATTERN_SCORE` (1.0: deterministic,
+the format itself is the evidence); a dictionary match (names, places) scores
+:data:`DICTIONARY_SCORE` (0.6: a list hit is weaker evidence). Scores matter for the ensemble's
+label choice (the highest-scoring member names a merged span) and for a member threshold: a rule
+member with threshold 0.7 keeps only the patterns.
+
+Precision on ALL-CAPS nursing notes: capitalisation cannot tell "MAY" the month from "may" the
+verb or "AMBER" the name from amber urine, so names that are also common English or clinical words
+(``ambiguous_names.txt`` + ``common_words.txt`` + ``clinical_words.txt``) are flagged only with
+context (a title such as ``DR.`` / ``MR.`` or an adjacent unambiguous name). In mixed-case text a
+lowercase word is never a dictionary name. Times are not HIPAA identifiers (and PhysioNet gold
+does not mark them), so the time patterns are off unless ``times = true``.
+
+Dictionaries and their licenses: ``dphub/resources/rules/README.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from dphub.errors import ConfigError
+from dphub.labels import is_known
+from dphub.notes import Note, Span
+
+PATTERN_SCORE = 1.0
+DICTIONARY_SCORE = 0.6
+RULES_DEFAULT = "rules:default"
+
+
+# ----------------------------------------------------------------------------- dictionaries
+def _read_list(name: str) -> list[str]:
+    text = resources.files("dphub").joinpath("resources", "rules", name).read_text(encoding="utf-8")
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+@dataclass(frozen=True)
+class Dictionaries:
+    """The word lists, lower-cased, loaded once per process."""
+
+    first_names: frozenset[str]
+    last_names: frozenset[str]
+    common: frozenset[str]
+    ambiguous: frozenset[str]
+    cities: tuple[str, ...]
+    states: dict[str, str]  # lower name -> abbreviation
+    state_abbrs: frozenset[str]
+    countries: tuple[str, ...]
+    hospital_words: tuple[str, ...]
+
+    @property
+    def names(self) -> frozenset[str]:
+        return self.first_names | self.last_names
+
+
+@lru_cache(maxsize=1)
+def dictionaries() -> Dictionaries:
+    common = {w.lower() for w in _read_list("common_words.txt")}
+    for line in _read_list("clinical_words.txt"):
+        common.update(w.lower() for w in line.split())
+    ambiguous: set[str] = set()
+    for line in _read_list("ambiguous_names.txt"):
+        ambiguous.update(w.lower() for w in line.split())
+    states: dict[str, str] = {}
+    for line in _read_list("states.txt"):
+        name, abbr = line.split("\t")
+        states[name.lower()] = abbr
+    return Dictionaries(
+        first_names=frozenset(w.lower() for w in _read_list("first_names.txt")),
+        last_names=frozenset(w.lower() for w in _read_list("last_names.txt")),
+        common=frozenset(common),
+        ambiguous=frozenset(ambiguous),
+        cities=tuple(w.lower() for w in _read_list("cities.txt")),
+        states=states,
+        state_abbrs=frozenset(states.values()),
+        countries=tuple(w.lower() for w in _read_list("countries.txt")),
+        hospital_words=tuple(w.lower() for w in _read_list("hospital_words.txt")),
+    )
+
+
+# ----------------------------------------------------------------------------- patterns
+_MONTH = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|"
+    r"sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
+)
+_ORD = r"(?:st|nd|rd|th)?"
+_YEAR = r"(?:\d{4}|'\d{2})"
+#: month abbreviations that are also clinical abbreviations (MAR = medication record, DEC =
+#: decreased): accepted only spelled out or with a year.
+_RISKY_MONTHS = {"mar", "mar.", "dec", "dec."}
+#: common fractions written like m/d dates ("1/2 NS", "3/4 strength")
+_FRACTIONS = {(1, 2), (1, 3), (1, 4), (1, 8), (2, 3), (3, 4)}
+
+_I = re.IGNORECASE
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    label: str
+    regex: re.Pattern[str]
+    group: int = 0
+    check: str | None = None  # name of a validation function
+
+
+_PATTERNS: tuple[_Pattern, ...] = (
+    # --- contact
+    _Pattern("EMAIL", re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")),
+    _Pattern("URL", re.compile(r"\b(?:https?://|www\.)[^\s<>\"']+[^\s<>\"'.,;:)]", _I)),
+    _Pattern("IPADDR", re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])"), check="ip"),
+    _Pattern("SSN", re.compile(r"(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])")),
+    _Pattern("SSN", re.compile(r"\b(?:ssn|social security(?: number| no\.?)?)[:#\s]*(\d{9})\b", _I), 1),
+    _Pattern(
+        "PHONE",
+        re.compile(
+            r"(?<![\d-])(?:\+?1[\s.-]?)?(?:\(\d{3}\)\s*|\d{3}[\s.-])\d{3}[\s.-]\d{4}"
+            r"(?:\s*(?:x|ext\.?)\s*\d{1,5})?(?![\d-])",
+            _I,
+        ),
+        check="phone",
+    ),
+    _Pattern("PHONE", re.compile(r"(?<![\d-])\d{3}-\d{4}(?![\d-])"), check="phone"),
+    _Pattern(
+        "PHONE",
+        re.compile(r"\b(?:pager|beeper|pgr|bpr|ext|x)\.?\s*#?\s*(\d{4,5})(?!\d)", _I),
+        1,
+        check="phone",
+    ),
+    # --- ids
+    _Pattern(
+        "MEDICALRECORD",
+        re.compile(
+            r"\b(?:mrn|mr\s?#|mr no\.?|medical record(?: number| no\.?| #)?|unit no\.?|"
+            r"record #|acct\.?|account(?: number| no\.?)?)[:#\s]*([a-z]{0,2}\d[\d-]{3,}\d)",
+            _I,
+        ),
+        1,
+    ),
+    _Pattern("IDNUM", re.compile(r"(?<![\d.,/-])\d{7,}(?![\d.,/-])")),
+    # --- dates
+    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}([/-])\d{1,2}\1(?:\d{4}|\d{2})(?![\d/-])"), check="mdy"),
+    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{4}([/-])\d{1,2}\1\d{1,2}(?![\d/-])"), check="ymd"),
+    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}/\d{1,2}(?![\d/]|\.\d)"), check="md"),
+    _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
+    _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", _I), check="month"),
+    _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
+    _Pattern(
+        "DATE",
+        re.compile(
+            r"\b(?:christmas(?: eve| day)?|thanksgiving|easter|new year'?s(?: eve| day)?|"
+            r"independence day|memorial day|labor day|veterans day|halloween|hanukkah|"
+            r"valentine'?s day|mother'?s day|father'?s day)\b",
+            _I,
+        ),
+    ),
+    # --- locations with structure
+    _Pattern("ZIP", re.compile(r"(?<![\d-])\d{5}-\d{4}(?![\d-])")),
+    _Pattern("ZIP", re.compile(r"\bzip(?:\s*code)?[:#\s]*(\d{5})(?!\d)", _I), 1),
+    # --- ages
+    _Pattern(
+        "AGE",
+        re.compile(
+            r"\b(\d{1,3})\s*-?\s*(?:yo|y/o|y\.o\.?|yrs?\.?[- ]old|years?[- ]old|"
+            r"yo[mf]|yow[mf]|year-old)(?![a-z])",
+            _I,
+        ),
+        1,
+    ),
+    _Pattern("AGE", re.compile(r"\bage[d:]?\s*(\d{1,3})(?!\d)", _I), 1),
+    _Pattern("AGE", re.compile(r">\s?(?:89|90)(?![\d.])")),
+    _Pattern("AGE", re.compile(r"\b(?:his|her|their|early|late|mid)[- ](\d0'?s)\b", _I), 1),
+)
+
+_TIME_PATTERNS: tuple[_Pattern, ...] = (
+    _Pattern("DATE", re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s*(?:am|pm|a\.m\.|p\.m\.))?", _I)),
+    _Pattern("DATE", re.compile(r"\b\d{1,2}\s*(?:am|pm|a\.m\.|p\.m\.)", _I)),
+)
+
+
+def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
+    if check is None:
+        return True
+    s = m.group(0)
+    if check == "ip":
+        return all(int(p) <= 255 for p in s.split("."))
+    if check == "phone":
+        # a number followed by a unit or preceded by a decimal point is a measurement
+        before = text[max(0, m.start() - 1) : m.start()]
+        return before != "."
+    nums = [int(x) for x in re.findall(r"\d+", s)]
+    if check == "mdy":
+        a, b = nums[0], nums[1]
+        return (1 <= a <= 12 and 1 <= b <= 31) or (1 <= b <= 12 and 1 <= a <= 31)
+    if check == "ymd":
+        return 1 <= nums[1] <= 12 and 1 <= nums[2] <= 31
+    if check == "md":
+        a, b = nums
+        if (a, b) in _FRACTIONS:
+            return False
+        return 1 <= a <= 12 and 1 <= b <= 31
+    if check == "month":
+        word = re.search(r"[a-z]+\.?", s, re.IGNORECASE)
+        day = nums[0]
+        if not 1 <= day <= 31:
+            return False
+        has_year = len(nums) > 1
+        return not (word and word.group(0).lower() in _RISKY_MONTHS and not has_year)
+    return True
+
+
+# ----------------------------------------------------------------------------- words
+_WORD = re.compile(r"[A-Za-z](?:[A-Za-z'’]*[A-Za-z])?")
+_STRONG_TITLES = {"dr", "doctor", "mr", "mrs", "ms", "miss", "mx", "prof", "professor"}
+_HOSPITAL_CONNECTORS = {"and", "of", "the", "st", "saint", "&"}
+
+
+@dataclass(frozen=True)
+class _Tok:
+    start: int
+    end: int
+    word: str  # as written
+
+    @property
+    def low(self) -> str:
+        return self.word.lower().replace("’", "'")
+
+
+def _tokens(text: str) -> list[_Tok]:
+    return [_Tok(m.start(), m.end(), m.group(0)) for m in _WORD.finditer(text)]
+
+
+def _adjacent(text: str, a: _Tok, b: _Tok) -> bool:
+    """Two tokens belong to one name: separated by spaces, a comma, or an initial's period."""
+    gap = text[a.end : b.start]
+    return len(gap) <= 3 and re.fullmatch(r"\.?,?\s+|\.", gap) is not None
+
+
+@dataclass
+class RuleOptions:
+    """Options of a rule member, from the manifest (``[members.options]``).
+
+    allow:  words/phrases never flagged (case-insensitive), e.g. a ward named after a person
+    deny:   words/phrases always flagged; a table maps each to a label, a list uses ``OTHER``
+    times:  also flag clock times (not HIPAA identifiers; off by default)
+    """
+
+    allow: frozenset[str] = frozenset()
+    deny: Mapping[str, str] = field(default_factory=dict)
+    times: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> RuleOptions:
+        d = dict(d or {})
+        unknown = set(d) - {"allow", "deny", "times"}
+        if unknown:
+            raise ConfigError(
+                f"unknown rule option(s) {', '.join(sorted(unknown))}; known: allow, deny, times"
+            )
+        allow = d.get("allow", [])
+        deny_raw = d.get("deny", {})
+        if not isinstance(allow, list) or not all(isinstance(w, str) for w in allow):
+            raise ConfigError("rule option 'allow' must be a list of strings")
+        if isinstance(deny_raw, list):
+            deny = {str(w): "OTHER" for w in deny_raw}
+        elif isinstance(deny_raw, dict):
+            deny = {str(k): str(v) for k, v in deny_raw.items()}
+        else:
+            raise ConfigError("rule option 'deny' must be a list of strings or a table")
+        for w, lab in deny.items():
+            if not is_known(lab):
+                raise ConfigError(f"rule option 'deny': unknown label {lab!r} for entry #{list(deny).index(w) + 1}")
+        return cls(
+            allow=frozenset(w.lower() for w in allow),
+            deny=deny,
+            times=bool(d.get("times", False)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.allow:
+            out["allow"] = sorted(self.allow)
+        if self.deny:
+            out["deny"] = dict(self.deny)
+        if self.times:
+            out["times"] = True
+        return out
+
+
+class RuleMember:
+    """Ensemble member ``rules:default``: patterns + dictionaries, ε = 0 (no training data)."""
+
+    epsilon: float = 0.0
+    unit: str | None = None
+    revision: str | None = None
+
+    def __init__(self, name: str = RULES_DEFAULT, options: RuleOptions | None = None) -> None:
+        self.name = name
+        self.options = options or RuleOptions()
+        self.dicts = dictionaries()
+        self._phrase_res = self._compile_phrases()
+
+    def _compile_phrases(self) -> dict[str, re.Pattern[str]]:
+        d = self.dicts
+
+        def alt(words: Iterable[str]) -> str:
+            ws = sorted({re.escape(w) for w in words}, key=len, reverse=True)
+            return "|".join(w.replace(r"\ ", r"\s+") for w in ws)
+
+        out = {
+            "CITY": re.compile(rf"\b(?:{alt(d.cities)})\b", _I),
+            "STATE": re.compile(rf"\b(?:{alt(d.states)})\b", _I),
+            "COUNTRY": re.compile(
+                rf"\b(?:{alt(c for c in d.countries if c not in d.ambiguous and c not in d.common and len(c) > 3)})\b",
+                _I,
+            ),
+            "HOSPITAL": re.compile(rf"\b(?:{alt(d.hospital_words)})\b", _I),
+            "STATE_ABBR": re.compile(
+                rf"\b([A-Z][A-Za-z.'-]+(?:\s[A-Z][A-Za-z.'-]+)?),\s*({alt(d.state_abbrs)})\b"
+                r"(?:\.?\s+(\d{5}(?:-\d{4})?))?"
+            ),
+        }
+        if self.options.deny:
+            out["DENY"] = re.compile(rf"\b(?:{alt(w.lower() for w in self.options.deny)})\b", _I)
+        return out
+
+    # ------------------------------------------------------------------ public
+    def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]:
+        """Spans per note; a threshold drops spans scoring below it (0.7 keeps patterns only)."""
+        out = []
+        for note in notes:
+            spans = self.spans(note.text)
+            if threshold is not None:
+                spans = [s for s in spans if (s.score or 0.0) >= threshold]
+            out.append(spans)
+        return out
+
+    def spans(self, text: str) -> list[Span]:
+        """All rule spans of one text, overlaps resolved (longest, then highest score wins)."""
+        found: list[Span] = []
+        patterns = _PATTERNS + (_TIME_PATTERNS if self.options.times else ())
+        for p in patterns:
+            for m in p.regex.finditer(text):
+                if not _valid(p.check, m, text):
+                    continue
+                s, e = m.span(p.group)
+                if e > s:
+                    found.append(Span(s, e, p.label, score=PATTERN_SCORE, source=self.name))
+        found.extend(self._dictionary_spans(text))
+        return self._resolve(text, found)
+
+    # ------------------------------------------------------------------ internals
+    def _dictionary_spans(self, text: str) -> list[Span]:
+        d = self.dicts
+        mixed_case = any(c.islower() for c in text)
+        toks = _tokens(text)
+        out: list[Span] = []
+
+        def span(a: int, b: int, label: str, score: float = DICTIONARY_SCORE) -> None:
+            out.append(Span(a, b, label, score=score, source=self.name))
+
+        def capitalised(t: _Tok) -> bool:
+            return not mixed_case or t.word[0].isupper()
+
+        def is_common(t: _Tok) -> bool:
+            return t.low in d.common or t.low in d.ambiguous
+
+        # names: unambiguous dictionary hits, then titles, then adjacent ambiguous names
+        is_name = [False] * len(toks)
+        label = ["NAME"] * len(toks)
+        for i, t in enumerate(toks):
+            if capitalised(t) and t.low in d.names and not is_common(t) and len(t.low) > 1:
+                is_name[i] = True
+        for i, t in enumerate(toks):
+            if t.low not in _STRONG_TITLES:
+                continue
+            after = text[t.end : t.end + 1]
+            if t.low == "ms" and not mixed_case and after != ".":
+                continue  # "MS" in capitals is usually mental status / morphine sulfate
+            j = i + 1
+            taken = 0
+            while j < len(toks) and taken < 3 and _adjacent(text, toks[j - 1], toks[j]):
+                tj = toks[j]
+                initial = len(tj.word) == 1 and text[tj.end : tj.end + 1] == "."
+                if not capitalised(tj):
+                    break
+                if tj.low in d.common and tj.low not in d.names and not initial:
+                    break
+                is_name[j] = True
+                label[j] = "DOCTOR" if t.low in ("dr", "doctor") else "NAME"
+                taken += 1
+                j += 1
+        changed = True
+        while changed:  # an ambiguous name next to a found name is part of it ("MARK SMITH")
+            changed = False
+            for i, t in enumerate(toks):
+                if is_name[i] or not capitalised(t) or t.low not in d.names:
+                    continue
+                left = i > 0 and is_name[i - 1] and _adjacent(text, toks[i - 1], t)
+                right = i + 1 < len(toks) and is_name[i + 1] and _adjacent(text, t, toks[i + 1])
+                if left or right:
+                    is_name[i] = True
+                    label[i] = label[i - 1] if left else label[i + 1]
+                    changed = True
+        for i, t in enumerate(toks):
+            if is_name[i]:
+                span(t.start, t.end, label[i])
+
+        # places: city / state / country names, "City, ST 12345", "X Y Hospital"
+        for lab in ("CITY", "STATE", "COUNTRY"):
+            for m in self._phrase_res[lab].finditer(text):
+                if mixed_case and not m.group(0)[0].isupper():
+                    continue
+                span(m.start(), m.end(), lab)
+        for m in self._phrase_res["STATE_ABBR"].finditer(text):
+            first = m.group(1).split()[0].lower()
+            if first in d.common or first in d.ambiguous:
+                continue
+            span(m.start(1), m.end(1), "CITY")
+            span(m.start(2), m.end(2), "STATE", PATTERN_SCORE)
+            if m.group(3):
+                span(m.start(3), m.end(3), "ZIP", PATTERN_SCORE)
+        tok_index = {t.start: k for k, t in enumerate(toks)}
+        for m in self._phrase_res["HOSPITAL"].finditer(text):
+            k = tok_index.get(m.start())
+            if k is None:
+                continue
+            start = m.start()
+            specific = False
+            j = k - 1
+            while j >= 0 and k - j <= 5 and _adjacent(text, toks[j], toks[j + 1]):
+                tj = toks[j]
+                if not capitalised(tj):
+                    break
+                if tj.low in _HOSPITAL_CONNECTORS:
+                    j -= 1
+                    continue
+                if tj.low in d.common and tj.low not in d.names:
+                    break
+                start = tj.start
+                specific = True
+                j -= 1
+            if specific:
+                span(start, m.end(), "HOSPITAL")
+
+        if "DENY" in self._phrase_res:
+            lower_deny = {w.lower(): lab for w, lab in self.options.deny.items()}
+            for m in self._phrase_res["DENY"].finditer(text):
+                lab = lower_deny.get(re.sub(r"\s+", " ", m.group(0).lower()), "OTHER")
+                span(m.start(), m.end(), lab, PATTERN_SCORE)
+        return out
+
+    def _resolve(self, text: str, spans: list[Span]) -> list[Span]:
+        """Drop allowed words and overlaps: longer spans win, then higher scores."""
+        if self.options.allow:
+            spans = [s for s in spans if text[s.start : s.end].lower() not in self.options.allow]
+        spans.sort(key=lambda s: (-(s.end - s.start), -(s.score or 0.0), s.start))
+        taken: list[Span] = []
+        for s in spans:
+            if all(s.end <= t.start or s.start >= t.end for t in taken):
+                taken.append(s)
+        return sorted(taken, key=lambda s: (s.start, s.end))
