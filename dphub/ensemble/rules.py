@@ -246,7 +246,11 @@ def _tokens(text: str) -> list[_Tok]:
 def _adjacent(text: str, a: _Tok, b: _Tok) -> bool:
     """Two tokens belong to one name: separated by spaces, a comma, or an initial's period."""
     gap = text[a.end : b.start]
-    return len(gap) <= 3 and re.fullmatch(r"\.?,?\s+|\.", gap) is not None
+    if len(gap) > 3:
+        return False
+    if len(a.word) == 1 or a.low in _STRONG_TITLES:  # "J. SMITH", "DR. SMITH"
+        return re.fullmatch(r"\.\s*|\s+", gap) is not None
+    return re.fullmatch(r",?\s+", gap) is not None
 
 
 @dataclass
@@ -399,6 +403,8 @@ class RuleMember:
                     break
                 if tj.low in d.common and tj.low not in d.names and not initial:
                     break
+                if taken and not initial and tj.low not in d.names:
+                    break  # after the first word only dictionary names continue a name
                 is_name[j] = True
                 label[j] = "DOCTOR" if t.low in ("dr", "doctor") else "NAME"
                 taken += 1

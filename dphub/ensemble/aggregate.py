@@ -1,0 +1,155 @@
+"""Combining members' predictions on characters.
+
+Members tokenize differently (their own word pieces, windows, or none at all for rules), so the
+only common ground is the note's characters. Each member contributes the characters its spans
+cover; a character is PHI when at least ``k`` members cover it (``any``: k = 1, the minimality
+rule of the ensemble: one member is enough to hide a character; ``k-of-n:K``: K members must
+agree). Contiguous PHI characters form merged spans, except that spans which only *touch*
+(one ends where the next begins, with no member spanning the seam) stay separate entities.
+
+A merged span's label is the label of the highest-scoring member span overlapping it; ties go to
+the category earlier in :data:`dphub.labels.CATEGORY_PRECEDENCE` (names leak most), then to the
+member listed first. A span without a score (fixed/gold-like spans) counts as score 1.0: it comes
+from a deterministic source. ``voters`` records which members flagged any of its characters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dphub.errors import ConfigError
+from dphub.labels import CATEGORY_PRECEDENCE, category_of
+from dphub.notes import Span
+
+
+@dataclass(frozen=True)
+class AggregateRule:
+    """``any`` (k = 1) or ``k-of-n:K``."""
+
+    k: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> AggregateRule:
+        t = text.strip().lower()
+        if t == "any":
+            return cls(1)
+        m = re.fullmatch(r"k-of-n:(\d+)", t)
+        if not m or int(m.group(1)) < 1:
+            raise ConfigError(f"aggregate rule {text!r}: use 'any' or 'k-of-n:K' with K >= 1")
+        return cls(int(m.group(1)))
+
+    def check(self, n_members: int) -> None:
+        if self.k > n_members:
+            raise ConfigError(
+                f"aggregate rule k-of-n:{self.k} needs at least {self.k} members; "
+                f"the ensemble has {n_members}"
+            )
+
+    def __str__(self) -> str:
+        return "any" if self.k == 1 else f"k-of-n:{self.k}"
+
+
+@dataclass(frozen=True)
+class MergedSpan:
+    """An ensemble span: the chosen label, the best member score, and the members that voted."""
+
+    start: int
+    end: int
+    label: str
+    score: float
+    voters: tuple[str, ...]
+
+    def to_span(self) -> Span:
+        return Span(self.start, self.end, self.label, score=self.score, source="+".join(self.voters))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "end": self.end,
+            "label": self.label,
+            "score": round(self.score, 6),
+            "voters": list(self.voters),
+        }
+
+
+def _score(s: Span) -> float:
+    return 1.0 if s.score is None else float(s.score)
+
+
+def _precedence(label: str) -> int:
+    return CATEGORY_PRECEDENCE.index(category_of(label))
+
+
+def aggregate(
+    member_spans: Mapping[str, Sequence[Span]],
+    rule: AggregateRule | str = "any",
+    *,
+    thresholds: Mapping[str, float | None] | None = None,
+) -> list[MergedSpan]:
+    """Merge the spans of several members (name -> spans, in member order) over one note.
+
+    ``thresholds`` drops a member's spans scoring below its threshold (for members whose spans
+    carry scores but were produced without one, e.g. fixed spans in tests).
+    """
+    if isinstance(rule, str):
+        rule = AggregateRule.parse(rule)
+    names = list(member_spans)
+    rule.check(len(names))
+    order = {n: i for i, n in enumerate(names)}
+    spans: list[tuple[str, Span]] = []
+    for name in names:
+        t = (thresholds or {}).get(name)
+        for s in member_spans[name]:
+            if s.end <= s.start or (t is not None and _score(s) < t):
+                continue
+            spans.append((name, s))
+    if not spans:
+        return []
+    # votes per character: +1/-1 events per member over that member's merged coverage
+    events: dict[int, int] = {}
+    for name in names:
+        own = sorted((s.start, s.end) for n, s in spans if n == name)
+        merged: list[list[int]] = []
+        for a, b in own:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        for a, b in merged:
+            events[a] = events.get(a, 0) + 1
+            events[b] = events.get(b, 0) - 1
+    regions: list[tuple[int, int]] = []
+    votes, start = 0, None
+    for pos in sorted(events):
+        votes += events[pos]
+        if votes >= rule.k and start is None:
+            start = pos
+        elif votes < rule.k and start is not None:
+            regions.append((start, pos))
+            start = None
+    out: list[MergedSpan] = []
+    for ra, rb in regions:
+        inside = sorted(
+            ((n, s) for n, s in spans if s.start < rb and s.end > ra),
+            key=lambda ns: (max(ns[1].start, ra), -ns[1].end),
+        )
+        # components of strictly overlapping spans (clipped to the region)
+        comps: list[list[Any]] = []  # [start, end, members]
+        for n, s in inside:
+            a, b = max(s.start, ra), min(s.end, rb)
+            if comps and a < comps[-1][1]:
+                comps[-1][1] = max(comps[-1][1], b)
+                comps[-1][2].append((n, s))
+            else:
+                comps.append([a, b, [(n, s)]])
+        for a, b, members in comps:
+            best_name, best = min(
+                members,
+                key=lambda ns: (-_score(ns[1]), _precedence(ns[1].label), order[ns[0]]),
+            )
+            voters = tuple(sorted({n for n, _ in members}, key=order.__getitem__))
+            out.append(MergedSpan(a, b, best.label, _score(best), voters))
+    return out

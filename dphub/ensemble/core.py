@@ -1,0 +1,112 @@
+"""An ensemble: members with their thresholds plus an aggregation rule, applied to notes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
+from dphub.ensemble.manifest import Manifest, MemberEntry, card_privacy, model_dir_of
+from dphub.ensemble.members import Member, ModelMember
+from dphub.ensemble.rules import RuleMember, RuleOptions
+from dphub.errors import ConfigError
+from dphub.notes import Note, Span
+
+
+@dataclass
+class Slot:
+    """A member in the ensemble, with its threshold and provenance (for listings and audits)."""
+
+    member: Member
+    threshold: float | None = None
+    epsilon: float | None = None
+    unit: str | None = None
+    revision: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.member.name
+
+
+@dataclass
+class NoteResult:
+    """Per note: the merged spans, and each member's own spans (for evaluation and audits)."""
+
+    merged: list[MergedSpan]
+    by_member: dict[str, list[Span]] = field(default_factory=dict)
+
+    @property
+    def spans(self) -> list[Span]:
+        return [m.to_span() for m in self.merged]
+
+
+class Ensemble:
+    """Members + rule. ``deid(notes)`` runs every member once per batch and merges on characters."""
+
+    def __init__(self, slots: Sequence[Slot], rule: AggregateRule | str = "any") -> None:
+        if not slots:
+            raise ConfigError("the ensemble has no members (add one with `dphub ensemble add`)")
+        names = [s.name for s in slots]
+        if len(set(names)) != len(names):
+            raise ConfigError("ensemble member names must be unique")
+        self.slots = list(slots)
+        self.rule = AggregateRule.parse(rule) if isinstance(rule, str) else rule
+        self.rule.check(len(self.slots))
+
+    def member_spans(self, notes: Sequence[Note]) -> list[dict[str, list[Span]]]:
+        per_note: list[dict[str, list[Span]]] = [{} for _ in notes]
+        for slot in self.slots:
+            for i, spans in enumerate(slot.member.tag(notes, threshold=slot.threshold)):
+                per_note[i][slot.name] = spans
+        return per_note
+
+    def deid(self, notes: Sequence[Note]) -> list[NoteResult]:
+        return [
+            NoteResult(aggregate(by_member, self.rule), by_member)
+            for by_member in self.member_spans(notes)
+        ]
+
+
+def member_from_entry(entry: MemberEntry, *, batch_size: int = 16) -> Slot:
+    """Instantiate a manifest entry (loads models; verifies pins)."""
+    if entry.kind == "rules":
+        member: Member = RuleMember(entry.name, RuleOptions.from_dict(entry.options))
+        return Slot(member, entry.threshold, 0.0, None, None)
+    path = model_dir_of(entry)
+    member = ModelMember.load(path, entry.name, epsilon=entry.epsilon, unit=entry.unit,
+                              revision=entry.revision, batch_size=batch_size)
+    return Slot(member, entry.threshold, entry.epsilon, entry.unit, entry.revision)
+
+
+def owner_slot(model_dir: Path, *, threshold: float | None = None, batch_size: int = 16) -> Slot:
+    """Scenario B: the data owner's own model, added for this run only (not in the manifest)."""
+    p = Path(model_dir)
+    priv = card_privacy(p)
+    member = ModelMember.load(p, f"owner:{p.resolve().name}", epsilon=priv.get("epsilon"),
+                              unit=priv.get("privacy_unit"), batch_size=batch_size)
+    return Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"), None)
+
+
+def build_ensemble(
+    manifest: Manifest | None,
+    *,
+    owner_model: Path | None = None,
+    aggregate_rule: str | None = None,
+    batch_size: int = 16,
+) -> Ensemble:
+    """The ensemble of a manifest (Scenario A), plus the owner's model when given (Scenario B)."""
+    slots = [member_from_entry(e, batch_size=batch_size) for e in (manifest.members if manifest else [])]
+    if owner_model is not None:
+        slots.append(owner_slot(owner_model, batch_size=batch_size))
+    rule = aggregate_rule or (manifest.aggregate if manifest else "any")
+    return Ensemble(slots, rule)
+
+
+def describe(slots: Sequence[Slot]) -> list[dict[str, Any]]:
+    return [
+        {"name": s.name, "threshold": s.threshold, "epsilon": s.epsilon, "unit": s.unit,
+         "revision": s.revision}
+        for s in slots
+    ]

@@ -1,0 +1,244 @@
+"""The ensemble manifest: a small TOML file naming members, pinned revisions and thresholds.
+
+Why pin: a de-identification run must be reproducible elsewhere, so a registry member records the
+revision (commit sha) that was pulled, and a directory member records the SHA-256 of its weights
+(``sha256:...``), checked again when the ensemble is loaded. Default file: ``dphub-ensemble.toml``
+in the working directory. Written atomically (:mod:`dphub.io`). Example::
+
+    aggregate = "any"
+
+    [[members]]
+    name = "org/ward-tagger"
+    kind = "registry"            # registry | dir | rules
+    repo = "org/ward-tagger"
+    revision = "3f1c..."         # pinned sha
+    threshold = 0.35             # P(not O); absent: the tagger's Viterbi decoding
+    epsilon = 7.9
+    delta = 1e-05
+    unit = "patient"
+
+    [[members]]
+    name = "rules:default"
+    kind = "rules"
+    epsilon = 0.0
+    [members.options]            # RuleOptions: allow, deny, times
+    allow = ["Foley"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from dphub.errors import ConfigError, DphubError
+from dphub.io import atomic_write_text
+
+DEFAULT_MANIFEST = "dphub-ensemble.toml"
+RULE_SPECS = ("rules:default",)
+_KINDS = ("registry", "dir", "rules")
+
+
+@dataclass
+class MemberEntry:
+    """One member line of the manifest."""
+
+    name: str
+    kind: str
+    repo: str | None = None
+    revision: str | None = None
+    path: str | None = None
+    threshold: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    unit: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        for key in ("repo", "revision", "path", "threshold", "epsilon", "delta", "unit"):
+            v = getattr(self, key)
+            if v is not None:
+                d[key] = v
+        if self.options:
+            d["options"] = self.options
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> MemberEntry:
+        if not isinstance(d, dict) or "name" not in d or d.get("kind") not in _KINDS:
+            raise ConfigError(f"{where}: each [[members]] needs a name and kind ({', '.join(_KINDS)})")
+        known = {"name", "kind", "repo", "revision", "path", "threshold", "epsilon", "delta",
+                 "unit", "options"}
+        extra = set(d) - known
+        if extra:
+            raise ConfigError(f"{where}: member {d['name']!r}: unknown key(s) {', '.join(sorted(extra))}")
+        t = d.get("threshold")
+        if t is not None and not (isinstance(t, int | float) and 0.0 <= t <= 1.0):
+            raise ConfigError(f"{where}: member {d['name']!r}: threshold must be in [0, 1]")
+        return cls(**{k: d.get(k) for k in known - {"options"}}, options=dict(d.get("options", {})))
+
+
+@dataclass
+class Manifest:
+    """Members in order, plus the default aggregation rule."""
+
+    members: list[MemberEntry] = field(default_factory=list)
+    aggregate: str = "any"
+    path: Path | None = None
+
+    # ------------------------------------------------------------------ file
+    @classmethod
+    def load(cls, path: Path | str, *, missing_ok: bool = False) -> Manifest:
+        p = Path(path)
+        if not p.is_file():
+            if missing_ok:
+                return cls(path=p)
+            raise ConfigError(f"{p}: no ensemble manifest (create one with `dphub ensemble add`)")
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{p}: not a valid TOML manifest ({e})") from None
+        members = [MemberEntry.from_dict(m, str(p)) for m in data.get("members", [])]
+        names = [m.name for m in members]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{p}: duplicate member names")
+        from dphub.ensemble.aggregate import AggregateRule
+
+        agg = str(data.get("aggregate", "any"))
+        AggregateRule.parse(agg)
+        return cls(members, agg, p)
+
+    def save(self, path: Path | str | None = None) -> Path:
+        p = Path(path or self.path or DEFAULT_MANIFEST)
+        data = {"aggregate": self.aggregate, "members": [m.to_dict() for m in self.members]}
+        header = "# dphub ensemble manifest: members, pinned revisions, thresholds\n"
+        atomic_write_text(p, header + tomli_w.dumps(data))
+        self.path = p
+        return p
+
+    # ------------------------------------------------------------------ editing
+    def get(self, name: str) -> MemberEntry:
+        for m in self.members:
+            if m.name == name:
+                return m
+        raise ConfigError(
+            f"no member named {name!r} in the ensemble (members: "
+            f"{', '.join(m.name for m in self.members) or 'none'})"
+        )
+
+    def add(self, entry: MemberEntry) -> None:
+        if any(m.name == entry.name for m in self.members):
+            raise ConfigError(f"the ensemble already has a member named {entry.name!r}; use --name")
+        self.members.append(entry)
+
+    def remove(self, name: str) -> MemberEntry:
+        entry = self.get(name)
+        self.members.remove(entry)
+        return entry
+
+
+# ---------------------------------------------------------------------------- resolving specs
+def weights_digest(model_dir: Path) -> str:
+    """``sha256:<hex>`` of ``model.safetensors``: the pin of a directory member."""
+    f = Path(model_dir) / "model.safetensors"
+    if not f.is_file():
+        raise ConfigError(f"{model_dir}: not a model directory (no model.safetensors)")
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def card_privacy(model_dir: Path) -> dict[str, Any]:
+    """ε, δ and privacy unit from a model directory's card ({} when it has none)."""
+    try:
+        from dphub.card import dp_summary, load_card  # type: ignore[attr-defined]
+
+        summary = dp_summary(load_card(Path(model_dir)))
+        if isinstance(summary, dict):
+            return {k: summary.get(k) for k in ("epsilon", "delta", "privacy_unit")}
+    except (ImportError, DphubError, TypeError, AttributeError, KeyError):
+        pass
+    readme = Path(model_dir) / "README.md"
+    if not readme.is_file():
+        return {}
+    import yaml
+
+    text = readme.read_text(encoding="utf-8", errors="replace")
+    m = re.match(r"---\n(.*?)\n---", text, re.DOTALL)
+    if not m:
+        return {}
+    try:
+        front = yaml.safe_load(m.group(1)) or {}
+    except yaml.YAMLError:
+        return {}
+    dp = front.get("differential_privacy") or {}
+    return {"epsilon": dp.get("epsilon"), "delta": dp.get("delta"),
+            "privacy_unit": dp.get("privacy_unit")}
+
+
+def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | None = None) -> MemberEntry:
+    """Resolve ``REPO[@rev]``, ``DIR`` or ``rules:default`` into a pinned manifest entry."""
+    if spec.startswith("rules:"):
+        if spec not in RULE_SPECS:
+            raise ConfigError(f"unknown rule member {spec!r}; available: {', '.join(RULE_SPECS)}")
+        return MemberEntry(name=name or spec, kind="rules", threshold=threshold, epsilon=0.0)
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        priv = card_privacy(p)
+        return MemberEntry(
+            name=name or p.resolve().name,
+            kind="dir",
+            path=str(p.resolve()),
+            revision=weights_digest(p),
+            threshold=threshold,
+            epsilon=priv.get("epsilon"),
+            delta=priv.get("delta"),
+            unit=priv.get("privacy_unit"),
+        )
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w.-]+)?", spec):
+        raise ConfigError(f"{spec!r} is neither a model directory, a hub repo (org/name[@rev]) "
+                          "nor rules:default")
+    repo, _, rev = spec.partition("@")
+    try:
+        from dphub.hub.registry import Registry  # type: ignore[import-not-found]
+    except ImportError:
+        raise ConfigError("hub registry support is not available in this installation") from None
+    entry = Registry().get(repo, rev or None)
+    return MemberEntry(
+        name=name or repo,
+        kind="registry",
+        repo=repo,
+        revision=entry.revision,
+        threshold=threshold,
+        epsilon=entry.epsilon,
+        delta=getattr(entry, "delta", None),
+        unit=entry.unit,
+    )
+
+
+def model_dir_of(entry: MemberEntry) -> Path:
+    """The local directory of a model member, verified against its pin."""
+    if entry.kind == "dir":
+        p = Path(entry.path or "")
+        if not p.is_dir():
+            raise ConfigError(f"member {entry.name!r}: model directory {p} not found")
+        if entry.revision and weights_digest(p) != entry.revision:
+            raise ConfigError(
+                f"member {entry.name!r}: the weights in {p} changed since they were pinned "
+                "(re-add the member to pin the new weights)"
+            )
+        return p
+    if entry.kind == "registry":
+        from dphub.hub.registry import Registry  # type: ignore[import-not-found]
+
+        got = Registry().get(entry.repo, entry.revision)
+        return Path(got.path)
+    raise ConfigError(f"member {entry.name!r} is not a model member")

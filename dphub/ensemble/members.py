@@ -1,0 +1,93 @@
+"""Ensemble members: anything with a ``name`` and ``tag(notes, threshold=None)``.
+
+* :class:`ModelMember` wraps a :class:`dphub.tagger.Tagger`; it also exposes ``token_scores`` so
+  calibration runs each model once and applies many thresholds to the cached scores.
+* :class:`~dphub.ensemble.rules.RuleMember` (``rules:default``) needs no data (ε = 0).
+* :class:`FixedMember` returns given spans; it makes aggregation testable by hand.
+
+Each member tags with its own tokenizer and windows and answers in character spans, so members
+with different tokenizers combine on characters (:mod:`dphub.ensemble.aggregate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from dphub.notes import Note, Span
+from dphub.scores import TokenScores, spans_from_scores
+
+
+@runtime_checkable
+class Member(Protocol):
+    """The member contract of ``docs/architecture.md``."""
+
+    name: str
+
+    def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]: ...
+
+
+class ModelMember:
+    """A trained tagger as an ensemble member.
+
+    ``threshold=None`` uses the tagger's joint (Viterbi) decoding; a number flags every token whose
+    P(not O) reaches it, via :func:`dphub.scores.spans_from_scores`.
+    """
+
+    def __init__(
+        self,
+        tagger: Any,
+        name: str | None = None,
+        *,
+        epsilon: float | None = None,
+        unit: str | None = None,
+        revision: str | None = None,
+        batch_size: int = 16,
+    ) -> None:
+        self.tagger = tagger
+        self.name = name or getattr(tagger, "name", "model")
+        self.epsilon = epsilon
+        self.unit = unit
+        self.revision = revision
+        self.batch_size = batch_size
+
+    @classmethod
+    def load(cls, path: Path, name: str | None = None, **meta: Any) -> ModelMember:
+        from dphub.tagger import Tagger
+
+        return cls(Tagger.load(path), name or Path(path).name, **meta)
+
+    @property
+    def tokenizer_id(self) -> str | None:
+        return getattr(self.tagger, "tokenizer_id", None)
+
+    def token_scores(self, notes: Sequence[Note]) -> list[TokenScores]:
+        return self.tagger.token_scores(notes, batch_size=self.batch_size)
+
+    def spans_from(self, scores: Sequence[TokenScores], threshold: float | None) -> list[list[Span]]:
+        return [spans_from_scores(ts, threshold, source=self.name) for ts in scores]
+
+    def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]:
+        return self.spans_from(self.token_scores(notes), threshold)
+
+
+class FixedMember:
+    """Returns the spans given per note id (tests, or spans produced elsewhere)."""
+
+    epsilon: float | None = None
+    unit: str | None = None
+    revision: str | None = None
+
+    def __init__(self, name: str, spans_by_id: Mapping[str, Sequence[Span]]) -> None:
+        self.name = name
+        self.spans_by_id = {k: list(v) for k, v in spans_by_id.items()}
+
+    def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]:
+        out = []
+        for note in notes:
+            spans = self.spans_by_id.get(note.id, [])
+            if threshold is not None:
+                spans = [s for s in spans if (1.0 if s.score is None else s.score) >= threshold]
+            out.append([Span(s.start, s.end, s.label, s.score, self.name) for s in spans])
+        return out

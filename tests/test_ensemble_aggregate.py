@@ -1,0 +1,96 @@
+"""Hand-checked aggregation on characters: any, k-of-n, thresholds, label choice, ties, merging."""
+
+from __future__ import annotations
+
+import pytest
+
+from dphub.ensemble.aggregate import AggregateRule, aggregate
+from dphub.ensemble.core import Ensemble, Slot
+from dphub.ensemble.members import FixedMember
+from dphub.errors import ConfigError
+from dphub.notes import Note, Span
+
+#          0         1         2         3
+#          0123456789012345678901234567890123456
+TEXT = "Seen by John Smith on 01/02/2003 ok."
+
+
+def _sp(a: int, b: int, label: str, score: float | None = None) -> Span:
+    return Span(a, b, label, score=score)
+
+
+def test_any_is_union_and_overlaps_merge() -> None:
+    out = aggregate(
+        {
+            "a": [_sp(8, 12, "NAME", 0.9)],  # John
+            "b": [_sp(10, 18, "NAME", 0.8)],  # hn Smith (different tokenizer boundary)
+            "c": [_sp(22, 32, "DATE", 1.0)],
+        },
+        "any",
+    )
+    assert [(m.start, m.end, m.label, m.voters) for m in out] == [
+        (8, 18, "NAME", ("a", "b")),
+        (22, 32, "DATE", ("c",)),
+    ]
+    assert out[0].score == 0.9
+
+
+def test_k_of_n_needs_agreement_on_characters() -> None:
+    spans = {
+        "a": [_sp(8, 18, "NAME", 0.9), _sp(22, 32, "DATE", 0.9)],
+        "b": [_sp(13, 18, "NAME", 0.7)],
+        "c": [_sp(22, 24, "DATE", 0.6)],
+    }
+    out = aggregate(spans, "k-of-n:2")
+    assert [(m.start, m.end) for m in out] == [(13, 18), (22, 24)]
+    assert out[0].voters == ("a", "b")
+    assert aggregate(spans, "k-of-n:3") == []
+    with pytest.raises(ConfigError):
+        aggregate(spans, "k-of-n:4")
+    with pytest.raises(ConfigError):
+        AggregateRule.parse("most")
+
+
+def test_thresholds_drop_low_scoring_member_spans() -> None:
+    spans = {"a": [_sp(8, 12, "NAME", 0.3)], "b": [_sp(22, 32, "DATE", 0.9)]}
+    out = aggregate(spans, "any", thresholds={"a": 0.5, "b": 0.5})
+    assert [(m.start, m.end) for m in out] == [(22, 32)]
+    out = aggregate(spans, "any", thresholds={"a": 0.2})
+    assert [(m.start, m.end) for m in out] == [(8, 12), (22, 32)]
+
+
+def test_label_from_highest_score_then_precedence_then_member_order() -> None:
+    # highest score wins regardless of precedence
+    out = aggregate({"a": [_sp(8, 18, "LOCATION", 0.95)], "b": [_sp(8, 18, "NAME", 0.9)]})
+    assert out[0].label == "LOCATION"
+    # tie on score: NAME precedes DATE/LOCATION in CATEGORY_PRECEDENCE
+    out = aggregate({"a": [_sp(8, 18, "CITY", 0.9)], "b": [_sp(8, 18, "DOCTOR", 0.9)]})
+    assert out[0].label == "DOCTOR"
+    # unscored spans count as 1.0
+    out = aggregate({"a": [_sp(8, 18, "AGE", None)], "b": [_sp(8, 18, "NAME", 0.99)]})
+    assert out[0].label == "AGE" and out[0].score == 1.0
+    # full tie: first member
+    out = aggregate({"a": [_sp(8, 18, "PATIENT", 0.5)], "b": [_sp(8, 18, "DOCTOR", 0.5)]})
+    assert out[0].label == "PATIENT"
+
+
+def test_touching_spans_stay_separate_but_bridged_ones_merge() -> None:
+    out = aggregate({"a": [_sp(8, 12, "NAME", 0.9)], "b": [_sp(12, 18, "DATE", 0.9)]})
+    assert [(m.start, m.end, m.label) for m in out] == [(8, 12, "NAME"), (12, 18, "DATE")]
+    out = aggregate(
+        {"a": [_sp(8, 12, "NAME", 0.9), _sp(12, 18, "NAME", 0.9)], "b": [_sp(10, 14, "DATE", 0.5)]}
+    )
+    assert [(m.start, m.end, m.label) for m in out] == [(8, 18, "NAME")]
+
+
+def test_ensemble_with_fixed_members_records_voters() -> None:
+    note = Note("n1", TEXT)
+    a = FixedMember("a", {"n1": [_sp(8, 12, "NAME", 0.4), _sp(13, 18, "NAME", 0.9)]})
+    b = FixedMember("b", {"n1": [_sp(22, 32, "DATE", 1.0)]})
+    ens = Ensemble([Slot(a, threshold=0.5), Slot(b)], "any")
+    (res,) = ens.deid([note])
+    assert [(s.start, s.end, s.label, s.source) for s in res.spans] == [
+        (13, 18, "NAME", "a"),
+        (22, 32, "DATE", "b"),
+    ]
+    assert set(res.by_member) == {"a", "b"}

@@ -1,0 +1,91 @@
+"""The rule member: patterns and dictionaries, positives and negatives (incl. ALL CAPS notes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dphub.ensemble.rules import DICTIONARY_SCORE, PATTERN_SCORE, RuleMember, RuleOptions
+from dphub.errors import ConfigError
+from dphub.notes import Note
+
+
+@pytest.fixture(scope="module")
+def rules() -> RuleMember:
+    return RuleMember()
+
+
+def found(rules: RuleMember, text: str) -> list[tuple[str, str]]:
+    return [(text[s.start : s.end], s.label) for s in rules.spans(text)]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("seen 10/12/2003 and 2003-10-12", [("10/12/2003", "DATE"), ("2003-10-12", "DATE")]),
+        ("on 3/15 and 12-25-99", [("3/15", "DATE"), ("12-25-99", "DATE")]),
+        ("Jan 5th, 2019 and 5 March 2020", [("Jan 5th, 2019", "DATE"), ("5 March 2020", "DATE")]),
+        ("SEEN ON DECEMBER 3RD", [("DECEMBER 3RD", "DATE")]),
+        ("home for Christmas", [("Christmas", "DATE")]),
+        ("call (617) 555-1234 or 617.555.1234 x12", [("(617) 555-1234", "PHONE"),
+                                                     ("617.555.1234 x12", "PHONE")]),
+        ("FAMILY AT 555-1234", [("555-1234", "PHONE")]),
+        ("mail a.b@example.org see www.example.org/x.", [("a.b@example.org", "EMAIL"),
+                                                         ("www.example.org/x", "URL")]),
+        ("ip 10.0.0.255 ssn 123-45-6789", [("10.0.0.255", "IPADDR"), ("123-45-6789", "SSN")]),
+        ("MRN: 00123456", [("00123456", "MEDICALRECORD")]),
+        ("Boston, MA 02215-1234", [("Boston", "CITY"), ("MA", "STATE"), ("02215-1234", "ZIP")]),
+        ("PT IS A 58 YO MAN", [("58", "AGE")]),
+        ("58yo woman, 71 y/o man, 64-year-old", [("58", "AGE"), ("71", "AGE"), ("64", "AGE")]),
+        ("AGE >89", [(">89", "AGE")]),
+        ("DR. SMITH NOTIFIED", [("SMITH", "DOCTOR")]),
+        ("MR. KOWALCZYK VISITED", [("KOWALCZYK", "NAME")]),
+        ("WIFE MARY AND SON JOHN IN", [("MARY", "NAME"), ("JOHN", "NAME")]),
+        ("DR. MARK GRANT CALLED", [("MARK", "DOCTOR"), ("GRANT", "DOCTOR")]),
+        ("TRANSFER TO BETH ISRAEL DEACONESS MEDICAL CENTER",
+         [("BETH ISRAEL DEACONESS MEDICAL CENTER", "HOSPITAL")]),
+        ("moved from Mexico to Worcester", [("Mexico", "COUNTRY"), ("Worcester", "CITY")]),
+    ],
+)
+def test_positives(rules: RuleMember, text: str, expected: list[tuple[str, str]]) -> None:
+    assert found(rules, text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "PT MAY NEED FOLEY. WILL MONITOR. BILL PAID.",
+        "AMBER URINE, LE EDEMA, MAX ASSIST WITH WALKER, X-RAY DONE",
+        "HOPE TO WEAN. MARK ON SKIN. GRANT FUNDING. WHITE SPUTUM. SHORT OF BREATH",
+        "GIVE 1/2 NS AND 3/4 STRENGTH FEEDS",
+        "BP 120/80 HR 88 RR 18 T 98.6 K 4.2 WBC 12.5",
+        "MS: ALERT. MD AWARE. DEC BS ON LEFT. PER MAR 5 MG",
+        "HEPARIN 1000 UNITS, 25000 UNITS IN 500",
+        "TRANSFERRED TO HOSPITAL. GENERAL HOSPITAL COURSE",
+        "the hospital and the clinic, mark the page",
+    ],
+)
+def test_negatives(rules: RuleMember, text: str) -> None:
+    assert found(rules, text) == []
+
+
+def test_scores_patterns_over_dictionaries_and_threshold(rules: RuleMember) -> None:
+    note = Note("n", "DR. SMITH SAW HIM ON 10/12/2003")
+    (spans,) = rules.tag([note])
+    assert [s.score for s in spans] == [DICTIONARY_SCORE, PATTERN_SCORE]
+    assert all(s.source == "rules:default" for s in spans)
+    (only_patterns,) = rules.tag([note], threshold=0.7)
+    assert [s.label for s in only_patterns] == ["DATE"]
+
+
+def test_allow_deny_and_times_options() -> None:
+    text = "Dr. Smith at Acme Ward at 10:30 pm"
+    plain = RuleMember()
+    assert found(plain, text) == [("Smith", "DOCTOR")]
+    opts = RuleOptions.from_dict({"allow": ["smith"], "deny": {"Acme Ward": "HOSPITAL"},
+                                  "times": True})
+    custom = RuleMember(options=opts)
+    assert found(custom, text) == [("Acme Ward", "HOSPITAL"), ("10:30 pm", "DATE")]
+    with pytest.raises(ConfigError):
+        RuleOptions.from_dict({"colour": 1})
+    with pytest.raises(ConfigError):
+        RuleOptions.from_dict({"deny": {"x": "NOT-A-LABEL"}})
