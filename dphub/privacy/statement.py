@@ -1,0 +1,150 @@
+"""The plain-language privacy statement of a model card, rendered from the card's own fields.
+
+The statement is derived from the same ``differential_privacy`` block the schema validates and the
+accounting check recomputes, so the words a reader sees can never drift from the numbers a
+machine checks. It says who is protected (the privacy unit, in words), how strongly (ε, δ), and
+what the guarantee does not cover; a model trained without DP gets a loud NOT PRIVATE statement,
+and unit-level protection weaker than patient level says so explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+#: What a dphub DP guarantee never covers (recorded in every card's ``not_covered``).
+NOT_COVERED: tuple[str, ...] = (
+    "pretraining data of the base model",
+    "hyperparameter search",
+    "public tokenizer",
+)
+
+_UNIT_WORDS: dict[str, str] = {
+    "patient": (
+        "protects each *patient*: everything one patient contributed to the training data "
+        "(all of their notes and every sequence cut from them) is protected together"
+    ),
+    "note": (
+        "protects each *note*: the sequences cut from one clinical note are protected together"
+    ),
+    "sequence": (
+        "protects each *sequence*: one training window of word pieces cut from a note"
+    ),
+}
+
+_WEAK_UNIT_WARNING: dict[str, str] = {
+    "note": (
+        "WARNING: this is NOT patient-level protection. A patient with several notes in the "
+        "training data is protected only by group privacy, which degrades with the number of "
+        "their notes (roughly k times epsilon for k notes)."
+    ),
+    "sequence": (
+        "WARNING: this is NOT patient-level protection. A note is cut into several sequences and "
+        "a patient has several notes; a patient's protection degrades with the number of "
+        "sequences they contributed (roughly k times epsilon for k sequences)."
+    ),
+}
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "none"
+    if isinstance(x, float) and math.isinf(x):
+        return "infinity"
+    return f"{x:.4g}"
+
+
+def unit_description(unit: str) -> str:
+    """One clause saying what the privacy unit means (``protects each *patient*: ...``)."""
+    return _UNIT_WORDS.get(unit, f"protects each unit of type {unit!r}")
+
+
+def privacy_statement(dp: Mapping[str, Any], *, markdown: bool = True) -> str:
+    """The plain-language statement for a ``differential_privacy`` block.
+
+    ``markdown=False`` strips the emphasis markers for terminals. Paragraphs are separated by a
+    blank line. Only field values from the block appear; nothing from the data.
+    """
+    paras = _non_private(dp) if not dp.get("private") else _private(dp)
+    text = "\n\n".join(paras)
+    return text if markdown else text.replace("**", "").replace("*", "")
+
+
+def _non_private(dp: Mapping[str, Any]) -> list[str]:
+    return [
+        "**NOT PRIVATE.** This model was trained WITHOUT differential privacy (a non-private "
+        "baseline). It gives the patients in its training data no formal protection: it may "
+        "have memorised and may reveal their PHI.",
+        "Do not publish or share it outside the environment that holds the training data; "
+        "dphub's publish gate refuses it.",
+    ]
+
+
+def _private(dp: Mapping[str, Any]) -> list[str]:
+    unit = str(dp.get("privacy_unit", "patient"))
+    eps = dp.get("epsilon")
+    delta = dp.get("delta")
+    paras: list[str] = []
+    first = (
+        f"This model was trained with differential privacy (DP-SGD) at "
+        f"**epsilon = {_fmt(eps)}**, **delta = {_fmt(delta)}** with the privacy unit "
+        f"*{unit}*. The guarantee {unit_description(unit)}."
+    )
+    cap = dp.get("max_examples_per_unit")
+    if unit != "sequence" and cap:
+        first += f" Each {unit} contributed at most {cap} training sequences."
+    paras.append(first)
+    if unit in _WEAK_UNIT_WARNING:
+        paras.append(f"**{_WEAK_UNIT_WARNING[unit]}**")
+    if isinstance(eps, (int, float)) and math.isfinite(eps):
+        bound = math.exp(eps)
+        paras.append(
+            f"What it means: whether or not any one {unit}'s data was used, every output of "
+            f"training (this model and anything computed from it) is almost equally likely: the "
+            f"odds of telling the two cases apart grow by a factor of at most e^epsilon "
+            f"(about {bound:,.4g}), except with probability delta. Smaller epsilon is stronger "
+            f"protection; values above about 10 are weak."
+        )
+    paras.append(
+        f"Accounting: {dp.get('accountant', '?')} accountant (Opacus) with Poisson sampling at "
+        f"rate {_fmt(dp.get('sample_rate'))}, noise multiplier {_fmt(dp.get('noise_multiplier'))},"
+        f" {dp.get('steps', '?')} steps, {dp.get('adjacency', 'add/remove')} adjacency; "
+        + _cross_check_words(dp)
+    )
+    pre = dp.get("public_pretraining") or {}
+    if pre.get("enabled"):
+        paras.append(
+            "Before private training the model was warm-started on public synthetic notes. That "
+            "step uses no private data and costs no epsilon."
+        )
+    lineage = dp.get("lineage") or []
+    if lineage:
+        parts = [
+            f"{e.get('repo')}@{e.get('revision')} (epsilon = {_fmt(e.get('epsilon'))}, "
+            f"delta = {_fmt(e.get('delta'))}, unit {e.get('privacy_unit')})"
+            for e in lineage
+        ]
+        paras.append(
+            "This model was fine-tuned from " + "; ".join(parts) + ". The epsilon above covers "
+            "only the data of this training round; data used by the source models is covered "
+            "by their own guarantees, and a unit present in both datasets adds the epsilons up."
+        )
+    if not dp.get("secure_rng", False):
+        paras.append(
+            "Noise came from PyTorch's default (not cryptographically secure) random generator; "
+            "the guarantee assumes it cannot be predicted."
+        )
+    not_covered = dp.get("not_covered") or list(NOT_COVERED)
+    paras.append("Not covered by this guarantee: " + "; ".join(not_covered) + ".")
+    return paras
+
+
+def _cross_check_words(dp: Mapping[str, Any]) -> str:
+    cc = dp.get("cross_check") or {}
+    if not cc:
+        return "no independent cross-check recorded."
+    return (
+        f"independently recomputed with {cc.get('library', '?')} ({cc.get('method', '?')}) as "
+        f"epsilon = {_fmt(cc.get('epsilon'))}."
+    )
