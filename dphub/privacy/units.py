@@ -1,0 +1,245 @@
+"""Privacy units: what one "individual" is for the DP guarantee, and how DP-SGD respects it.
+
+The guarantee protects a *unit* — a patient (default), a note, or a single training sequence
+(window) — under add/remove adjacency. For that, every window of one unit must
+
+* be **sampled together**: the Poisson sampler draws units, not windows. :class:`UnitDataset` has
+  one item per unit, holding at most ``max_examples_per_unit`` (K) of its windows, so Opacus's
+  ``DPDataLoader`` (``UniformWithReplacementSampler`` over ``len(dataset)`` = number of units) and
+  the accountant's sample rate ``q = expected units per step / number of units`` are about units;
+* be **clipped as one**: :func:`unit_collate` flattens the sampled units' windows into one batch
+  with a ``unit_index`` per window; after ``loss.backward()`` (hooks mode),
+  :func:`aggregate_grad_sample_by_unit` sums each parameter's ``grad_sample`` rows by unit, so the
+  ``DPOptimizer`` sees one row per unit and clips each unit's *total* gradient to ``C``.
+  A unit's influence on one step is therefore bounded by ``C`` however many windows it has.
+
+Physical batches: Opacus's ``BatchMemoryManager`` splits a sampled logical batch by *dataset
+items* (``BatchSplittingSampler`` chunks the list of sampled indices), i.e. by whole units, so a
+unit's windows never straddle two physical batches and ``max_physical_batch_size`` counts units,
+not windows (a physical batch holds up to ``max_physical_batch_size * K`` windows).
+
+Ghost clipping only exposes per-sample *norms*, which cannot be summed by unit, so unit-level
+clipping needs ``grad_sample_mode="hooks"``; with ``unit="sequence"`` every window is its own unit
+and any mode works (the aggregation is the identity and can be skipped).
+
+Empty Poisson batches: ``DPDataLoader`` feeds an empty sample to its empty-batch wrapper, which
+returns zero-row tensors shaped like the first non-empty batch (or, if the very first batch is
+empty, a list of zero-row tensors shaped like ``dataset[0]``; that is why a unit item is a tuple of
+tensors). :func:`is_empty_unit_batch` recognises both; the training loop then skips the forward
+pass, calls ``aggregate_grad_sample_by_unit(model, empty_index, 0)`` (which installs zero-row
+``grad_sample`` tensors) and still calls ``optimizer.step()``: a noise-only step, as the accountant
+assumes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from dphub.errors import ConfigError, PrivacyError
+
+PRIVACY_UNITS: tuple[str, ...] = ("patient", "note", "sequence")
+
+#: Tag value for positions without a label ([CLS], [SEP], padding): ignored by losses.
+IGNORE_INDEX = -100
+
+
+def unit_key(unit: str, note_id: str, patient_id: str | None, window_index: int) -> str:
+    """The privacy-unit key of one window of a note.
+
+    ``patient`` uses the patient id (falling back to the note id when a corpus has none — then a
+    note is its own patient), ``note`` the note id, ``sequence`` the note id plus window index.
+    """
+    if unit == "patient":
+        return f"p:{patient_id if patient_id is not None else note_id}"
+    if unit == "note":
+        return f"n:{note_id}"
+    if unit == "sequence":
+        return f"s:{note_id}#{window_index}"
+    raise ConfigError(f"unknown privacy unit {unit!r}; choose one of {', '.join(PRIVACY_UNITS)}")
+
+
+class UnitItem(NamedTuple):
+    """One privacy unit as a dataset item: its windows, concatenated.
+
+    ``input_ids`` and ``tags`` are the unit's windows laid end to end (1-D, long); ``lengths[k]``
+    is window ``k``'s length. A tuple of tensors (not a dict or dataclass) because Opacus's
+    ``DPDataLoader`` inspects ``dataset[0]`` element-wise for shapes and dtypes.
+    """
+
+    input_ids: torch.Tensor
+    tags: torch.Tensor
+    lengths: torch.Tensor
+
+
+class UnitDataset(Dataset):
+    """A dataset whose items are privacy units (each ≤ ``max_examples_per_unit`` windows).
+
+    Build it with :meth:`from_windows`. Units are ordered by first appearance of their key; when a
+    unit has more than K windows, K are chosen with ``random.Random(seed)`` (seeded, so the same
+    data and seed give the same dataset) and kept in their original order.
+    """
+
+    def __init__(self, units: Sequence[UnitItem], keys: Sequence[Hashable],
+                 max_examples_per_unit: int, dropped_windows: int = 0) -> None:
+        self.units = list(units)
+        self.keys = list(keys)
+        self.max_examples_per_unit = max_examples_per_unit
+        #: windows left out because their unit had more than K (reported in training logs)
+        self.dropped_windows = dropped_windows
+
+    @classmethod
+    def from_windows(
+        cls,
+        input_ids: Sequence[Sequence[int]],
+        tags: Sequence[Sequence[int]],
+        unit_keys: Sequence[Hashable],
+        *,
+        max_examples_per_unit: int = 64,
+        seed: int = 0,
+    ) -> UnitDataset:
+        """Group windows (token ids incl. specials, tag ids with -100 at specials) by unit key."""
+        if not (len(input_ids) == len(tags) == len(unit_keys)):
+            raise PrivacyError(
+                "windows, tags and unit keys differ in number "
+                f"({len(input_ids)}, {len(tags)}, {len(unit_keys)})"
+            )
+        if max_examples_per_unit < 1:
+            raise ConfigError(f"max examples per unit must be >= 1, got {max_examples_per_unit}")
+        groups: dict[Hashable, list[int]] = {}
+        for i, key in enumerate(unit_keys):
+            groups.setdefault(key, []).append(i)
+        rng = random.Random(seed)
+        units: list[UnitItem] = []
+        dropped = 0
+        for members in groups.values():
+            if len(members) > max_examples_per_unit:
+                dropped += len(members) - max_examples_per_unit
+                members = sorted(rng.sample(members, max_examples_per_unit))
+            for i in members:
+                if len(input_ids[i]) != len(tags[i]):
+                    raise PrivacyError(
+                        f"window {i}: {len(input_ids[i])} token ids but {len(tags[i])} tags"
+                    )
+                if len(input_ids[i]) == 0:
+                    raise PrivacyError(f"window {i} is empty (it needs at least [CLS] [SEP])")
+            units.append(
+                UnitItem(
+                    input_ids=torch.tensor([t for i in members for t in input_ids[i]],
+                                           dtype=torch.long),
+                    tags=torch.tensor([t for i in members for t in tags[i]], dtype=torch.long),
+                    lengths=torch.tensor([len(input_ids[i]) for i in members], dtype=torch.long),
+                )
+            )
+        return cls(units, list(groups), max_examples_per_unit, dropped)
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def __getitem__(self, index: int) -> UnitItem:
+        return self.units[index]
+
+    @property
+    def num_windows(self) -> int:
+        return sum(int(u.lengths.numel()) for u in self.units)
+
+
+def unit_collate(items: Sequence[UnitItem], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Flatten sampled units into one window batch.
+
+    Returns batch-shaped, contiguous ``input_ids``, ``attention_mask``, ``token_type_ids``,
+    ``position_ids`` (BERT's embedding buffers are ``[1, L]``; Opacus needs them per sample),
+    ``tags`` (``-100`` at padding), ``unit_index`` (``[W]``: which of the batch's units each window
+    belongs to, 0-based in item order) and ``unit_sizes`` (``[U]`` windows per unit). Use with
+    ``functools.partial(unit_collate, pad_id=tokenizer.pad_token_id)`` as a DataLoader collate_fn.
+    """
+    windows: list[tuple[torch.Tensor, torch.Tensor]] = []
+    unit_index: list[int] = []
+    sizes: list[int] = []
+    for u, item in enumerate(items):
+        ids, tg, lengths = item
+        sizes.append(int(lengths.numel()))
+        for a, b in zip(ids.split(lengths.tolist()), tg.split(lengths.tolist()), strict=True):
+            windows.append((a, b))
+            unit_index.append(u)
+    n = len(windows)
+    width = max((len(a) for a, _ in windows), default=0)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    tags = torch.full((n, width), IGNORE_INDEX, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    for r, (a, b) in enumerate(windows):
+        input_ids[r, : len(a)] = a
+        tags[r, : len(b)] = b
+        attention[r, : len(a)] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "token_type_ids": torch.zeros((n, width), dtype=torch.long),
+        "position_ids": torch.arange(width, dtype=torch.long).expand(n, width).contiguous(),
+        "tags": tags,
+        "unit_index": torch.tensor(unit_index, dtype=torch.long),
+        "unit_sizes": torch.tensor(sizes, dtype=torch.long),
+    }
+
+
+def is_empty_unit_batch(batch: Any) -> bool:
+    """True for every shape an empty Poisson batch can take (see module docstring)."""
+    if isinstance(batch, dict):
+        if "unit_sizes" in batch:
+            return int(batch["unit_sizes"].numel()) == 0
+        return all(torch.is_tensor(v) and v.shape[0] == 0 for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return all(torch.is_tensor(v) and v.numel() == 0 for v in batch)
+    return False
+
+
+def batch_num_units(batch: dict[str, torch.Tensor]) -> int:
+    """Number of units in a collated batch (0 for an empty Poisson batch)."""
+    return 0 if is_empty_unit_batch(batch) else int(batch["unit_sizes"].numel())
+
+
+def aggregate_grad_sample_by_unit(
+    module: nn.Module, unit_index: torch.Tensor, n_units: int
+) -> None:
+    """Sum every trainable parameter's per-window ``grad_sample`` rows by unit, in place.
+
+    Call after ``loss.backward()`` and before ``optimizer.step()`` (hooks mode). Afterwards
+    ``p.grad_sample`` has ``n_units`` rows, so the ``DPOptimizer`` clips each unit's summed
+    gradient to ``max_grad_norm``. With ``n_units == 0`` (empty Poisson batch, no backward) it
+    installs zero-row ``grad_sample`` tensors so that the optimizer can take its noise-only step.
+
+    ``module`` may be the ``GradSampleModule`` or the model it wraps. The sum is the gradient of
+    the sum of the unit's window losses, whatever the loss reduction: with
+    ``loss_reduction="mean"`` Opacus has already rescaled each row to the window's own gradient.
+    """
+    index = unit_index.long()
+    for p in module.parameters():
+        if not p.requires_grad:
+            continue
+        if n_units == 0:
+            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+            continue
+        gs = getattr(p, "grad_sample", None)
+        if gs is None:
+            raise PrivacyError(
+                "a trainable parameter has no per-sample gradient; call "
+                "aggregate_grad_sample_by_unit after loss.backward() in hooks mode"
+            )
+        if isinstance(gs, list):
+            raise PrivacyError(
+                "per-sample gradients were accumulated over several backward passes; "
+                "aggregate after each backward (one physical batch) before optimizer.step()"
+            )
+        if gs.shape[0] != index.shape[0]:
+            raise PrivacyError(
+                f"per-sample gradient has {gs.shape[0]} rows but the batch has "
+                f"{index.shape[0]} windows"
+            )
+        out = torch.zeros((n_units, *gs.shape[1:]), dtype=gs.dtype, device=gs.device)
+        out.index_add_(0, index.to(gs.device), gs)
+        p.grad_sample = out

@@ -1,0 +1,654 @@
+"""The PHI tagger: a transformers encoder, a linear emission layer and a CRF (or softmax) head.
+
+Two classes:
+
+* :class:`TaggerModel` — the ``nn.Module`` that DP training wraps with Opacus. Its contract with
+  ``dphub.train`` is ``from_base``, ``emissions``, ``per_sample_loss`` (one loss per window, so
+  Opacus can compute per-sample gradients), ``marginals``, ``decode``, ``set_trainable``,
+  ``save``/``load``. The CRF is pytorch-crf's ``torchcrf.CRF``; its per-sample gradients come
+  from the grad sampler in :mod:`dphub.privacy.grad_samplers` (registered on import here).
+* :class:`Tagger` — inference over :class:`~dphub.notes.Note` objects: windows with stride (no
+  truncation), ``torch.inference_mode``, length bucketing, CRF marginals and Viterbi tags merged
+  back per token, returned as :class:`~dphub.scores.TokenScores`.
+
+The model directory is what ``transformers`` expects for ``BertForTokenClassification``
+(``model.safetensors`` with ``bert.*`` + ``classifier.*``; the CRF's ``crf.*`` tensors ride along
+in the same file and are ignored by plain transformers), so a published model also runs in a
+stock ``pipeline("token-classification")`` (without the CRF). Weights are safetensors only and
+loading never executes code from the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torchcrf import CRF
+
+import dphub.privacy.grad_samplers  # noqa: F401  (registers the CRF grad sampler with Opacus)
+from dphub.errors import ConfigError, ModelError
+from dphub.io import atomic_write_bytes, atomic_write_text
+from dphub.labels import get_schema
+from dphub.notes import Note, Span
+from dphub.scores import TokenScores, spans_from_scores
+
+HEADS: tuple[str, ...] = ("crf", "softmax")
+FORMAT_VERSION = 1
+DEFAULT_MAX_LENGTH = 128
+DEFAULT_STRIDE = 32
+IGNORE_INDEX = -100
+#: Files copied byte-for-byte from the public base model (never rebuilt from data).
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
+#: Files that must never be in a model directory (pickles can execute code when loaded).
+PICKLE_SUFFIXES: tuple[str, ...] = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+ENCODER_INPUTS: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' weight-loading progress bars and load reports write to stderr; the library
+    stays quiet (errors still raise)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load_encoder(loadable: str | Path) -> nn.Module:
+    """A base encoder without pooler (unused by tagging; its parameters would get no gradient,
+    which Opacus reports as a missing per-sample gradient)."""
+    from transformers import AutoModel
+
+    try:
+        with _quiet_transformers():
+            try:
+                enc = AutoModel.from_pretrained(
+                    loadable, add_pooling_layer=False, trust_remote_code=False,
+                    use_safetensors=True,
+                )
+            except TypeError:
+                enc = AutoModel.from_pretrained(
+                    loadable, trust_remote_code=False, use_safetensors=True
+                )
+    except OSError as e:
+        raise ModelError(f"cannot load base model {loadable}: {type(e).__name__}") from None
+    if getattr(enc, "pooler", None) is not None:
+        enc.pooler = None
+    return enc
+
+
+def _token_mask(batch: dict[str, Tensor]) -> Tensor:
+    """Positions of real word pieces: ``batch["token_mask"]`` when given, else attended positions
+    minus each row's first and last attended one ([CLS] ... [SEP], as ``dphub.align`` builds
+    windows)."""
+    if "token_mask" in batch:
+        return batch["token_mask"].bool()
+    att = batch["attention_mask"].bool()
+    if att.shape[1] == 0:
+        return att
+    pos = torch.arange(att.shape[1], device=att.device).expand_as(att)
+    first = torch.where(att, pos, att.shape[1]).min(dim=1, keepdim=True).values
+    last = torch.where(att, pos, -1).max(dim=1, keepdim=True).values
+    return att & (pos > first) & (pos < last)
+
+
+def _compact(valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Left-align each row's valid positions (the CRF wants a prefix mask starting at 0).
+
+    Returns ``(index [B, L'], mask [B, L'], counts [B])`` where ``index`` gathers the valid
+    positions in order and ``L' = max(1, max count)``; rows without valid positions get one masked
+    dummy position (their loss is zeroed by the caller).
+    """
+    batch, length = valid.shape
+    counts = valid.sum(dim=1)
+    width = max(1, int(counts.max()) if batch else 1)
+    pos = torch.arange(length, device=valid.device).expand(batch, length)
+    # valid positions first (stable by position), invalid ones after
+    key = torch.where(valid, pos, pos + length)
+    order = key.argsort(dim=1)
+    if length < width:  # only when length == 0
+        order = torch.zeros((batch, width), dtype=torch.long, device=valid.device)
+    index = order[:, :width]
+    mask = torch.arange(width, device=valid.device).expand(batch, width) < counts.unsqueeze(1)
+    mask = mask.clone()
+    mask[:, 0] = True  # pytorch-crf requires the first step on; empty rows are zeroed later
+    return index, mask, counts
+
+
+class TaggerModel(nn.Module):
+    """Encoder → dropout → Linear emissions over BIOES tags → CRF (or softmax).
+
+    ``forward(batch, tags, weights=None)`` is :meth:`per_sample_loss`, so the model can be called
+    through Opacus's ``GradSampleModule`` wrapper as well as directly.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        tags: Sequence[str],
+        head: str = "crf",
+        *,
+        schema: str = "hipaa",
+        dropout: float | None = None,
+        max_length: int = DEFAULT_MAX_LENGTH,
+        stride: int = DEFAULT_STRIDE,
+        base_public_id: str | None = None,
+        tokenizer_source: Path | None = None,
+    ) -> None:
+        super().__init__()
+        if head not in HEADS:
+            raise ConfigError(f"unknown head {head!r}; choose one of {', '.join(HEADS)}")
+        self.encoder = encoder
+        self.tags = list(tags)
+        self.head = head
+        self.schema = schema
+        self.max_length = max_length
+        self.stride = stride
+        self.base_public_id = base_public_id
+        self.tokenizer_source = Path(tokenizer_source) if tokenizer_source else None
+        self.train_layers: int | None = None
+        self.lora_rank: int | None = None
+        hidden = int(self._encoder_config().hidden_size)
+        p = dropout if dropout is not None else getattr(self._encoder_config(),
+                                                        "hidden_dropout_prob", 0.1)
+        self.dropout = nn.Dropout(float(p))
+        self.classifier = nn.Linear(hidden, len(self.tags))
+        self.crf: CRF | None = CRF(len(self.tags), batch_first=True) if head == "crf" else None
+
+    # ------------------------------------------------------------------ construction
+
+    def _encoder_config(self) -> Any:
+        return self._base_encoder().config
+
+    def _base_encoder(self) -> nn.Module:
+        """The transformers model under any peft wrapper."""
+        enc = self.encoder
+        if hasattr(enc, "get_base_model"):
+            enc = enc.get_base_model()
+        return enc
+
+    @classmethod
+    def from_base(
+        cls, base: str | Path | None, schema: str = "hipaa", head: str = "crf"
+    ) -> TaggerModel:
+        """A fresh tagger on a public base encoder (``None``: the embedded MiniLM), train mode."""
+        from dphub.encoders import resolve_base_model
+
+        loadable, public_id = resolve_base_model(None if base is None else str(base))
+        encoder = _load_encoder(loadable)
+        tags = get_schema(schema).bioes_tags()
+        tok_src = Path(loadable) if isinstance(loadable, Path) or Path(loadable).is_dir() else None
+        model = cls(encoder, tags, head, schema=schema, base_public_id=public_id,
+                    tokenizer_source=tok_src)
+        model.train()
+        return model
+
+    # ------------------------------------------------------------------ forward passes
+
+    def emissions(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
+        """Per-position tag scores ``[B, L, T]``.
+
+        ``token_type_ids``/``position_ids`` default to batch-shaped, contiguous tensors: BERT's own
+        defaults are ``[1, L]`` buffers, which break per-sample gradients of the embeddings.
+        """
+        batch, length = input_ids.shape
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if position_ids is None:
+            position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)
+        out = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids.contiguous(),
+            position_ids=position_ids.contiguous(),
+        )
+        hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
+        return self.classifier(self.dropout(hidden))
+
+    def _batch_emissions(self, batch: dict[str, Tensor]) -> Tensor:
+        return self.emissions(*(batch.get(k) for k in ENCODER_INPUTS))
+
+    def per_sample_loss(
+        self, batch: dict[str, Tensor], tags: Tensor, weights: Tensor | None = None
+    ) -> Tensor:
+        """One loss per window ``[B]``: CRF negative log-likelihood or summed token cross-entropy.
+
+        ``tags`` is ``[B, L]`` with ``-100`` at special/padding positions (the CRF runs over the
+        remaining positions, left-aligned). ``weights`` ``[B]`` multiply each window's loss (recall
+        weighting; they must be constants computed from that window alone). A window without
+        labelled positions contributes 0.
+        """
+        em = self._batch_emissions(batch)
+        valid = tags != IGNORE_INDEX
+        if self.crf is None:
+            ce = nn.functional.cross_entropy(
+                em.reshape(-1, em.shape[-1]), tags.reshape(-1).clamp(min=0), reduction="none"
+            ).view(tags.shape)
+            loss = (ce * valid.to(ce.dtype)).sum(dim=1)
+        else:
+            index, mask, counts = _compact(valid)
+            em_c = em.gather(1, index.unsqueeze(-1).expand(-1, -1, em.shape[-1]))
+            tags_c = tags.gather(1, index).clamp(min=0)
+            tags_c = torch.where(mask, tags_c, torch.zeros_like(tags_c))
+            # positional (emissions, tags, mask): what Opacus saves for the grad sampler
+            llh = self.crf(em_c, tags_c, mask, reduction="none")
+            loss = -llh * (counts > 0).to(llh.dtype)
+        if weights is not None:
+            loss = loss * weights.to(loss.dtype)
+        return loss
+
+    def forward(
+        self, batch: dict[str, Tensor], tags: Tensor, weights: Tensor | None = None
+    ) -> Tensor:
+        return self.per_sample_loss(batch, tags, weights)
+
+    def _marginals_from_emissions(self, em: Tensor, valid: Tensor) -> Tensor:
+        """``[B, L, T]`` tag probabilities at ``valid`` positions, zeros elsewhere."""
+        out = torch.zeros_like(em)
+        if self.crf is None:
+            return torch.where(valid.unsqueeze(-1), em.softmax(-1), out)
+        index, mask, counts = _compact(valid)
+        e = em.gather(1, index.unsqueeze(-1).expand(-1, -1, em.shape[-1]))
+        probs = crf_marginals(e, mask, self.crf.start_transitions, self.crf.end_transitions,
+                              self.crf.transitions)
+        keep = mask & (counts > 0).unsqueeze(1)
+        probs = probs * keep.unsqueeze(-1).to(probs.dtype)
+        # scatter back; padded slots of `index` point at invalid positions and carry zeros
+        return out.scatter_add(1, index.unsqueeze(-1).expand_as(probs), probs)
+
+    def marginals(self, batch: dict[str, Tensor]) -> Tensor:
+        """Per-position tag probabilities ``[B, L, T]`` (CRF: forward-backward; softmax: softmax).
+
+        Real word pieces are found by :func:`_token_mask`; other positions are all-zero rows.
+        """
+        return self._marginals_from_emissions(self._batch_emissions(batch), _token_mask(batch))
+
+    def _decode_from_emissions(self, em: Tensor, valid: Tensor) -> list[list[int]]:
+        if self.crf is None:
+            best = em.argmax(-1)
+            return [best[b][valid[b]].tolist() for b in range(em.shape[0])]
+        index, mask, counts = _compact(valid)
+        e = em.gather(1, index.unsqueeze(-1).expand(-1, -1, em.shape[-1]))
+        paths = self.crf.decode(e, mask)
+        return [p[: int(c)] for p, c in zip(paths, counts.tolist(), strict=True)]
+
+    def decode(self, batch: dict[str, Tensor]) -> list[list[int]]:
+        """Best tag ids per window (Viterbi for CRF, argmax for softmax), one per real word piece
+        in order (special and padding positions left out)."""
+        return self._decode_from_emissions(self._batch_emissions(batch), _token_mask(batch))
+
+    # ------------------------------------------------------------------ what trains
+
+    def set_trainable(self, train_layers: int | None = 2, lora_rank: int | None = None) -> None:
+        """Choose the parameters DP-SGD updates (fewer parameters, less noise in total).
+
+        Embeddings (word, position, token type and their LayerNorm) and all but the top
+        ``train_layers`` encoder layers are frozen; ``None`` trains the whole encoder,
+        ``0`` only the head. Classifier and CRF always train. With ``lora_rank`` the trainable
+        layers get peft LoRA adapters on ``query``/``value`` and only the adapters (plus head and
+        CRF) train; adapters are merged into the weights by :meth:`save`.
+        """
+        if self.lora_rank is not None:
+            raise ConfigError("set_trainable was already called with LoRA on this model")
+        base = self._base_encoder()
+        layers = _encoder_layers(base)
+        n_layers = len(layers)
+        if train_layers is not None and not 0 <= train_layers <= n_layers:
+            raise ConfigError(f"train_layers must be between 0 and {n_layers}, got {train_layers}")
+        if lora_rank is not None and lora_rank < 1:
+            raise ConfigError(f"lora rank must be >= 1, got {lora_rank}")
+        top = list(range(n_layers)) if train_layers is None else list(
+            range(n_layers - train_layers, n_layers))
+        for p in base.parameters():
+            p.requires_grad_(train_layers is None and lora_rank is None)
+        if lora_rank is None:
+            for i in top:
+                for p in layers[i].parameters():
+                    p.requires_grad_(True)
+        elif top:
+            from peft import LoraConfig, get_peft_model
+
+            cfg = LoraConfig(
+                r=lora_rank,
+                lora_alpha=2 * lora_rank,
+                lora_dropout=0.0,
+                target_modules=["query", "value"],
+                layers_to_transform=top,
+                bias="none",
+            )
+            self.encoder = get_peft_model(self.encoder, cfg)
+        for p in self.classifier.parameters():
+            p.requires_grad_(True)
+        if self.crf is not None:
+            for p in self.crf.parameters():
+                p.requires_grad_(True)
+        self.train_layers = train_layers
+        self.lora_rank = lora_rank
+
+    # ------------------------------------------------------------------ persistence
+
+    def _merged_encoder(self) -> nn.Module:
+        """The encoder with LoRA adapters merged (a copy; the training model is untouched)."""
+        if hasattr(self.encoder, "merge_and_unload"):
+            return copy.deepcopy(self.encoder).merge_and_unload()
+        return self.encoder
+
+    def export_state_dict(self) -> dict[str, Tensor]:
+        """Tensors as stored in ``model.safetensors``: ``<prefix>.*``, ``classifier.*``,
+        ``crf.*``, with LoRA merged."""
+        enc = self._merged_encoder()
+        prefix = getattr(enc, "base_model_prefix", "bert") or "bert"
+        out: dict[str, Tensor] = {}
+        for k, v in enc.state_dict().items():
+            out[f"{prefix}.{k}"] = v
+        for k, v in self.classifier.state_dict().items():
+            out[f"classifier.{k}"] = v
+        if self.crf is not None:
+            for k, v in self.crf.state_dict().items():
+                out[f"crf.{k}"] = v
+        return {k: v.detach().to("cpu").contiguous().clone() for k, v in out.items()}
+
+    def config_dict(self, base_public_id: str | None = None) -> dict[str, Any]:
+        """The ``config.json`` content: the encoder config as a token-classification model plus
+        the ``dphub`` block."""
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+        )
+
+        cfg = copy.deepcopy(self._encoder_config())
+        model_type = cfg.model_type
+        arch = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+        if arch is None:
+            raise ModelError(f"encoder type {model_type!r} has no token-classification class")
+        cfg.architectures = [arch]
+        cfg.id2label = dict(enumerate(self.tags))
+        cfg.label2id = {t: i for i, t in enumerate(self.tags)}
+        d = cfg.to_dict()
+        d.pop("_name_or_path", None)  # may be a local path; the public id is in the dphub block
+        d["dphub"] = {
+            "head": self.head,
+            "label_schema": self.schema,
+            "max_length": self.max_length,
+            "stride": self.stride,
+            "format_version": FORMAT_VERSION,
+            "base_model": base_public_id or self.base_public_id,
+        }
+        return d
+
+    def save(
+        self,
+        model_dir: Path,
+        base_public_id: str | None = None,
+        tokenizer_source: Path | None = None,
+    ) -> None:
+        """Write ``model.safetensors``, ``config.json`` and the base tokenizer files.
+
+        Each file is written atomically; build the whole directory inside
+        ``dphub.io.atomic_directory`` to make the directory itself appear atomically.
+        ``base_public_id``/``tokenizer_source`` default to what :meth:`from_base` recorded.
+        """
+        from safetensors.torch import save
+
+        model_dir = Path(model_dir)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        src = Path(tokenizer_source) if tokenizer_source else self.tokenizer_source
+        if src is None or not (src / "tokenizer.json").is_file():
+            raise ModelError(
+                f"tokenizer source {src} has no tokenizer.json (pass the public base model dir)"
+            )
+        public = base_public_id or self.base_public_id
+        atomic_write_bytes(model_dir / "model.safetensors",
+                           save(self.export_state_dict(), metadata={"format": "pt"}))
+        atomic_write_text(model_dir / "config.json",
+                          json.dumps(self.config_dict(public), indent=2, sort_keys=True) + "\n")
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file() and (src.resolve() != model_dir.resolve()):
+                atomic_write_bytes(model_dir / name, (src / name).read_bytes())
+
+    @classmethod
+    def load(cls, model_dir: Path) -> TaggerModel:
+        """Load a model directory written by :meth:`save` (safetensors only, no remote code).
+
+        The model is returned in train mode, like :meth:`from_base`; call ``.eval()`` for
+        inference.
+        """
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        from transformers import AutoConfig, AutoModel
+
+        model_dir = Path(model_dir)
+        weights = model_dir / "model.safetensors"
+        if not (model_dir / "config.json").is_file() or not weights.is_file():
+            raise ModelError(f"{model_dir}: not a dphub model (needs config.json and "
+                             "model.safetensors)")
+        pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise ModelError(f"{model_dir}: refusing a model directory with pickle files "
+                             f"({', '.join(pickles)})")
+        try:
+            raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise ModelError(f"{model_dir}/config.json is not valid JSON") from None
+        block = raw.get("dphub")
+        if not isinstance(block, dict) or block.get("head") not in HEADS:
+            raise ModelError(f"{model_dir}/config.json has no valid 'dphub' block")
+        if int(block.get("format_version", 0)) > FORMAT_VERSION:
+            raise ModelError(f"{model_dir}: model format {block.get('format_version')} is newer "
+                             "than this dphub understands")
+        id2label = raw.get("id2label") or {}
+        tags = [id2label[k] for k in sorted(id2label, key=int)]
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+        with _quiet_transformers():
+            try:
+                encoder = AutoModel.from_config(config, add_pooling_layer=False)
+            except TypeError:
+                encoder = AutoModel.from_config(config)
+        if getattr(encoder, "pooler", None) is not None:
+            encoder.pooler = None
+        model = cls(encoder, tags, block["head"], schema=block.get("label_schema", "hipaa"),
+                    max_length=int(block.get("max_length", DEFAULT_MAX_LENGTH)),
+                    stride=int(block.get("stride", DEFAULT_STRIDE)),
+                    base_public_id=block.get("base_model"), tokenizer_source=model_dir)
+        try:
+            state = load_file(str(weights))
+        except (SafetensorError, OSError):
+            raise ModelError(f"{weights}: not a readable safetensors file") from None
+        prefix = getattr(encoder, "base_model_prefix", "bert") or "bert"
+        mapped: dict[str, Tensor] = {}
+        for k, v in state.items():
+            if k.startswith(prefix + "."):
+                mapped["encoder." + k[len(prefix) + 1:]] = v
+            elif k.startswith(("classifier.", "crf.")):
+                mapped[k] = v
+        missing, unexpected = model.load_state_dict(mapped, strict=False)
+        missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]
+        if missing or unexpected:
+            raise ModelError(
+                f"{weights}: weights do not match the config "
+                f"({len(missing)} missing, {len(unexpected)} unexpected tensors)"
+            )
+        model.train()
+        return model
+
+
+def _encoder_layers(encoder: nn.Module) -> nn.ModuleList:
+    """The stack of transformer blocks (``encoder.layer`` for BERT-like models)."""
+    for path in ("encoder.layer", "transformer.layer", "layers", "layer"):
+        obj: Any = encoder
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, nn.ModuleList):
+            return obj
+    raise ModelError(f"cannot find the layer stack of {type(encoder).__name__}")
+
+
+def crf_marginals(
+    emissions: Tensor, mask: Tensor, start: Tensor, end: Tensor, transitions: Tensor
+) -> Tensor:
+    """Posterior tag marginals ``P(y_t = j | x)`` ``[B, L, T]`` by forward-backward in log space.
+
+    ``mask`` is a prefix mask starting at position 0 (pytorch-crf convention); positions past a
+    row's length get meaningless values, which callers zero out.
+    """
+    batch, length, num_tags = emissions.shape
+    trans = transitions.unsqueeze(0)
+    alphas = [start.unsqueeze(0) + emissions[:, 0]]
+    for t in range(1, length):
+        nxt = torch.logsumexp(alphas[-1].unsqueeze(2) + trans, dim=1) + emissions[:, t]
+        alphas.append(torch.where(mask[:, t].unsqueeze(1), nxt, alphas[-1]))
+    end_b = end.unsqueeze(0).expand(batch, num_tags)
+    betas = [end_b]
+    for t in range(length - 2, -1, -1):
+        nxt = torch.logsumexp(trans + (emissions[:, t + 1] + betas[0]).unsqueeze(1), dim=2)
+        betas.insert(0, torch.where(mask[:, t + 1].unsqueeze(1), nxt, end_b))
+    alpha = torch.stack(alphas, dim=1)
+    beta = torch.stack(betas, dim=1)
+    log_z = torch.logsumexp(alphas[-1] + end, dim=1)
+    return torch.exp(alpha + beta - log_z.view(batch, 1, 1))
+
+
+# ---------------------------------------------------------------------------------- inference
+
+
+class Tagger:
+    """Inference wrapper: notes in, per-token scores or character spans out.
+
+    ``name`` (the directory name), ``labels`` (the schema's labels, e.g. HIPAA categories) and
+    ``tokenizer_id`` (base model id + hash of ``tokenizer.json``: members with equal ids split
+    text identically) describe it to the ensemble.
+    """
+
+    def __init__(self, model: TaggerModel, tokenizer: Any, model_dir: Path | None = None,
+                 name: str | None = None, device: str = "cpu") -> None:
+        self.model = model.eval().to(device)
+        self.tokenizer = tokenizer
+        self.model_dir = Path(model_dir) if model_dir else None
+        self.device = torch.device(device)
+        self.name = name or (self.model_dir.name if self.model_dir else "tagger")
+        labels: list[str] = []
+        for t in model.tags:
+            if t != "O" and t[2:] not in labels:
+                labels.append(t[2:])
+        self.labels: tuple[str, ...] = tuple(labels)
+        # tag index -> label index (-1 for O): label_probs sum over B/I/E/S of each label
+        self._tag_to_label = np.zeros((len(model.tags), len(labels)), dtype=np.float64)
+        for i, t in enumerate(model.tags):
+            if t != "O":
+                self._tag_to_label[i, labels.index(t[2:])] = 1.0
+        self._o_index = model.tags.index("O")
+        tok_json = (self.model_dir / "tokenizer.json") if self.model_dir else None
+        digest = (hashlib.sha256(tok_json.read_bytes()).hexdigest()[:16]
+                  if tok_json is not None and tok_json.is_file() else "unknown")
+        self.tokenizer_id = f"{model.base_public_id or 'unknown'}@{digest}"
+
+    @classmethod
+    def load(cls, model_dir: Path | str, device: str = "cpu") -> Tagger:
+        """Load a model directory (safetensors only, ``trust_remote_code=False``)."""
+        from transformers import AutoTokenizer
+
+        model_dir = Path(model_dir)
+        model = TaggerModel.load(model_dir)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"{model_dir}: cannot load the tokenizer ({type(e).__name__})") \
+                from None
+        if not getattr(tokenizer, "is_fast", False):
+            raise ModelError(f"{model_dir}: dphub needs a fast tokenizer (tokenizer.json)")
+        return cls(model, tokenizer, model_dir, device=device)
+
+    def save(self, model_dir: Path) -> None:
+        """Write this tagger's model directory (tokenizer files copied from where it was loaded)."""
+        src = self.model_dir
+        self.model.save(Path(model_dir), tokenizer_source=src)
+        if src is not None:
+            for extra in ("training_config.json", "README.md"):
+                if (src / extra).is_file() and src.resolve() != Path(model_dir).resolve():
+                    shutil.copyfile(src / extra, Path(model_dir) / extra)
+
+    def token_scores(self, notes: Sequence[Note], batch_size: int = 16) -> list[TokenScores]:
+        """Per-token PHI probabilities of each note (windows merged; nothing truncated)."""
+        from dphub import align
+
+        if batch_size < 1:
+            raise ConfigError(f"batch size must be at least 1 (got {batch_size})")
+        notes = list(notes)
+        if not notes:
+            return []
+        tokens = align.tokenize(self.tokenizer, [n.text for n in notes])
+        windows = align.make_windows(tokens, self.tokenizer, self.model.max_length,
+                                     self.model.stride)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        probs_w: list[np.ndarray | None] = [None] * len(windows)
+        dec_w: list[np.ndarray | None] = [None] * len(windows)
+        with torch.inference_mode():
+            for idx in align.bucket_by_length(windows, batch_size):
+                chunk = [windows[i] for i in idx]
+                batch = {k: v.to(self.device) for k, v in align.collate(chunk, pad_id).items()}
+                valid = torch.zeros_like(batch["attention_mask"], dtype=torch.bool)
+                for r, w in enumerate(chunk):
+                    valid[r, w.content_slice] = True
+                em = self.model._batch_emissions(batch).float()
+                marg = self.model._marginals_from_emissions(em, valid).cpu().numpy()
+                paths = self.model._decode_from_emissions(em, valid)
+                for r, (i, w) in enumerate(zip(idx, chunk, strict=True)):
+                    probs_w[i] = marg[r, w.content_slice]
+                    dec_w[i] = np.asarray(paths[r], dtype=np.int64)
+        out: list[TokenScores] = []
+        groups = align.windows_by_note(windows)
+        n_labels = len(self.labels)
+        for ni, nt in enumerate(tokens):
+            ws = groups.get(ni, [])
+            n = len(nt)
+            if n == 0:
+                out.append(TokenScores(np.zeros((0, 2), dtype=np.int64), np.zeros(0),
+                                       np.zeros((0, n_labels)), self.labels, []))
+                continue
+            probs = align.merge_windows([windows[i] for i in ws], [probs_w[i] for i in ws], n)
+            dec = align.merge_windows([windows[i] for i in ws], [dec_w[i] for i in ws], n)
+            label_probs = probs.astype(np.float64) @ self._tag_to_label
+            phi = np.clip(1.0 - probs[:, self._o_index], 0.0, 1.0)
+            out.append(TokenScores(
+                offsets=nt.offsets.copy(),
+                phi_prob=phi.astype(np.float64),
+                label_probs=label_probs,
+                labels=self.labels,
+                decoded=[self.model.tags[int(t)] for t in dec],
+            ))
+        return out
+
+    def tag(self, notes: Sequence[Note], threshold: float | None = None,
+            batch_size: int = 16) -> list[list[Span]]:
+        """Predicted spans per note: decoded tags (``threshold=None``) or ``phi_prob >= t``."""
+        return [spans_from_scores(ts, threshold, source=self.name)
+                for ts in self.token_scores(notes, batch_size=batch_size)]
