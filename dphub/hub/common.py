@@ -1,0 +1,244 @@
+"""Shared pieces of the hub: repo ids, default locations, card summaries, file hashes.
+
+Everything that crosses the hub boundary (repo ids, revisions, file names from a remote listing)
+is validated here before it is used to build a path or a git command line, so that a hostile hub
+cannot make dphub write outside its target directory or run git with an option.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from dphub.errors import CardError, HubError
+
+#: One component of a repo id: what the Hugging Face Hub accepts, minus anything path-like.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+#: A revision: a branch, tag or (abbreviated) commit sha; never an option or a range.
+_REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+
+#: Tag every published card must carry; Hugging Face search filters on it.
+DP_TAG = "differential-privacy"
+PRIVACY_UNITS = ("patient", "note", "sequence")
+
+
+def check_repo_id(repo_id: str) -> str:
+    """Return ``repo_id`` if it is ``org/name`` with safe components, else raise HubError."""
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(_NAME_RE.match(p) for p in parts) or ".." in repo_id:
+        raise HubError(
+            f"invalid repo id {repo_id!r}: expected org/name (letters, digits, '.', '_', '-')"
+        )
+    return repo_id
+
+
+def check_revision(revision: str) -> str:
+    """Return ``revision`` if it is a plausible branch/tag/sha (no '..', no leading '-')."""
+    if not _REV_RE.match(revision) or ".." in revision or revision.endswith((".lock", "/")):
+        raise HubError(f"invalid revision {revision!r}")
+    return revision
+
+
+def is_commit_sha(revision: str) -> bool:
+    return bool(_SHA_RE.match(revision))
+
+
+def parse_repo_spec(spec: str) -> tuple[str, str | None]:
+    """Split ``org/name[@revision]`` into a checked repo id and revision (None: latest)."""
+    repo_id, _, revision = spec.partition("@")
+    check_repo_id(repo_id)
+    if revision:
+        check_revision(revision)
+    return repo_id, revision or None
+
+
+def check_relative_path(name: str) -> PurePosixPath:
+    """A file name from a hub listing, refused if absolute or escaping with '..'."""
+    p = PurePosixPath(name)
+    if (
+        not name
+        or p.is_absolute()
+        or "\\" in name
+        or any(part in ("..", ".", "") for part in name.split("/"))
+        or "\x00" in name
+    ):
+        raise HubError(f"unsafe file name in hub listing: {name!r}")
+    return p
+
+
+def dphub_home() -> Path:
+    """The per-user data directory: ``$DPHUB_HOME`` or the platform's user data dir."""
+    env = os.environ.get("DPHUB_HOME")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("dphub", appauthor=False))
+
+
+def default_hub() -> str:
+    """``$DPHUB_HUB`` or ``<dphub_home>/hub`` (a local git hub)."""
+    return os.environ.get("DPHUB_HUB") or str(dphub_home() / "hub")
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The git object id of a blob with this content (what ``git ls-tree`` lists)."""
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(b"blob %d\0" % len(data))
+    h.update(data)
+    return h.hexdigest()
+
+
+def file_git_sha1(path: Path) -> str:
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_FRONT_RE = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.S)
+
+
+def parse_front_matter(text: str, *, where: str) -> dict[str, Any]:
+    """The YAML front matter of a model card (README.md) as a dict."""
+    m = _FRONT_RE.match(text)
+    if not m:
+        raise CardError(f"{where}: model card has no YAML front matter")
+    try:
+        data = yaml.safe_load(m.group(1))
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        raise CardError(
+            f"{where}: front matter is not valid YAML"
+            + (f" (line {line + 2})" if line is not None else "")
+        ) from None
+    if not isinstance(data, dict):
+        raise CardError(f"{where}: front matter is not a mapping")
+    return data
+
+
+def read_card_meta(model_dir: Path) -> dict[str, Any]:
+    """Front matter of ``<model_dir>/README.md``."""
+    readme = Path(model_dir) / "README.md"
+    if not readme.is_file():
+        raise CardError(f"{readme}: model card (README.md) is missing")
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise CardError(f"{readme}: cannot read the model card as UTF-8") from None
+    return parse_front_matter(text, where=str(readme))
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _eval_f1(meta: dict[str, Any]) -> float | None:
+    """The first F1-like metric in ``model-index`` / ``eval_results``, if the card has one."""
+    for result in (meta.get("model-index") or [{}])[0].get("results", []) or []:
+        for metric in result.get("metrics", []) or []:
+            kind = f"{metric.get('type', '')} {metric.get('name', '')}".lower()
+            if "f1" in kind:
+                return _number(metric.get("value"))
+    ev = meta.get("eval_results")
+    if isinstance(ev, dict):
+        for key, value in ev.items():
+            if "f1" in str(key).lower() and _number(value) is not None:
+                return _number(value)
+    return None
+
+
+@dataclass(frozen=True)
+class CardSummary:
+    """What search tables, registry entries and policy checks need from a card."""
+
+    epsilon: float | None
+    delta: float | None
+    unit: str | None
+    private: bool
+    base_model: str | None
+    labels: tuple[str, ...]
+    patients: int | None
+    notes: int | None
+    language: tuple[str, ...]
+    f1: float | None
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> CardSummary:
+        dp = meta.get("differential_privacy") or {}
+        if not isinstance(dp, dict):
+            dp = {}
+        ds = meta.get("dataset") or {}
+        if not isinstance(ds, dict):
+            ds = {}
+        phi = ds.get("phi_per_category") or {}
+        lang = meta.get("language") or ds.get("language") or ()
+        if isinstance(lang, str):
+            lang = (lang,)
+        eps = _number(dp.get("epsilon"))
+        return cls(
+            epsilon=eps,
+            delta=_number(dp.get("delta")),
+            unit=dp.get("privacy_unit") if isinstance(dp.get("privacy_unit"), str) else None,
+            private=dp.get("private") is True and eps is not None and math.isfinite(eps),
+            base_model=meta.get("base_model") if isinstance(meta.get("base_model"), str) else None,
+            labels=tuple(sorted(str(k) for k in phi)) if isinstance(phi, dict) else (),
+            patients=ds.get("patients") if isinstance(ds.get("patients"), int) else None,
+            notes=ds.get("notes") if isinstance(ds.get("notes"), int) else None,
+            language=tuple(str(x) for x in lang),
+            f1=_eval_f1(meta),
+        )
+
+    def matches(
+        self,
+        *,
+        max_epsilon: float | None = None,
+        unit: str | None = None,
+        label: str | None = None,
+        language: str | None = None,
+    ) -> bool:
+        """Search filters: all given ones must hold (a non-private card never matches ε)."""
+        if max_epsilon is not None and (
+            not self.private or self.epsilon is None or self.epsilon > max_epsilon
+        ):
+            return False
+        if unit is not None and self.unit != unit:
+            return False
+        if label is not None and label.upper() not in {x.upper() for x in self.labels}:
+            return False
+        return language is None or language.lower() in {x.lower() for x in self.language}
+
+
+@dataclass(frozen=True)
+class RepoRevision:
+    """One revision of a hub repo with its card summary (a search/info row)."""
+
+    repo: str
+    revision: str
+    summary: CardSummary
+    date: str | None = None
+    message: str | None = None
+    tags: tuple[str, ...] = ()

@@ -1,0 +1,169 @@
+"""Hugging Face protocol backend: huggingface.co, any ``HF_ENDPOINT``, or olah serving a local hub.
+
+Everything goes through :class:`huggingface_hub.HfApi` and ``snapshot_download``; tokens come
+from the usual places (``HF_TOKEN``, ``hf auth login``). Downloads are checked file by file
+against the hub's own listing (``list_repo_tree``): the git blob id for regular files, the LFS
+sha256 for LFS files. Nothing is loaded by repo id: olah answers a missing file with 401 rather
+than 404, so callers load from the verified snapshot directory instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dphub.errors import HubError, PullRefused
+from dphub.hub.common import (
+    DP_TAG,
+    CardSummary,
+    RepoRevision,
+    check_relative_path,
+    check_repo_id,
+    check_revision,
+    file_git_sha1,
+    file_sha256,
+)
+
+
+def _hub_error(repo_id: str, e: Exception) -> HubError:
+    """Map huggingface_hub errors to one line (their messages hold URLs, not note text)."""
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(e, RevisionNotFoundError):
+        return HubError(f"revision not found in {repo_id}")
+    if isinstance(e, RepositoryNotFoundError):
+        return HubError(f"repo {repo_id} not found (or not accessible with your token)")
+    first = str(e).strip().splitlines()[:1] or [type(e).__name__]
+    return HubError(f"hub request for {repo_id} failed: {first[0]}")
+
+
+class HFHub:
+    """One Hugging Face protocol endpoint (``endpoint=None``: ``HF_ENDPOINT`` or huggingface.co)."""
+
+    def __init__(self, endpoint: str | None = None, api: Any = None,
+                 token: str | None = None) -> None:
+        from huggingface_hub import HfApi, constants
+
+        self.endpoint = endpoint.rstrip("/") if endpoint else None
+        self.token = token
+        self.api = api if api is not None else HfApi(endpoint=self.endpoint, token=token)
+        self.name = self.endpoint or constants.ENDPOINT
+
+    def publish(self, model_dir: Path, repo_id: str, message: str, tag: str | None = None) -> str:
+        """create_repo + upload_folder (one commit) + optional create_tag; returns the sha."""
+        check_repo_id(repo_id)
+        if tag is not None:
+            check_revision(tag)
+        try:
+            self.api.create_repo(repo_id, repo_type="model", exist_ok=True)
+            info = self.api.upload_folder(
+                repo_id=repo_id, folder_path=str(model_dir), repo_type="model",
+                commit_message=message,
+                # Files removed since the previous publish must not linger in the new revision.
+                delete_patterns=["*"],
+            )
+            sha = info.oid
+            if tag is not None:
+                self.api.create_tag(repo_id, tag=tag, revision=sha, repo_type="model")
+        except HubError:
+            raise
+        except Exception as e:  # noqa: BLE001 - network/HTTP errors become one line
+            raise _hub_error(repo_id, e) from None
+        return sha
+
+    def resolve(self, repo_id: str, revision: str | None) -> str:
+        check_repo_id(repo_id)
+        rev = check_revision(revision) if revision else "main"
+        try:
+            return self.api.model_info(repo_id, revision=rev).sha
+        except Exception as e:  # noqa: BLE001
+            raise _hub_error(repo_id, e) from None
+
+    def listing(self, repo_id: str, sha: str) -> dict[str, Any]:
+        """path -> RepoFile of commit ``sha`` (the hashes downloads are checked against)."""
+        from huggingface_hub.hf_api import RepoFile
+
+        try:
+            items = self.api.list_repo_tree(repo_id, recursive=True, revision=sha,
+                                            repo_type="model")
+            return {f.path: f for f in items if isinstance(f, RepoFile)}
+        except Exception as e:  # noqa: BLE001
+            raise _hub_error(repo_id, e) from None
+
+    def download_verified(self, repo_id: str, sha: str, dest: Path) -> dict[str, str]:
+        """snapshot_download into a scratch dir, then move each listed, verified file to dest."""
+        from huggingface_hub import snapshot_download
+        from huggingface_hub import utils as hf_utils
+
+        listing = self.listing(repo_id, sha)
+        for path in listing:
+            check_relative_path(path)
+        scratch = Path(tempfile.mkdtemp(prefix=".dl.", dir=dest.parent))
+        try:
+            # The library never prints: no progress bars on the user's terminal.
+            was_disabled = hf_utils.are_progress_bars_disabled()
+            hf_utils.disable_progress_bars()
+            try:
+                snap = Path(snapshot_download(
+                    repo_id, revision=sha, local_dir=scratch, endpoint=self.endpoint,
+                    token=self.token, repo_type="model",
+                ))
+            except Exception as e:  # noqa: BLE001
+                raise PullRefused(f"download of {repo_id}@{sha[:12]} failed: "
+                                  f"{_hub_error(repo_id, e).message}") from None
+            finally:
+                if not was_disabled:
+                    hf_utils.enable_progress_bars()
+            hashes = {}
+            for path, f in listing.items():
+                src = snap / path
+                if src.is_symlink() or not src.is_file():
+                    raise PullRefused(f"{repo_id}@{sha[:12]}: {path} missing from the download")
+                if f.lfs is not None:
+                    ok, digest = file_sha256(src) == f.lfs.sha256, f.lfs.sha256
+                else:
+                    ok, digest = file_git_sha1(src) == f.blob_id, f.blob_id
+                if not ok:
+                    raise PullRefused(f"{repo_id}@{sha[:12]}: {path} does not match the hub's "
+                                      "hash (interrupted or tampered download)")
+                target = dest / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(src, target)
+                hashes[path] = digest
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return hashes
+
+    def _summary(self, card_data: Any) -> CardSummary:
+        if card_data is None:
+            return CardSummary.from_meta({})
+        meta = card_data.to_dict() if hasattr(card_data, "to_dict") else dict(card_data)
+        return CardSummary.from_meta(meta)
+
+    def revisions(self, repo_id: str) -> list[RepoRevision]:
+        check_repo_id(repo_id)
+        try:
+            refs = self.api.list_repo_refs(repo_id, repo_type="model")
+            tags: dict[str, list[str]] = {}
+            for t in refs.tags:
+                tags.setdefault(t.target_commit, []).append(t.name)
+            commits = self.api.list_repo_commits(repo_id, repo_type="model")
+            out = []
+            for c in commits:
+                info = self.api.model_info(repo_id, revision=c.commit_id)
+                out.append(RepoRevision(repo_id, c.commit_id, self._summary(info.card_data),
+                                        str(c.created_at), c.title,
+                                        tuple(tags.get(c.commit_id, ()))))
+            return out
+        except Exception as e:  # noqa: BLE001
+            raise _hub_error(repo_id, e) from None
+
+    def latest(self) -> list[RepoRevision]:
+        """Every model tagged ``differential-privacy`` (server-side filter), with its card data."""
+        try:
+            models = self.api.list_models(filter=DP_TAG, cardData=True)
+            return [RepoRevision(m.id, m.sha or "", self._summary(m.card_data)) for m in models]
+        except Exception as e:  # noqa: BLE001
+            raise _hub_error("(search)", e) from None

@@ -1,0 +1,260 @@
+"""Local hub backend: one bare git repository per model at ``<hub>/models/<org>/<name>``.
+
+Why this layout: it is exactly what ``olah`` serves as an offline mirror (``mirrors-path = [hub]``,
+repos looked up as ``<mirror>/<repo_type>/<org>/<repo>``), so ``dphub hub serve`` turns any local hub
+into a Hugging Face protocol endpoint without copying anything.
+
+Publishing is crash-safe: file contents are written as git objects and committed through a
+temporary index; the branch (and optional tag) move last, in one ``git update-ref --stdin``
+transaction that compares against the previous commit. An interrupted publish leaves unreferenced
+objects (harmless, ``git gc`` removes them) and the repo at its previous commit. Concurrent
+publishers to one repo are serialized by a file lock next to it. Large files are plain git blobs
+(no LFS): models here are tens of MB.
+
+Every blob read back is re-hashed (git does not re-check loose objects on read), so an object file
+modified on disk is detected on pull.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from dphub.errors import HubError, PullRefused
+from dphub.hub.common import (
+    CardSummary,
+    RepoRevision,
+    check_relative_path,
+    check_repo_id,
+    check_revision,
+    file_git_sha1,
+    git_blob_sha1,
+    parse_front_matter,
+)
+
+BRANCH = "main"
+_ZERO = "0" * 40
+#: Commits are authored by the tool, never by the local user (whose name must not leak).
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "dphub", "GIT_AUTHOR_EMAIL": "dphub@localhost",
+    "GIT_COMMITTER_NAME": "dphub", "GIT_COMMITTER_EMAIL": "dphub@localhost",
+}
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    mode: str
+    kind: str
+    oid: str
+    path: str
+
+
+class LocalHub:
+    """A directory of bare git repos; ``name`` is how registry entries refer to it."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.name = str(self.root)
+
+    # -- plumbing -------------------------------------------------------------------------
+    def repo_dir(self, repo_id: str) -> Path:
+        org, name = check_repo_id(repo_id).split("/")
+        return self.root / "models" / org / name
+
+    def _git(self, repo_dir: Path, *args: str, input: bytes | None = None,
+             env: dict[str, str] | None = None, check: bool = True) -> bytes:
+        full_env = {
+            **os.environ, **_IDENTITY,
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0",
+            **(env or {}),
+        }
+        proc = subprocess.run(
+            ["git", f"--git-dir={repo_dir}", *args], input=input, env=full_env,
+            capture_output=True, check=False,
+        )
+        if check and proc.returncode != 0:
+            # git's stderr names objects and refs, never file contents.
+            detail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+            raise HubError(f"git {args[0]} failed in {repo_dir}: {detail[0]}")
+        return proc.stdout
+
+    def exists(self, repo_id: str) -> bool:
+        return (self.repo_dir(repo_id) / "HEAD").is_file()
+
+    def _require(self, repo_id: str) -> Path:
+        d = self.repo_dir(repo_id)
+        if not (d / "HEAD").is_file():
+            raise HubError(f"repo {repo_id} not found in hub {self.name}")
+        return d
+
+    def _init(self, repo_id: str) -> Path:
+        """Create the bare repo atomically (init in a temp dir, rename into place)."""
+        d = self.repo_dir(repo_id)
+        if (d / "HEAD").is_file():
+            return d
+        d.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", suffix=".init", dir=d.parent))
+        try:
+            subprocess.run(["git", "init", "--quiet", "--bare", f"--initial-branch={BRANCH}",
+                            str(tmp)], check=True, capture_output=True,
+                           env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1",
+                                "GIT_CONFIG_GLOBAL": os.devnull})
+            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the repo from a shared server
+            os.replace(tmp, d)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return d
+
+    def _lock(self, repo_id: str) -> FileLock:
+        d = self.repo_dir(repo_id)
+        d.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(d.parent / f".{d.name}.lock"))
+
+    # -- publish --------------------------------------------------------------------------
+    def publish(self, model_dir: Path, repo_id: str, message: str, tag: str | None = None) -> str:
+        """Commit every file of ``model_dir`` as the new head of ``repo_id``; return the sha."""
+        if tag is not None:
+            check_revision(tag)
+        model_dir = Path(model_dir).resolve()
+        files = sorted(p for p in model_dir.rglob("*") if p.is_file())
+        if any("\n" in str(p) for p in files):
+            raise HubError(f"{model_dir}: file names must not contain newlines")
+        with self._lock(repo_id):
+            d = self._init(repo_id)
+            old = self._git(d, "rev-parse", "--verify", "--quiet", f"refs/heads/{BRANCH}",
+                            check=False).decode().strip() or None
+            if tag is not None and self._git(d, "rev-parse", "--verify", "--quiet",
+                                             f"refs/tags/{tag}", check=False).strip():
+                raise HubError(f"tag {tag} already exists in {repo_id}; tags are immutable")
+            rels = [p.relative_to(model_dir).as_posix() for p in files]
+            oids = self._git(d, "hash-object", "-w", "--no-filters", "--stdin-paths",
+                             input="".join(f"{p}\n" for p in files).encode()).decode().split()
+            fd, index = tempfile.mkstemp(prefix=".index.", dir=d)
+            os.close(fd)
+            os.unlink(index)  # git wants to create it itself
+            try:
+                env = {"GIT_INDEX_FILE": index}
+                info = "".join(f"100644 {oid}\t{rel}\n" for oid, rel in zip(oids, rels, strict=True))
+                self._git(d, "update-index", "--add", "--index-info", input=info.encode(), env=env)
+                tree = self._git(d, "write-tree", env=env).decode().strip()
+            finally:
+                Path(index).unlink(missing_ok=True)
+            parents = ["-p", old] if old else []
+            commit = self._git(d, "commit-tree", tree, *parents,
+                               input=message.encode()).decode().strip()
+            txn = ["start", f"update refs/heads/{BRANCH} {commit} {old or _ZERO}"]
+            if tag is not None:
+                txn.append(f"create refs/tags/{tag} {commit}")
+            txn.append("commit")
+            self._git(d, "update-ref", "--stdin", input=("\n".join(txn) + "\n").encode())
+            return commit
+
+    # -- read -----------------------------------------------------------------------------
+    def resolve(self, repo_id: str, revision: str | None) -> str:
+        """Commit sha of ``revision`` (branch, tag, sha or prefix; None = latest)."""
+        d = self._require(repo_id)
+        rev = check_revision(revision) if revision else f"refs/heads/{BRANCH}"
+        out = self._git(d, "rev-parse", "--verify", "--quiet", "--end-of-options",
+                        f"{rev}^{{commit}}", check=False).decode().strip()
+        if not out:
+            raise HubError(f"revision {revision or BRANCH} not found in {repo_id}")
+        return out
+
+    def tree(self, repo_id: str, sha: str) -> list[TreeEntry]:
+        d = self._require(repo_id)
+        out = self._git(d, "ls-tree", "-r", "-z", "--full-tree", sha).decode("utf-8")
+        entries = []
+        for rec in filter(None, out.split("\0")):
+            meta, path = rec.split("\t", 1)
+            mode, kind, oid = meta.split()
+            entries.append(TreeEntry(mode, kind, oid, path))
+        return entries
+
+    def read_blob(self, repo_id: str, oid: str) -> bytes:
+        """Blob content, re-hashed: a modified object on disk raises PullRefused."""
+        d = self._require(repo_id)
+        try:
+            data = self._git(d, "cat-file", "blob", oid)
+        except HubError:
+            raise PullRefused(f"object {oid} of {repo_id} cannot be read (corrupted hub?)") from None
+        if git_blob_sha1(data) != oid:
+            raise PullRefused(f"object {oid} of {repo_id} does not match its hash (tampered?)")
+        return data
+
+    def read_file(self, repo_id: str, sha: str, path: str) -> bytes | None:
+        for e in self.tree(repo_id, sha):
+            if e.path == path and e.kind == "blob":
+                return self.read_blob(repo_id, e.oid)
+        return None
+
+    def download_verified(self, repo_id: str, sha: str, dest: Path) -> dict[str, str]:
+        """Write the files of commit ``sha`` into ``dest``; each one's git sha1 is re-checked."""
+        listing: dict[str, str] = {}
+        for e in self.tree(repo_id, sha):
+            if e.kind != "blob" or e.mode not in ("100644", "100755"):
+                raise PullRefused(f"{repo_id}@{sha[:12]}: {e.path!r} is not a regular file "
+                                  f"(mode {e.mode}); refusing links and submodules")
+            rel = check_relative_path(e.path)
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(self.read_blob(repo_id, e.oid))
+            if file_git_sha1(target) != e.oid:
+                raise PullRefused(f"{repo_id}@{sha[:12]}: {e.path} changed while downloading")
+            listing[e.path] = e.oid
+        return listing
+
+    def card_summary(self, repo_id: str, sha: str) -> CardSummary:
+        data = self.read_file(repo_id, sha, "README.md")
+        if data is None:
+            meta = {}
+        else:
+            try:
+                meta = parse_front_matter(data.decode("utf-8"), where=f"{repo_id}@{sha[:12]}")
+            except Exception:  # noqa: BLE001 - an unreadable card lists as empty, pull refuses it
+                meta = {}
+        return CardSummary.from_meta(meta)
+
+    def revisions(self, repo_id: str) -> list[RepoRevision]:
+        """All commits of the branch, newest first, with tags and card summaries."""
+        d = self._require(repo_id)
+        tags: dict[str, list[str]] = {}
+        for line in self._git(d, "for-each-ref", "--format=%(objectname) %(refname:short)",
+                              "refs/tags").decode().splitlines():
+            oid, name = line.split(" ", 1)
+            tags.setdefault(oid, []).append(name)
+        out = self._git(d, "log", "--format=%H%x00%cI%x00%s", f"refs/heads/{BRANCH}",
+                        check=False).decode("utf-8", "replace")
+        revs = []
+        for line in out.splitlines():
+            sha, date, subject = line.split("\0", 2)
+            revs.append(RepoRevision(repo_id, sha, self.card_summary(repo_id, sha), date, subject,
+                                     tuple(tags.get(sha, ()))))
+        return revs
+
+    def repo_ids(self) -> Iterator[str]:
+        models = self.root / "models"
+        if not models.is_dir():
+            return
+        for org in sorted(models.iterdir()):
+            if not org.is_dir() or org.name.startswith("."):
+                continue
+            for repo in sorted(org.iterdir()):
+                if (repo / "HEAD").is_file() and not repo.name.startswith("."):
+                    yield f"{org.name}/{repo.name}"
+
+    def latest(self) -> list[RepoRevision]:
+        """Head revision of every repo in the hub."""
+        rows = []
+        for repo_id in self.repo_ids():
+            revs = self.revisions(repo_id)
+            if revs:
+                rows.append(revs[0])
+        return rows

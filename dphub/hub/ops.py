@@ -1,0 +1,152 @@
+"""What the ``dphub publish / pull / search / hub`` commands do, backend-independent.
+
+``open_hub`` maps a ``--hub`` value to a backend: ``http(s)://...`` is a Hugging Face protocol
+endpoint (huggingface.co, an ``HF_ENDPOINT``, olah), ``hf://`` the default Hugging Face endpoint,
+anything else (or ``file://``) a local git hub directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+from dphub.errors import HubError, PullRefused
+from dphub.hub.common import (
+    PRIVACY_UNITS,
+    CardSummary,
+    RepoRevision,
+    check_repo_id,
+    default_hub,
+    parse_repo_spec,
+)
+from dphub.hub.gate import GateViolation, check_publishable, check_shareable
+from dphub.hub.registry import Entry, Registry
+
+
+class Backend(Protocol):
+    name: str
+
+    def publish(self, model_dir: Path, repo_id: str, message: str,
+                tag: str | None = None) -> str: ...
+    def resolve(self, repo_id: str, revision: str | None) -> str: ...
+    def download_verified(self, repo_id: str, sha: str, dest: Path) -> dict[str, str]: ...
+    def revisions(self, repo_id: str) -> list[RepoRevision]: ...
+    def latest(self) -> list[RepoRevision]: ...
+
+
+def open_hub(hub: str | None = None, *, api: Any = None) -> Backend:
+    """The backend for ``hub`` (None: ``$DPHUB_HUB`` or the per-user local hub)."""
+    from dphub.hub.hf import HFHub
+    from dphub.hub.local import LocalHub
+
+    hub = hub or default_hub()
+    if hub.startswith(("http://", "https://")):
+        return HFHub(hub, api=api)
+    if hub.startswith("hf://"):
+        rest = hub[len("hf://"):].strip("/")
+        return HFHub(f"https://{rest}" if rest else None, api=api)
+    if hub.startswith("file://"):
+        hub = hub[len("file://"):]
+    return LocalHub(hub)
+
+
+def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
+            message: str | None = None, tag: str | None = None,
+            api: Any = None) -> tuple[str, CardSummary]:
+    """Gate, then commit ``model_dir`` as a new revision of ``repo_id``; returns (sha, summary)."""
+    check_repo_id(repo_id)
+    summary = check_publishable(model_dir)
+    backend = open_hub(hub, api=api)
+    msg = message or (f"Publish {Path(model_dir).name} (epsilon={summary.epsilon:g}, "
+                      f"delta={summary.delta:g}, unit={summary.unit})")
+    sha = backend.publish(Path(model_dir), repo_id, msg, tag)
+    return sha, summary
+
+
+_UNIT_STRENGTH = {"sequence": 0, "note": 1, "patient": 2}
+
+
+def check_policy(summary: CardSummary, *, max_epsilon: float | None,
+                 require_unit: str | None) -> None:
+    """Puller policy: ε cap, and a privacy unit at least as coarse as required.
+
+    Units are ordered sequence < note < patient: a patient-level guarantee also protects each
+    note, so ``--require-unit note`` accepts a patient-level model.
+    """
+    if max_epsilon is not None and (summary.epsilon is None or summary.epsilon > max_epsilon):
+        raise GateViolation(f"epsilon {summary.epsilon} exceeds --max-epsilon {max_epsilon:g}")
+    if require_unit is not None:
+        if require_unit not in _UNIT_STRENGTH:
+            raise HubError(f"--require-unit must be one of {', '.join(PRIVACY_UNITS)}")
+        if _UNIT_STRENGTH.get(summary.unit or "", -1) < _UNIT_STRENGTH[require_unit]:
+            raise GateViolation(f"privacy unit {summary.unit} is weaker than the required "
+                                f"{require_unit}")
+
+
+def pull(spec: str, *, hub: str | None = None, max_epsilon: float | None = None,
+         require_unit: str | None = None, registry: Registry | None = None,
+         api: Any = None) -> Entry:
+    """Download ``org/name[@rev]``, verify hashes, card and policy, then register it.
+
+    The download goes to a staging directory inside the registry root and is renamed into place
+    only after every check passed, so an interrupted or refused pull leaves nothing registered.
+    """
+    repo_id, revision = parse_repo_spec(spec)
+    if require_unit is not None and require_unit not in _UNIT_STRENGTH:
+        raise HubError(f"--require-unit must be one of {', '.join(PRIVACY_UNITS)}")
+    backend = open_hub(hub, api=api)
+    reg = registry or Registry()
+    sha = backend.resolve(repo_id, revision)
+    where = f"{repo_id}@{sha[:12]}"
+    stage = Path(tempfile.mkdtemp(prefix=".pull.", dir=reg.staging_dir()))
+    try:
+        files = stage / "files"
+        files.mkdir()
+        try:
+            backend.download_verified(repo_id, sha, files)
+        except PullRefused as e:
+            raise PullRefused(f"{e.message}; nothing was registered") from None
+        try:
+            summary = check_shareable(files)
+            check_policy(summary, max_epsilon=max_epsilon, require_unit=require_unit)
+        except GateViolation as e:
+            raise PullRefused(f"refusing {where}: {e.message}; nothing was registered") from None
+        target = reg.model_dir(repo_id, sha)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+            os.replace(files, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(files, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    entry = Entry(name=repo_id, hub=backend.name, revision=sha, epsilon=summary.epsilon,
+                  delta=summary.delta, unit=summary.unit, path=target, requested=revision)
+    return reg.add(entry)
+
+
+def search(*, hub: str | None = None, max_epsilon: float | None = None, unit: str | None = None,
+           label: str | None = None, language: str | None = None,
+           api: Any = None) -> list[RepoRevision]:
+    """Latest revision of each hub model whose card matches every given filter."""
+    rows = open_hub(hub, api=api).latest()
+    return [r for r in rows if r.summary.matches(max_epsilon=max_epsilon, unit=unit, label=label,
+                                                 language=language)]
+
+
+def info(repo_id: str, *, hub: str | None = None, api: Any = None) -> list[RepoRevision]:
+    """Every revision of ``repo_id``, newest first."""
+    return open_hub(hub, api=api).revisions(check_repo_id(repo_id))
+
+
+def list_models(*, hub: str | None = None, api: Any = None) -> list[RepoRevision]:
+    return open_hub(hub, api=api).latest()
+
+
+__all__ = ["Backend", "check_policy", "info", "list_models", "open_hub", "publish",
+           "pull", "search"]

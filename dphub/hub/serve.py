@@ -1,0 +1,87 @@
+"""Serve a local hub over the Hugging Face protocol with olah (offline mirror mode).
+
+olah looks local git repos up as ``<mirrors-path>/<repo_type>/<org>/<repo>``, which is the local
+hub layout (``<hub>/models/<org>/<name>``, bare repos). ``offline = true`` keeps it from ever
+contacting huggingface.co; its download cache and logs go to a scratch directory.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from dphub.errors import HubError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def write_olah_config(hub_dir: Path, workdir: Path, port: int, host: str = "127.0.0.1") -> Path:
+    """An olah TOML config serving ``hub_dir`` read-only and offline."""
+    import tomli_w
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "basic": {
+            "host": host, "port": port, "repos-path": str(workdir / "cache"),
+            "mirror-netloc": f"{host}:{port}", "mirror-lfs-netloc": f"{host}:{port}",
+            "mirrors-path": [str(Path(hub_dir).resolve())],
+        },
+        "accessibility": {"offline": True},
+    }
+    path = workdir / "olah.toml"
+    path.write_text(tomli_w.dumps(cfg), encoding="utf-8")
+    return path
+
+
+def olah_command(config: Path, workdir: Path) -> list[str]:
+    return [sys.executable, "-m", "olah.server", "--config", str(config),
+            "--log-path", str(workdir / "logs")]
+
+
+def start_olah(hub_dir: Path, workdir: Path, port: int | None = None,
+               host: str = "127.0.0.1", timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """Start olah in the background; return (process, base URL) once it answers."""
+    try:
+        import olah  # noqa: F401
+    except ImportError:
+        raise HubError("`dphub hub serve` needs olah (pip install 'dphub[serve]')") from None
+    if not (Path(hub_dir) / "models").is_dir():
+        raise HubError(f"{hub_dir} is not a dphub hub (no models/ directory)")
+    port = port or free_port(host)
+    config = write_olah_config(Path(hub_dir), workdir, port, host)
+    log = open(workdir / "olah.out", "wb")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(olah_command(config, workdir), stdout=log, stderr=subprocess.STDOUT,
+                            cwd=workdir)
+    url = f"http://{host}:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise HubError(f"olah exited with code {proc.returncode}; see {workdir / 'olah.out'}")
+        try:
+            with urllib.request.urlopen(url + "/", timeout=2):
+                return proc, url
+        except urllib.error.HTTPError:
+            return proc, url  # any HTTP answer means it is up
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.3)
+    stop_olah(proc)
+    raise HubError(f"olah did not answer on {url} within {timeout:g}s")
+
+
+def stop_olah(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
