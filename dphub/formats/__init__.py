@@ -1,1 +1,152 @@
-"""dphub.formats"""
+"""Corpus formats: read any supported corpus as a stream of notes, write notes back out.
+
+::
+
+    from dphub import formats
+    for note in formats.read("corpora/physionet-deid-dev"):   # format detected
+        ...
+    formats.write(notes, "out.jsonl", "jsonl")
+    formats.count("notes/", format="text")
+
+Formats (one module each, registered in :data:`FORMATS`): ``physionet``, ``deidpl``, ``i2b2``,
+``brat``, ``jsonl``, ``conll``, ``text``; each module's docstring defines its layout. Adding a
+format is one module exposing a :class:`FormatSpec` and one entry in ``_SPECS`` below.
+
+Contract of every reader: notes come out lazily (JSONL, CoNLL and PhysioNet records are streamed
+line by line; directory formats one file at a time); span labels keep the source's label
+(canonical spelling) and are validated; bad input raises :class:`~dphub.errors.FormatError`
+naming the file and line/record and the offsets, never note text. :func:`read` adds the checks
+every format shares: the path exists, note ids are unique, and the corpus is not empty.
+Overlapping gold spans with the same label are merged (``overlaps="merge"``, the default; see
+:data:`dphub.formats._base.OVERLAP_POLICIES`), with different labels they are an error.
+
+Writers write atomically (temp file or directory, renamed into place when complete): a failure
+leaves nothing behind, an existing target is refused unless ``overwrite=True``, and spans are
+validated first (no overlaps, known labels, in bounds).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dphub.errors import ConfigError, FormatError, InputError
+from dphub.formats._base import FormatSpec
+from dphub.formats.brat import BRAT
+from dphub.formats.conll import CONLL
+from dphub.formats.i2b2 import I2B2
+from dphub.formats.jsonl import JSONL
+from dphub.formats.physionet import DEIDPL, PHYSIONET
+from dphub.formats.text import TEXT
+from dphub.notes import Note, check_spans
+
+# Order matters for detection: the first format whose sniff() accepts a path wins.
+_SPECS: tuple[FormatSpec, ...] = (PHYSIONET, DEIDPL, BRAT, I2B2, JSONL, CONLL, TEXT)
+
+#: Registered formats by name.
+FORMATS: dict[str, FormatSpec] = {spec.name: spec for spec in _SPECS}
+
+__all__ = ["FORMATS", "FormatSpec", "count", "detect_format", "get_format", "read", "write"]
+
+
+def get_format(name: str) -> FormatSpec:
+    """The registered format ``name``; ConfigError listing the known ones otherwise."""
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown corpus format {name!r}; known: {', '.join(FORMATS)}"
+        ) from None
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """Guess a path's format from its suffix or, for a directory, the files it holds."""
+    path = Path(path)
+    if not path.exists():
+        raise FormatError(f"{path}: no such file or directory")
+    for spec in _SPECS:
+        if spec.sniff(path):
+            return spec.name
+    kind = "directory holds no known corpus files" if path.is_dir() else "unknown file type"
+    raise FormatError(
+        f"{path}: cannot detect the corpus format ({kind}); pass a format: {', '.join(FORMATS)}"
+    )
+
+
+def _bind(func: Any, args: tuple[Any, ...], options: dict[str, Any], fmt: str) -> None:
+    """Refuse options a format does not take with a readable ConfigError (not a TypeError)."""
+    try:
+        inspect.signature(func).bind(*args, **options)
+    except TypeError:
+        known = [p for p in list(inspect.signature(func).parameters)[len(args):]]
+        raise ConfigError(
+            f"format {fmt!r} takes options {', '.join(known) or 'none'}; "
+            f"got {', '.join(sorted(options))}"
+        ) from None
+
+
+def read(path: str | os.PathLike[str], format: str | None = None, **options: Any
+         ) -> Iterator[Note]:
+    """Notes of the corpus at ``path``, lazily; ``format`` is detected when None.
+
+    Path, format and option errors raise at once; errors in the data raise while iterating, at
+    the first bad record (earlier notes have been yielded).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FormatError(f"{path}: no such file or directory")
+    fmt = format or detect_format(path)
+    spec = get_format(fmt)
+    _bind(spec.read, (path,), options, fmt)
+    return _checked(spec.read(path, **options), path, fmt)
+
+
+def _checked(notes: Iterator[Note], path: Path, fmt: str) -> Iterator[Note]:
+    seen: set[str] = set()
+    for note in notes:
+        if note.id in seen:
+            raise FormatError(f"{path}: duplicate note id {note.id!r}")
+        seen.add(note.id)
+        yield note
+    if not seen:
+        raise FormatError(f"{path}: no notes found (format {fmt})")
+
+
+def count(path: str | os.PathLike[str], format: str | None = None, **options: Any) -> int:
+    """Number of notes at ``path``, streaming (the corpus is validated on the way)."""
+    return sum(1 for _ in read(path, format, **options))
+
+
+def write(
+    notes: Iterable[Note],
+    path: str | os.PathLike[str],
+    format: str,
+    **options: Any,
+) -> int:
+    """Write ``notes`` to ``path`` in ``format`` atomically; return how many were written.
+
+    Options are the format's (``overwrite=True`` for all; ``scheme="bioes"`` for conll).
+    """
+    path = Path(path)
+    spec = get_format(format)
+    _bind(spec.write, ((), path), options, format)
+    return spec.write(_validated(notes), path, **options)
+
+
+def _validated(notes: Iterable[Note]) -> Iterator[Note]:
+    seen: set[str] = set()
+    for note in notes:
+        if note.id in seen:
+            raise InputError(f"duplicate note id {note.id!r}: nothing was written")
+        seen.add(note.id)
+        try:
+            spans = check_spans(note.spans, len(note.text), where=f"note {note.id}")
+        except InputError as e:
+            raise InputError(f"{e.message}: nothing was written") from None
+        yield note if spans == note.spans else replace(note, spans=spans)
+    if not seen:
+        raise InputError("no notes to write: nothing was written")

@@ -1,0 +1,279 @@
+"""Shared plumbing of the format readers and writers.
+
+Every reader turns a corpus into a stream of :class:`~dphub.notes.Note`; every problem it finds is
+a :class:`~dphub.errors.FormatError` whose message names the file and the line (or record) and the
+offsets, never the note text: a malformed corpus is still a corpus of patients' notes, and error
+messages end up in terminals, CI logs and bug reports.
+
+This module holds what the format modules have in common: the registry entry type
+(:class:`FormatSpec`), strict UTF-8 line iteration, span validation with a uniform overlap policy,
+the ``.meta.json`` sidecar used by the one-file-per-note formats, and safe relative paths for
+note ids.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dphub.errors import FormatError, InputError
+from dphub.labels import canonical_label, category_of
+from dphub.notes import Note, Span, check_spans
+
+log = logging.getLogger("dphub.formats")
+
+#: How readers treat overlapping gold spans. ``merge``: spans with the *same* label that overlap
+#: are merged into one (real corpora carry such quirks, e.g. one PhysioNet note annotates
+#: "X-Y" and "Y Z" as two Location phrases; merging keeps every PHI character covered); spans of
+#: different labels that overlap are an error. ``error``: any overlap is an error.
+OVERLAP_POLICIES = ("merge", "error")
+DEFAULT_OVERLAPS = "merge"
+
+#: Suffix of the optional per-note sidecar of the one-file-per-note formats (brat, i2b2, text):
+#: ``<note>.meta.json`` = ``{"patient_id": str | null, "metadata": {...}}``. It carries what those
+#: formats cannot (the privacy unit and free metadata) so that a write/read round trip is exact.
+SIDECAR_SUFFIX = ".meta.json"
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """One registered corpus format.
+
+    ``read(path, **options)`` yields notes (lazily where the format allows); ``write(notes, path,
+    **options)`` writes them atomically and returns how many it wrote. ``sniff(path)`` tells whether
+    a path (file or directory) looks like this format; :func:`dphub.formats.detect_format` asks the
+    registered formats in order.
+    """
+
+    name: str
+    description: str
+    read: Callable[..., Iterator[Note]]
+    write: Callable[..., int]
+    sniff: Callable[[Path], bool]
+    streaming: bool = True
+    suffixes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --------------------------------------------------------------------------------------------
+# input
+
+
+def require_nonempty_file(path: Path) -> None:
+    """Raise a FormatError for a missing, non-regular or zero-byte file."""
+    if not path.is_file():
+        raise FormatError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise FormatError(f"{path}: file is empty")
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield ``(line number, line)`` with line endings kept, decoding each line as strict UTF-8.
+
+    Reads bytes and splits on ``\\n`` only, so ``\\r`` stays part of the text (offsets into
+    CRLF files stay right) and nothing but the current line is held in memory. A UTF-8 BOM at the
+    start of the file is dropped.
+    """
+    require_nonempty_file(path)
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise FormatError(
+                    f"{path}:{lineno}: not valid UTF-8 (bad byte at column {e.start + 1})"
+                ) from None
+            if lineno == 1 and line.startswith("\ufeff"):
+                line = line[1:]
+            yield lineno, line
+
+
+def read_text(path: Path, *, allow_empty: bool = False) -> str:
+    """Read a whole file as strict UTF-8, exactly (no newline translation)."""
+    if not path.is_file():
+        raise FormatError(f"{path}: no such file")
+    data = path.read_bytes()
+    if not data and not allow_empty:
+        raise FormatError(f"{path}: file is empty")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise FormatError(f"{path}:{line}: not valid UTF-8 (bad byte at column {col})") from None
+
+
+def same_text(a: str, b: str) -> bool:
+    """Compare a span's quoted text with its slice, ignoring whitespace differences.
+
+    Formats that quote span text on one line (PhysioNet phrases, brat, i2b2 attributes) cannot
+    carry newlines or tabs verbatim, and XML normalizes whitespace in attributes; the characters
+    themselves must still match.
+    """
+    return a.split() == b.split()
+
+
+def normalize_ws(s: str) -> str:
+    """Single-line form of a span's text (what writers put in one-line text fields)."""
+    return " ".join(s.split())
+
+
+def make_span(label: str, start: int, end: int, *, where: str, source: str | None = None) -> Span:
+    """Build a span with the label's canonical spelling; unknown labels raise FormatError."""
+    try:
+        return Span(start, end, canonical_label(label), source=source)
+    except InputError as e:
+        raise FormatError(str(e)) from None
+
+
+def parse_int(value: Any, *, what: str, where: str) -> int:
+    """Parse an offset that must be a non-negative-looking integer (no bools, no floats)."""
+    if isinstance(value, bool):
+        raise FormatError(f"{where}: {what} must be an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    raise FormatError(f"{where}: {what} must be an integer")
+
+
+def finish_spans(
+    items: Iterable[tuple[Span, str]],
+    text: str,
+    *,
+    record: str,
+    overlaps: str = DEFAULT_OVERLAPS,
+) -> list[Span]:
+    """Validate a note's spans and return them sorted (overlaps resolved per ``overlaps``).
+
+    ``items`` pairs each span with where it came from (``file:line``) so the message of a bad span
+    points at its line. ``record`` names the note (``file: note 1-2``) for overlap messages.
+    Span-level rules are those of :func:`dphub.notes.check_spans`.
+    """
+    if overlaps not in OVERLAP_POLICIES:
+        from dphub.errors import ConfigError
+
+        raise ConfigError(f"overlaps must be one of {', '.join(OVERLAP_POLICIES)}, not {overlaps!r}")
+    pairs = list(items)
+    for span, where in pairs:
+        try:
+            check_spans([span], len(text), where=where)
+        except InputError as e:
+            raise FormatError(str(e)) from None
+    pairs.sort(key=lambda p: (p[0].start, p[0].end))
+    out: list[Span] = []
+    out_where: list[str] = []
+    for span, where in pairs:
+        if out and span.start < out[-1].end:
+            prev = out[-1]
+            same = category_of(prev.label) == category_of(span.label) and (
+                prev.label.upper() == span.label.upper()
+            )
+            if overlaps == "error" or not same:
+                raise FormatError(
+                    f"{where}: span {span.start}-{span.end} ({span.label}) overlaps span "
+                    f"{prev.start}-{prev.end} ({prev.label}) of {out_where[-1]}"
+                )
+            log.info(
+                "%s: merged overlapping %s spans %d-%d and %d-%d",
+                record, span.label, prev.start, prev.end, span.start, span.end,
+            )
+            if span.end > prev.end:
+                out[-1] = replace(prev, end=span.end)
+            continue
+        out.append(span)
+        out_where.append(where)
+    try:
+        return check_spans(out, len(text), where=record)
+    except InputError as e:  # pragma: no cover - finish_spans already enforces every rule
+        raise FormatError(str(e)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# one-file-per-note formats
+
+
+def sidecar_path(note_file: Path) -> Path:
+    """``notes/a.txt`` -> ``notes/a.meta.json``."""
+    return note_file.with_name(note_file.name[: -len(note_file.suffix) or None] + SIDECAR_SUFFIX)
+
+
+def read_sidecar(note_file: Path) -> tuple[str | None, dict[str, Any]] | None:
+    """The (patient id, metadata) of a note's optional sidecar, or None when there is none."""
+    side = sidecar_path(note_file)
+    if not side.is_file():
+        return None
+    try:
+        obj = json.loads(read_text(side))
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{side}:{e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise FormatError(f"{side}: expected a JSON object")
+    pid = obj.get("patient_id")
+    if pid is not None and not isinstance(pid, str):
+        raise FormatError(f"{side}: patient_id must be a string or null")
+    meta = obj.get("metadata", {})
+    if not isinstance(meta, dict):
+        raise FormatError(f"{side}: metadata must be an object")
+    return pid, meta
+
+
+def sidecar_payload(note: Note, implied_patient_id: str | None = None) -> str | None:
+    """The sidecar JSON a writer must put next to a note, or None when it carries nothing new."""
+    if note.patient_id == implied_patient_id and not note.metadata:
+        return None
+    try:
+        return json.dumps(
+            {"patient_id": note.patient_id, "metadata": note.metadata}, ensure_ascii=False,
+            indent=1, sort_keys=True,
+        ) + "\n"
+    except (TypeError, ValueError):
+        raise FormatError(f"note {note.id}: metadata is not JSON-serializable") from None
+
+
+def note_relpath(note_id: str, suffix: str) -> Path:
+    """A note id as a relative file path (``a/b`` -> ``a/b.txt``); refuse ids that escape."""
+    parts = note_id.split("/")
+    if (
+        not note_id
+        or note_id.startswith("/")
+        or any(p in ("", ".", "..") or p.startswith(".") for p in parts)
+        or "\\" in note_id
+        or "\x00" in note_id
+    ):
+        raise FormatError(
+            f"note {note_id!r}: id cannot be used as a file name (needs non-empty '/'-separated "
+            "parts, none starting with '.')"
+        )
+    return Path(*parts[:-1], parts[-1] + suffix)
+
+
+def iter_note_files(root: Path, suffix: str) -> Iterator[tuple[str, Path]]:
+    """``(note id, file)`` for every ``*suffix`` file under ``root``, recursively, sorted.
+
+    The note id is the relative path without the suffix (posix separators). Hidden files and
+    directories (``.name``: temp files, checkpoints) are skipped.
+    """
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            if name.startswith(".") or not name.endswith(suffix):
+                continue
+            if name.endswith(SIDECAR_SUFFIX):
+                continue
+            full = Path(dirpath, name)
+            rel = full.relative_to(root).as_posix()
+            found.append((rel[: -len(suffix)], full))
+    found.sort(key=lambda t: t[0])
+    yield from found
+
+
+def has_files(root: Path, suffix: str) -> bool:
+    """Whether any non-hidden ``*suffix`` file lies under ``root``."""
+    return next(iter_note_files(root, suffix), None) is not None
