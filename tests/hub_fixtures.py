@@ -13,13 +13,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 LABELS = ("O", "B-NAME", "I-NAME", "E-NAME", "S-NAME", "B-DATE", "I-DATE", "E-DATE", "S-DATE")
 
 
-def card_meta(*, noise_multiplier: float = 0.8, steps: int = 300, sample_rate: float = 0.12,
-              privacy_unit: str = "patient", **dp_overrides: Any) -> dict[str, Any]:
-    """Front matter of a valid private card built with dphub.card (ε recomputed by Opacus).
+def card_meta(*, noise: float = 0.8, n_steps: int = 300, q: float = 0.12, unit: str = "patient",
+              **dp_overrides: Any) -> dict[str, Any]:
+    """Front matter of a valid private card built with dphub.card (ε computed from σ, T, q).
 
     ``dp_overrides`` then replace differential_privacy keys (a value of ``...`` deletes the key),
     which is how refusal tests break one thing.
@@ -28,9 +30,9 @@ def card_meta(*, noise_multiplier: float = 0.8, steps: int = 300, sample_rate: f
     from dphub.card import dp_block
 
     dp = dp_block(
-        accountant="prv", sample_rate=sample_rate, noise_multiplier=noise_multiplier,
-        steps=steps, delta=1e-5, privacy_unit=privacy_unit, max_grad_norm=1.0,
-        epochs=steps * sample_rate, expected_logical_batch=16, max_examples_per_unit=64,
+        accountant="prv", sample_rate=q, noise_multiplier=noise,
+        steps=n_steps, delta=1e-5, privacy_unit=unit, max_grad_norm=1.0,
+        epochs=n_steps * q, expected_logical_batch=16, max_examples_per_unit=64,
         num_units=131, grad_sample_mode="ghost",
     )
     for k, v in dp_overrides.items():
@@ -88,3 +90,24 @@ def make_model_dir(path: Path, *, seed: int = 0, card: dict[str, Any] | None = N
         encoding="utf-8")
     write_card(path, card if card is not None else card_meta(**dp_overrides))
     return path
+
+
+@pytest.fixture(scope="session")
+def model_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One publishable model directory per session; tests copy it (see ``copy_model``)."""
+    return make_model_dir(tmp_path_factory.mktemp("hub-template") / "model")
+
+
+def copy_model(template: Path, dest: Path) -> Path:
+    shutil.copytree(template, dest)
+    return dest
+
+
+@pytest.fixture
+def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A fresh local hub and dphub home under tmp_path, set as DPHUB_HUB / DPHUB_HOME."""
+    hub, home = tmp_path / "hub", tmp_path / "home"
+    monkeypatch.setenv("DPHUB_HUB", str(hub))
+    monkeypatch.setenv("DPHUB_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    return {"hub": hub, "home": home, "tmp": tmp_path}
