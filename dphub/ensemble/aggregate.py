@@ -10,7 +10,8 @@ agree). Contiguous PHI characters form merged spans, except that spans which onl
 A merged span's label is the label of the highest-scoring member span overlapping it; ties go to
 the category earlier in :data:`dphub.labels.CATEGORY_PRECEDENCE` (names leak most), then to the
 member listed first. A span without a score (fixed/gold-like spans) counts as score 1.0: it comes
-from a deterministic source. ``voters`` records which members flagged any of its characters.
+from a deterministic source. ``voters`` records which members flagged any of its characters; as a :class:`Span` they travel
+comma-joined in ``source`` (the contract :mod:`dphub.render` reads).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class MergedSpan:
     voters: tuple[str, ...]
 
     def to_span(self) -> Span:
-        return Span(self.start, self.end, self.label, score=self.score, source="+".join(self.voters))
+        return Span(self.start, self.end, self.label, score=self.score, source=",".join(self.voters))
 
     def to_dict(self) -> dict[str, Any]:
         return {
