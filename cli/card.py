@@ -1,7 +1,109 @@
-"""`dphub` commands of the card group (placeholder until implemented)."""
+"""`dphub card show|validate`: read a model card's DP guarantee, or check it like the publish gate.
+
+Thin layer: resolution, validation and rendering live in :mod:`dphub.card` and
+:mod:`dphub.privacy.statement`; this module parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
 
 import typer
 
+from dphub.errors import CardError
+
+card_app = typer.Typer(
+    name="card",
+    help="Show or validate a model card (the DP guarantee and dataset counts).",
+    no_args_is_help=True,
+)
+
+_REPO_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[^\s@]+)?$")
+
+
+def _resolve(target: str) -> Path:
+    """A local directory / README path as is; ``org/name[@rev]`` through the hub registry."""
+    path = Path(target).expanduser()
+    if path.exists():
+        return path
+    if _REPO_SPEC.match(target):
+        try:
+            from dphub.hub.registry import resolve_model
+        except ImportError:
+            raise CardError(
+                f"{target}: not a local path, and the hub registry is not available to resolve it"
+            ) from None
+        return Path(resolve_model(target))
+    raise CardError(f"{target}: no such model directory or card (nor an org/name repo id)")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "—"
+    return str(value)
+
+
+@card_app.command("show")
+def show(
+    target: str = typer.Argument(..., help="Model directory, README.md, or org/name[@revision]."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary fields as JSON."),
+) -> None:
+    """Print a summary of the card and its plain-language privacy statement."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from dphub.card import dp_summary, load_card
+    from dphub.privacy.statement import privacy_statement
+
+    card = load_card(_resolve(target))
+    summary = dp_summary(card)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, sort_keys=True))
+        return
+    table = Table(title="model card", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for key, value in summary.items():
+        table.add_row(key, _fmt(value))
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(table)
+    heading = "PRIVACY" if card.private else "PRIVACY: NOT PRIVATE"
+    console.print(f"\n[bold]{heading}[/bold]", markup=True)
+    typer.echo(privacy_statement(card.dp, markdown=False))
+
+
+@card_app.command("validate")
+def validate(
+    target: Path = typer.Argument(..., help="Model directory or README.md."),
+    require_private: bool = typer.Option(
+        False, "--require-private", help="Refuse non-private cards, as the publish gate does."
+    ),
+    accounting: bool = typer.Option(
+        True, "--accounting/--no-accounting", help="Recompute ε from the recorded fields."
+    ),
+) -> None:
+    """Check the card against the DP metadata schema and its own accounting fields."""
+    from dphub.card import dp_summary, validate_card
+
+    card = validate_card(target, require_private=require_private, check_accounting=accounting)
+    s = dp_summary(card)
+    if s["private"]:
+        what = f"private, epsilon={_fmt(s['epsilon'])}, delta={_fmt(s['delta'])}, unit={s['unit']}"
+    else:
+        what = "NOT PRIVATE (trained without DP)"
+    checked = "schema + accounting" if accounting and s["private"] else "schema"
+    typer.echo(f"valid: {card.path} ({what}; checked {checked})")
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add the ``card`` command group to the root app."""
+    app.add_typer(card_app, name="card")

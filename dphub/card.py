@@ -15,8 +15,17 @@ machines, never hand-written:
   name the schema path and never echo string values (which could be note text).
 
 Helpers for producers: :func:`dp_block` (computes ε and the cross-check from the accounting
-fields), :func:`non_private_block`, :func:`dataset_block` (counts from a note stream) and
-:func:`card_meta` (adds the HF keys).
+fields), :func:`non_private_block`, :func:`dataset_block` (counts from a note stream) or
+:func:`dataset_from_stats` (from ``dphub.stats.CorpusStats``) and :func:`card_meta` (adds the HF
+keys)::
+
+    meta = card_meta(dp_block(accountant="prv", sample_rate=q, noise_multiplier=sigma, steps=T,
+                              delta=1e-5, privacy_unit="patient", max_grad_norm=1.0, epochs=3.0,
+                              expected_logical_batch=16, max_examples_per_unit=64, num_units=105,
+                              grad_sample_mode="ghost", epsilon=eps_from_training),
+                     dataset_block(train_notes, sequences=n_windows),
+                     base_model=DEFAULT_BASE_MODEL_ID)
+    write_card(out_dir, meta)
 """
 
 from __future__ import annotations
@@ -223,6 +232,34 @@ def dataset_block(
         "phi_phrases": sum(per_label.values()),
         "phi_per_category": {lab: per_label[lab] for lab in schema.labels if per_label[lab]},
         "note_types": dict(sorted(types.items())),
+        "language": language,
+        "label_schema": label_schema,
+    }
+    if name is not None:
+        block["name"] = name
+    return block
+
+
+def dataset_from_stats(
+    stats: Any,
+    *,
+    sequences: int = 0,
+    note_types: Mapping[str, int] | None = None,
+    label_schema: str = "hipaa",
+    language: str = "en",
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Counts-only ``dataset`` block from :class:`dphub.stats.CorpusStats` (HIPAA categories).
+
+    Notes without a patient id are their own privacy unit, so they count as patients here.
+    """
+    block: dict[str, Any] = {
+        "patients": int(stats.patients) + int(getattr(stats, "notes_without_patient", 0)),
+        "notes": int(stats.notes),
+        "sequences": int(sequences),
+        "phi_phrases": int(stats.phi_phrases),
+        "phi_per_category": {str(k): int(v) for k, v in stats.phi_per_category.items()},
+        "note_types": dict(note_types or {}),
         "language": language,
         "label_schema": label_schema,
     }
@@ -523,10 +560,14 @@ def _error_message(err: ValidationError) -> str:
     if inst is None or isinstance(inst, (bool, int, float)):
         return err.message
     kind = type(inst).__name__
+    if "propertyNames" in err.absolute_schema_path:
+        return (
+            "a key is not an allowed name (keys must be identifiers"
+            + (f" matching {err.validator_value}" if err.validator == "pattern" else "")
+            + "; value not shown)"
+        )
     if err.validator == "pattern":
         return f"value does not match the pattern {err.validator_value} (value not shown)"
-    if err.validator == "propertyNames":
-        return "a key is not an allowed name (counts only: keys must be identifiers)"
     if err.validator in ("enum", "const"):
         allowed = err.validator_value if err.validator == "enum" else [err.validator_value]
         return f"value is not one of {', '.join(map(str, allowed))}"

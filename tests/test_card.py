@@ -1,0 +1,391 @@
+"""Model card: build/write/load/validate, schema violations, accounting check, privacy statement."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faker import Faker
+
+from dphub import card as C
+from dphub.errors import CardError
+from dphub.notes import Note, Span
+from dphub.privacy.statement import privacy_statement
+
+PLANTED = "Zyxwvut Qqplanted"  # appears in note text only; must never reach a card
+
+DATASET = {
+    "patients": 8,
+    "notes": 20,
+    "sequences": 30,
+    "phi_per_category": {"NAME": 5, "DATE": 3},
+    "note_types": {"nursing": 20},
+    "language": "en",
+    "label_schema": "hipaa",
+}
+
+
+@pytest.fixture(scope="module")
+def dp() -> dict[str, Any]:
+    """A private block with RDP accounting (fast to recompute)."""
+    return C.dp_block(
+        accountant="rdp",
+        sample_rate=0.5,
+        noise_multiplier=1.0,
+        steps=3,
+        delta=1e-5,
+        privacy_unit="patient",
+        max_grad_norm=1.0,
+        epochs=1.5,
+        expected_logical_batch=4,
+        max_examples_per_unit=8,
+        num_units=8,
+        grad_sample_mode="ghost",
+        recall_weighting={"enabled": True, "delta_p": 1.0},
+        public_pretraining={"enabled": True, "data": "dphub-synth", "kinds": ["nursing"],
+                            "notes": 600, "epsilon_cost": 0},
+    )
+
+
+@pytest.fixture
+def meta(dp: dict[str, Any]) -> dict[str, Any]:
+    return C.card_meta(copy.deepcopy(dp), dict(DATASET),
+                       base_model="sentence-transformers/all-MiniLM-L6-v2")
+
+
+def _write_unvalidated(model_dir: Path, meta: dict[str, Any]) -> Path:
+    """Write a card the way a careless or malicious editor would: no validation."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    path = model_dir / "README.md"
+    path.write_text(C.build_card(meta), encoding="utf-8")
+    return path
+
+
+def test_private_card_round_trips(tmp_path: Path, meta: dict[str, Any]) -> None:
+    path = C.write_card(tmp_path, meta)
+    assert path == tmp_path / "README.md"
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("---\n")
+    card = C.validate_card(tmp_path, require_private=True)
+    assert card.meta["differential_privacy"] == C._with_defaults(meta)["differential_privacy"]
+    assert card.meta["dataset"] == DATASET
+    for tag in C.REQUIRED_TAGS:
+        assert tag in card.meta["tags"]
+    assert card.meta["pipeline_tag"] == "token-classification"
+    assert card.meta["library_name"] == "transformers"
+    assert card.meta["language"] == ["en"]
+    assert "protects each *patient*" in card.body
+    assert card.text() == text  # rendering is deterministic: load -> render gives the same file
+    # loading from the README path is the same as from the directory
+    assert C.load_card(path).meta == card.meta
+    summary = C.dp_summary(card)
+    assert summary["epsilon"] == pytest.approx(meta["differential_privacy"]["epsilon"])
+    assert summary["unit"] == "patient"
+    assert summary["patients"] == 8
+    assert "NAME" in summary["labels"]
+
+
+def test_dp_block_records_matching_cross_check(dp: dict[str, Any]) -> None:
+    from dphub.privacy import accounting
+
+    assert dp["epsilon"] == pytest.approx(accounting.epsilon_for("rdp", 0.5, 1.0, 3, 1e-5))
+    assert dp["cross_check"]["method"] == "rdp"
+    assert dp["cross_check"]["epsilon"] == pytest.approx(dp["epsilon"], rel=0.05)
+
+
+def _drop(path: str):
+    def edit(m: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        cur = m
+        for p in parents:
+            cur = cur[p]
+        del cur[last]
+
+    return edit
+
+
+def _set(path: str, value: Any):
+    def edit(m: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        cur = m
+        for p in parents:
+            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+        cur[last] = value
+
+    return edit
+
+
+VIOLATIONS = [
+    ("missing DP block", _drop("differential_privacy"), "differential_privacy: required"),
+    ("missing dataset block", _drop("dataset"), "dataset: required"),
+    ("missing noise", _drop("differential_privacy.noise_multiplier"),
+     "differential_privacy.noise_multiplier: required"),
+    ("missing sample rate", _drop("differential_privacy.sample_rate"),
+     "differential_privacy.sample_rate: required"),
+    ("missing cross-check", _drop("differential_privacy.cross_check"),
+     "differential_privacy.cross_check: required"),
+    ("bad unit", _set("differential_privacy.privacy_unit", "hospital"),
+     "differential_privacy.privacy_unit: value is not one of patient, note, sequence"),
+    ("negative epsilon", _set("differential_privacy.epsilon", -1),
+     "differential_privacy.epsilon: -1 is less than the minimum of 0"),
+    ("delta out of range", _set("differential_privacy.delta", 1.5),
+     "differential_privacy.delta: 1.5 is greater than or equal to the maximum of 1"),
+    ("non-integer steps", _set("differential_privacy.steps", 2.5),
+     "differential_privacy.steps: 2.5 is not of type 'integer'"),
+    ("free text in dataset", _set("dataset.description", f"notes about {PLANTED}"),
+     "dataset: field(s) not allowed here: description"),
+    ("file path in dataset", _set("dataset.name", "/home/owner/notes/train.jsonl"),
+     "dataset.name: value does not match the pattern"),
+    ("path as note type", _set("dataset.note_types", {"/home/owner/a.txt": 3}),
+     "dataset.note_types: a key is not an allowed name"),
+    ("free-text PHI category", _set("dataset.phi_per_category", {PLANTED: 1}),
+     "dataset.phi_per_category: a key is not an allowed name"),
+    ("local base model path", _set("base_model", "/home/owner/models/minilm"),
+     "base_model: value does not match the pattern"),
+    ("bad lineage entry", _set("differential_privacy.lineage",
+                               [{"repo": "org/src", "epsilon": 3.0, "delta": 1e-5,
+                                 "privacy_unit": "patient"}]),
+     "differential_privacy.lineage.0.revision: required"),
+    ("non-private with epsilon", _set("differential_privacy.private", False),
+     "differential_privacy.epsilon"),
+]
+
+
+@pytest.mark.parametrize("edit,expected", [v[1:] for v in VIOLATIONS],
+                         ids=[v[0] for v in VIOLATIONS])
+def test_schema_violation_names_path(
+    tmp_path: Path, meta: dict[str, Any], edit, expected: str
+) -> None:
+    edit(meta)
+    # write_card refuses and writes nothing
+    with pytest.raises(CardError) as exc:
+        C.write_card(tmp_path / "m", meta)
+    assert not (tmp_path / "m" / "README.md").exists()
+    assert str(exc.value).startswith(expected), str(exc.value)
+    # a card written without validation fails validate_card with the same one-line message
+    _write_unvalidated(tmp_path / "m", meta)
+    with pytest.raises(CardError) as exc2:
+        C.validate_card(tmp_path / "m")
+    message = str(exc2.value)
+    assert message == str(exc.value)
+    assert "\n" not in message
+    assert PLANTED not in message and "/home/owner" not in message
+
+
+def test_tags_are_required_and_filled_by_build(meta: dict[str, Any]) -> None:
+    meta["tags"] = ["token-classification", "ner"]
+    with pytest.raises(CardError, match="^tags: must contain 'de-identification'"):
+        C.validate_meta(meta, check_accounting=False)
+    filled = C.parse_card(C.build_card(meta)).meta["tags"]
+    assert filled[: len(C.REQUIRED_TAGS)] == list(C.REQUIRED_TAGS) and "ner" in filled
+
+
+def _edit_card(path: Path, pattern: str, repl: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    new, n = re.subn(pattern, repl, text, count=1, flags=re.M)
+    assert n == 1
+    path.write_text(new, encoding="utf-8")
+
+
+def test_edited_smaller_epsilon_fails_accounting(tmp_path: Path, meta: dict[str, Any]) -> None:
+    path = C.write_card(tmp_path, meta)
+    _edit_card(path, r"^  epsilon: .*$", "  epsilon: 1.0")
+    assert C.load_card(tmp_path).epsilon == 1.0
+    with pytest.raises(CardError) as exc:
+        C.validate_card(tmp_path)
+    msg = str(exc.value)
+    assert msg.startswith("differential_privacy.epsilon: claims 1 but the recorded accounting")
+    # the schema alone is satisfied: it is the recomputation that catches the edit
+    C.validate_card(tmp_path, check_accounting=False)
+
+
+def test_larger_claimed_epsilon_is_conservative_and_valid(
+    tmp_path: Path, meta: dict[str, Any]
+) -> None:
+    meta["differential_privacy"]["epsilon"] = meta["differential_privacy"]["epsilon"] * 1.5
+    C.write_card(tmp_path, meta)
+    C.validate_card(tmp_path)
+
+
+def test_edited_accounting_fields_fail(tmp_path: Path, meta: dict[str, Any]) -> None:
+    # fewer steps would make the claim look fine against Opacus, but the recorded cross-check
+    # no longer matches what dp-accounting computes for the edited fields
+    path = C.write_card(tmp_path, meta)
+    _edit_card(path, r"^  steps: .*$", "  steps: 1")
+    with pytest.raises(CardError, match=r"^differential_privacy.cross_check.epsilon: records"):
+        C.validate_card(tmp_path)
+
+
+def test_edited_cross_check_fails(tmp_path: Path, meta: dict[str, Any]) -> None:
+    path = C.write_card(tmp_path, meta)
+    _edit_card(path, r"^    epsilon: .*$", "    epsilon: 0.5")
+    with pytest.raises(CardError, match=r"^differential_privacy.cross_check.epsilon"):
+        C.validate_card(tmp_path)
+
+
+def test_prv_card_validates_against_pld(tmp_path: Path) -> None:
+    dp = C.dp_block(accountant="prv", sample_rate=0.5, noise_multiplier=1.0, steps=3, delta=1e-5,
+                    privacy_unit="note", max_grad_norm=1.0, epochs=1.5, expected_logical_batch=4,
+                    max_examples_per_unit=4, num_units=8, grad_sample_mode="hooks")
+    assert dp["cross_check"]["method"] == "pld"
+    C.write_card(tmp_path, C.card_meta(dp, dict(DATASET), base_model="org/base"))
+    C.validate_card(tmp_path, require_private=True)
+    # a claim below the PRV recomputation by more than the tolerance is refused
+    dp["epsilon"] = dp["epsilon"] * 0.9
+    with pytest.raises(CardError, match="differential_privacy.epsilon: claims"):
+        C.write_card(tmp_path, C.card_meta(dp, dict(DATASET), base_model="org/base"))
+
+
+def test_infinite_epsilon_private_card_refused(tmp_path: Path, meta: dict[str, Any]) -> None:
+    meta["differential_privacy"]["epsilon"] = float("inf")
+    with pytest.raises(CardError, match="differential_privacy.epsilon: a private model needs"):
+        C.write_card(tmp_path, meta)
+
+
+def test_non_private_card_validates_but_gate_refuses(tmp_path: Path) -> None:
+    meta = C.card_meta(C.non_private_block(steps=10, epochs=1.0), dict(DATASET),
+                       base_model="sentence-transformers/all-MiniLM-L6-v2")
+    C.write_card(tmp_path, meta)
+    card = C.validate_card(tmp_path)
+    assert card.private is False and card.epsilon is None
+    assert "NOT PRIVATE" in card.body
+    with pytest.raises(CardError, match=r"^differential_privacy.private: .*without differential"):
+        C.validate_card(tmp_path, require_private=True)
+
+
+def test_statement_patient_unit() -> None:
+    dp = {"private": True, "epsilon": 7.91, "delta": 1e-5, "privacy_unit": "patient",
+          "max_examples_per_unit": 64, "accountant": "prv", "sample_rate": 0.12,
+          "noise_multiplier": 0.55, "steps": 300,
+          "cross_check": {"library": "dp-accounting", "method": "pld", "epsilon": 7.9},
+          "not_covered": ["pretraining data of the base model", "hyperparameter search",
+                          "public tokenizer"]}
+    s = privacy_statement(dp)
+    assert "protects each *patient*: everything one patient contributed" in s
+    assert "epsilon = 7.91" in s and "delta = 1e-05" in s
+    assert "NOT patient-level" not in s and "NOT PRIVATE" not in s
+    assert "pretraining data of the base model" in s and "hyperparameter search" in s
+    assert "at most 64 training sequences" in s
+    plain = privacy_statement(dp, markdown=False)
+    assert "*" not in plain and "protects each patient" in plain
+
+
+@pytest.mark.parametrize("unit", ["sequence", "note"])
+def test_statement_warns_for_weaker_units(unit: str) -> None:
+    s = privacy_statement({"private": True, "epsilon": 3.0, "delta": 1e-5, "privacy_unit": unit})
+    assert f"protects each *{unit}*" in s
+    assert "NOT patient-level protection" in s
+
+
+def test_statement_non_private_is_loud() -> None:
+    s = privacy_statement({"private": False, "epsilon": None})
+    assert s.startswith("**NOT PRIVATE.**")
+    assert "WITHOUT differential privacy" in s
+    assert "epsilon =" not in s
+
+
+def test_statement_lineage_and_warm_start(tmp_path: Path, dp: dict[str, Any]) -> None:
+    block = copy.deepcopy(dp)
+    block["lineage"] = [{"repo": "hospital-a/deid", "revision": "v1", "epsilon": 4.0,
+                         "delta": 1e-5, "privacy_unit": "patient"}]
+    C.write_card(tmp_path, C.card_meta(block, dict(DATASET), base_model="org/base"))
+    card = C.validate_card(tmp_path)
+    assert "fine-tuned from hospital-a/deid@v1" in card.body
+    assert "covers only the data of this training round" in card.body
+    assert "costs no epsilon" in card.body
+    assert C.dp_summary(card)["init_from"] == "hospital-a/deid@v1"
+
+
+def _synthetic_notes(n: int = 12) -> list[Note]:
+    fake = Faker()
+    Faker.seed(7)
+    notes = []
+    for i in range(n):
+        name = fake.name()
+        date = fake.date()
+        text = f"Pt {name} seen {date}. {PLANTED} c/o pain. MRN {fake.random_int(10**6, 10**7)}"
+        spans = [Span(3, 3 + len(name), "PATIENT"),
+                 Span(text.index(date), text.index(date) + len(date), "DATE"),
+                 Span(text.index(PLANTED), text.index(PLANTED) + len(PLANTED), "DOCTOR")]
+        kind = "nursing" if i % 2 else f"free text {PLANTED}"  # a non-identifier note type
+        notes.append(Note(id=f"{i // 3}-{i}", text=text, patient_id=str(i // 3),
+                          metadata={"kind": kind}, spans=spans, labelled=True))
+    return notes
+
+
+def test_card_never_contains_note_text(tmp_path: Path, dp: dict[str, Any]) -> None:
+    notes = _synthetic_notes()
+    blocks = [C.dataset_block(notes, sequences=24, name="synthetic-train")]
+    try:
+        from dphub.stats import compute_stats
+    except ImportError:  # stats module not landed: the counts-only path above still runs
+        pass
+    else:
+        blocks.append(C.dataset_from_stats(compute_stats(notes), sequences=24,
+                                           note_types={"nursing": 12}))
+    for i, block in enumerate(blocks):
+        assert block["patients"] == 4 and block["notes"] == 12
+        assert block["phi_per_category"] == {"NAME": 24, "DATE": 12}
+        out = tmp_path / str(i)
+        C.write_card(out, C.card_meta(copy.deepcopy(dp), block, base_model="org/base"))
+        text = (out / "README.md").read_text(encoding="utf-8")
+        assert PLANTED.lower() not in text.lower()
+        for note in notes:  # no PHI string and no note id either
+            for span in note.spans:
+                assert note.span_text(span) not in text
+        C.validate_card(out)
+    assert blocks[0]["note_types"] == {"nursing": 6, "unspecified": 6}
+
+
+def test_add_evaluation_records_numbers_only(tmp_path: Path, meta: dict[str, Any]) -> None:
+    C.write_card(tmp_path, meta)
+    results = {
+        "token": {"precision": 0.91234567, "recall": 0.8, "f1": 0.85},
+        "phrase_recall": {"any_overlap": 0.95, "full_cover": 0.9},
+        "entity_strict": {"micro": {"f1": 0.7}},
+        "leaks": [{"note_id": "1-1", "start": 0, "end": 4, "text": PLANTED}],
+    }
+    C.add_evaluation(tmp_path, results, "/home/owner/data/physionet-test.jsonl")
+    text = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert PLANTED not in text and "/home/owner" not in text
+    card = C.validate_card(tmp_path)
+    result = card.meta["model-index"][0]["results"][0]
+    assert result["dataset"]["name"] == "physionet-test.jsonl"
+    assert result["task"]["type"] == "token-classification"
+    values = {m["type"]: m["value"] for m in result["metrics"]}
+    assert values == {"token_precision": 0.9123, "token_recall": 0.8, "token_f1": 0.85,
+                      "phrase_recall": 0.95, "phrase_recall_full": 0.9, "entity_f1_strict": 0.7}
+    assert "## Evaluation" in card.body
+    summary = C.dp_summary(card)
+    assert summary["eval_f1"] == 0.85 and summary["eval_dataset"] == "physionet-test.jsonl"
+    # same dataset again replaces; another dataset is added; the DP block is untouched
+    C.add_evaluation(tmp_path, {"precision": 0.5, "recall": 0.5, "f1": 0.5}, "physionet-test.jsonl")
+    C.add_evaluation(tmp_path, {"precision": 0.6, "recall": 0.6, "f1": 0.6}, "synth")
+    card = C.validate_card(tmp_path)
+    names = [r["dataset"]["name"] for r in card.meta["model-index"][0]["results"]]
+    assert names == ["physionet-test.jsonl", "synth"]
+    assert card.meta["model-index"][0]["results"][0]["metrics"][2]["value"] == 0.5
+    assert card.dp == C.load_card(tmp_path).dp
+
+
+def test_add_evaluation_rejects_empty_results(tmp_path: Path, meta: dict[str, Any]) -> None:
+    C.write_card(tmp_path, meta)
+    before = (tmp_path / "README.md").read_bytes()
+    with pytest.raises(CardError, match="no token precision"):
+        C.add_evaluation(tmp_path, {"leaks": []}, "test")
+    assert (tmp_path / "README.md").read_bytes() == before
+
+
+def test_load_card_errors(tmp_path: Path) -> None:
+    with pytest.raises(CardError, match="no model card found"):
+        C.load_card(tmp_path)
+    (tmp_path / "README.md").write_text("# just markdown\n", encoding="utf-8")
+    with pytest.raises(CardError, match="no YAML front matter"):
+        C.load_card(tmp_path)
+    (tmp_path / "README.md").write_text(f"---\na: [{PLANTED}\n---\nbody\n", encoding="utf-8")
+    with pytest.raises(CardError, match="not valid YAML at line") as exc:
+        C.load_card(tmp_path)
+    assert PLANTED not in str(exc.value)
