@@ -14,7 +14,7 @@ format is one module exposing a :class:`FormatSpec` and one entry in ``_SPECS`` 
 
 Contract of every reader: notes come out lazily (JSONL, CoNLL and PhysioNet records are streamed
 line by line; directory formats one file at a time); span labels keep the source's label
-(canonical spelling) and are validated; bad input raises :class:`~dphub.errors.FormatError`
+string verbatim and are validated; bad input raises :class:`~dphub.errors.FormatError`
 naming the file and line/record and the offsets, never note text. :func:`read` adds the checks
 every format shares: the path exists, note ids are unique, and the corpus is not empty.
 Overlapping gold spans with the same label are merged (``overlaps="merge"``, the default; see

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import FormatError, InputError
-from dphub.labels import canonical_label, category_of
+from dphub.labels import category_of
 from dphub.notes import Note, Span, check_spans
 
 log = logging.getLogger("dphub.formats")
@@ -72,14 +72,19 @@ def require_nonempty_file(path: Path) -> None:
         raise FormatError(f"{path}: file is empty")
 
 
-def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+def iter_lines(path: Path, *, allow_empty: bool = False) -> Iterator[tuple[int, str]]:
     """Yield ``(line number, line)`` with line endings kept, decoding each line as strict UTF-8.
 
     Reads bytes and splits on ``\\n`` only, so ``\\r`` stays part of the text (offsets into
     CRLF files stay right) and nothing but the current line is held in memory. A UTF-8 BOM at the
-    start of the file is dropped.
+    start of the file is dropped. An empty file is an error unless ``allow_empty`` (annotation
+    files of notes without PHI).
     """
-    require_nonempty_file(path)
+    if allow_empty and path.is_file():
+        if path.stat().st_size == 0:
+            return
+    else:
+        require_nonempty_file(path)
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             try:
@@ -124,9 +129,15 @@ def normalize_ws(s: str) -> str:
 
 
 def make_span(label: str, start: int, end: int, *, where: str, source: str | None = None) -> Span:
-    """Build a span with the label's canonical spelling; unknown labels raise FormatError."""
+    """Build a span keeping the source's label string; unknown labels raise FormatError.
+
+    The label is kept verbatim rather than respelled with ``canonical_label``: i2b2's ``DATE``
+    and PhysioNet's ``Date`` share one canonical spelling, and statistics should show the
+    source's own vocabulary. Lookups in :mod:`dphub.labels` are case-insensitive anyway.
+    """
     try:
-        return Span(start, end, canonical_label(label), source=source)
+        category_of(label, where=where)
+        return Span(start, end, label, source=source)
     except InputError as e:
         raise FormatError(str(e)) from None
 

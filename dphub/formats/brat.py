@@ -50,8 +50,7 @@ def parse_pair(txt: Path, ann: Path, note_id: str, *, overlaps: str = DEFAULT_OV
         raise FormatError(f"{txt}: no matching annotation file {ann.name}")
     pairs: list[tuple[Span, str]] = []
     ids: set[str] = set()
-    lines = iter_lines(ann) if ann.stat().st_size else iter(())
-    for lineno, line in lines:
+    for lineno, line in iter_lines(ann, allow_empty=True):
         content = line.rstrip("\r\n")
         if not content.strip():
             continue

@@ -93,7 +93,7 @@ def read_phrases(path: Path) -> tuple[SpanIndex, dict[tuple[str, int], str]]:
     """Index a ``-phi.phrase`` file: note id -> [(span, where)], plus each line's quoted text."""
     index: SpanIndex = {}
     quoted: dict[tuple[str, int], str] = {}
-    for lineno, line in iter_lines(path):
+    for lineno, line in iter_lines(path, allow_empty=True):
         content = line.rstrip("\r\n")
         if not content.strip():
             continue
@@ -115,7 +115,7 @@ def read_span_list(path: Path, *, label: str = UNTYPED_LABEL, source: str | None
     """Index a deid.pl-style span list (``.deid`` / ``.phi``): note id -> [(span, where)]."""
     index: SpanIndex = {}
     current: str | None = None
-    for lineno, line in iter_lines(path):
+    for lineno, line in iter_lines(path, allow_empty=True):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
