@@ -1,0 +1,703 @@
+"""Renderers: what a de-identified note looks like, given its predicted PHI spans.
+
+A renderer turns one :class:`~dphub.notes.Note` and its (merged) predicted spans into output text:
+
+``tag``        each span becomes its category, ``[**NAME**]`` (MIMIC style) or ``<NAME>``;
+``redact``     each span becomes a fixed mask (``XXXXX``), or a same-length mask;
+``surrogate``  each span becomes a realistic fake value (see :class:`SurrogateRenderer`);
+``spans``      one JSONL record ``{"id", "spans": [{start, end, label, score, members}]}``
+               (offsets only, no note text);
+``brat``       the ``.ann`` file content (T-lines carry the span text: brat output is the user's
+               own annotated data, and writing it is the point).
+
+Spans are validated against the note (out-of-range offsets raise :class:`InputError` naming the
+note id and offsets, never text). Overlapping spans are merged before text is replaced, so the
+union of everything any ensemble member flagged disappears.
+
+Surrogates (:class:`SurrogateRenderer`) are deterministic: every random choice is seeded with
+``HMAC-SHA256(key, patient id, kind, normalised original value)``, so
+
+* the same name/ID/place of one patient gets the same surrogate in every note of that patient
+  (without any state shared between notes, so a resumed or parallel run is byte-identical);
+* every date of a patient moves by the same offset of 1..365 days (either direction), derived from
+  the key and the patient id only, so intervals between dates survive across notes;
+* without the key nobody can recompute the mapping (the key must come from a file; there is no
+  default key).
+
+Policies (documented choices where HIPAA Safe Harbor leaves room):
+
+* **Dates** are parsed in many forms (``7/22``, ``07/22/2094``, ``7-22-94``, ``2094-07-22``,
+  ``Jan 3rd``, ``January 3, 2094``, ``3 Jan 2094``, ``Jan 2094``, ``January``, weekday names,
+  years alone) and re-emitted in the same form (zero padding, separators, month-name spelling and
+  case, ordinal suffix, 2- or 4-digit years). Dates without a year are shifted within the leap
+  reference year 2000, so ``2/29`` stays valid. Month-level dates move by the offset in whole
+  months (at least one), **years alone move by one year in the direction of the offset**, so no
+  year alone is ever re-emitted unchanged and year-to-year intervals are kept; a full date's year
+  follows from day arithmetic. Weekdays move by ``offset mod 7`` (one day when that is 0).
+  Date text that cannot be parsed has its digits replaced (format kept), or becomes ``[**DATE**]``
+  when it has no digits.
+* **Ages** above 89 become ``90+`` (HIPAA aggregates them); ages of 89 and below are kept, being
+  no identifier under Safe Harbor and clinically meaningful. Ages without digits become
+  ``[**AGE**]``.
+* **Phones, fax, IDs, MRNs, ZIP codes, rooms** keep their format: digits become random digits,
+  letters random letters of the same case, punctuation and spacing are kept.
+* **Names** are replaced word by word: a word Faker knows as a first name gets a first name,
+  other words a last name, single letters (initials) another letter; titles (Dr., Mrs. ...)
+  stay. So "John Smith", "Smith" and "JOHN" map consistently.
+* **Case** follows the original: ALL CAPS stays caps, lower case stays lower, otherwise Faker's
+  capitalisation.
+* A surrogate equal to its original (case-insensitively), or sharing a word with any PHI span
+  of the same note, is redrawn; that rare redraw is the only case where the same original can
+  get different surrogates in two notes of a patient. The only values ever kept are ages <= 89,
+  titles, and text without any letter or digit.
+
+Determinism holds for a given Faker version (its name lists are data); record the version with
+the output when byte-identical reruns matter.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+import functools
+import hashlib
+import hmac
+import json
+import os
+import random
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+from dphub.errors import ConfigError, InputError
+from dphub.labels import category_of, fine_of
+from dphub.notes import Note, Span, merge_overlapping
+
+__all__ = [
+    "RENDERERS",
+    "Renderer",
+    "TagRenderer",
+    "RedactRenderer",
+    "SurrogateRenderer",
+    "SpansRenderer",
+    "BratRenderer",
+    "render",
+    "load_key",
+    "prepare_spans",
+    "date_offset_days",
+]
+
+#: Shortest secret accepted for surrogate seeding (bytes after stripping whitespace).
+MIN_KEY_BYTES = 16
+
+
+def prepare_spans(note: Note, spans: Sequence[Span], *, merge: bool = True) -> list[Span]:
+    """Check spans against the note and return them sorted (and merged when ``merge``).
+
+    Errors name the note id and offsets only.
+    """
+    n = len(note.text)
+    for s in spans:
+        if not (0 <= s.start < s.end <= n):
+            raise InputError(
+                f"note {note.id}: span {s.start}-{s.end} is empty or outside the text "
+                f"(length {n})"
+            )
+        category_of(s.label, where=f"note {note.id}")
+    if merge:
+        return merge_overlapping(spans)
+    return sorted(spans, key=lambda s: (s.start, s.end))
+
+
+def _replace_spans(note: Note, spans: Sequence[Span], replacement: Callable[[Span], str]) -> str:
+    """The note text with each (merged, sorted) span replaced by ``replacement(span)``."""
+    out: list[str] = []
+    pos = 0
+    for s in prepare_spans(note, spans):
+        out.append(note.text[pos : s.start])
+        out.append(replacement(s))
+        pos = s.end
+    out.append(note.text[pos:])
+    return "".join(out)
+
+
+class Renderer(ABC):
+    """Turns a note and its predicted spans into output text (one file's content)."""
+
+    #: registry name (``--mode``)
+    name: ClassVar[str]
+    #: file suffix a runner should give the output
+    suffix: ClassVar[str] = ".txt"
+
+    @abstractmethod
+    def render(self, note: Note, spans: Sequence[Span]) -> str:
+        """Output for one note; never mutates ``note`` or ``spans``."""
+
+
+class TagRenderer(Renderer):
+    """Replace spans with their label: ``[**NAME**]`` (``style="mimic"``) or ``<NAME>``
+    (``style="angle"``). ``granularity`` picks the HIPAA category (default) or the fine
+    i2b2-style subcategory (``DOCTOR``, ``HOSPITAL`` ...)."""
+
+    name = "tag"
+    STYLES: ClassVar[dict[str, str]] = {"mimic": "[**{}**]", "angle": "<{}>"}
+
+    def __init__(self, style: str = "mimic", granularity: str = "category") -> None:
+        if style not in self.STYLES:
+            raise ConfigError(f"unknown tag style {style!r}; use one of {', '.join(self.STYLES)}")
+        if granularity not in ("category", "fine"):
+            raise ConfigError(f"unknown tag granularity {granularity!r}; use category or fine")
+        self.template = self.STYLES[style]
+        self.label_of = category_of if granularity == "category" else fine_of
+
+    def render(self, note: Note, spans: Sequence[Span]) -> str:
+        return _replace_spans(note, spans, lambda s: self.template.format(self.label_of(s.label)))
+
+
+class RedactRenderer(Renderer):
+    """Replace spans with ``mask``; with ``preserve_length`` every non-whitespace character of a
+    span becomes ``mask_char`` instead (layout and offsets survive, word lengths leak)."""
+
+    name = "redact"
+
+    def __init__(
+        self, mask: str = "XXXXX", preserve_length: bool = False, mask_char: str = "X"
+    ) -> None:
+        if len(mask_char) != 1:
+            raise ConfigError("the length-preserving mask must be a single character")
+        self.mask = mask
+        self.preserve_length = preserve_length
+        self.mask_char = mask_char
+
+    def render(self, note: Note, spans: Sequence[Span]) -> str:
+        if not self.preserve_length:
+            return _replace_spans(note, spans, lambda s: self.mask)
+        return _replace_spans(
+            note,
+            spans,
+            lambda s: "".join(c if c.isspace() else self.mask_char for c in note.span_text(s)),
+        )
+
+
+class SpansRenderer(Renderer):
+    """One JSONL line per note: ``{"id", "spans": [{start, end, label, score, members}]}``.
+
+    ``members`` lists the ensemble members that flagged the span, read from ``Span.source`` as a
+    comma-joined string (the aggregation contract); ``[]`` when unknown. Spans are not merged
+    (overlaps from different members are information here); no note text is written.
+    """
+
+    name = "spans"
+    suffix = ".jsonl"
+
+    def render(self, note: Note, spans: Sequence[Span]) -> str:
+        records = [
+            {
+                "start": s.start,
+                "end": s.end,
+                "label": s.label,
+                "score": s.score,
+                "members": [m.strip() for m in (s.source or "").split(",") if m.strip()],
+            }
+            for s in prepare_spans(note, spans, merge=False)
+        ]
+        return json.dumps({"id": note.id, "spans": records}, ensure_ascii=False) + "\n"
+
+
+class BratRenderer(Renderer):
+    """The brat ``.ann`` content for the note's spans, as :mod:`dphub.formats.brat` writes it
+    (one T-line per span, whitespace in the span text folded to single spaces)."""
+
+    name = "brat"
+    suffix = ".ann"
+
+    def render(self, note: Note, spans: Sequence[Span]) -> str:
+        from dphub.formats.brat import render_ann
+
+        return render_ann(replace(note, spans=prepare_spans(note, spans, merge=False)))
+
+
+# --------------------------------------------------------------------------------------------
+# surrogates
+
+
+def load_key(path: str | os.PathLike[str]) -> bytes:
+    """Read the surrogate secret from ``path`` (surrounding whitespace stripped).
+
+    A missing, unreadable or short key file is a :class:`ConfigError`: silently falling back to
+    a default key would make every surrogate mapping recomputable by anyone.
+    """
+    p = Path(path)
+    try:
+        key = p.read_bytes().strip()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"key file {p} does not exist; create one, e.g. `openssl rand -hex 32 > {p}`"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"key file {p} cannot be read ({exc.strerror})") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(f"key file {p} holds {len(key)} bytes; use at least {MIN_KEY_BYTES}")
+    return key
+
+
+def _hmac_int(key: bytes, *parts: str) -> int:
+    msg = "\x1f".join(parts).encode("utf-8")
+    return int.from_bytes(hmac.new(key, msg, hashlib.sha256).digest(), "big")
+
+
+def date_offset_days(key: bytes, patient_id: str) -> int:
+    """The patient's date shift in days: in ``[-365, -1] U [1, 365]``, from HMAC(key, patient)."""
+    v = _hmac_int(key, "date-offset", patient_id) % 730
+    return v - 365 if v < 365 else v - 364
+
+
+@functools.lru_cache(maxsize=4)
+def _faker(locale: str) -> Any:
+    from faker import Faker
+
+    return Faker(locale)
+
+
+@functools.lru_cache(maxsize=4)
+def _first_name_method(locale: str) -> dict[str, str]:
+    """Casefolded first name -> the Faker method drawing a replacement of the same gender."""
+    provider = _faker(locale).provider("faker.providers.person")
+    female = {n.casefold() for n in getattr(provider, "first_names_female", ()) or ()}
+    male = {n.casefold() for n in getattr(provider, "first_names_male", ()) or ()}
+    other = {n.casefold() for n in getattr(provider, "first_names", ()) or ()}
+    methods = dict.fromkeys(other | female | male, "first_name")
+    methods.update(dict.fromkeys(female - male, "first_name_female"))
+    methods.update(dict.fromkeys(male - female, "first_name_male"))
+    return methods
+
+
+def _match_case(original: str, surrogate: str) -> str:
+    letters = [c for c in original if c.isalpha()]
+    if not letters:
+        return surrogate
+    if all(c.isupper() for c in letters) and (len(letters) > 1 or len(original) == 1):
+        return surrogate.upper()
+    if all(c.islower() for c in letters):
+        return surrogate.lower()
+    return surrogate
+
+
+def _normalize(value: str) -> str:
+    """What must match for two mentions to get the same surrogate: letters and digits, casefolded."""
+    return "".join(c for c in value.casefold() if c.isalnum())
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _scramble(value: str, rng: random.Random) -> str:
+    """Digits -> random digits, letters -> random ASCII letters of the same case, rest kept."""
+    out = []
+    for c in value:
+        if c.isdigit():
+            out.append(str(rng.randrange(10)))
+        elif c.isalpha():
+            ch = rng.choice(_LETTERS)
+            out.append(ch.upper() if c.isupper() else ch)
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+# ---- dates
+
+_MONTHS_FULL = [calendar.month_name[i] for i in range(1, 13)]
+_MONTHS_ABBR = [calendar.month_abbr[i] for i in range(1, 13)]
+_MONTH_RE = (
+    r"(?P<mon>jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|"
+    r"sept?(?:ember)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)(?P<dot>\.)?"
+)
+_WEEKDAYS = [calendar.day_name[i] for i in range(7)]
+_WEEKDAY_RE = re.compile(
+    r"(?P<wd>mon(?:day)?|tue(?:s(?:day)?)?|wed(?:nesday)?|thu(?:r(?:s(?:day)?)?)?|"
+    r"fri(?:day)?|sat(?:urday)?|sun(?:day)?)(?P<dot>\.)?",
+    re.I,
+)
+_ORD = r"(?P<ord>st|nd|rd|th)?"
+_DATE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("ymd", re.compile(r"(?P<y>\d{4})(?P<sep>[-/.])(?P<m>\d{1,2})(?P=sep)(?P<d>\d{1,2})")),
+    (
+        "mdy",
+        re.compile(r"(?P<m>\d{1,2})(?P<sep>[-/.])(?P<d>\d{1,2})(?:(?P=sep)(?P<y>\d{4}|\d{2}))?"),
+    ),
+    ("my", re.compile(r"(?P<m>\d{1,2})(?P<sep>/)(?P<y>\d{4})")),
+    (
+        "name_md",
+        re.compile(
+            _MONTH_RE + r"(?:(?P<sp>\s+)(?P<d>\d{1,2})" + _ORD + r")?"
+            r"(?:(?P<ysep>,?\s+|,|\s*')(?P<y>\d{4}|\d{2}))?",
+            re.I,
+        ),
+    ),
+    (
+        "name_dm",
+        re.compile(
+            r"(?P<d>\d{1,2})" + _ORD + r"(?P<sp>\s+(?:of\s+)?)" + _MONTH_RE
+            + r"(?:(?P<ysep>,?\s+)(?P<y>\d{4}))?",
+            re.I,
+        ),
+    ),
+    ("year", re.compile(r"(?P<apos>')?(?P<y>\d{4}|\d{2})")),
+]
+_REF_YEAR = 2000  # leap year: dates without a year are shifted inside it
+
+
+def _month_index(token: str) -> int:
+    t = token.casefold()[:3]
+    return [m.casefold()[:3] for m in _MONTHS_ABBR].index(t) + 1
+
+
+def _zero_padded(*fields: str) -> bool:
+    """Whether a numeric date writes ``07``: a field with a leading zero, or all fields 2 digits."""
+    return any(len(f) == 2 and f.startswith("0") for f in fields) or all(
+        len(f) == 2 for f in fields
+    )
+
+
+def _fmt_num(value: int, padded: bool) -> str:
+    return f"{value:02d}" if padded else str(value)
+
+
+def _fmt_year(year: int, original: str) -> str:
+    return f"{year % 100:02d}" if len(original) == 2 else f"{year:04d}"
+
+
+def _full_year(text: str) -> int:
+    y = int(text)
+    if len(text) == 2:  # 2-digit years: 00-29 -> 2000s, else 1900s (only the last 2 digits return)
+        y += 2000 if y < 30 else 1900
+    return y
+
+
+def _fmt_month_name(month: int, original: str) -> str:
+    o = original.rstrip(".")
+    full = _MONTHS_FULL[month - 1]
+    if len(o) <= 3:
+        name = full[:3]
+    elif len(o) == 4 and o.casefold() == "sept":
+        name = "Sept" if month == 9 else full[:3]
+    else:
+        name = full
+    return _match_case(o, name)
+
+
+def _ordinal(day: int, original: str | None) -> str:
+    if not original:
+        return ""
+    suffix = "th" if 11 <= day % 100 <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+    return suffix.upper() if original.isupper() else suffix
+
+
+def _add_months(year: int, month: int, months: int) -> tuple[int, int]:
+    k = year * 12 + (month - 1) + months
+    return k // 12, k % 12 + 1
+
+
+def _valid(year: int, month: int, day: int) -> bool:
+    return 1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]
+
+
+def shift_date_text(text: str, offset: int) -> str | None:
+    """``text`` (one date, any supported form) shifted by ``offset`` days in the same form, or
+    None when it is not a date dphub can parse. See the module docstring for the policy."""
+    for kind, pattern in _DATE_PATTERNS:
+        m = pattern.fullmatch(text)
+        if m is None:
+            continue
+        out = _shift_match(kind, m, offset)
+        if out is not None:
+            return out
+    m = _WEEKDAY_RE.fullmatch(text)
+    if m is not None:
+        wd = [w.casefold()[:3] for w in _WEEKDAYS].index(m["wd"].casefold()[:3])
+        new = _WEEKDAYS[(wd + (offset % 7 or 1)) % 7]
+        token = m["wd"]
+        name = new if len(token) > 4 else new[: max(3, len(token))]
+        return _match_case(token, name) + (m["dot"] or "")
+    return None
+
+
+def _shift_match(kind: str, m: re.Match[str], offset: int) -> str | None:
+    g = m.groupdict()
+    month_shift = (1 if offset > 0 else -1) * max(1, round(abs(offset) / 30.44))
+    year_shift = 1 if offset > 0 else -1
+    if kind == "year":
+        return (g["apos"] or "") + _fmt_year(_full_year(g["y"]) + year_shift, g["y"])
+    if kind == "my":
+        month, year = int(g["m"]), int(g["y"])
+        if not 1 <= month <= 12:
+            return None
+        y, mo = _add_months(year, month, month_shift)
+        return f"{_fmt_num(mo, _zero_padded(g['m']))}{g['sep']}{_fmt_year(y, g['y'])}"
+    if kind in ("ymd", "mdy"):
+        month, day = int(g["m"]), int(g["d"])
+        year = _full_year(g["y"]) if g.get("y") else _REF_YEAR
+        swapped = False
+        if kind == "mdy" and month > 12 and day <= 12:  # day/month order
+            month, day, swapped = day, month, True
+        if not _valid(year, month, day):
+            return None
+        new = dt.date(year, month, day) + dt.timedelta(days=offset)
+        pad = _zero_padded(g["m"], g["d"])
+        if kind == "ymd":
+            return (
+                f"{new.year:04d}{g['sep']}{_fmt_num(new.month, pad)}{g['sep']}"
+                f"{_fmt_num(new.day, pad)}"
+            )
+        first, second = (new.day, new.month) if swapped else (new.month, new.day)
+        out = f"{_fmt_num(first, pad)}{g['sep']}{_fmt_num(second, pad)}"
+        if g.get("y"):
+            out += g["sep"] + _fmt_year(new.year, g["y"])
+        return out
+    # month names
+    month = _month_index(g["mon"])
+    mon_text = g["mon"] + (g["dot"] or "")
+    if g.get("d") is None:  # month alone or month + year
+        if g.get("y"):
+            y, mo = _add_months(_full_year(g["y"]), month, month_shift)
+            return _fmt_month_name(mo, mon_text) + (g["dot"] or "") + g["ysep"] + _fmt_year(
+                y, g["y"]
+            )
+        _, mo = _add_months(_REF_YEAR, month, month_shift)
+        return _fmt_month_name(mo, mon_text) + (g["dot"] or "")
+    day = int(g["d"])
+    year = _full_year(g["y"]) if g.get("y") else _REF_YEAR
+    if not _valid(year, month, day):
+        return None
+    new = dt.date(year, month, day) + dt.timedelta(days=offset)
+    mon_out = _fmt_month_name(new.month, mon_text) + (g["dot"] or "")
+    day_out = _fmt_num(new.day, g["d"].startswith("0")) + _ordinal(new.day, g.get("ord"))
+    year_out = g["ysep"] + _fmt_year(new.year, g["y"]) if g.get("y") else ""
+    if kind == "name_md":
+        return f"{mon_out}{g['sp']}{day_out}{year_out}"
+    return f"{day_out}{g['sp']}{mon_out}{year_out}"
+
+
+# ---- the renderer
+
+_TITLES = frozenset(
+    ("mr", "mrs", "ms", "miss", "mx", "dr", "prof", "sir", "madam", "md", "do", "rn", "np", "pa",
+     "phd", "jr", "sr", "ii", "iii", "iv")
+)
+_WORD_RE = re.compile(r"[^\W\d_](?:[\w'’-]*\w)?")
+_FACILITY_RE = re.compile(
+    r"\b(?:hospital|hosp|medical|center|centre|clinic|health|memorial|infirmary|institute)\b",
+    re.I,
+)
+_AGE_RE = re.compile(r"(?P<pre>\D*?)(?P<n>\d{1,3})(?P<post>.*)", re.S)
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    patient: str
+    offset: int
+    #: normalised words of every span of the note: no surrogate may reuse one
+    forbidden: frozenset[str] = frozenset()
+
+
+class SurrogateRenderer(Renderer):
+    """Replace spans with realistic, per-patient consistent, key-seeded surrogates.
+
+    ``key`` is the secret (bytes, at least 16) or ``key_file`` a path to it (see :func:`load_key`).
+    The patient is ``note.effective_patient_id`` (the note id when the source has no patients).
+    """
+
+    name = "surrogate"
+    MAX_REDRAWS: ClassVar[int] = 50
+
+    def __init__(
+        self,
+        key: bytes | None = None,
+        *,
+        key_file: str | os.PathLike[str] | None = None,
+        locale: str = "en_US",
+    ) -> None:
+        if (key is None) == (key_file is None):
+            raise ConfigError("surrogate mode needs a secret key: pass exactly one --key-file")
+        if key_file is not None:
+            key = load_key(key_file)
+        assert key is not None
+        if len(key) < MIN_KEY_BYTES:
+            raise ConfigError(f"the surrogate key must have at least {MIN_KEY_BYTES} bytes")
+        self._key = bytes(key)
+        self.locale = locale
+
+    # -- seeded randomness
+    def _seed(self, ctx: _Ctx, kind: str, value: str, attempt: int) -> int:
+        return _hmac_int(self._key, "surrogate", ctx.patient, kind, _normalize(value), str(attempt))
+
+    def _draw(self, ctx: _Ctx, kind: str, original: str, make: Callable[[int], str]) -> str:
+        """``make(seed)`` until the result differs from ``original`` (case-insensitively) and
+        shares no word with any PHI of the note."""
+        norm = _normalize(original)
+        for attempt in range(self.MAX_REDRAWS):
+            out = make(self._seed(ctx, kind, original, attempt))
+            if not norm:
+                return out
+            words = {_normalize(w) for w in _WORD_RE.findall(out)} | {_normalize(out)}
+            if norm not in words and not (words & ctx.forbidden):
+                return out
+        return f"[**{kind.upper()}**]"  # every draw collided (tiny value space): mask instead
+
+    def _faker_value(self, ctx: _Ctx, kind: str, original: str, method: str) -> str:
+        fk = _faker(self.locale)
+
+        def make(seed: int) -> str:
+            fk.seed_instance(seed)
+            return str(getattr(fk, method)())
+
+        return _match_case(original, self._draw(ctx, kind, original, make))
+
+    def _scrambled(self, ctx: _Ctx, kind: str, original: str) -> str:
+        return self._draw(ctx, kind, original, lambda seed: _scramble(original, random.Random(seed)))
+
+    # -- per kind
+    def _name(self, ctx: _Ctx, text: str) -> str:
+        def word(m: re.Match[str]) -> str:
+            w = m.group(0)
+            if w.casefold().rstrip(".") in _TITLES and len(_WORD_RE.findall(text)) > 1:
+                return w
+            if len(w) == 1:
+                return self._scrambled(ctx, "initial", w)
+            method = _first_name_method(self.locale).get(w.casefold(), "last_name")
+            return self._faker_value(ctx, "name", w, method)
+
+        return _WORD_RE.sub(word, text)
+
+    def _date(self, ctx: _Ctx, text: str) -> str:
+        shifted = shift_date_text(text, ctx.offset)
+        if shifted is not None:
+            return shifted
+        if any(c.isdigit() for c in text):
+            return self._draw(
+                ctx, "date", text, lambda seed: _scramble_digits(text, random.Random(seed))
+            )
+        return "[**DATE**]"
+
+    def _age(self, text: str) -> str:
+        m = _AGE_RE.fullmatch(text)
+        if m is None:
+            return "[**AGE**]"
+        if int(m["n"]) > 89:
+            return f"{m['pre']}90+{m['post']}"
+        return text
+
+    def _location(self, ctx: _Ctx, fine: str, text: str) -> str:
+        letters = [c for c in text if c.isalpha()]
+        is_acronym = (
+            " " not in text and 0 < len(letters) <= 4 and all(c.isupper() for c in letters)
+        )
+        if fine == "STATE" and len(text) == 2 and len(letters) == 2:
+            return self._faker_value(ctx, fine, text, "state_abbr")
+        if fine in ("ZIP", "ROOM") or is_acronym or not letters:
+            return self._scrambled(ctx, fine, text)
+        method = {
+            "STATE": "state",
+            "COUNTRY": "country",
+            "STREET": "street_address",
+            "ORGANIZATION": "company",
+        }.get(fine)
+        if method:
+            return self._faker_value(ctx, fine, text, method)
+        if fine in ("HOSPITAL", "DEPARTMENT") or _FACILITY_RE.search(text):
+            if not _FACILITY_RE.search(text):  # "CALVERT" in "CALVERT hospital": a bare name
+                return self._faker_value(ctx, fine, text, "last_name")
+            fk = _faker(self.locale)
+            kinds = ("General Hospital", "Medical Center", "Memorial Hospital", "Clinic")
+
+            def make(seed: int) -> str:
+                fk.seed_instance(seed)
+                return f"{fk.last_name()} {fk.random_element(kinds)}"
+
+            return _match_case(text, self._draw(ctx, fine, text, make))
+        return self._faker_value(ctx, fine, text, "city")
+
+    def _contact(self, ctx: _Ctx, fine: str, text: str) -> str:
+        if fine == "EMAIL" or "@" in text:
+            return self._faker_value(ctx, "EMAIL", text, "email")
+        if fine == "URL" or text.casefold().startswith(("http", "www.")):
+            return self._faker_value(ctx, "URL", text, "url")
+        return self._scrambled(ctx, fine, text)
+
+    def surrogate(self, ctx: _Ctx, span: Span, text: str) -> str:
+        """The replacement for one span's (whitespace-stripped) text."""
+        category = category_of(span.label)
+        fine = fine_of(span.label)
+        if category == "NAME":
+            if fine == "USERNAME":
+                return self._scrambled(ctx, fine, text)
+            return self._name(ctx, text)
+        if category == "DATE":
+            return self._date(ctx, text)
+        if category == "AGE":
+            return self._age(text)
+        if category == "LOCATION":
+            return self._location(ctx, fine, text)
+        if category == "CONTACT":
+            return self._contact(ctx, fine, text)
+        if category == "PROFESSION":
+            return self._faker_value(ctx, fine, text, "job")
+        return self._scrambled(ctx, fine, text)  # ID, OTHER
+
+    def render(self, note: Note, spans: Sequence[Span]) -> str:
+        patient = note.effective_patient_id
+        merged = prepare_spans(note, spans)
+        forbidden = {
+            _normalize(w)
+            for s in merged
+            for w in [*_WORD_RE.findall(note.span_text(s)), note.span_text(s)]
+        }
+        forbidden.discard("")
+        ctx = _Ctx(patient, date_offset_days(self._key, patient), frozenset(forbidden))
+
+        def replacement(span: Span) -> str:
+            raw = note.span_text(span)
+            core = raw.strip()
+            if not core:
+                return raw
+            lead = raw[: len(raw) - len(raw.lstrip())]
+            trail = raw[len(raw.rstrip()) :]
+            return lead + self.surrogate(ctx, span, core) + trail
+
+        return _replace_spans(note, merged, replacement)
+
+
+def _scramble_digits(text: str, rng: random.Random) -> str:
+    return "".join(str(rng.randrange(10)) if c.isdigit() else c for c in text)
+
+
+#: mode name -> renderer class; ``render`` instantiates it with the caller's options.
+RENDERERS: dict[str, type[Renderer]] = {
+    cls.name: cls
+    for cls in (TagRenderer, RedactRenderer, SurrogateRenderer, SpansRenderer, BratRenderer)
+}
+
+
+def render(note: Note, spans: Sequence[Span], mode: str, **options: Any) -> str:
+    """Render one note in ``mode`` (a key of :data:`RENDERERS`) with the renderer's options.
+
+    For many notes build the renderer once (``RENDERERS[mode](**options)``) and call its
+    ``render``; this helper is for one-offs.
+    """
+    try:
+        cls = RENDERERS[mode]
+    except KeyError:
+        raise ConfigError(
+            f"unknown render mode {mode!r}; available: {', '.join(RENDERERS)}"
+        ) from None
+    try:
+        renderer = cls(**options)
+    except TypeError:
+        raise ConfigError(
+            f"invalid options for render mode {mode!r}: {', '.join(sorted(options)) or 'none'}"
+        ) from None
+    return renderer.render(note, spans)

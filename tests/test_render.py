@@ -1,0 +1,331 @@
+"""Tests for dphub.render: tag / redact / surrogate / spans / brat renderers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from pathlib import Path
+
+import pytest
+from faker import Faker
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dphub.errors import ConfigError, DphubError, InputError
+from dphub.notes import Note, Span
+from dphub.render import (
+    RENDERERS,
+    SurrogateRenderer,
+    date_offset_days,
+    load_key,
+    render,
+    shift_date_text,
+)
+
+KEY = b"0123456789abcdef-test-key"
+OTHER_KEY = b"fedcba9876543210-other-key"
+
+
+def build_note(
+    note_id: str, patient: str | None, parts: list[tuple[str, str | None]]
+) -> Note:
+    """Concatenate ``(text, label)`` parts; labelled parts become spans."""
+    text, spans = "", []
+    for chunk, label in parts:
+        if label is not None:
+            spans.append(Span(len(text), len(text) + len(chunk), label))
+        text += chunk
+    return Note(id=note_id, text=text, patient_id=patient, spans=spans)
+
+
+def synthetic_note(seed: int, patient: str = "p1", note_id: str = "n1") -> Note:
+    fk = Faker("en_US")
+    fk.seed_instance(seed)
+    return build_note(
+        note_id,
+        patient,
+        [
+            ("Pt ", None), (f"{fk.first_name()} {fk.last_name()}", "PATIENT"),
+            (" seen by Dr. ", None), (fk.last_name(), "DOCTOR"),
+            (" on ", None), (fk.date("%m/%d/%Y"), "DATE"),
+            (" at ", None), (f"{fk.last_name()} Memorial Hospital", "HOSPITAL"),
+            (".\nCall ", None), (fk.numerify("###-###-####"), "PHONE"),
+            (", MRN ", None), (fk.bothify("??##-####").upper(), "MEDICALRECORD"),
+            (". Lives in ", None), (fk.city(), "CITY"),
+            (" ", None), (fk.zipcode(), "ZIP"),
+            (".", None),
+        ],
+    )
+
+
+def surrogates(note: Note, key: bytes = KEY) -> list[str]:
+    """The surrogate text of each span (spans sorted, rendering done span by span)."""
+    renderer = SurrogateRenderer(key)
+    return [
+        renderer.render(Note(note.id, note.span_text(s), note.patient_id), [
+            Span(0, s.end - s.start, s.label)
+        ])
+        for s in note.spans
+    ]
+
+
+def shape(value: str) -> str:
+    return re.sub(r"[a-z]", "a", re.sub(r"[A-Z]", "A", re.sub(r"\d", "9", value)))
+
+
+# ----------------------------------------------------------------------------- tag / redact
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tag_mode_removes_every_span_text(seed: int) -> None:
+    note = synthetic_note(seed)
+    out = render(note, note.spans, "tag")
+    for s in note.spans:
+        assert note.span_text(s) not in out
+    assert "[**NAME**]" in out and "[**CONTACT**]" in out and "[**LOCATION**]" in out
+    assert out.startswith("Pt [**NAME**] seen by Dr. [**NAME**] on [**DATE**] at ")
+
+
+def test_tag_styles_and_granularity() -> None:
+    note = build_note("n", None, [("Dr. ", None), ("Kim", "DOCTOR"), (" at ", None),
+                                  ("Mercy", "HOSPITAL")])
+    assert render(note, note.spans, "tag", style="angle") == "Dr. <NAME> at <LOCATION>"
+    assert render(note, note.spans, "tag", granularity="fine") == (
+        "Dr. [**DOCTOR**] at [**HOSPITAL**]"
+    )
+    with pytest.raises(ConfigError):
+        render(note, note.spans, "tag", style="curly")
+
+
+def test_overlapping_spans_are_merged_before_replacement() -> None:
+    note = Note("n", "Seen by John Smith today")
+    spans = [Span(8, 12, "NAME"), Span(8, 18, "PATIENT"), Span(13, 18, "NAME")]
+    assert render(note, spans, "tag") == "Seen by [**NAME**] today"
+
+
+def test_redact_fixed_and_length_preserving() -> None:
+    note = synthetic_note(1)
+    fixed = render(note, note.spans, "redact", mask="***")
+    assert fixed.count("***") == len(note.spans)
+    same = render(note, note.spans, "redact", preserve_length=True, mask_char="#")
+    assert len(same) == len(note.text)
+    covered = {i for s in note.spans for i in range(s.start, s.end)}
+    for i, (a, b) in enumerate(zip(note.text, same, strict=True)):
+        if i not in covered or a.isspace():
+            assert a == b
+        else:
+            assert b == "#"
+
+
+def test_inputs_are_not_modified_and_bad_spans_are_named_without_text() -> None:
+    note = synthetic_note(2)
+    text, spans = note.text, list(note.spans)
+    for mode in ("tag", "redact", "spans", "brat"):
+        render(note, note.spans, mode)
+    render(note, note.spans, "surrogate", key=KEY)
+    assert note.text == text and note.spans == spans
+    with pytest.raises(InputError) as exc:
+        render(note, [Span(3, len(text) + 5, "NAME")], "tag")
+    assert "note n1" in str(exc.value) and note.text[3:10] not in str(exc.value)
+    with pytest.raises(DphubError):
+        render(note, [Span(0, 2, "NOT-A-LABEL")], "redact")
+
+
+def test_unknown_mode_and_options_are_config_errors() -> None:
+    note = Note("n", "x")
+    with pytest.raises(ConfigError):
+        render(note, [], "shout")
+    with pytest.raises(ConfigError):
+        render(note, [], "tag", colour="red")
+    assert set(RENDERERS) == {"tag", "redact", "surrogate", "spans", "brat"}
+
+
+# ----------------------------------------------------------------------------- spans / brat
+
+
+def test_spans_jsonl_record() -> None:
+    note = Note("note-7", "Call John at 555-1234")
+    spans = [Span(13, 21, "PHONE", score=0.75, source="rules:default"),
+             Span(5, 9, "NAME", score=0.9, source="org/a, org/b")]
+    line = render(note, spans, "spans")
+    assert line.endswith("\n") and line.count("\n") == 1
+    record = json.loads(line)
+    assert record == {
+        "id": "note-7",
+        "spans": [
+            {"start": 5, "end": 9, "label": "NAME", "score": 0.9, "members": ["org/a", "org/b"]},
+            {"start": 13, "end": 21, "label": "PHONE", "score": 0.75,
+             "members": ["rules:default"]},
+        ],
+    }
+    assert "John" not in line
+
+
+def test_brat_output_reads_back_with_the_brat_format(tmp_path: Path) -> None:
+    from dphub.formats.brat import parse_pair
+
+    note = Note("n1", "Pt Ann\nLee seen 7/22.\n", spans=[])
+    spans = [Span(3, 10, "PATIENT"), Span(16, 20, "DATE")]
+    ann = render(note, spans, "brat")
+    assert ann == "T1\tPATIENT 3 10\tAnn Lee\nT2\tDATE 16 20\t7/22\n"
+    (tmp_path / "n1.txt").write_text(note.text, encoding="utf-8")
+    (tmp_path / "n1.ann").write_text(ann, encoding="utf-8")
+    back = parse_pair(tmp_path / "n1.txt", tmp_path / "n1.ann", "n1")
+    assert [(s.start, s.end, s.category) for s in back.spans] == [
+        (3, 10, "NAME"), (16, 20, "DATE")
+    ]
+
+
+# ----------------------------------------------------------------------------- surrogates
+
+
+def test_surrogate_needs_a_key_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_key(tmp_path / "missing.key")
+    short = tmp_path / "short.key"
+    short.write_text("abc\n")
+    with pytest.raises(ConfigError):
+        load_key(short)
+    with pytest.raises(ConfigError):
+        SurrogateRenderer()
+    good = tmp_path / "good.key"
+    good.write_bytes(KEY + b"\n")
+    assert load_key(good) == KEY
+    note = synthetic_note(3)
+    assert render(note, note.spans, "surrogate", key_file=good) == SurrogateRenderer(KEY).render(
+        note, note.spans
+    )
+    with pytest.raises(ConfigError):
+        render(note, note.spans, "surrogate", key_file=tmp_path / "missing.key")
+
+
+def test_surrogates_are_consistent_within_a_patient_and_differ_across_patients() -> None:
+    a1 = build_note("a1", "A", [("Seen ", None), ("John Smith", "PATIENT"), (", MRN ", None),
+                                ("123-45", "MEDICALRECORD"), (" at ", None),
+                                ("Boston", "CITY")])
+    a2 = build_note("a2", "A", [("SMITH", "PATIENT"), (" and ", None), ("john", "PATIENT"),
+                                (" called from ", None), ("boston", "CITY"),
+                                (", MRN ", None), ("12345", "MEDICALRECORD")])
+    b1 = build_note("b1", "B", [("Seen ", None), ("John Smith", "PATIENT"), (", MRN ", None),
+                                ("123-45", "MEDICALRECORD"), (" at ", None),
+                                ("Boston", "CITY")])
+    first, last = surrogates(a1)[0].split()
+    s2 = surrogates(a2)
+    assert s2[0] == last.upper()  # same normalized word, case of the original
+    assert s2[1] == first.lower()
+    assert s2[2].casefold() == surrogates(a1)[2].casefold()
+    assert re.sub(r"\D", "", s2[3]) == re.sub(r"\D", "", surrogates(a1)[1])
+    assert surrogates(b1) != surrogates(a1)  # another patient, another mapping
+
+
+def test_dates_keep_intervals_across_a_patients_notes_and_their_format() -> None:
+    n1 = build_note("1", "P", [("Admitted ", None), ("07/22/2094", "DATE"), (".", None)])
+    n2 = build_note("2", "P", [("Seen ", None), ("2094-08-05", "DATE"), (" and ", None),
+                               ("Aug 9th", "DATE"), (" and ", None),
+                               ("January 3, 2095", "DATE")])
+    (d1,) = surrogates(n1)
+    d2, d3, d4 = surrogates(n2)
+    assert re.fullmatch(r"\d\d/\d\d/\d{4}", d1) and re.fullmatch(r"\d{4}-\d\d-\d\d", d2)
+    assert re.fullmatch(r"[A-Z][a-z]{2} \d{1,2}(st|nd|rd|th)", d3)
+    assert re.fullmatch(r"[A-Z][a-z]+ \d{1,2}, \d{4}", d4)
+    t1 = dt.datetime.strptime(d1, "%m/%d/%Y").date()
+    t2 = dt.datetime.strptime(d2, "%Y-%m-%d").date()
+    t4 = dt.datetime.strptime(d4, "%B %d, %Y").date()
+    assert (t2 - t1).days == 14
+    assert (t4 - t1).days == (dt.date(2095, 1, 3) - dt.date(2094, 7, 22)).days
+    offset = date_offset_days(KEY, "P")
+    assert (t1 - dt.date(2094, 7, 22)).days == offset
+
+
+@pytest.mark.parametrize(
+    ("text", "offset", "expected"),
+    [
+        ("7/22", 10, "8/1"),
+        ("07/22/2094", -22, "06/30/2094"),
+        ("7-22-94", 10, "8-1-94"),
+        ("2094-07-22", 10, "2094-08-01"),
+        ("Jan 3rd", 30, "Feb 2nd"),
+        ("January 3, 2094", -4, "December 30, 2093"),
+        ("JAN. 3", 1, "JAN. 4"),
+        ("3 Jan 2094", 1, "4 Jan 2094"),
+        ("Jan 2094", 45, "Feb 2094"),
+        ("2/29", 1, "3/1"),
+        ("1992", 200, "1993"),
+        ("'92", -5, "'91"),
+        ("Monday", 2, "Wednesday"),
+        ("31/12/2094", 1, "01/01/2095"),
+    ],
+)
+def test_shift_date_text_formats(text: str, offset: int, expected: str) -> None:
+    assert shift_date_text(text, offset) == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    day=st.dates(min_value=dt.date(1950, 1, 1), max_value=dt.date(2150, 12, 31)),
+    offset=st.integers(min_value=-365, max_value=365).filter(bool),
+    fmt=st.sampled_from(["%m/%d/%Y", "%Y-%m-%d", "%B %d, %Y", "%b %d %Y", "%d %B %Y"]),
+)
+def test_shifted_dates_parse_back_to_the_offset(day: dt.date, offset: int, fmt: str) -> None:
+    out = shift_date_text(day.strftime(fmt), offset)
+    assert out is not None
+    assert dt.datetime.strptime(out, fmt).date() - day == dt.timedelta(days=offset)
+
+
+def test_date_offsets_are_nonzero_within_a_year_and_key_dependent() -> None:
+    offsets = [date_offset_days(KEY, f"patient-{i}") for i in range(300)]
+    assert all(o != 0 and -365 <= o <= 365 for o in offsets)
+    assert min(offsets) < 0 < max(offsets)
+    assert offsets != [date_offset_days(OTHER_KEY, f"patient-{i}") for i in range(300)]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_contact_and_id_surrogates_keep_format_and_never_reuse_the_value(seed: int) -> None:
+    note = synthetic_note(seed)
+    out = surrogates(note)
+    for s, sur in zip(note.spans, out, strict=True):
+        original = note.span_text(s)
+        assert sur.casefold() != original.casefold(), s.label
+        if s.label in ("PHONE", "MEDICALRECORD", "ZIP"):
+            assert shape(sur) == shape(original)
+
+
+def test_names_keep_case_titles_and_initials() -> None:
+    note = build_note("n", "p", [("DR. JOHN Q. SMITH", "DOCTOR"), (" ", None),
+                                 ("mary", "RELATIVE")])
+    name, rel = surrogates(note)
+    assert name.startswith("DR. ") and name == name.upper()
+    words = name.split()
+    assert len(words) == 4 and re.fullmatch(r"[A-Z]\.", words[2]) and words[2] != "Q."
+    assert words[1] != "JOHN" and words[3] != "SMITH"
+    assert rel == rel.lower() and rel != "mary"
+
+
+def test_ages_over_89_are_aggregated_others_kept() -> None:
+    note = build_note("n", "p", [("92", "AGE"), (" ", None), ("45", "AGE"), (" ", None),
+                                 ("101yo", "AGE")])
+    assert surrogates(note) == ["90+", "45", "90+yo"]
+
+
+def test_surrogate_output_is_deterministic_and_key_dependent() -> None:
+    notes = [synthetic_note(i, patient=f"p{i % 2}", note_id=str(i)) for i in range(4)]
+    first = [SurrogateRenderer(KEY).render(n, n.spans) for n in notes]
+    again = [SurrogateRenderer(KEY).render(n, n.spans) for n in reversed(notes)][::-1]
+    assert first == again
+    other = [SurrogateRenderer(OTHER_KEY).render(n, n.spans) for n in notes]
+    assert all(a != b for a, b in zip(first, other, strict=True))
+    for note, out in zip(notes, first, strict=True):
+        for s in note.spans:
+            if s.label not in ("AGE",):
+                assert note.span_text(s) not in out
+
+
+def test_exhausted_redraws_fall_back_to_a_marker() -> None:
+    # one-digit IDs have ten possible surrogates; forbid them all via the note's other spans
+    parts: list[tuple[str, str | None]] = []
+    for d in range(10):
+        parts += [(str(d), "IDNUM"), (" ", None)]
+    note = build_note("n", "p", parts)
+    out = SurrogateRenderer(KEY).render(note, note.spans)
+    assert out.split() == ["[**IDNUM**]"] * 10
