@@ -1,0 +1,204 @@
+"""Local git hub: publish -> search -> pull round trip, revisions, tampering, crash safety."""
+
+from __future__ import annotations
+
+import json
+import threading
+import zlib
+
+import pytest
+from hub_fixtures import card_meta, copy_model, write_card
+
+from dphub.errors import HubError, PullRefused
+from dphub.hub import ops
+from dphub.hub.common import check_relative_path, parse_repo_spec
+from dphub.hub.local import LocalHub
+from dphub.hub.registry import Registry, resolve_model
+
+pytest_plugins = ("hub_fixtures",)
+
+
+@pytest.fixture
+def model(model_template, hub_env):
+    return copy_model(model_template, hub_env["tmp"] / "model")
+
+
+def _files(d):
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*"))
+            if p.is_file()}
+
+
+def test_publish_search_pull_round_trip(model, hub_env):
+    sha, summary = ops.publish(model, "acme/deid", tag="v1")
+    rows = ops.search()
+    assert [(r.repo, r.revision) for r in rows] == [("acme/deid", sha)]
+    assert rows[0].summary.epsilon == pytest.approx(summary.epsilon)
+    assert rows[0].tags == ("v1",)
+    entry = ops.pull("acme/deid")
+    assert entry.revision == sha and entry.unit == "patient"
+    assert entry.epsilon == pytest.approx(summary.epsilon)
+    assert _files(entry.path) == _files(model), "card and weights byte-identical"
+    assert Registry().get("acme/deid").path == entry.path
+    assert resolve_model("acme/deid") == entry.path
+    assert resolve_model(f"acme/deid@{sha[:10]}") == entry.path
+    assert resolve_model(str(model)) == model
+
+
+def test_second_publish_is_a_new_revision_and_old_one_stays_pullable(model, hub_env):
+    old, s1 = ops.publish(model, "acme/deid", tag="v1")
+    write_card(model, card_meta(noise=1.5))
+    (model / "training_config.json").write_text(json.dumps({"lr": 1e-3}))
+    new, s2 = ops.publish(model, "acme/deid", message="retrain with more noise")
+    assert new != old and s2.epsilon < s1.epsilon
+    revs = ops.info("acme/deid")
+    assert [r.revision for r in revs] == [new, old]
+    assert revs[0].message == "retrain with more noise" and revs[1].tags == ("v1",)
+    assert ops.search()[0].revision == new
+    latest = ops.pull("acme/deid")
+    pinned = ops.pull(f"acme/deid@{old}")
+    tagged = ops.pull("acme/deid@v1")
+    assert latest.revision == new and pinned.revision == old == tagged.revision
+    assert json.loads((pinned.path / "training_config.json").read_text())["epochs"] == 3
+    assert Registry().get("acme/deid", old[:8]).path == pinned.path
+    assert Registry().get("acme/deid", "v1").revision == old
+
+
+def test_search_filters(model, hub_env):
+    ops.publish(model, "acme/patient-level")
+    write_card(model, card_meta(noise=1.5, unit="note"))
+    ops.publish(model, "acme/note-level")
+    eps = {r.repo: r.summary.epsilon for r in ops.search()}
+    assert set(eps) == {"acme/patient-level", "acme/note-level"}
+    cap = (eps["acme/note-level"] + eps["acme/patient-level"]) / 2
+    assert [r.repo for r in ops.search(max_epsilon=cap)] == ["acme/note-level"]
+    assert [r.repo for r in ops.search(unit="patient")] == ["acme/patient-level"]
+    assert len(ops.search(label="name", language="en")) == 2
+    assert ops.search(label="PROFESSION") == []
+    assert ops.search(language="de") == []
+
+
+def test_pull_policy_refusals_register_nothing(model, hub_env):
+    _, s = ops.publish(model, "acme/deid")
+    write_card(model, card_meta(unit="sequence"))
+    ops.publish(model, "acme/seq")
+    with pytest.raises(PullRefused, match="exceeds --max-epsilon"):
+        ops.pull("acme/deid", max_epsilon=s.epsilon / 2)
+    with pytest.raises(PullRefused, match="weaker than the required patient"):
+        ops.pull("acme/seq", require_unit="patient")
+    assert Registry().list() == []
+    assert ops.pull("acme/deid", require_unit="note").unit == "patient"  # patient covers note
+
+
+def _loose_object(hub: LocalHub, repo: str, oid: str):
+    return hub.repo_dir(repo) / "objects" / oid[:2] / oid[2:]
+
+
+def test_tampered_safetensors_in_hub_is_refused(model, hub_env):
+    sha, _ = ops.publish(model, "acme/deid")
+    hub = LocalHub(hub_env["hub"])
+    oid = next(e.oid for e in hub.tree("acme/deid", sha) if e.path == "model.safetensors")
+    obj = _loose_object(hub, "acme/deid", oid)
+    raw = bytearray(zlib.decompress(obj.read_bytes()))
+    raw[-10] ^= 0xFF  # flip one weight byte; the object keeps its name (= the expected hash)
+    obj.chmod(0o644)
+    obj.write_bytes(zlib.compress(bytes(raw)))
+    with pytest.raises(PullRefused, match="does not match its hash"):
+        ops.pull("acme/deid")
+    assert Registry().list() == []
+    staging = hub_env["home"] / "models" / ".staging"
+    assert not any(staging.iterdir()), "the staged download was removed"
+    assert not (hub_env["home"] / "models" / "acme").exists()
+
+
+def test_interrupted_publish_leaves_previous_commit(model, hub_env, monkeypatch):
+    old, _ = ops.publish(model, "acme/deid")
+    real_git = LocalHub._git
+
+    def crash_at_ref_update(self, repo_dir, *args, **kw):
+        if args[0] == "update-ref":
+            raise KeyboardInterrupt  # killed right before the branch moves
+        return real_git(self, repo_dir, *args, **kw)
+
+    monkeypatch.setattr(LocalHub, "_git", crash_at_ref_update)
+    (model / "training_config.json").write_text("{}")
+    with pytest.raises(KeyboardInterrupt):
+        ops.publish(model, "acme/deid", tag="v2")
+    monkeypatch.setattr(LocalHub, "_git", real_git)
+    hub = LocalHub(hub_env["hub"])
+    assert hub.resolve("acme/deid", None) == old
+    assert [r.revision for r in hub.revisions("acme/deid")] == [old]
+    with pytest.raises(HubError, match="not found"):
+        hub.resolve("acme/deid", "v2")
+
+
+def test_concurrent_publishers_are_serialized(model, hub_env, tmp_path):
+    second = copy_model(model, tmp_path / "model2")
+    (second / "training_config.json").write_text('{"lr": 0.01}')
+    errors: list[BaseException] = []
+
+    def run(d):
+        try:
+            ops.publish(d, "acme/deid")
+        except BaseException as e:  # noqa: BLE001 - surfaced by the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(d,)) for d in (model, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(ops.info("acme/deid")) == 2, "both commits are on the branch, none lost"
+
+
+def test_existing_tag_is_not_moved(model, hub_env):
+    ops.publish(model, "acme/deid", tag="v1")
+    with pytest.raises(HubError, match="tag v1 already exists"):
+        ops.publish(model, "acme/deid", tag="v1")
+    assert len(ops.info("acme/deid")) == 1
+
+
+@pytest.mark.parametrize("spec", ["../etc", "acme/../x", "acme/deid/x", "/abs/x", "acme/-rf",
+                                  "acme/deid@--upload-pack=x", "acme/deid@a..b"])
+def test_bad_repo_specs_are_refused(spec):
+    with pytest.raises(HubError):
+        parse_repo_spec(spec)
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../b", "a\\b", "", "a//b"])
+def test_unsafe_listing_names_are_refused(name):
+    with pytest.raises(HubError, match="unsafe file name"):
+        check_relative_path(name)
+
+
+def test_unknown_repo_and_revision(model, hub_env):
+    with pytest.raises(HubError, match="not found"):
+        ops.pull("acme/none")
+    ops.publish(model, "acme/deid")
+    with pytest.raises(HubError, match="revision deadbeef not found"):
+        ops.pull("acme/deid@deadbeef")
+
+
+def test_resolve_model_asks_to_pull_first(hub_env):
+    with pytest.raises(HubError, match="run `dphub pull acme/deid` first"):
+        resolve_model("acme/deid")
+
+
+def test_pulled_model_loads_in_plain_transformers(model, hub_env):
+    """Interoperability: no dphub code needed to load and run a pulled model."""
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
+
+    torch.set_num_threads(1)
+    ops.publish(model, "acme/deid")
+    path = ops.pull("acme/deid").path
+    tok = AutoTokenizer.from_pretrained(path)
+    clf = AutoModelForTokenClassification.from_pretrained(path, trust_remote_code=False)
+    assert clf.config.id2label[1] == "B-NAME"
+    nlp = pipeline("token-classification", model=clf, tokenizer=tok)
+    out = nlp("Mr Smith was seen on 12/03.")
+    assert isinstance(out, list) and all("entity" in o for o in out)
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        assert {"crf.transitions", "crf.start_transitions", "crf.end_transitions"} <= set(f.keys())
