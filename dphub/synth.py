@@ -775,16 +775,21 @@ _NURSING_SECTIONS: dict[str, tuple[str, ...]] = {
         "{lab}, repleted with {num} meq KCL. ", "{device} in place, CVP {num}. ",
         "HR {hr}-{hr} {rhythm}, {sign}. ", "BP {bp} on {med} {num} mcg/min. ",
         "pulses palp, extremities warm. ", "pacer DDD, serial # {DEVICE} checked by EP. ",
+        "NBP {bp}-{bp}, MAPs > 60. ", "{med} gtt off since {time}, BP stable. ",
+        "heparin gtt at {num} units/hr, PTT {lab}. ",
     ),
     "RESP": (
         "LS coarse bilat, sx for thick tan sputum. ", "on {num}L NC with sats {sat}%. ",
         "vent settings AC {num}/500/40%/5, RR {rr}. ", "LS clear upper, diminished bases. ",
         "{lab}. ", "weaned to CPAP {num}/5, tolerating well. ",
+        "RR {rr}, sats {sat}% on 40% face tent. ", "nebs given by RT, {med} q4h. ",
+        "CXR with ? LLL infiltrate. ",
     ),
     "GI": (
         "abd soft, +BS, tolerating {tf} at {num} cc/hr. ", "NPO except meds. ",
         "no BM this shift, {med} given. ", "OGT to LCWS, draining bilious fluid. ",
-        "guaiac positive stool x1, {lab}. ",
+        "guaiac positive stool x1, {lab}. ", "FS {num}, covered per SS insulin. ",
+        "abd distended, firm, hypoactive BS. ",
     ),
     "GU": (
         "{device} draining clear yellow urine, {num}-{num} cc/hr. ", "{lab}, {lab}. ",
@@ -855,7 +860,7 @@ def _nursing_note(w: _NoteWriter) -> None:
         for key in chosen:
             w.render(f"\n{key}: ")
             for t in rng.sample(_NURSING_SECTIONS[key], k=min(len(_NURSING_SECTIONS[key]),
-                                                             rng.randint(1, 3))):
+                                                             rng.randint(2, 4))):
                 w.render(t)
         for t in rng.sample(_NURSING_EXTRAS, k=rng.randint(0, 2)):
             w.render(t)
