@@ -381,7 +381,7 @@ def _full_year(text: str) -> int:
 def _fmt_month_name(month: int, original: str) -> str:
     o = original.rstrip(".")
     full = _MONTHS_FULL[month - 1]
-    if len(o) <= 3:
+    if len(o) <= 3 and o.casefold() != "may":  # "May" could be either: it reads as full
         name = full[:3]
     elif len(o) == 4 and o.casefold() == "sept":
         name = "Sept" if month == 9 else full[:3]
