@@ -1,7 +1,215 @@
-"""`dphub` commands of the train group (placeholder until implemented)."""
+"""`dphub init` and `dphub train`: thin wrappers around :mod:`dphub.train`.
+
+``dphub train`` with no arguments trains what ``dphub.toml`` describes; every flag overrides its
+key. Progress (step, loss, running ε, steps/s — never note text) is shown with rich only when
+stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
 
 import typer
 
+from dphub import config as project
+from dphub.errors import ConfigError
+
+#: (section, key) in dphub.toml for each TrainOptions field that the project file may set.
+CONFIG_KEYS: dict[str, tuple[str, str]] = {
+    "data": ("data", "path"),
+    "format": ("data", "format"),
+    "base_model": ("model", "base_model"),
+    "head": ("model", "head"),
+    "label_schema": ("model", "label_schema"),
+    "noise": ("privacy", "noise"),
+    "target_epsilon": ("privacy", "target_epsilon"),
+    "delta": ("privacy", "delta"),
+    "privacy_unit": ("privacy", "privacy_unit"),
+    "accountant": ("privacy", "accountant"),
+    "max_grad_norm": ("privacy", "max_grad_norm"),
+    "max_examples_per_unit": ("privacy", "max_examples_per_unit"),
+    "max_epsilon": ("privacy", "max_epsilon"),
+    "secure_rng": ("privacy", "secure_rng"),
+    "epochs": ("train", "epochs"),
+    "batch_size": ("train", "batch_size"),
+    "max_physical_batch": ("train", "max_physical_batch"),
+    "lr": ("train", "lr"),
+    "train_layers": ("train", "train_layers"),
+    "lora_rank": ("train", "lora_rank"),
+    "recall_weight": ("train", "recall_weight"),
+    "seed": ("train", "seed"),
+    "warm_start": ("train", "warm_start"),
+    "out": ("output", "dir"),
+}
+PATH_KEYS = ("data", "out")
+
+INIT_TEMPLATE = """\
+# dphub project file. `dphub train` with no arguments trains what this file describes;
+# every command-line flag overrides the matching key. Relative paths are relative to this file.
+
+[data]
+path = "data/train.jsonl"      # a file or directory of labelled notes
+# format = "jsonl"             # physionet | deidpl | i2b2 | brat | jsonl | conll (default: detect)
+
+[model]
+base_model = "default"         # embedded all-MiniLM-L6-v2, or a local model directory
+head = "crf"                   # crf | softmax
+label_schema = "hipaa"         # hipaa | i2b2-2014
+
+[privacy]
+# Give either noise or target_epsilon; with neither, target_epsilon = 8.
+target_epsilon = 8.0
+# noise = 1.0                  # noise multiplier sigma
+# delta = 1e-5                 # default min(1e-5, 1/(10 N)); must be <= 1/N units
+privacy_unit = "patient"       # patient | note | sequence (only patient protects patients)
+accountant = "prv"             # prv | rdp
+max_grad_norm = 1.0            # per-unit clipping bound C
+max_examples_per_unit = 32     # windows kept per unit (a seeded, data-independent choice)
+# max_epsilon = 8.0            # never take a step that would exceed this
+secure_rng = false             # cryptographic RNG for sampling and noise (needs torchcsprng)
+
+[train]
+epochs = 3.0
+batch_size = 32                # expected units per logical step (Poisson sampling)
+max_physical_batch = 8         # units per forward/backward pass (memory bound)
+lr = 1e-3
+train_layers = 2               # top encoder layers trained under DP (plus emissions and CRF)
+# lora_rank = 8                # LoRA adapters instead of full top layers
+recall_weight = 0.0            # delta_p: loss_i * (1 + delta_p * FNR_i)
+seed = 0
+warm_start = "synth"           # synth (public synthetic notes, costs no epsilon) | none
+
+[output]
+dir = "model"
+
+[hub]
+# url = "file:///path/to/hub"
+# repo = "org/name"
+"""
+
+
+def init(
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing dphub.toml."),
+) -> None:
+    """Write a commented dphub.toml in the current directory."""
+    from dphub.io import atomic_write_text
+
+    target = Path.cwd() / project.PROJECT_FILE
+    if target.exists() and not force:
+        raise ConfigError(f"{target}: exists (use --force to overwrite)")
+    atomic_write_text(target, INIT_TEMPLATE)
+    typer.echo(f"wrote {target}")
+
+
+def _merge(flags: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Flag value if given, else the project-file value (paths resolved against the file)."""
+    merged: dict[str, Any] = {}
+    for name, value in flags.items():
+        if value is not None:
+            merged[name] = value
+            continue
+        if name in CONFIG_KEYS:
+            section, key = CONFIG_KEYS[name]
+            v = project.get(cfg, section, key)
+            if v is not None:
+                merged[name] = project.project_path(cfg, str(v)) if name in PATH_KEYS else v
+    return merged
+
+
+def train(
+    data: Path | None = typer.Argument(None, help="Labelled notes (file or directory)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Model directory to write."),
+    format: str | None = typer.Option(None, "--format", help="Input format (default: detect)."),
+    base_model: str | None = typer.Option(None, "--base-model", help="Base encoder path or id."),
+    noise: float | None = typer.Option(None, "--noise", help="Noise multiplier σ."),
+    target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Target ε."),
+    delta: float | None = typer.Option(None, "--delta", help="δ (default min(1e-5, 1/(10N)))."),
+    epochs: float | None = typer.Option(None, "--epochs"),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Expected units per step."),
+    max_physical_batch: int | None = typer.Option(None, "--max-physical-batch"),
+    max_grad_norm: float | None = typer.Option(None, "--max-grad-norm"),
+    lr: float | None = typer.Option(None, "--lr"),
+    privacy_unit: str | None = typer.Option(None, "--privacy-unit", help="patient|note|sequence"),
+    max_examples_per_unit: int | None = typer.Option(None, "--max-examples-per-unit"),
+    accountant: str | None = typer.Option(None, "--accountant", help="prv|rdp"),
+    head: str | None = typer.Option(None, "--head", help="crf|softmax"),
+    train_layers: int | None = typer.Option(None, "--train-layers"),
+    lora_rank: int | None = typer.Option(None, "--lora-rank"),
+    recall_weight: float | None = typer.Option(None, "--recall-weight", help="δp."),
+    label_schema: str | None = typer.Option(None, "--label-schema"),
+    max_epsilon: float | None = typer.Option(None, "--max-epsilon"),
+    seed: int | None = typer.Option(None, "--seed"),
+    secure_rng: bool | None = typer.Option(None, "--secure-rng/--no-secure-rng"),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run."),
+    init_from: str | None = typer.Option(None, "--init-from", help="Pulled model or directory."),
+    warm_start: str | None = typer.Option(None, "--warm-start", help="synth|none"),
+    no_dp: bool = typer.Option(False, "--no-dp", help="Non-private baseline (not publishable)."),
+    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every"),
+    checkpoint_dir: Path | None = typer.Option(None, "--checkpoint-dir"),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+) -> None:
+    """Train a PHI tagger with DP-SGD and write a model directory with its card."""
+    from dphub import train as training
+
+    flags = {k: v for k, v in locals().items() if k != "training"}
+    cfg = project.load_project_config()
+    merged = _merge(flags, cfg)
+    merged["resume"], merged["no_dp"], merged["force"] = resume, no_dp, force
+    if merged.get("base_model") is not None:
+        bm = str(merged["base_model"])
+        p = project.project_path(cfg, bm)
+        if p is not None and p.is_dir():
+            merged["base_model"] = str(p)
+    for k in ("data", "out", "checkpoint_dir"):
+        if merged.get(k) is not None:
+            merged[k] = Path(merged[k])
+    opts = training.TrainOptions(**merged)
+    result = _run_with_progress(training, opts)
+    project.record_last_model(result.out_dir)
+    if result.epsilon is None:
+        typer.echo(f"wrote {result.out_dir} (NOT PRIVATE: --no-dp; {result.steps} steps)")
+    else:
+        extra = " (stopped by --max-epsilon)" if result.stopped_by_max_epsilon else ""
+        typer.echo(
+            f"wrote {result.out_dir}: ε = {result.epsilon:.3f}, δ = {result.delta:.2g}, "
+            f"unit = {opts.privacy_unit}, {result.steps} steps, σ = {result.noise_multiplier:.3f}"
+            f"{extra}"
+        )
+
+
+def _run_with_progress(training: Any, opts: Any) -> Any:
+    if not sys.stderr.isatty():
+        return training.train(opts)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("step {task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, transient=False) as bar:
+        tasks: dict[str, Any] = {}
+
+        def show(p: Any) -> None:
+            if p.phase not in tasks:
+                tasks[p.phase] = bar.add_task(p.phase, total=p.total_steps, info="")
+            info = []
+            if p.loss is not None:
+                info.append(f"loss {p.loss:.3f}")
+            if p.epsilon is not None:
+                info.append(f"ε {p.epsilon:.2f}")
+            if p.steps_per_second:
+                info.append(f"{p.steps_per_second:.2f} steps/s")
+            bar.update(tasks[p.phase], completed=p.step, info="  ".join(info))
+
+        return training.train(opts, on_progress=show)
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add ``init`` and ``train`` to the root app."""
+    app.command("init")(init)
+    app.command("train")(train)
