@@ -817,7 +817,7 @@ _NURSING_PLANS = (
     "Dr. {DR} aware. ", "per Dr. {DR} plan for cath in am. ", "f/u {lab} in am. ",
     "possible transfer back to {OHOSP} {DATE_SHORT}. ", "to go for MRI {DATE_SHORT}. ",
     "MD paged {PAGER} re low UO. ", "will continue to monitor, may need {med}. ",
-    "plan: wean vent as tol, cont {med}. ", "call Dr. {DR} at {PHONE} with any changes. ",
+    "wean vent as tol, cont {med}. ", "call Dr. {DR} at {PHONE} with any changes. ",
     "continue plan of care, supportive care to pt and family. ", "screen for {REHAB}. ",
     "D/C {device} {DATE_SHORT}. ", "{RN} RN to follow. ",
 )

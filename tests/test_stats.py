@@ -57,3 +57,11 @@ def test_word_pieces_with_real_fast_tokenizer(tiny_base_model) -> None:
     st = compute_stats(notes, tokenizer=tok, tokenizer_name="tiny", batch_size=3)
     assert st.word_pieces == expected > 20
     assert st.tokenizer == "tiny"
+
+
+def test_overlapping_annotations_are_counted_as_they_are() -> None:
+    text = "lives in North Andover Falls"
+    notes = [Note("n", text, "p", spans=[Span(9, 22, "CITY"), Span(15, 28, "CITY")],
+                  labelled=True)]
+    st = compute_stats(notes)
+    assert st.phi_phrases == 2 and st.phi_per_category == {"LOCATION": 2}
