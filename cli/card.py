@@ -83,7 +83,7 @@ def show(
 
 @card_app.command("validate")
 def validate(
-    target: Path = typer.Argument(..., help="Model directory or README.md."),
+    target: str = typer.Argument(..., help="Model directory, README.md, or org/name[@revision]."),
     require_private: bool = typer.Option(
         False, "--require-private", help="Refuse non-private cards, as the publish gate does."
     ),
@@ -94,7 +94,9 @@ def validate(
     """Check the card against the DP metadata schema and its own accounting fields."""
     from dphub.card import dp_summary, validate_card
 
-    card = validate_card(target, require_private=require_private, check_accounting=accounting)
+    card = validate_card(
+        _resolve(target), require_private=require_private, check_accounting=accounting
+    )
     s = dp_summary(card)
     if s["private"]:
         what = f"private, epsilon={_fmt(s['epsilon'])}, delta={_fmt(s['delta'])}, unit={s['unit']}"

@@ -729,13 +729,16 @@ def _metrics_from_results(results: Mapping[str, Any]) -> list[tuple[str, str, fl
 def add_evaluation(model_dir: Path, results: dict, dataset_name: str) -> None:
     """Record evaluation results in the card's ``model-index`` and rewrite it atomically.
 
-    ``dataset_name`` is reduced to its last path component (cards never carry paths) and must then
-    be a plain name. A previous result for the same dataset name is replaced.
+    ``dataset_name`` is reduced to its last path component (cards never carry paths) and other
+    characters than letters, digits, ``.``, ``_``, ``-`` become ``-``. A previous result for the
+    same dataset name is replaced; the DP and dataset blocks are kept as they are. Only headline
+    numbers are copied from ``results`` (never leak listings).
     """
     name = Path(str(dataset_name).replace("\\", "/")).name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:100]
     if not _SAFE_NAME.match(name):
         raise CardError(
-            "dataset name must be a short identifier (letters, digits, '.', '_', '-')"
+            "dataset name must contain letters or digits (allowed: letters, digits, '.', '_', '-')"
         )
     metrics = _metrics_from_results(results)
     if not metrics:

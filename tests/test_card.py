@@ -183,6 +183,17 @@ def test_tags_are_required_and_filled_by_build(meta: dict[str, Any]) -> None:
     assert filled[: len(C.REQUIRED_TAGS)] == list(C.REQUIRED_TAGS) and "ner" in filled
 
 
+def test_hand_written_card_with_scalar_language_validates(
+    tmp_path: Path, meta: dict[str, Any]
+) -> None:
+    path = C.write_card(tmp_path, meta)
+    _edit_card(path, r"^language:\n- en$", "language: en")
+    assert C.validate_card(tmp_path).meta["language"] == "en"
+    _edit_card(path, r"^language: en$", "language: English")
+    with pytest.raises(CardError, match="^language: "):
+        C.validate_card(tmp_path)
+
+
 def _edit_card(path: Path, pattern: str, repl: str) -> None:
     text = path.read_text(encoding="utf-8")
     new, n = re.subn(pattern, repl, text, count=1, flags=re.M)
@@ -348,12 +359,12 @@ def test_add_evaluation_records_numbers_only(tmp_path: Path, meta: dict[str, Any
         "entity_strict": {"micro": {"f1": 0.7}},
         "leaks": [{"note_id": "1-1", "start": 0, "end": 4, "text": PLANTED}],
     }
-    C.add_evaluation(tmp_path, results, "/home/owner/data/physionet-test.jsonl")
+    C.add_evaluation(tmp_path, results, "/home/owner/data/physionet test.jsonl")
     text = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert PLANTED not in text and "/home/owner" not in text
     card = C.validate_card(tmp_path)
     result = card.meta["model-index"][0]["results"][0]
-    assert result["dataset"]["name"] == "physionet-test.jsonl"
+    assert result["dataset"]["name"] == "physionet-test.jsonl"  # no path, no space
     assert result["task"]["type"] == "token-classification"
     values = {m["type"]: m["value"] for m in result["metrics"]}
     assert values == {"token_precision": 0.9123, "token_recall": 0.8, "token_f1": 0.85,
