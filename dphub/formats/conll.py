@@ -21,9 +21,13 @@ one; a span never crosses a sentence boundary.
 
 The text is rebuilt by joining tokens with single spaces and sentences with ``\\n``: whitespace is
 normalized, so a round trip is exact only for normalized text (single spaces, single newlines, no
-leading/trailing whitespace). The writer splits the text on whitespace keeping offsets, splits
-tokens further at span edges (so spans survive exactly), and starts a new sentence at each
-newline that no span crosses. Ids and patient ids must not contain whitespace.
+leading/trailing whitespace) whose spans start and end at whitespace token edges and contain no
+newline. The writer
+splits the text on whitespace keeping offsets, splits tokens further at span edges (so every span
+comes back with its text and label; ``MorganLee`` with two spans comes back as ``Morgan Lee``),
+and starts a new sentence at each newline that no span crosses (a newline inside a span becomes a
+space, since a span never crosses a sentence boundary). Ids and patient ids must not
+contain whitespace.
 """
 
 from __future__ import annotations
