@@ -119,7 +119,9 @@ def _build_tables() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     for typ, sub in PHYSIONET_TYPES.items():
         category[typ.upper()] = I2B2_SUBCATEGORIES[sub]
         fine[typ.upper()] = sub
-        canonical[typ.upper()] = typ
+        # a PhysioNet type spelled like a category/subcategory (Date, Age, Phone, Location)
+        # keeps the i2b2 spelling
+        canonical.setdefault(typ.upper(), typ)
     return category, fine, canonical
 
 
