@@ -1,0 +1,79 @@
+"""CLI of the hub: publish (explicit and from dphub.toml), search table, pull, hub info/list."""
+
+from __future__ import annotations
+
+import pytest
+from dphub.cli.main import main
+from hub_fixtures import copy_model
+
+from dphub import config
+
+pytest_plugins = ("hub_fixtures",)
+
+
+@pytest.fixture
+def model(model_template, hub_env):
+    return copy_model(model_template, hub_env["tmp"] / "model")
+
+
+def test_publish_search_pull_info_list(model, hub_env, capsys):
+    assert main(["publish", str(model), "--repo", "acme/deid", "--tag", "v1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("published acme/deid@") and "tagged v1" in out and "unit=patient" in out
+    sha = out.split("@")[1].split()[0]
+
+    assert main(["search", "--unit", "patient"]) == 0
+    table = capsys.readouterr().out
+    assert "acme/deid" in table and sha[:12] in table and "(v1)" in table
+    assert "23.6" in table and "DATE,NAME" in table and "131" in table
+
+    assert main(["search", "--max-epsilon", "1"]) == 0
+    assert capsys.readouterr().out.strip() == "no matching models"
+
+    assert main(["pull", "acme/deid@v1", "--require-unit", "patient"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"pulled acme/deid@{sha}")
+
+    assert main(["hub", "info", "acme/deid"]) == 0
+    assert sha[:12] in capsys.readouterr().out
+    assert main(["hub", "list"]) == 0
+    assert "acme/deid" in capsys.readouterr().out
+    assert main(["hub", "list", "--pulled"]) == 0
+    assert str(hub_env["hub"]) in capsys.readouterr().out
+
+
+def test_bare_publish_uses_project_config_and_last_model(model, hub_env, capsys):
+    other_hub = hub_env["tmp"] / "project-hub"
+    (hub_env["tmp"] / "dphub.toml").write_text(
+        '[hub]\nrepo = "acme/from-toml"\nurl = "project-hub"\n', encoding="utf-8")
+    config.record_last_model(model, hub_env["tmp"])
+    assert main(["publish"]) == 0, capsys.readouterr().err
+    assert "published acme/from-toml@" in capsys.readouterr().out
+    assert (other_hub / "models" / "acme" / "from-toml" / "HEAD").is_file()
+
+
+def test_pull_refusal_exits_2_with_one_line(model, hub_env, capsys):
+    assert main(["publish", str(model), "--repo", "acme/deid"]) == 0
+    capsys.readouterr()
+    assert main(["pull", "acme/deid", "--max-epsilon", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: refusing acme/deid@") and "exceeds --max-epsilon 0.5" in err
+    assert "nothing was registered" in err and err.count("\n") == 1
+
+
+def test_publish_refusal_exits_2(model, hub_env, capsys):
+    (model / "trainer_state.json").write_text("{}")
+    assert main(["publish", str(model), "--repo", "acme/deid"]) == 2
+    assert "trainer_state.json is optimizer/checkpoint state" in capsys.readouterr().err
+
+
+def test_publish_without_repo_is_a_config_error(model, hub_env, capsys):
+    assert main(["publish", str(model)]) == 2
+    assert "no --repo given" in capsys.readouterr().err
+
+
+def test_pull_unknown_repo_and_bad_spec(hub_env, capsys):
+    assert main(["pull", "acme/none"]) == 2
+    assert "repo acme/none not found" in capsys.readouterr().err
+    assert main(["pull", "../../etc"]) == 2
+    assert "invalid repo id" in capsys.readouterr().err
