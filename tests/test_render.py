@@ -270,6 +270,8 @@ def test_shift_date_text_formats(text: str, offset: int, expected: str) -> None:
 def test_shifted_dates_parse_back_to_the_offset(day: dt.date, offset: int, fmt: str) -> None:
     out = shift_date_text(day.strftime(fmt), offset)
     assert out is not None
+    if day.month == 5 and "%b" in fmt:  # "May" reads as a full name: "April 30" is expected
+        fmt = fmt.replace("%b", "%B")
     assert dt.datetime.strptime(out, fmt).date() - day == dt.timedelta(days=offset)
 
 
