@@ -17,8 +17,8 @@ slice (whitespace-insensitively: XML normalizes whitespace in attributes).
 Parsing uses the stdlib expat parser directly (what ``xml.etree`` runs on) so that errors name the
 line of the bad tag. DOCTYPE and entity declarations are refused before anything is expanded.
 XML parsers turn ``\\r\\n`` into ``\\n`` even inside CDATA, which would shift every offset of a
-CRLF note; carriage returns are therefore swapped for a private-use character before parsing and
-restored after, so the text is the file's characters exactly.
+CRLF note; carriage returns inside CDATA sections are therefore swapped for a private-use
+character before parsing and restored after, so the text is the file's characters exactly.
 
 Note ids are the file name without ``.xml`` (relative path in a directory). i2b2 2014 names files
 ``PPP-NN.xml`` (patient PPP, record NN): such ids get patient id ``PPP``; a ``.meta.json``
@@ -53,6 +53,7 @@ from dphub.labels import category_of
 from dphub.notes import Note, Span
 
 ROOT = "deIdi2b2"
+_CDATA = re.compile(r"<!\[CDATA\[.*?\]\]>", re.S)
 _PATIENT_FROM_NAME = re.compile(r"(\d+)-(\d+)")
 # Characters XML 1.0 cannot carry, even in CDATA.
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -76,7 +77,7 @@ def _patient_from_id(note_id: str) -> str | None:
 def parse_file(path: Path, note_id: str, *, overlaps: str = DEFAULT_OVERLAPS) -> Note:
     """Parse one i2b2 XML file into a note."""
     raw = read_text(path)
-    outside_cdata = re.sub(r"<!\[CDATA\[.*?\]\]>", "", raw, flags=re.S)
+    outside_cdata = _CDATA.sub("", raw)
     if "<!DOCTYPE" in outside_cdata or "<!ENTITY" in outside_cdata:
         raise FormatError(f"{path}: DOCTYPE/ENTITY declarations are not allowed in i2b2 files")
     cr = "\ue000"
@@ -113,7 +114,8 @@ def parse_file(path: Path, note_id: str, *, overlaps: str = DEFAULT_OVERLAPS) ->
     parser.EndElementHandler = end
     parser.CharacterDataHandler = chars
     try:
-        parser.Parse(raw.replace("\r", cr).encode("utf-8"), True)
+        protected = _CDATA.sub(lambda m: m[0].replace("\r", cr), raw)
+        parser.Parse(protected.encode("utf-8"), True)
     except expat.ExpatError as e:
         raise FormatError(
             f"{path}:{e.lineno}: not well-formed XML ({expat.ErrorString(e.code)})"
