@@ -69,6 +69,8 @@ def test_same_label_overlap_merges_by_default_and_fails_when_asked(tmp_path: Pat
     assert [(s.start, s.end) for s in note.spans] == [(5, 27)]
     with pytest.raises(FormatError, match=r"id-phi.phrase:2: span 13-27 .* overlaps"):
         list(formats.read(d, overlaps="error"))
+    (kept,) = formats.read(d, overlaps="keep")
+    assert [(s.start, s.end) for s in kept.spans] == [(5, 22), (13, 27)]
 
 
 def test_deidpl_headers_with_tab_or_spaces_and_text_path(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ line by line; directory formats one file at a time); span labels keep the source
 string verbatim and are validated; bad input raises :class:`~dphub.errors.FormatError`
 naming the file and line/record and the offsets, never note text. :func:`read` adds the checks
 every format shares: the path exists, note ids are unique, and the corpus is not empty.
-Overlapping gold spans with the same label are merged (``overlaps="merge"``, the default; see
+Overlapping gold spans with the same label are merged (``overlaps="merge"``, the default;
+``"error"`` refuses any overlap, ``"keep"`` keeps them for counting; see
 :data:`dphub.formats._base.OVERLAP_POLICIES`), with different labels they are an error.
 
 Writers write atomically (temp file or directory, renamed into place when complete): a failure

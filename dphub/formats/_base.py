@@ -31,8 +31,10 @@ log = logging.getLogger("dphub.formats")
 #: How readers treat overlapping gold spans. ``merge``: spans with the *same* label that overlap
 #: are merged into one (real corpora carry such quirks, e.g. one PhysioNet note annotates
 #: "X-Y" and "Y Z" as two Location phrases; merging keeps every PHI character covered); spans of
-#: different labels that overlap are an error. ``error``: any overlap is an error.
-OVERLAP_POLICIES = ("merge", "error")
+#: different labels that overlap are an error. ``error``: any overlap is an error. ``keep``: spans
+#: are kept as the source has them, overlaps included (for counting annotations; consumers that
+#: need disjoint spans must not use it).
+OVERLAP_POLICIES = ("merge", "error", "keep")
 DEFAULT_OVERLAPS = "merge"
 
 #: Suffix of the optional per-note sidecar of the one-file-per-note formats (brat, i2b2, text):
@@ -177,6 +179,8 @@ def finish_spans(
         except InputError as e:
             raise FormatError(str(e)) from None
     pairs.sort(key=lambda p: (p[0].start, p[0].end))
+    if overlaps == "keep":
+        return [span for span, _ in pairs]
     out: list[Span] = []
     out_where: list[str] = []
     for span, where in pairs:
