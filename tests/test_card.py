@@ -280,6 +280,8 @@ def test_statement_patient_unit() -> None:
     assert "NOT patient-level" not in s and "NOT PRIVATE" not in s
     assert "pretraining data of the base model" in s and "hyperparameter search" in s
     assert "at most 64 training sequences" in s
+    assert "(about 2,724)" in s and "weak formal guarantee" not in s
+    assert "weak formal guarantee" in privacy_statement({**dp, "epsilon": 40.0})
     plain = privacy_statement(dp, markdown=False)
     assert "*" not in plain and "protects each patient" in plain
 

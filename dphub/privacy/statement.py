@@ -20,6 +20,9 @@ NOT_COVERED: tuple[str, ...] = (
     "public tokenizer",
 )
 
+#: Above this ε the statement says the formal guarantee is weak (e^10 ≈ 22,000).
+WEAK_EPSILON = 10.0
+
 _UNIT_WORDS: dict[str, str] = {
     "patient": (
         "protects each *patient*: everything one patient contributed to the training data "
@@ -98,14 +101,22 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
     if unit in _WEAK_UNIT_WARNING:
         paras.append(f"**{_WEAK_UNIT_WARNING[unit]}**")
     if isinstance(eps, (int, float)) and math.isfinite(eps):
-        bound = math.exp(eps)
-        paras.append(
+        factor = (
+            f"(about {math.exp(eps):,.0f})" if eps <= WEAK_EPSILON
+            else f"(astronomically large at epsilon = {_fmt(eps)})"
+        )
+        meaning = (
             f"What it means: whether or not any one {unit}'s data was used, every output of "
             f"training (this model and anything computed from it) is almost equally likely: the "
             f"odds of telling the two cases apart grow by a factor of at most e^epsilon "
-            f"(about {bound:,.4g}), except with probability delta. Smaller epsilon is stronger "
-            f"protection; values above about 10 are weak."
+            f"{factor}, except with probability delta. Smaller epsilon is stronger protection."
         )
+        if eps > WEAK_EPSILON:
+            meaning += (
+                f" An epsilon above {WEAK_EPSILON:g} is a weak formal guarantee: treat this "
+                "model's protection as limited."
+            )
+        paras.append(meaning)
     paras.append(
         f"Accounting: {dp.get('accountant', '?')} accountant (Opacus) with Poisson sampling at "
         f"rate {_fmt(dp.get('sample_rate'))}, noise multiplier {_fmt(dp.get('noise_multiplier'))},"
