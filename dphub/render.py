@@ -29,11 +29,12 @@ Policies (documented choices where HIPAA Safe Harbor leaves room):
 * **Dates** are parsed in many forms (``7/22``, ``07/22/2094``, ``7-22-94``, ``2094-07-22``,
   ``Jan 3rd``, ``January 3, 2094``, ``3 Jan 2094``, ``Jan 2094``, ``January``, weekday names,
   years alone) and re-emitted in the same form (zero padding, separators, month-name spelling and
-  case, ordinal suffix, 2- or 4-digit years). Dates without a year are shifted within the leap
-  reference year 2000, so ``2/29`` stays valid. Month-level dates move by the offset in whole
+  case, ordinal suffix, 2- or 4-digit years), as are ranges of two dates (``10/15-10/16``).
+  Dates without a year are shifted within the leap reference year 2000, so ``2/29`` stays
+  valid; a day alone (``20th``) is shifted as a day of January 2000. Month-level dates move by the offset in whole
   months (at least one), **years alone move by one year in the direction of the offset**, so no
-  year alone is ever re-emitted unchanged and year-to-year intervals are kept; a full date's year
-  follows from day arithmetic. Weekdays move by ``offset mod 7`` (one day when that is 0).
+  year alone is ever re-emitted unchanged and year-to-year intervals are kept (decades, ``1980s``,
+  move by ten years the same way); a full date's year follows from day arithmetic. Weekdays move by ``offset mod 7`` (one day when that is 0).
   Date text that cannot be parsed has its digits replaced (format kept), or becomes ``[**DATE**]``
   when it has no digits.
 * **Ages** above 89 become ``90+`` (HIPAA aggregates them); ages of 89 and below are kept, being
@@ -329,7 +330,7 @@ _DATE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         "mdy",
         re.compile(r"(?P<m>\d{1,2})(?P<sep>[-/.])(?P<d>\d{1,2})(?:(?P=sep)(?P<y>\d{4}|\d{2}))?"),
     ),
-    ("my", re.compile(r"(?P<m>\d{1,2})(?P<sep>/)(?P<y>\d{4})")),
+    ("my", re.compile(r"(?P<m>\d{1,2})(?P<sep>/)(?P<y>\d{4}|\d{2})")),
     (
         "name_md",
         re.compile(
@@ -342,12 +343,15 @@ _DATE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         "name_dm",
         re.compile(
             r"(?P<d>\d{1,2})" + _ORD + r"(?P<sp>\s+(?:of\s+)?)" + _MONTH_RE
-            + r"(?:(?P<ysep>,?\s+)(?P<y>\d{4}))?",
+            + r"(?:(?P<ysep>,?\s+)(?P<y>\d{4}|\d{2}))?",
             re.I,
         ),
     ),
     ("year", re.compile(r"(?P<apos>')?(?P<y>\d{4}|\d{2})")),
+    ("decade", re.compile(r"(?P<apos>')?(?P<y>\d{3}|\d)0(?P<s>'?s)", re.I)),
+    ("day", re.compile(r"(?P<d>\d{1,2})(?P<ord>st|nd|rd|th)", re.I)),
 ]
+_RANGE_RE = re.compile(r"(?P<a>.+?)(?P<sep>\s*(?:-|–|to|through|thru)\s*)(?P<b>.+)", re.I)
 _REF_YEAR = 2000  # leap year: dates without a year are shifted inside it
 
 
@@ -416,6 +420,11 @@ def shift_date_text(text: str, offset: int) -> str | None:
         out = _shift_match(kind, m, offset)
         if out is not None:
             return out
+    m = _RANGE_RE.fullmatch(text)
+    if m is not None:  # "10/15-10/16", "Jan 3 to Jan 5": shift both ends
+        left, right = shift_date_text(m["a"], offset), shift_date_text(m["b"], offset)
+        if left is not None and right is not None:
+            return left + m["sep"] + right
     m = _WEEKDAY_RE.fullmatch(text)
     if m is not None:
         wd = [w.casefold()[:3] for w in _WEEKDAYS].index(m["wd"].casefold()[:3])
@@ -432,6 +441,15 @@ def _shift_match(kind: str, m: re.Match[str], offset: int) -> str | None:
     year_shift = 1 if offset > 0 else -1
     if kind == "year":
         return (g["apos"] or "") + _fmt_year(_full_year(g["y"]) + year_shift, g["y"])
+    if kind == "decade":
+        decade = int(g["y"]) * 10 + 10 * year_shift
+        width = len(g["y"]) + 1
+        return (g["apos"] or "") + f"{decade % 10**width:0{width}d}" + g["s"]
+    if kind == "day":
+        new = dt.date(_REF_YEAR, 1, 1) + dt.timedelta(days=int(g["d"]) - 1 + offset)
+        if not 1 <= int(g["d"]) <= 31:
+            return None
+        return _fmt_num(new.day, g["d"].startswith("0")) + _ordinal(new.day, g["ord"])
     if kind == "my":
         month, year = int(g["m"]), int(g["y"])
         if not 1 <= month <= 12:

@@ -255,9 +255,16 @@ def test_dates_keep_intervals_across_a_patients_notes_and_their_format() -> None
         ("'92", -5, "'91"),
         ("Monday", 2, "Wednesday"),
         ("31/12/2094", 1, "01/01/2095"),
+        ("8/88", 30, "9/88"),
+        ("28 Oct, 88", 10, "7 Nov, 88"),
+        ("10/15-10/16", 10, "10/25-10/26"),
+        ("Jan 3 to Jan 5", -3, "Dec 31 to Jan 2"),
+        ("20th", 12, "1st"),
+        ("1980s", -1, "1970s"),
+        ("not a date", 5, None),
     ],
 )
-def test_shift_date_text_formats(text: str, offset: int, expected: str) -> None:
+def test_shift_date_text_formats(text: str, offset: int, expected: str | None) -> None:
     assert shift_date_text(text, offset) == expected
 
 
