@@ -154,8 +154,14 @@ def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
 ) -> None:
     """Serve a local hub over the Hugging Face protocol with olah (offline mirror), until Ctrl-C."""
+    import signal
+
     from dphub.hub.serve import start_olah, stop_olah
 
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # so that `finally` stops olah instead of orphaning it
+
+    signal.signal(signal.SIGTERM, _terminate)
     with tempfile.TemporaryDirectory(prefix="dphub-olah-") as work:
         proc, url = start_olah(hub_dir, Path(work), port=port, host=host)
         typer.echo(f"serving {hub_dir} at {url} (use --hub {url}); Ctrl-C to stop")
