@@ -170,3 +170,16 @@ def test_missing_path_and_undetectable_file(tmp_path: Path) -> None:
     f.write_text("a,b\n")
     with pytest.raises(FormatError, match="cannot detect"):
         formats.detect_format(f)
+
+
+def test_keep_policy_still_refuses_conflicting_labels(tmp_path: Path) -> None:
+    f = tmp_path / "o.jsonl"
+    spans = [{"start": 0, "end": 6, "label": "CITY"}, {"start": 3, "end": 10, "label": "CITY"},
+             {"start": 8, "end": 12, "label": "DATE"}]  # overlaps only the second, kept span
+    f.write_text(json.dumps({"id": "a", "text": "abcdefghijklmn", "spans": spans}) + "\n")
+    with pytest.raises(FormatError, match=r"span 8-12 \(DATE\) overlaps span 0-6"):
+        list(formats.read(f, overlaps="keep"))
+    with pytest.raises(FormatError, match=r"span 8-12 \(DATE\) overlaps"):
+        list(formats.read(f))
+    with pytest.raises(ConfigError, match="overlaps must be one of"):
+        list(formats.read(f, overlaps="ignore"))

@@ -31,9 +31,9 @@ log = logging.getLogger("dphub.formats")
 #: How readers treat overlapping gold spans. ``merge``: spans with the *same* label that overlap
 #: are merged into one (real corpora carry such quirks, e.g. one PhysioNet note annotates
 #: "X-Y" and "Y Z" as two Location phrases; merging keeps every PHI character covered); spans of
-#: different labels that overlap are an error. ``error``: any overlap is an error. ``keep``: spans
-#: are kept as the source has them, overlaps included (for counting annotations; consumers that
-#: need disjoint spans must not use it).
+#: different labels that overlap are an error. ``error``: any overlap is an error. ``keep``: like
+#: ``merge``, but same-label overlaps are kept as the source has them (for counting annotations;
+#: consumers that need disjoint spans must not use it).
 OVERLAP_POLICIES = ("merge", "error", "keep")
 DEFAULT_OVERLAPS = "merge"
 
@@ -179,30 +179,32 @@ def finish_spans(
         except InputError as e:
             raise FormatError(str(e)) from None
     pairs.sort(key=lambda p: (p[0].start, p[0].end))
-    if overlaps == "keep":
-        return [span for span, _ in pairs]
-    out: list[Span] = []
-    out_where: list[str] = []
+    out: list[Span] = []  # disjoint spans (merged groups under "merge")
+    kept: list[Span] = []  # same-label overlaps kept under "keep"
+    group_end, group_where = -1, ""
     for span, where in pairs:
-        if out and span.start < out[-1].end:
+        if out and span.start < group_end:
             prev = out[-1]
-            same = category_of(prev.label) == category_of(span.label) and (
-                prev.label.upper() == span.label.upper()
-            )
-            if overlaps == "error" or not same:
+            if overlaps == "error" or prev.label.upper() != span.label.upper():
                 raise FormatError(
                     f"{where}: span {span.start}-{span.end} ({span.label}) overlaps span "
-                    f"{prev.start}-{prev.end} ({prev.label}) of {out_where[-1]}"
+                    f"{prev.start}-{prev.end} ({prev.label}) of {group_where}"
                 )
             log.info(
-                "%s: merged overlapping %s spans %d-%d and %d-%d",
-                record, span.label, prev.start, prev.end, span.start, span.end,
+                "%s: %s overlapping %s spans %d-%d and %d-%d",
+                record, "kept" if overlaps == "keep" else "merged",
+                span.label, prev.start, group_end, span.start, span.end,
             )
-            if span.end > prev.end:
+            if overlaps == "keep":
+                kept.append(span)
+            elif span.end > prev.end:
                 out[-1] = replace(prev, end=span.end)
+            group_end = max(group_end, span.end)
             continue
         out.append(span)
-        out_where.append(where)
+        group_end, group_where = span.end, where
+    if kept:
+        return sorted(out + kept, key=lambda s: (s.start, s.end))
     try:
         return check_spans(out, len(text), where=record)
     except InputError as e:  # pragma: no cover - finish_spans already enforces every rule
