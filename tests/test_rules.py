@@ -39,7 +39,9 @@ def found(rules: RuleMember, text: str) -> list[tuple[str, str]]:
         ("AGE >89", [(">89", "AGE")]),
         ("DR. SMITH NOTIFIED", [("SMITH", "DOCTOR")]),
         ("MR. KOWALCZYK VISITED", [("KOWALCZYK", "NAME")]),
-        ("WIFE MARY AND SON JOHN IN", [("MARY", "NAME"), ("JOHN", "NAME")]),
+        ("WIFE MARY AND SON JOHN IN", [("MARY", "RELATIVE"), ("JOHN", "RELATIVE")]),
+        ("spoke with son mark and dr. kowalczyk", [("mark", "RELATIVE"), ("kowalczyk", "DOCTOR")]),
+        ("JOHN ANDERSON VISITED", [("JOHN", "NAME"), ("ANDERSON", "NAME")]),
         ("DR. MARK GRANT CALLED", [("MARK", "DOCTOR"), ("GRANT", "DOCTOR")]),
         ("TRANSFER TO BETH ISRAEL DEACONESS MEDICAL CENTER",
          [("BETH ISRAEL DEACONESS MEDICAL CENTER", "HOSPITAL")]),
@@ -62,6 +64,9 @@ def test_positives(rules: RuleMember, text: str, expected: list[tuple[str, str]]
         "HEPARIN 1000 UNITS, 25000 UNITS IN 500",
         "TRANSFERRED TO HOSPITAL. GENERAL HOSPITAL COURSE",
         "the hospital and the clinic, mark the page",
+        "PS 10/5 PEEP 5, CPAP 5/5, STRENGTH 4/5, FIO2 12/5/40%",
+        "ABD SOFT, NT, ND. BP 90'S, HR >90, SATS MID 90S",
+        "NP SUCTIONED. MS. O SLEEPING. 800-1000 NAP",
     ],
 )
 def test_negatives(rules: RuleMember, text: str) -> None:
@@ -89,3 +94,10 @@ def test_allow_deny_and_times_options() -> None:
         RuleOptions.from_dict({"colour": 1})
     with pytest.raises(ConfigError):
         RuleOptions.from_dict({"deny": {"x": "NOT-A-LABEL"}})
+
+
+def test_min_age_keeps_only_hipaa_ages() -> None:
+    hipaa = RuleMember(options=RuleOptions.from_dict({"min_age": 90}))
+    assert found(hipaa, "58 YO MAN, 92 YO WOMAN, AGE >89") == [("92", "AGE"), (">89", "AGE")]
+    with pytest.raises(ConfigError):
+        RuleOptions.from_dict({"min_age": "ninety"})

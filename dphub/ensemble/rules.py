@@ -105,6 +105,8 @@ _YEAR = r"(?:\d{4}|'\d{2})"
 _RISKY_MONTHS = {"mar", "mar.", "dec", "dec."}
 #: common fractions written like m/d dates ("1/2 NS", "3/4 strength")
 _FRACTIONS = {(1, 2), (1, 3), (1, 4), (1, 8), (2, 3), (3, 4)}
+_VENT_CONTEXT = re.compile(r"\b(?:peep|ps|psv|cpap|bipap|ips|eps|imv|simv|ac|vent|strength)\b[\s:]*$|"
+                           r"\b(?:peep|ps|psv|cpap|bipap)\b", re.IGNORECASE)
 
 _I = re.IGNORECASE
 
@@ -152,9 +154,9 @@ _PATTERNS: tuple[_Pattern, ...] = (
     ),
     _Pattern("IDNUM", re.compile(r"(?<![\d.,/-])\d{7,}(?![\d.,/-])")),
     # --- dates
-    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}([/-])\d{1,2}\1(?:\d{4}|\d{2})(?![\d/-])"), check="mdy"),
+    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}([/-])\d{1,2}\1(?:1[89]\d\d|20\d\d|\d{2})(?![\d/-]|\s?%)"), check="mdy"),
     _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{4}([/-])\d{1,2}\1\d{1,2}(?![\d/-])"), check="ymd"),
-    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}/\d{1,2}(?![\d/]|\.\d)"), check="md"),
+    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}/\d{1,2}(?![\d/]|\.\d|\s?%)"), check="md"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
@@ -181,8 +183,8 @@ _PATTERNS: tuple[_Pattern, ...] = (
         1,
     ),
     _Pattern("AGE", re.compile(r"\bage[d:]?\s*(\d{1,3})(?!\d)", _I), 1),
-    _Pattern("AGE", re.compile(r">\s?(?:89|90)(?![\d.])")),
-    _Pattern("AGE", re.compile(r"\b(?:his|her|their|early|late|mid)[- ](\d0'?s)\b", _I), 1),
+    _Pattern("AGE", re.compile(r"(?<![\w>])>\s?89(?![\d.])")),
+    _Pattern("AGE", re.compile(r"\b(?:his|her|their)\s+(?:early\s+|late\s+|mid\s+)?(\d0'?s)\b", _I), 1),
 )
 
 _TIME_PATTERNS: tuple[_Pattern, ...] = (
@@ -198,18 +200,22 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
     if check == "ip":
         return all(int(p) <= 255 for p in s.split("."))
     if check == "phone":
-        # a number followed by a unit or preceded by a decimal point is a measurement
+        # preceded by a decimal point: a measurement; "800-1000": a time range
         before = text[max(0, m.start() - 1) : m.start()]
+        if re.fullmatch(r"\d{3,4}-\d{3,4}", s) and all(p.endswith("00") for p in s.split("-")):
+            return False
         return before != "."
     nums = [int(x) for x in re.findall(r"\d+", s)]
+    if check in ("mdy", "md") and _VENT_CONTEXT.search(text, max(0, m.start() - 12), m.start()):
+        return False  # ventilator settings: "PS 10/5", "CPAP 5/5"
     if check == "mdy":
         a, b = nums[0], nums[1]
-        return (1 <= a <= 12 and 1 <= b <= 31) or (1 <= b <= 12 and 1 <= a <= 31)
+        return 1 <= a <= 12 and 1 <= b <= 31
     if check == "ymd":
         return 1 <= nums[1] <= 12 and 1 <= nums[2] <= 31
     if check == "md":
         a, b = nums
-        if (a, b) in _FRACTIONS:
+        if (a, b) in _FRACTIONS or (b == 5 and a <= 5):  # fractions, motor strength "4/5"
             return False
         return 1 <= a <= 12 and 1 <= b <= 31
     if check == "month":
@@ -225,6 +231,13 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
 # ----------------------------------------------------------------------------- words
 _WORD = re.compile(r"[A-Za-z](?:[A-Za-z'’]*[A-Za-z])?")
 _STRONG_TITLES = {"dr", "doctor", "mr", "mrs", "ms", "miss", "mx", "prof", "professor"}
+#: roles after which a dictionary name (even an ambiguous or lower-case one) is a clinician's name
+_CLINICIAN_WORDS = {"np", "rn", "md", "pa", "nurse", "resident", "attending", "fellow", "intern",
+                    "per", "pcp", "dr", "doctor", "physician", "surgeon"}
+#: words after which a dictionary name (even an ambiguous or lower-case one) is a relative's name
+_RELATIVE_WORDS = {"son", "daughter", "dtr", "wife", "husband", "brother", "sister", "mother",
+                   "father", "mom", "dad", "niece", "nephew", "grandson", "granddaughter",
+                   "friend", "proxy", "hcp", "fiance", "partner", "aunt", "uncle", "cousin"}
 _HOSPITAL_CONNECTORS = {"and", "of", "the", "st", "saint", "&"}
 
 
@@ -260,19 +273,23 @@ class RuleOptions:
     allow:  words/phrases never flagged (case-insensitive), e.g. a ward named after a person
     deny:   words/phrases always flagged; a table maps each to a label, a list uses ``OTHER``
     times:  also flag clock times (not HIPAA identifiers; off by default)
+    min_age: ages below it are not flagged (0: every age, as i2b2-2014 annotates; 90: HIPAA Safe
+             Harbor, as the PhysioNet corpus annotates)
     """
 
     allow: frozenset[str] = frozenset()
     deny: Mapping[str, str] = field(default_factory=dict)
     times: bool = False
+    min_age: int = 0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> RuleOptions:
         d = dict(d or {})
-        unknown = set(d) - {"allow", "deny", "times"}
+        unknown = set(d) - {"allow", "deny", "times", "min_age"}
         if unknown:
             raise ConfigError(
-                f"unknown rule option(s) {', '.join(sorted(unknown))}; known: allow, deny, times"
+                f"unknown rule option(s) {', '.join(sorted(unknown))}; known: allow, deny, times, "
+                "min_age"
             )
         allow = d.get("allow", [])
         deny_raw = d.get("deny", {})
@@ -291,7 +308,14 @@ class RuleOptions:
             allow=frozenset(w.lower() for w in allow),
             deny=deny,
             times=bool(d.get("times", False)),
+            min_age=cls._int(d.get("min_age", 0), "min_age"),
         )
+
+    @staticmethod
+    def _int(v: Any, key: str) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"rule option {key!r} must be a non-negative integer")
+        return v
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -301,6 +325,8 @@ class RuleOptions:
             out["deny"] = dict(self.deny)
         if self.times:
             out["times"] = True
+        if self.min_age:
+            out["min_age"] = self.min_age
         return out
 
 
@@ -361,6 +387,10 @@ class RuleMember:
                 if not _valid(p.check, m, text):
                     continue
                 s, e = m.span(p.group)
+                if p.label == "AGE" and self.options.min_age:
+                    digits = re.findall(r"\d+", text[s:e])
+                    if digits and int(digits[0]) < self.options.min_age and ">" not in text[s:e]:
+                        continue
                 if e > s:
                     found.append(Span(s, e, p.label, score=PATTERN_SCORE, source=self.name))
         found.extend(self._dictionary_spans(text))
@@ -399,8 +429,8 @@ class RuleMember:
             while j < len(toks) and taken < 3 and _adjacent(text, toks[j - 1], toks[j]):
                 tj = toks[j]
                 initial = len(tj.word) == 1 and text[tj.end : tj.end + 1] == "."
-                if not capitalised(tj):
-                    break
+                if taken and not capitalised(tj):
+                    break  # the first word after a title may be lower case ("dr. smith")
                 if tj.low in d.common and tj.low not in d.names and not initial:
                     break
                 if taken and not initial and tj.low not in d.names:
@@ -408,6 +438,24 @@ class RuleMember:
                 is_name[j] = True
                 label[j] = "DOCTOR" if t.low in ("dr", "doctor") else "NAME"
                 taken += 1
+                j += 1
+            if taken and all(len(toks[x].word) == 1 for x in range(i + 1, j)):
+                for x in range(i + 1, j):  # a lone initial after a title is too weak
+                    is_name[x] = False
+        for i, t in enumerate(toks):
+            if t.low in _CLINICIAN_WORDS:
+                role = "DOCTOR"
+            elif t.low in _RELATIVE_WORDS:
+                role = "RELATIVE"
+            else:
+                continue
+            j = i + 1
+            while (j < len(toks) and j - i <= 2 and _adjacent(text, toks[j - 1], toks[j])
+                   and toks[j].low in d.names and len(toks[j].low) > 1
+                   and (role == "RELATIVE" or not is_common(toks[j]))):
+                # "MD HO" is a house officer; "SON MARK" is a son named Mark
+                is_name[j] = True
+                label[j] = role
                 j += 1
         changed = True
         while changed:  # an ambiguous name next to a found name is part of it ("MARK SMITH")
@@ -435,6 +483,8 @@ class RuleMember:
             first = m.group(1).split()[0].lower()
             if first in d.common or first in d.ambiguous:
                 continue
+            if not m.group(3) and m.group(1).lower() not in d.cities:
+                continue  # "ABD SOFT, NT, ND": a state abbreviation needs a ZIP or a known city
             span(m.start(1), m.end(1), "CITY")
             span(m.start(2), m.end(2), "STATE", PATTERN_SCORE)
             if m.group(3):
