@@ -222,15 +222,16 @@ class LocalHub:
                 meta = {}
         return CardSummary.from_meta(meta)
 
-    def revisions(self, repo_id: str) -> list[RepoRevision]:
-        """All commits of the branch, newest first, with tags and card summaries."""
+    def revisions(self, repo_id: str, max_count: int | None = None) -> list[RepoRevision]:
+        """Commits of the branch (all, or the newest ``max_count``), newest first."""
         d = self._require(repo_id)
         tags: dict[str, list[str]] = {}
         for line in self._git(d, "for-each-ref", "--format=%(objectname) %(refname:short)",
                               "refs/tags").decode().splitlines():
             oid, name = line.split(" ", 1)
             tags.setdefault(oid, []).append(name)
-        out = self._git(d, "log", "--format=%H%x00%cI%x00%s", f"refs/heads/{BRANCH}",
+        limit = [f"--max-count={max_count}"] if max_count else []
+        out = self._git(d, "log", "--format=%H%x00%cI%x00%s", *limit, f"refs/heads/{BRANCH}",
                         check=False).decode("utf-8", "replace")
         revs = []
         for line in out.splitlines():
@@ -254,7 +255,7 @@ class LocalHub:
         """Head revision of every repo in the hub."""
         rows = []
         for repo_id in self.repo_ids():
-            revs = self.revisions(repo_id)
+            revs = self.revisions(repo_id, max_count=1)
             if revs:
                 rows.append(revs[0])
         return rows
