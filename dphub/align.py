@@ -55,7 +55,8 @@ class NoteTokens:
     """The word pieces of one note.
 
     offsets: (n, 2) int64 char ``[start, end)`` of each piece in the note text, in text order,
-             no special tokens and no zero-width pieces
+             no special tokens and no zero-width pieces; consecutive pieces may share a
+             character when normalisation splits it (Hangul syllables decompose into jamo)
     ids:     (n,) int64 token ids
     """
 
