@@ -117,6 +117,9 @@ def write_brat(notes: Iterable[Note], path: Path, *, overwrite: bool = False) ->
     n = 0
     with atomic_directory(path, overwrite=True) as tmp:
         for note in notes:
+            if not note.text:
+                raise FormatError(f"note {note.id}: empty text cannot be written as brat "
+                                  "(an empty .txt is refused on reading)")
             rel = note_relpath(note.id, ".txt")
             atomic_write_text(tmp / rel, note.text)
             atomic_write_text((tmp / rel).with_suffix(".ann"), render_ann(note))
