@@ -30,6 +30,7 @@ Policies (documented choices where HIPAA Safe Harbor leaves room):
   ``Jan 3rd``, ``January 3, 2094``, ``3 Jan 2094``, ``Jan 2094``, ``January``, weekday names,
   years alone) and re-emitted in the same form (zero padding, separators, month-name spelling and
   case, ordinal suffix, 2- or 4-digit years), as are ranges of two dates (``10/15-10/16``).
+  A trailing time of day (``7/22/2094 10:30``) is kept.
   Dates without a year are shifted within the leap reference year 2000, so ``2/29`` stays
   valid; a day alone (``20th``) is shifted as a day of January 2000. Month-level dates move by the offset in whole
   months (at least one), **years alone move by one year in the direction of the offset**, so no
@@ -200,7 +201,7 @@ class SpansRenderer(Renderer):
                 "start": s.start,
                 "end": s.end,
                 "label": s.label,
-                "score": s.score,
+                "score": None if s.score is None else float(s.score),
                 "members": [m.strip() for m in (s.source or "").split(",") if m.strip()],
             }
             for s in prepare_spans(note, spans, merge=False)
@@ -352,6 +353,9 @@ _DATE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("day", re.compile(r"(?P<d>\d{1,2})(?P<ord>st|nd|rd|th)", re.I)),
 ]
 _RANGE_RE = re.compile(r"(?P<a>.+?)(?P<sep>\s*(?:-|–|to|through|thru)\s*)(?P<b>.+)", re.I)
+_TIME_RE = re.compile(
+    r"(?P<date>.+?)(?P<time>,?\s*(?:at\s+)?\d{1,2}:\d{2}(?::\d{2})?(?:\s*[ap]\.?m\.?)?)", re.I
+)
 _REF_YEAR = 2000  # leap year: dates without a year are shifted inside it
 
 
@@ -420,6 +424,10 @@ def shift_date_text(text: str, offset: int) -> str | None:
         out = _shift_match(kind, m, offset)
         if out is not None:
             return out
+    m = _TIME_RE.fullmatch(text)
+    if m is not None:  # "7/22/2094 10:30": the date moves, the time of day is kept
+        day = shift_date_text(m["date"], offset)
+        return None if day is None else day + m["time"]
     m = _RANGE_RE.fullmatch(text)
     if m is not None:  # "10/15-10/16", "Jan 3 to Jan 5": shift both ends
         left, right = shift_date_text(m["a"], offset), shift_date_text(m["b"], offset)
@@ -581,7 +589,12 @@ class SurrogateRenderer(Renderer):
     # -- per kind
     def _name(self, ctx: _Ctx, text: str) -> str:
         def word(m: re.Match[str]) -> str:
-            w = m.group(0)
+            w, possessive = m.group(0), ""
+            if len(w) > 3 and w[-2] in "'’" and w[-1] in "sS":  # Smith's -> <surrogate>'s
+                w, possessive = w[:-2], w[-2:]
+            return name_word(w) + possessive
+
+        def name_word(w: str) -> str:
             if w.casefold().rstrip(".") in _TITLES and len(_WORD_RE.findall(text)) > 1:
                 return w
             if len(w) == 1:

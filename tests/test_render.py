@@ -262,6 +262,8 @@ def test_dates_keep_intervals_across_a_patients_notes_and_their_format() -> None
         ("20th", 12, "1st"),
         ("1980s", -1, "1970s"),
         ("not a date", 5, None),
+        ("7/22/2094 10:30", 1, "7/23/2094 10:30"),
+        ("Jan 3rd at 5:45 pm", 2, "Jan 5th at 5:45 pm"),
     ],
 )
 def test_shift_date_text_formats(text: str, offset: int, expected: str | None) -> None:
@@ -338,3 +340,33 @@ def test_exhausted_redraws_fall_back_to_a_marker() -> None:
     note = build_note("n", "p", parts)
     out = SurrogateRenderer(KEY).render(note, note.spans)
     assert out.split() == ["[**IDNUM**]"] * 10
+
+
+def test_possessive_names_keep_the_suffix_and_the_mapping() -> None:
+    note = build_note("n", "p", [("Smith", "PATIENT"), (" ", None), ("Smith's", "PATIENT")])
+    plain, possessive = surrogates(note)
+    assert possessive == plain + "'s"
+
+
+def test_spans_scores_may_be_numpy_floats() -> None:
+    import numpy as np
+
+    note = Note("n", "Ann")
+    line = render(note, [Span(0, 3, "NAME", score=np.float32(0.5))], "spans")
+    assert json.loads(line)["spans"][0]["score"] == 0.5
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    value=st.text(alphabet="0123456789ABCXYZabcxyz-./ #()", min_size=1, max_size=16).filter(
+        lambda v: v.strip() == v and any(c.isalnum() for c in v)
+    ),
+    label=st.sampled_from(["PHONE", "FAX", "MEDICALRECORD", "SSN", "IDNUM", "ZIP", "ACCOUNT"]),
+    patient=st.sampled_from(["p1", "p2"]),
+)
+def test_format_preserving_surrogates_property(value: str, label: str, patient: str) -> None:
+    note = build_note("n", patient, [("ID ", None), (value, label), (".", None)])
+    (sur,) = surrogates(note)
+    assert shape(sur) == shape(value)
+    assert sur.casefold() != value.casefold()
+    assert surrogates(note) == [sur]  # deterministic
