@@ -519,7 +519,7 @@ _FACILITY_RE = re.compile(
     r"\b(?:hospital|hosp|medical|center|centre|clinic|health|memorial|infirmary|institute)\b",
     re.I,
 )
-_AGE_RE = re.compile(r"(?P<pre>\D*?)(?P<n>\d{1,3})(?P<post>.*)", re.S)
+_AGE_RE = re.compile(r"(?P<pre>\D*?)(?P<n>\d+)(?P<post>.*)", re.S)
 
 
 @dataclass(frozen=True)
@@ -542,7 +542,7 @@ class SurrogateRenderer(Renderer):
 
     def __init__(
         self,
-        key: bytes | None = None,
+        key: bytes | str | None = None,
         *,
         key_file: str | os.PathLike[str] | None = None,
         locale: str = "en_US",
@@ -551,6 +551,8 @@ class SurrogateRenderer(Renderer):
             raise ConfigError("surrogate mode needs a secret key: pass exactly one --key-file")
         if key_file is not None:
             key = load_key(key_file)
+        if isinstance(key, str):
+            key = key.encode("utf-8")
         assert key is not None
         if len(key) < MIN_KEY_BYTES:
             raise ConfigError(f"the surrogate key must have at least {MIN_KEY_BYTES} bytes")
