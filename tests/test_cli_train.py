@@ -1,0 +1,157 @@
+"""`dphub init` and `dphub train`: project file, flag overrides, errors, last-model state."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from dphub.cli.main import main
+
+from dphub import config as project
+from dphub import formats, synth
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    monkeypatch.setenv("DPHUB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    notes = synth.generate(12, kind="nursing", seed=11, patients=4)
+    path = tmp_path_factory.mktemp("corpus") / "notes.jsonl"
+    formats.write(notes, path, "jsonl")
+    return path
+
+
+def test_init_writes_a_commented_project_file_and_refuses_to_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["init"]) == 0
+    text = (tmp_path / "dphub.toml").read_text()
+    assert text.lstrip().startswith("#")
+    cfg = tomllib.loads(text)
+    for section in ("data", "model", "privacy", "train", "output"):
+        assert section in cfg
+    assert cfg["privacy"]["privacy_unit"] == "patient"
+    assert cfg["train"]["warm_start"] == "synth"
+
+    (tmp_path / "dphub.toml").write_text("# mine\n")
+    capsys.readouterr()
+    assert main(["init"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "--force" in err and "Traceback" not in err
+    assert (tmp_path / "dphub.toml").read_text() == "# mine\n"
+    assert main(["init", "--force"]) == 0
+    assert "[privacy]" in (tmp_path / "dphub.toml").read_text()
+
+
+def _project(tmp_path: Path, corpus: Path, base: Path) -> None:
+    """A dphub.toml describing a tiny run (relative paths, as a user would write them)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "notes.jsonl").write_bytes(corpus.read_bytes())
+    (tmp_path / "dphub.toml").write_text(f"""
+[data]
+path = "data/notes.jsonl"
+format = "jsonl"
+[model]
+base_model = "{base}"
+[privacy]
+noise = 1.0
+accountant = "rdp"
+[train]
+epochs = 1.0
+batch_size = 2
+max_physical_batch = 2
+warm_start = "none"
+[output]
+dir = "out/model"
+""")
+
+
+def test_train_without_arguments_uses_dphub_toml(
+    tmp_path: Path, corpus: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _project(tmp_path, corpus, tiny_base_model)
+    assert main(["train"]) == 0
+    out = tmp_path / "out" / "model"
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+    printed = capsys.readouterr().out
+    assert "ε =" in printed and "patient" in printed
+    assert project.last_trained_model(tmp_path) == out.resolve()
+    cfg = json.loads((out / "training_config.json").read_text())
+    assert cfg["steps"] == 2 and cfg["noise_multiplier"] == 1.0
+
+
+def test_flags_override_project_keys(
+    tmp_path: Path, corpus: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _project(tmp_path, corpus, tiny_base_model)
+    assert main(["train", "--epochs", "2", "--noise", "1.5", "--out", "elsewhere",
+                 "--privacy-unit", "note"]) == 0
+    out = tmp_path / "elsewhere"
+    cfg = json.loads((out / "training_config.json").read_text())
+    # 12 notes as units, batch 2 -> 6 steps per epoch
+    assert cfg["steps"] == 12 and cfg["noise_multiplier"] == 1.5 and cfg["num_units"] == 12
+    assert cfg["dphub_training"]["privacy_unit"] == "note"
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_dp_flag_says_not_private(
+    tmp_path: Path, corpus: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", str(corpus), "--out", "base", "--base-model", str(tiny_base_model),
+                 "--warm-start", "none", "--no-dp", "--epochs", "1", "--batch-size", "2"]) == 0
+    assert "NOT PRIVATE" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--noise", "1", "--target-epsilon", "3"], "either"),
+        (["--privacy-unit", "ward"], "privacy-unit"),
+        (["--delta", "0.5"], "1/N"),
+        (["--max-epsilon", "0.0001", "--noise", "0.3"], "max-epsilon"),
+    ],
+)
+def test_bad_input_is_one_error_line(
+    tmp_path: Path, corpus: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str],
+    args: list[str], needle: str,
+) -> None:
+    code = main(["train", str(corpus), "--out", "m", "--base-model", str(tiny_base_model),
+                 "--warm-start", "none", "--accountant", "rdp", *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error:") and needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m").exists()
+
+
+def test_missing_data_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "nope.jsonl", "--out", "m"]) == 2
+    assert "nope.jsonl" in capsys.readouterr().err
+    assert main(["train"]) == 2  # no data anywhere (no dphub.toml)
+    assert "DATA" in capsys.readouterr().err
+
+
+def test_errors_never_quote_note_text(
+    tmp_path: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = synth.generate(3, kind="nursing", seed=2)
+    for n in notes:
+        n.patient_id = None
+    path = tmp_path / "n.jsonl"
+    formats.write(notes, path, "jsonl")
+    assert main(["train", str(path), "--out", "m", "--base-model", str(tiny_base_model),
+                 "--warm-start", "none", "--noise", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "patient id" in err
+    for n in notes:
+        for s in n.spans:
+            if len(n.span_text(s)) >= 4:  # shorter strings could match by accident
+                assert n.span_text(s) not in err
