@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import FormatError, InputError
-from dphub.labels import category_of
+from dphub.labels import CATEGORIES, is_known
 from dphub.notes import Note, Span, check_spans
 
 log = logging.getLogger("dphub.formats")
@@ -137,11 +137,13 @@ def make_span(label: str, start: int, end: int, *, where: str, source: str | Non
     and PhysioNet's ``Date`` share one canonical spelling, and statistics should show the
     source's own vocabulary. Lookups in :mod:`dphub.labels` are case-insensitive anyway.
     """
-    try:
-        category_of(label, where=where)
-        return Span(start, end, label, source=source)
-    except InputError as e:
-        raise FormatError(str(e)) from None
+    if not is_known(label):
+        # The value is not echoed: a shifted column puts note text where the label should be.
+        raise FormatError(
+            f"{where}: unknown PHI label (known: the categories {', '.join(CATEGORIES)}, "
+            "i2b2-2014 subcategories and PhysioNet types; see dphub.labels)"
+        )
+    return Span(start, end, label, source=source)
 
 
 def parse_int(value: Any, *, what: str, where: str) -> int:

@@ -127,6 +127,7 @@ def parse_file(path: Path, note_id: str, *, overlaps: str = DEFAULT_OVERLAPS) ->
     for element, attrs0, lineno in doc.tags:
         attrs = {k: v.replace(cr, "\r") for k, v in attrs0.items()}
         where = f"{path}:{lineno}"
+        category = make_span(element, 0, 1, where=where).category
         for key in ("start", "end"):
             if key not in attrs:
                 raise FormatError(f"{where}: <{element}> tag has no {key!r} attribute")
@@ -134,7 +135,6 @@ def parse_file(path: Path, note_id: str, *, overlaps: str = DEFAULT_OVERLAPS) ->
         e = parse_int(attrs["end"], what="end", where=where)
         label = attrs.get("TYPE") or element
         span = make_span(label, s, e, where=where)
-        category = make_span(element, 0, 1, where=where).category
         if category_of(span.label) != category:
             raise FormatError(
                 f"{where}: TYPE {label!r} is not a subcategory of <{element}>"
