@@ -68,7 +68,7 @@ def parse_pair(txt: Path, ann: Path, note_id: str, *, overlaps: str = DEFAULT_OV
         ids.add(tid)
         label, _, offsets = middle.partition(" ")
         if ";" in offsets:
-            raise FormatError(f"{where}: discontinuous span ({offsets}) is not supported")
+            raise FormatError(f"{where}: discontinuous span (start end;start end) is not supported")
         m = _OFFSETS.fullmatch(offsets.strip())
         if not label or m is None:
             raise FormatError(f"{where}: expected 'LABEL start end' in the second field")
