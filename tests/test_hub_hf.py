@@ -56,6 +56,12 @@ def test_pull_through_olah_is_byte_identical(olah_hub, hub_env, tmp_path):
     assert ops.pull(f"acme/deid@{olah_hub.old}", hub=olah_hub.url).path == old.path
 
 
+def test_info_through_olah(olah_hub):
+    revs = ops.info("acme/deid", hub=olah_hub.url)
+    assert [r.revision for r in revs] == [olah_hub.new, olah_hub.old]
+    assert revs[1].tags == ("v1",) and revs[1].summary.epsilon > revs[0].summary.epsilon
+
+
 def test_pull_through_olah_refuses_tampered_weights(olah_hub, hub_env):
     hub = LocalHub(hub_env["hub"])
     oid = next(e.oid for e in hub.tree("acme/deid", olah_hub.new)

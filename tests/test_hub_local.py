@@ -202,3 +202,59 @@ def test_pulled_model_loads_in_plain_transformers(model, hub_env):
 
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         assert {"crf.transitions", "crf.start_transitions", "crf.end_transitions"} <= set(f.keys())
+
+
+def test_interrupted_pull_registers_nothing(model, hub_env, monkeypatch):
+    ops.publish(model, "acme/deid")
+    real_read = LocalHub.read_blob
+    calls = []
+
+    def die_after_two_files(self, repo_id, oid):
+        calls.append(oid)
+        if len(calls) > 2:
+            raise KeyboardInterrupt  # the user hits Ctrl-C mid-download
+        return real_read(self, repo_id, oid)
+
+    monkeypatch.setattr(LocalHub, "read_blob", die_after_two_files)
+    with pytest.raises(KeyboardInterrupt):
+        ops.pull("acme/deid")
+    assert Registry().list() == []
+    assert not any((hub_env["home"] / "models" / ".staging").iterdir())
+    assert not (hub_env["home"] / "models" / "acme").exists()
+
+
+def _raw_publish(hub_env, model, repo="evil/model"):
+    """Publish around the gate, as a hostile or buggy hub could serve."""
+    return LocalHub(hub_env["hub"]).publish(model, repo, "raw")
+
+
+def test_pull_refuses_pickles_that_bypassed_the_gate(model, hub_env):
+    (model / "pytorch_model.bin").write_bytes(b"\x80\x04N.")
+    _raw_publish(hub_env, model)
+    with pytest.raises(PullRefused, match="pytorch_model.bin is a pickle-based file"):
+        ops.pull("evil/model")
+    assert Registry().list() == []
+
+
+def test_pull_refuses_a_non_private_card(model, hub_env):
+    write_card(model, card_meta(private=False, epsilon=None))
+    _raw_publish(hub_env, model)
+    with pytest.raises(PullRefused, match="non-private"):
+        ops.pull("evil/model")
+
+
+def test_pull_refuses_symlinks_in_the_repo(model, hub_env):
+    sha = _raw_publish(hub_env, model)
+    hub = LocalHub(hub_env["hub"])
+    d = hub.repo_dir("evil/model")
+    link = hub._git(d, "hash-object", "-w", "--stdin", input=b"/etc/passwd").decode().strip()
+    idx = str(hub_env["tmp"] / "index")
+    env = {"GIT_INDEX_FILE": idx}
+    hub._git(d, "read-tree", sha, env=env)
+    hub._git(d, "update-index", "--add", "--cacheinfo", f"120000,{link},vocab2.txt", env=env)
+    tree = hub._git(d, "write-tree", env=env).decode().strip()
+    commit = hub._git(d, "commit-tree", tree, "-p", sha, input=b"link").decode().strip()
+    hub._git(d, "update-ref", "refs/heads/main", commit)
+    with pytest.raises(PullRefused, match="not a regular file"):
+        ops.pull("evil/model")
+    assert Registry().list() == []

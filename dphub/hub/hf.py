@@ -143,20 +143,31 @@ class HFHub:
         return CardSummary.from_meta(meta)
 
     def revisions(self, repo_id: str) -> list[RepoRevision]:
+        """Commits of ``main`` newest first (with tags and card summaries).
+
+        olah's mirror answers the commits API with a payload huggingface_hub cannot parse (its
+        authors lack ``user``); then the revisions the refs point at (branch heads, tags) are listed.
+        """
         check_repo_id(repo_id)
         try:
             refs = self.api.list_repo_refs(repo_id, repo_type="model")
             tags: dict[str, list[str]] = {}
             for t in refs.tags:
                 tags.setdefault(t.target_commit, []).append(t.name)
-            commits = self.api.list_repo_commits(repo_id, repo_type="model")
+            try:
+                commits = [(c.commit_id, str(c.created_at), c.title)
+                           for c in self.api.list_repo_commits(repo_id, repo_type="model")]
+            except (KeyError, TypeError, ValueError):
+                heads = [b.target_commit for b in refs.branches if b.name == "main"]
+                commits = [(sha, None, None) for sha in dict.fromkeys([*heads, *tags])]
             out = []
-            for c in commits:
-                info = self.api.model_info(repo_id, revision=c.commit_id)
-                out.append(RepoRevision(repo_id, c.commit_id, self._summary(info.card_data),
-                                        str(c.created_at), c.title,
-                                        tuple(tags.get(c.commit_id, ()))))
+            for sha, date, title in commits:
+                info = self.api.model_info(repo_id, revision=sha)
+                out.append(RepoRevision(repo_id, sha, self._summary(info.card_data), date, title,
+                                        tuple(tags.get(sha, ()))))
             return out
+        except HubError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise _hub_error(repo_id, e) from None
 
