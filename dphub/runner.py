@@ -280,6 +280,8 @@ def run_deid(
         raise ConfigError(f"{dst}: output directory is not empty (use --resume to continue a run)")
     dst.mkdir(parents=True, exist_ok=True)
     journal = Journal.open(dst / RUN_DIR / JOURNAL, resume=resume)
+    if resume:
+        _remove_stale_temps(dst)
     items = list(iter_input(src, fmt))
     keys = [it.key for it in items]
     if len(set(keys)) != len(keys):
@@ -339,6 +341,13 @@ def run_deid(
             report.errors.append((e or {}).get("error") or f"{it.key}: not processed")
     report.done = len(finished) - report.skipped
     return report
+
+
+def _remove_stale_temps(root: Path) -> None:
+    """Delete temp files a killed run left behind (``dphub.io`` names them ``.<name>.*.tmp``)."""
+    for p in root.rglob(".*.tmp"):
+        if p.is_file() and re.fullmatch(r"\..+\.[^.]+\.tmp", p.name):
+            p.unlink(missing_ok=True)
 
 
 def _deid_isolated(ensemble: Any, items: Sequence[WorkItem]) -> list[Any]:
