@@ -10,8 +10,11 @@ recomputation by more than the tolerance.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dphub.errors import PrivacyError
@@ -46,7 +49,11 @@ def epsilon_for(
         return math.inf
     acc = _opacus_accountant(accountant)
     acc.history = [(noise_multiplier, sample_rate, steps)]
-    return float(acc.get_epsilon(delta=delta))
+    import numpy as np
+
+    # q = 1 makes Opacus's PRV take log(0) on a branch np.where discards: harmless, silenced
+    with np.errstate(divide="ignore"):
+        return float(acc.get_epsilon(delta=delta))
 
 
 def epsilon_dp_accounting(
@@ -75,16 +82,65 @@ def epsilon_dp_accounting(
         acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
     else:
         raise PrivacyError(f"unknown dp-accounting method {method!r}")
-    acc.compose(event)
-    # dp-accounting logs a warning per fractional order it cannot evaluate; those orders are
-    # simply excluded from the minimum, which is the documented behaviour.
-    quiet = logging.getLogger()
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
+    # dp-accounting (through absl) logs a warning per fractional RDP order it cannot evaluate;
+    # those orders are simply excluded from the minimum, which is the documented behaviour. The
+    # warnings come from compose() as well as get_epsilon(), so both run with them silenced.
+    with _quiet_logger("absl"):
+        acc.compose(event)
         return float(acc.get_epsilon(delta))
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
     finally:
-        quiet.setLevel(level)
+        logger.setLevel(level)
+
+
+def noise_for_target_epsilon(
+    accountant: str,
+    target_epsilon: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    tolerance: float = 0.01,
+) -> float:
+    """The smallest σ (within ``tolerance`` in ε) whose ε after ``steps`` is ≤ the target.
+
+    A thin wrapper over ``opacus.accountants.utils.get_noise_multiplier`` (binary search from
+    below: the returned σ never overshoots the budget) that turns its ValueError into a
+    :class:`PrivacyError`.
+    """
+    from opacus.accountants.utils import get_noise_multiplier
+
+    _check(sample_rate, 1.0, steps, delta)
+    if accountant not in ACCOUNTANTS:
+        raise PrivacyError(
+            f"unknown accountant {accountant!r}; choose one of {', '.join(ACCOUNTANTS)}"
+        )
+    if target_epsilon <= 0 or steps < 1:
+        raise PrivacyError(
+            f"target ε must be > 0 with at least one step (got ε={target_epsilon}, {steps} steps)"
+        )
+    try:
+        with warnings.catch_warnings():
+            # the search visits large σ whose optimal RDP order is the largest one; harmless
+            warnings.simplefilter("ignore", UserWarning)
+            sigma = get_noise_multiplier(
+                target_epsilon=target_epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=accountant,
+                epsilon_tolerance=tolerance,
+            )
+    except ValueError as e:
+        raise PrivacyError(f"cannot reach ε = {target_epsilon} with δ = {delta:g}: {e}") from None
+    return float(sigma)
 
 
 @dataclass(frozen=True)
