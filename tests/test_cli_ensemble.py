@@ -297,3 +297,30 @@ def test_calibration_search_hand_checked() -> None:
     # best: a at 0.2 (tokens 0 and 2, no false positive), b above 0.6 (nothing)
     assert res.precision == 1.0
     assert res.thresholds["a"] <= 0.2 and res.thresholds["b"] > 0.6
+
+
+def test_registry_member_is_pinned_to_the_pulled_revision(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dphub.hub.registry import Entry, Registry
+
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "home"))
+    sha = "a" * 40
+    Registry().add(Entry(name="org/ward", hub="local", revision=sha, epsilon=3.5, delta=1e-5,
+                         unit="patient", path=models["minilm"], requested="v1"))
+    m = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", "org/ward@v1", "--ensemble", str(m)]) == 0
+    entry = tomllib.loads(m.read_text())["members"][0]
+    assert entry["kind"] == "registry" and entry["revision"] == sha
+    assert entry["epsilon"] == 3.5 and entry["unit"] == "patient"
+    capsys.readouterr()
+    assert main(["ensemble", "list", "--ensemble", str(m)]) == 0
+    listing = capsys.readouterr().out
+    assert "org/ward" in listing and "3.5" in listing and "patient" in listing
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text("DR. SMITH ON 10/12/2003", encoding="utf-8")
+    assert main(["ensemble", "deid", str(src), "--out", str(tmp_path / "o"), "--ensemble",
+                 str(m)]) == 0
+    assert main(["ensemble", "add", "org/missing", "--ensemble", str(m)]) == 2

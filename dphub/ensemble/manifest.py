@@ -159,11 +159,12 @@ def weights_digest(model_dir: Path) -> str:
 def card_privacy(model_dir: Path) -> dict[str, Any]:
     """ε, δ and privacy unit from a model directory's card ({} when it has none)."""
     try:
-        from dphub.card import dp_summary, load_card  # type: ignore[attr-defined]
+        from dphub.card import dp_summary, load_card
 
         summary = dp_summary(load_card(Path(model_dir)))
         if isinstance(summary, dict):
-            return {k: summary.get(k) for k in ("epsilon", "delta", "privacy_unit")}
+            return {"epsilon": summary.get("epsilon"), "delta": summary.get("delta"),
+                    "privacy_unit": summary.get("unit")}
     except (ImportError, DphubError, TypeError, AttributeError, KeyError):
         pass
     readme = Path(model_dir) / "README.md"
@@ -206,12 +207,11 @@ def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | No
     if not re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w.-]+)?", spec):
         raise ConfigError(f"{spec!r} is neither a model directory, a hub repo (org/name[@rev]) "
                           "nor rules:default")
-    repo, _, rev = spec.partition("@")
-    try:
-        from dphub.hub.registry import Registry  # type: ignore[import-not-found]
-    except ImportError:
-        raise ConfigError("hub registry support is not available in this installation") from None
-    entry = Registry().get(repo, rev or None)
+    from dphub.hub.common import parse_repo_spec
+    from dphub.hub.registry import Registry
+
+    repo, rev = parse_repo_spec(spec)
+    entry = Registry().get(repo, rev)
     return MemberEntry(
         name=name or repo,
         kind="registry",
@@ -237,8 +237,10 @@ def model_dir_of(entry: MemberEntry) -> Path:
             )
         return p
     if entry.kind == "registry":
-        from dphub.hub.registry import Registry  # type: ignore[import-not-found]
+        from dphub.hub.registry import Registry
 
+        if not entry.repo:
+            raise ConfigError(f"member {entry.name!r}: registry member without a repo")
         got = Registry().get(entry.repo, entry.revision)
         return Path(got.path)
     raise ConfigError(f"member {entry.name!r} is not a model member")
