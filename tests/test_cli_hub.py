@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from dphub.cli.main import main
 from hub_fixtures import copy_model
 
 from dphub import config
+from dphub.cli.main import main
 
 pytest_plugins = ("hub_fixtures",)
 

@@ -9,9 +9,9 @@ import pickle
 
 import numpy as np
 import pytest
-from dphub.cli.main import main
 from hub_fixtures import card_meta, copy_model, write_card
 
+from dphub.cli.main import main
 from dphub.errors import PublishRefused
 from dphub.hub.gate import check_publishable
 
