@@ -81,6 +81,9 @@ def _load_encoder(loadable: str | Path) -> nn.Module:
     which Opacus reports as a missing per-sample gradient)."""
     from transformers import AutoModel
 
+    if isinstance(loadable, str) and loadable.startswith(("/", "./", "../", "~", "\\")):
+        # clearly meant as a directory: say so instead of trying it as a hub id (slow retries)
+        raise ModelError(f"base model directory {loadable} does not exist")
     try:
         with _quiet_transformers():
             try:

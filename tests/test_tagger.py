@@ -66,6 +66,8 @@ def test_from_base_is_in_train_mode_with_schema_tags(tiny_base_model):
     assert not any("pooler" in n for n, _ in model.named_parameters())
     with pytest.raises(ConfigError):
         TaggerModel.from_base(tiny_base_model, head="lstm")
+    with pytest.raises(ModelError, match="does not exist"):
+        TaggerModel.from_base(str(tiny_base_model) + "-missing")
 
 
 def test_crf_loss_is_pytorch_crf_nll_over_labelled_positions(crf_model):
