@@ -601,13 +601,13 @@ def _source_repo_revision(spec: str, src: Path, is_dir: bool) -> tuple[str, str]
     directory name and ``local`` for a directory (never its path)."""
     if is_dir:
         return src.name, "local"
-    repo, _, rev = spec.partition("@")
-    if not rev:
-        with contextlib.suppress(Exception):
-            from dphub.hub.registry import Registry
+    repo, _, requested = spec.partition("@")
+    rev = ""
+    with contextlib.suppress(Exception):
+        from dphub.hub.registry import Registry
 
-            rev = str(Registry().get(repo).revision or "")
-    return repo, rev or "unknown"
+        rev = str(Registry().get(repo, requested or None).revision or "")
+    return repo, rev or requested or "unknown"
 
 
 def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> TrainResult:

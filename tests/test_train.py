@@ -249,7 +249,7 @@ def test_warm_start_is_cached_and_recorded(
     from dphub import warmstart
     from dphub.card import load_card
 
-    small = warmstart.WarmStartConfig(notes_per_kind=3, epochs=1.0, batch_size=4, max_length=64,
+    small = warmstart.WarmStartConfig(notes=(("nursing", 3), ("discharge", 3)), epochs=1.0, batch_size=4, max_length=64,
                                       stride=16)
     monkeypatch.setattr(warmstart, "WarmStartConfig", lambda **kw: small)
     calls = []
