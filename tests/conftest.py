@@ -51,3 +51,18 @@ def tiny_base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Session-scoped and read-only by convention: tests that need to modify it should copy it.
     """
     return make_tiny_base_model(tmp_path_factory.mktemp("tiny-base") / "tiny-bert")
+
+
+@pytest.fixture(scope="session")
+def tiny_tagger_dir(tiny_base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained CRF tagger (hipaa schema) on ``tiny_base_model``, saved as a model directory
+    (``model.safetensors``, ``config.json``, tokenizer files; no card). Session-scoped, read-only
+    by convention: copy it before adding files."""
+    import torch
+
+    from dphub.tagger import TaggerModel
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-tagger") / "tiny-tagger"
+    TaggerModel.from_base(tiny_base_model, schema="hipaa", head="crf").save(out)
+    return out
