@@ -297,3 +297,36 @@ def test_init_from_a_non_private_model_is_refused(
     T.train(_opts(corpus, tiny_base_model, base, no_dp=True, noise=None, epochs=1.0))
     with pytest.raises(PrivacyError, match="not private"):
         T.train(_opts(corpus, tiny_base_model, tmp_path / "m", init_from=str(base)))
+
+
+def test_head_only_training_uses_exact_cached_encoder_outputs(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from dphub.tagger import TaggerModel
+
+    model = TaggerModel.from_base(tiny_base_model)
+    ids = [[101, 2000, 3000, 102], [101, 2500, 102], [101, 2000, 3000, 102]]
+    cache = T.FrozenEncoderCache(model.encoder, ids, pad_id=0)
+    assert len(cache.table) == 2  # identical windows share one entry
+    batch = T.batch_from_examples([T.Example("u", 0, w, [-100] * len(w)) for w in ids], 0)
+    model.encoder.eval()
+    with torch.no_grad():
+        ref = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            token_type_ids=batch["token_type_ids"],
+                            position_ids=batch["position_ids"]).last_hidden_state
+    got = cache(batch["input_ids"], batch["attention_mask"])[0]
+    for r, w in enumerate(ids):  # float16 storage: close, not bit-equal
+        assert torch.allclose(got[r, : len(w)], ref[r, : len(w)], atol=1e-2)
+        assert torch.count_nonzero(got[r, len(w):]) == 0
+
+    out = tmp_path / "head"
+    T.train(_opts(corpus, tiny_base_model, out, train_layers=0, epochs=1.0))
+    trained = load_file(out / "model.safetensors")
+    torch.manual_seed(0)  # train() seeds before building the model: same initial weights
+    fresh = TaggerModel.from_base(tiny_base_model).export_state_dict()
+    enc_keys = [k for k in fresh if k.startswith("bert.")]
+    assert enc_keys and all(torch.equal(trained[k], fresh[k]) for k in enc_keys)
+    assert not torch.equal(trained["crf.transitions"], fresh["crf.transitions"])
+    assert not torch.equal(trained["classifier.weight"], fresh["classifier.weight"])
