@@ -156,7 +156,11 @@ def train_public(
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     examples = encode_notes(notes, tokenizer, model.tags, schema, max_length=cfg.max_length,
                             stride=cfg.stride, unit="sequence")
-    model.set_trainable(train_layers=cfg.train_layers)
+    n_layers = int(getattr(model.encoder.config, "num_hidden_layers", 0) or 0)
+    layers = cfg.train_layers
+    if layers is not None and n_layers:
+        layers = min(layers, n_layers)  # small bases (tests) have fewer layers
+    model.set_trainable(train_layers=layers)
     model.train()
     head_names = ("classifier", "crf")
     groups = [
