@@ -95,7 +95,7 @@ def _load_encoder(loadable: str | Path) -> nn.Module:
                 enc = AutoModel.from_pretrained(
                     loadable, trust_remote_code=False, use_safetensors=True
                 )
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise ModelError(f"cannot load base model {loadable}: {type(e).__name__}") from None
     if getattr(enc, "pooler", None) is not None:
         enc.pooler = None
@@ -223,6 +223,12 @@ class TaggerModel(nn.Module):
         defaults are ``[1, L]`` buffers, which break per-sample gradients of the embeddings.
         """
         batch, length = input_ids.shape
+        if batch == 0:
+            # an empty Poisson batch: BERT cannot reshape zero rows; the shapes still make sense
+            hidden = self.classifier.in_features
+            zeros = torch.zeros((0, length, hidden), dtype=self.classifier.weight.dtype,
+                                device=self.classifier.weight.device)
+            return self.classifier(zeros)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if position_ids is None:

@@ -99,6 +99,14 @@ def test_window_without_labels_has_zero_loss(crf_model):
     assert float(loss[1]) == 0.0 and float(loss[0]) > 0 and float(only_empty[0]) == 0.0
 
 
+def test_empty_batch_gives_empty_outputs(crf_model):
+    empty = {k: torch.zeros((0, 6), dtype=torch.long) for k in ENCODER_KEYS}
+    with torch.no_grad():
+        assert crf_model.per_sample_loss(empty, torch.zeros((0, 6), dtype=torch.long)).shape == (0,)
+        assert crf_model.marginals(empty).shape == (0, 6, len(crf_model.tags))
+    assert crf_model.decode(empty) == []
+
+
 def test_softmax_loss_is_summed_token_cross_entropy(tiny_base_model):
     model = TaggerModel.from_base(tiny_base_model, head="softmax").eval()
     batch, tags = _batch()
