@@ -102,27 +102,26 @@ def show_cmd(name: str | None = typer.Argument(None, help="One member (default: 
 
 # ---------------------------------------------------------------------------- runs
 def _progress_callback(enabled: bool) -> tuple[Any, Any]:
-    """A rich progress bar with notes/s on stderr, only on a terminal."""
+    """A rich progress bar with notes/s on stderr, only on a terminal (never note text)."""
     if not enabled or not sys.stderr.isatty():
         return None, None
+    import time
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    class _Rate(TextColumn):
-        def __init__(self) -> None:
-            super().__init__("")
-
-        def render(self, task: Any) -> Any:
-            from rich.text import Text
-
-            speed = task.speed or 0.0
-            return Text(f"{speed:.1f} notes/s")
-
-    progress = Progress(TextColumn("de-identifying"), BarColumn(), MofNCompleteColumn(), _Rate(),
-                        TimeElapsedColumn(), console=Console(stderr=True), transient=False)
-    task = progress.add_task("deid", total=None)
+    progress = Progress(TextColumn("de-identifying"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                        console=Console(stderr=True))
+    task = progress.add_task("deid", total=None, rate="")
+    start: dict[str, float] = {}
 
     def update(done: int, total: int) -> None:
-        progress.update(task, completed=done, total=total)
+        now = time.perf_counter()
+        if not start:
+            start.update(t=now, done=done)
+        elapsed = now - start["t"]
+        rate = f"{(done - start['done']) / elapsed:.1f} notes/s" if elapsed > 0 else ""
+        progress.update(task, completed=done, total=total, rate=rate)
 
     return progress, update
 

@@ -58,6 +58,17 @@ class ModelMember:
 
         return cls(Tagger.load(path), name or Path(path).name, **meta)
 
+    def quantize_int8(self) -> None:
+        """Dynamic int8 quantization of the encoder's Linear layers (CPU inference speed-up).
+
+        A lever for throughput; check recall on labelled notes before relying on it.
+        """
+        import torch
+        from torch.ao.quantization import quantize_dynamic
+
+        self.tagger.model = quantize_dynamic(self.tagger.model, {torch.nn.Linear},
+                                             dtype=torch.qint8)
+
     @property
     def tokenizer_id(self) -> str | None:
         return getattr(self.tagger, "tokenizer_id", None)
