@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The dphub loop end to end, with the CLI only, on synthetic nursing notes:
+#
+#   data synth -> data split (by patient) -> train two sites with DP -> publish to a local hub
+#   -> search -> pull -> ensemble add (+ rules:default) -> ensemble deid (Scenario A)
+#   -> train the owner's own DP model -> ensemble deid --owner-model (Scenario B)
+#   -> ensemble evaluate (members and ensemble side by side)
+#
+# Usage: bash examples/demo.sh [OUT_DIR]        (default ./demo-out; needs `dphub` on PATH)
+#
+# Everything, including the hub, the registry of pulled models and the ensemble manifest, lives
+# under OUT_DIR (DPHUB_HOME and DPHUB_HUB point inside it), so the demo never touches the user's
+# own hub or registry. The only thing shared with other runs is the warm-start cache
+# (public synthetic-note pre-training, no patient data; $DPHUB_CACHE_DIR or the user cache),
+# which makes a second run much faster.
+#
+# Sizes come from environment variables, so CI can run it tiny:
+#   DEMO_NOTES        synthetic notes in total                      (default 200)
+#   DEMO_PATIENTS     patients they belong to                       (default DEMO_NOTES / 4)
+#   DEMO_EPOCHS       DP epochs per training                        (default 2)
+#   DEMO_BATCH        expected patients per DP step                 (default 4)
+#   DEMO_EPSILON      target patient-level epsilon per model        (default 8)
+#   DEMO_BASE_MODEL   base encoder: "default" (embedded all-MiniLM-L6-v2) or a model directory
+#                     (a directory's name must also resolve offline, e.g. in the Hugging Face
+#                     cache, because publishing checks the tokenizer against the public base)
+#   DEMO_WARM_START   synth | none (public warm start on synthetic notes)   (default synth)
+#   DEMO_SEED         seed of the notes, the split and the trainings        (default 0)
+set -euo pipefail
+
+OUT=${1:-./demo-out}
+NOTES=${DEMO_NOTES:-200}
+PATIENTS=${DEMO_PATIENTS:-$(( NOTES / 4 > 4 ? NOTES / 4 : 4 ))}
+EPOCHS=${DEMO_EPOCHS:-2}
+BATCH=${DEMO_BATCH:-4}
+EPSILON=${DEMO_EPSILON:-8}
+BASE_MODEL=${DEMO_BASE_MODEL:-default}
+WARM_START=${DEMO_WARM_START:-synth}
+SEED=${DEMO_SEED:-0}
+
+command -v dphub >/dev/null || { echo "demo: dphub is not on PATH (run scripts/setup.sh and activate .venv)" >&2; exit 2; }
+if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
+  echo "demo: $OUT exists and is not empty; remove it or pass another directory" >&2
+  exit 2
+fi
+case "$BASE_MODEL" in
+  default) ;;
+  *) BASE_MODEL=$(cd "$BASE_MODEL" && pwd) ;;  # absolute: the commands below run inside OUT
+esac
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$OUT"  # relative paths below are inside OUT; a dphub.toml elsewhere is not picked up
+
+export DPHUB_HOME="$OUT/home" DPHUB_HUB="$OUT/hub"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export COLUMNS=${COLUMNS:-140}  # wide enough for the result tables when output is not a terminal
+START=$SECONDS
+step() { printf '\n== [%4ds] %s\n' $(( SECONDS - START )) "$*"; }
+
+TRAIN_OPTS=(--base-model "$BASE_MODEL" --target-epsilon "$EPSILON" --privacy-unit patient
+            --epochs "$EPOCHS" --batch-size "$BATCH" --warm-start "$WARM_START" --seed "$SEED")
+
+step "1. synthetic nursing notes ($NOTES notes, $PATIENTS patients)"
+dphub data synth --kind nursing --n "$NOTES" --patients "$PATIENTS" --seed "$SEED" \
+  --out data/notes.jsonl
+
+step "2. patient-disjoint split: two sites, the owner's training and test notes"
+dphub data split data/notes.jsonl --by patient --ratios 0.3,0.3,0.2,0.2 --seed "$SEED" \
+  --names site-a,site-b,owner-train,owner-test --out data
+
+step "3. each site trains a DP tagger (patient-level epsilon $EPSILON)"
+for site in site-a site-b; do
+  dphub train "data/$site.jsonl" --out "models/$site" "${TRAIN_OPTS[@]}"
+done
+
+step "4. publish both to the local hub ($OUT/hub); the gate checks card, files and tokenizer"
+for site in site-a site-b; do
+  dphub publish "models/$site" --repo "demo/$site" --hub hub
+done
+
+step "5. the owner searches the hub for patient-level models"
+dphub search --hub hub --unit patient --max-epsilon "$EPSILON.5"
+
+step "6. pull (verifies hashes, card and policy) and build the ensemble"
+for site in site-a site-b; do
+  dphub pull "demo/$site" --hub hub --require-unit patient --max-epsilon "$EPSILON.5"
+  dphub ensemble add "demo/$site" -e ensemble.toml
+done
+dphub ensemble add rules:default -e ensemble.toml
+dphub ensemble list -e ensemble.toml
+
+step "7. Scenario A: de-identify the owner's notes with the pulled models + rules"
+dphub ensemble deid data/owner-test.jsonl -e ensemble.toml --mode tag --out deid-a
+
+step "8. Scenario B: the owner trains its own DP model and adds it"
+dphub train data/owner-train.jsonl --out models/owner "${TRAIN_OPTS[@]}"
+python -c "import secrets; print(secrets.token_hex(32))" > surrogate.key
+chmod 600 surrogate.key
+dphub ensemble deid data/owner-test.jsonl -e ensemble.toml --owner-model models/owner \
+  --mode surrogate --key-file surrogate.key --out deid-b
+
+step "9. evaluation on the owner's test notes (token-binary %, phrase recall %)"
+echo "Scenario A (pulled models + rules):"
+dphub ensemble evaluate data/owner-test.jsonl -e ensemble.toml
+echo "Scenario B (pulled models + rules + the owner's model):"
+dphub ensemble evaluate data/owner-test.jsonl -e ensemble.toml --owner-model models/owner
+
+step "done in $(( SECONDS - START )) s; outputs under $OUT"
+cat <<EOF
+  data/                     synthetic notes and the patient-disjoint split (JSONL)
+  models/site-a, site-b     the sites' DP models (safetensors + model card README.md)
+  models/owner              the owner's own DP model (Scenario B)
+  hub/                      the local hub the sites published to (one git repo per model)
+  home/                     the owner's registry of pulled, verified models
+  ensemble.toml             the ensemble manifest (members pinned to pulled revisions)
+  deid-a/owner-test.jsonl   Scenario A output, PHI replaced by [**CATEGORY**] tags
+  deid-b/owner-test.jsonl   Scenario B output, PHI replaced by consistent surrogates
+  deid-*/audit.jsonl        what was removed where (offsets, labels, voting members; no text)
+EOF
