@@ -55,6 +55,8 @@ class Dictionaries:
 
     first_names: frozenset[str]
     last_names: frozenset[str]
+    #: names from other locales: flagged only with context (a title, a relative word, a name)
+    context_names: frozenset[str]
     common: frozenset[str]
     ambiguous: frozenset[str]
     cities: tuple[str, ...]
@@ -66,6 +68,10 @@ class Dictionaries:
     @property
     def names(self) -> frozenset[str]:
         return self.first_names | self.last_names
+
+    @property
+    def all_names(self) -> frozenset[str]:
+        return self.first_names | self.last_names | self.context_names
 
 
 @lru_cache(maxsize=1)
@@ -83,6 +89,8 @@ def dictionaries() -> Dictionaries:
     return Dictionaries(
         first_names=frozenset(w.lower() for w in _read_list("first_names.txt")),
         last_names=frozenset(w.lower() for w in _read_list("last_names.txt")),
+        context_names=frozenset(w.lower() for f in ("more_first_names.txt", "more_last_names.txt")
+                                for w in _read_list(f)),
         common=frozenset(common),
         ambiguous=frozenset(ambiguous),
         cities=tuple(w.lower() for w in _read_list("cities.txt")),
@@ -105,6 +113,11 @@ _YEAR = r"(?:\d{4}|'\d{2})"
 _RISKY_MONTHS = {"mar", "mar.", "dec", "dec."}
 #: common fractions written like m/d dates ("1/2 NS", "3/4 strength")
 _FRACTIONS = {(1, 2), (1, 3), (1, 4), (1, 8), (2, 3), (3, 4)}
+_UNIT_AFTER = re.compile(r"\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|x\b|/|cm|mm|#)", re.I)
+_YEAR_CONTEXT = re.compile(r"\b(?:in|since|from|of|year|yr|until|circa|born|dob|summer|winter|"
+                           r"spring|fall|autumn|early|late|mid|jan\w*|feb\w*|mar\w*|apr\w*|may|"
+                           r"jun\w*|jul\w*|aug\w*|sep\w*|oct\w*|nov\w*|dec\w*)[\s.,']*$",
+                           re.IGNORECASE)
 _VENT_CONTEXT = re.compile(r"\b(?:peep|ps|psv|cpap|bipap|ips|eps|imv|simv|ac|vent|strength)\b[\s:]*$|"
                            r"\b(?:peep|ps|psv|cpap|bipap)\b", re.IGNORECASE)
 
@@ -160,6 +173,8 @@ _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
+    _Pattern("DATE", re.compile(r"(?<![\w'])'\d{2}(?![\d'])")),
+    _Pattern("DATE", re.compile(r"(?<![\d.:/-])(?:19\d\d|20[0-2]\d)(?![\d.:/%-])"), check="year"),
     _Pattern(
         "DATE",
         re.compile(
@@ -205,6 +220,14 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
         if re.fullmatch(r"\d{3,4}-\d{3,4}", s) and all(p.endswith("00") for p in s.split("-")):
             return False
         return before != "."
+    if check == "year":
+        # a bare 4-digit number is a year when it cannot be a clock time (19xx with xx >= 60) or
+        # a year word precedes it ("in 2001", "since 1998"), and no unit follows ("1000 units")
+        if _UNIT_AFTER.match(text, m.end()):
+            return False
+        y = int(s)
+        return (y < 2000 and y % 100 >= 60) or _YEAR_CONTEXT.search(
+            text, max(0, m.start() - 16), m.start()) is not None
     nums = [int(x) for x in re.findall(r"\d+", s)]
     if check in ("mdy", "md") and _VENT_CONTEXT.search(text, max(0, m.start() - 12), m.start()):
         return False  # ventilator settings: "PS 10/5", "CPAP 5/5"
@@ -341,6 +364,7 @@ class RuleMember:
         self.name = name
         self.options = options or RuleOptions()
         self.dicts = dictionaries()
+        self._all_names = self.dicts.all_names
         self._phrase_res = self._compile_phrases()
 
     def _compile_phrases(self) -> dict[str, re.Pattern[str]]:
@@ -399,6 +423,7 @@ class RuleMember:
     # ------------------------------------------------------------------ internals
     def _dictionary_spans(self, text: str) -> list[Span]:
         d = self.dicts
+        names = self._all_names
         mixed_case = any(c.islower() for c in text)
         toks = _tokens(text)
         out: list[Span] = []
@@ -431,9 +456,9 @@ class RuleMember:
                 initial = len(tj.word) == 1 and text[tj.end : tj.end + 1] == "."
                 if taken and not capitalised(tj):
                     break  # the first word after a title may be lower case ("dr. smith")
-                if tj.low in d.common and tj.low not in d.names and not initial:
+                if tj.low in d.common and tj.low not in names and not initial:
                     break
-                if taken and not initial and tj.low not in d.names:
+                if taken and not initial and tj.low not in names:
                     break  # after the first word only dictionary names continue a name
                 is_name[j] = True
                 label[j] = "DOCTOR" if t.low in ("dr", "doctor") else "NAME"
@@ -451,7 +476,7 @@ class RuleMember:
                 continue
             j = i + 1
             while (j < len(toks) and j - i <= 2 and _adjacent(text, toks[j - 1], toks[j])
-                   and toks[j].low in d.names and len(toks[j].low) > 1
+                   and toks[j].low in names and len(toks[j].low) > 1
                    and (role == "RELATIVE" or not is_common(toks[j]))):
                 # "MD HO" is a house officer; "SON MARK" is a son named Mark
                 is_name[j] = True
@@ -461,7 +486,7 @@ class RuleMember:
         while changed:  # an ambiguous name next to a found name is part of it ("MARK SMITH")
             changed = False
             for i, t in enumerate(toks):
-                if is_name[i] or not capitalised(t) or t.low not in d.names:
+                if is_name[i] or not capitalised(t) or t.low not in names:
                     continue
                 left = i > 0 and is_name[i - 1] and _adjacent(text, toks[i - 1], t)
                 right = i + 1 < len(toks) and is_name[i + 1] and _adjacent(text, t, toks[i + 1])
