@@ -200,7 +200,8 @@ def test_scenario_b_owner_model_and_jsonl(models: dict[str, Path], corpus: dict[
     assert all("text" in s for rec in audit for s in rec["spans"])  # --audit-text
     # owner model only, no manifest: the top-level command
     out2 = tmp_path / "out2"
-    assert main(["deid", str(src), "--model", str(models["wordpiece"]), "--out", str(out2)]) == 0
+    assert main(["deid", str(src), "--model", str(models["wordpiece"]), "--out", str(out2),
+                 "--int8"]) == 0
     assert len((out2 / "notes.jsonl").read_text().splitlines()) == len(notes)
 
 

@@ -69,23 +69,28 @@ class Ensemble:
         ]
 
 
-def member_from_entry(entry: MemberEntry, *, batch_size: int = 16) -> Slot:
-    """Instantiate a manifest entry (loads models; verifies pins)."""
+def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = False) -> Slot:
+    """Instantiate a manifest entry (loads models; verifies pins; ``int8``: quantize models)."""
     if entry.kind == "rules":
         member: Member = RuleMember(entry.name, RuleOptions.from_dict(entry.options))
         return Slot(member, entry.threshold, 0.0, None, None)
     path = model_dir_of(entry)
     member = ModelMember.load(path, entry.name, epsilon=entry.epsilon, unit=entry.unit,
                               revision=entry.revision, batch_size=batch_size)
+    if int8:
+        member.quantize_int8()
     return Slot(member, entry.threshold, entry.epsilon, entry.unit, entry.revision)
 
 
-def owner_slot(model_dir: Path, *, threshold: float | None = None, batch_size: int = 16) -> Slot:
+def owner_slot(model_dir: Path, *, threshold: float | None = None, batch_size: int = 16,
+               int8: bool = False) -> Slot:
     """Scenario B: the data owner's own model, added for this run only (not in the manifest)."""
     p = Path(model_dir)
     priv = card_privacy(p)
     member = ModelMember.load(p, f"owner:{p.resolve().name}", epsilon=priv.get("epsilon"),
                               unit=priv.get("privacy_unit"), batch_size=batch_size)
+    if int8:
+        member.quantize_int8()
     return Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"), None)
 
 
@@ -95,11 +100,13 @@ def build_ensemble(
     owner_model: Path | None = None,
     aggregate_rule: str | None = None,
     batch_size: int = 16,
+    int8: bool = False,
 ) -> Ensemble:
     """The ensemble of a manifest (Scenario A), plus the owner's model when given (Scenario B)."""
-    slots = [member_from_entry(e, batch_size=batch_size) for e in (manifest.members if manifest else [])]
+    slots = [member_from_entry(e, batch_size=batch_size, int8=int8)
+             for e in (manifest.members if manifest else [])]
     if owner_model is not None:
-        slots.append(owner_slot(owner_model, batch_size=batch_size))
+        slots.append(owner_slot(owner_model, batch_size=batch_size, int8=int8))
     rule = aggregate_rule or (manifest.aggregate if manifest else "any")
     return Ensemble(slots, rule)
 

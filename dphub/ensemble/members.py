@@ -63,11 +63,17 @@ class ModelMember:
 
         A lever for throughput; check recall on labelled notes before relying on it.
         """
-        import torch
-        from torch.ao.quantization import quantize_dynamic
+        import warnings
 
-        self.tagger.model = quantize_dynamic(self.tagger.model, {torch.nn.Linear},
-                                             dtype=torch.qint8)
+        import torch
+
+        with warnings.catch_warnings():  # torch.ao.quantization is deprecated but still works
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            from torch.ao.quantization import quantize_dynamic
+
+            self.tagger.model = quantize_dynamic(self.tagger.model, {torch.nn.Linear},
+                                                 dtype=torch.qint8)
 
     @property
     def tokenizer_id(self) -> str | None:
