@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dphub.ensemble.aggregate import AggregateRule, aggregate
 from dphub.ensemble.core import Ensemble, Slot
@@ -94,3 +96,31 @@ def test_ensemble_with_fixed_members_records_voters() -> None:
         (22, 32, "DATE", "b"),
     ]
     assert set(res.by_member) == {"a", "b"}
+
+
+_span_lists = st.lists(
+    st.tuples(st.integers(0, 40), st.integers(1, 8), st.sampled_from(["NAME", "DATE", "AGE"]),
+              st.floats(0.0, 1.0)),
+    max_size=5,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_span_lists, min_size=1, max_size=4), st.integers(1, 4))
+def test_properties_union_covers_members_and_k_of_n_is_a_subset(
+    members: list[list[tuple[int, int, str, float]]], k: int
+) -> None:
+    spans = {f"m{i}": [_sp(a, a + n, lab, sc) for a, n, lab, sc in m]
+             for i, m in enumerate(members)}
+    union = aggregate(spans, "any")
+    covered = {c for m in union for c in range(m.start, m.end)}
+    member_chars = {c for ss in spans.values() for s in ss for c in range(s.start, s.end)}
+    assert covered == member_chars  # a character is PHI iff some member flags it
+    assert all(a.end <= b.start for a, b in zip(union, union[1:], strict=False))  # sorted, disjoint
+    if k <= len(spans):
+        strict = aggregate(spans, AggregateRule(k))
+        strict_chars = {c for m in strict for c in range(m.start, m.end)}
+        assert strict_chars <= covered
+        for c in strict_chars:
+            votes = sum(any(s.start <= c < s.end for s in ss) for ss in spans.values())
+            assert votes >= k
