@@ -139,11 +139,9 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
         torch.set_num_threads(workers)
     key = None
     if key_file is not None:
-        if not key_file.is_file():
-            raise ConfigError(f"{key_file}: key file not found")
-        key = key_file.read_bytes().strip()
-        if not key:
-            raise ConfigError(f"{key_file}: key file is empty")
+        from dphub.render import load_key
+
+        key = load_key(key_file)
     progress, update = _progress_callback(True)
     if progress is not None:
         with progress:

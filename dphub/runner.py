@@ -43,6 +43,7 @@ from dphub.notes import Note, Span
 EXIT_SOME_FAILED = 3
 RUN_DIR = ".dphub-run"
 JOURNAL = "journal.jsonl"
+PARAMS = "run.json"
 AUDIT = "audit.jsonl"
 MODES = ("tag", "redact", "surrogate", "spans", "brat")
 
@@ -280,6 +281,10 @@ def run_deid(
         raise ConfigError(f"{dst}: output directory is not empty (use --resume to continue a run)")
     dst.mkdir(parents=True, exist_ok=True)
     journal = Journal.open(dst / RUN_DIR / JOURNAL, resume=resume)
+    _check_run_params(dst / RUN_DIR / PARAMS, {
+        "input": str(src_r), "format": fmt, "mode": mode, "audit_text": audit_text,
+        "render_options": render_options or {}, "ensemble": _describe_ensemble(ensemble),
+    })
     if resume:
         _remove_stale_temps(dst)
     items = list(iter_input(src, fmt))
@@ -341,6 +346,30 @@ def run_deid(
             report.errors.append((e or {}).get("error") or f"{it.key}: not processed")
     report.done = len(finished) - report.skipped
     return report
+
+
+def _describe_ensemble(ensemble: Any) -> Any:
+    slots = getattr(ensemble, "slots", None)
+    if slots is None:
+        return None
+    return {"rule": str(getattr(ensemble, "rule", "")),
+            "members": [[s.name, s.revision, s.threshold] for s in slots]}
+
+
+def _check_run_params(path: Path, params: dict[str, Any]) -> None:
+    """A resumed run must use the same input, mode and ensemble, or outputs would mix."""
+    if path.is_file():
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            before = None
+        if before is not None and before != json.loads(json.dumps(params)):
+            changed = sorted(k for k in params if before.get(k) != json.loads(json.dumps(params[k])))
+            raise ConfigError(f"{path.parent.parent}: was started with different settings "
+                              f"({', '.join(changed)}); resume with the same ones or use another "
+                              "--out")
+        return
+    atomic_write_text(path, json.dumps(params, indent=2, sort_keys=True) + "\n")
 
 
 def _remove_stale_temps(root: Path) -> None:

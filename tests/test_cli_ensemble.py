@@ -12,8 +12,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from dphub.cli.main import main
 
+from dphub.cli.main import main
 from dphub.notes import Note, Span
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")

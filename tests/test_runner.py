@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from dphub.cli.main import main
 
+from dphub.cli.main import main
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.ensemble.members import FixedMember
 from dphub.errors import ConfigError
@@ -120,3 +120,13 @@ def test_kill_and_resume_is_byte_identical(tmp_path: Path, mode: str) -> None:
     entries = [json.loads(x) for x in journal.read_text().splitlines()]
     done = [e["key"] for e in entries if e["status"] == "done"]
     assert sorted(done) == sorted(set(done)) and len(done) == 300  # none missing, none twice
+
+
+def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    _make_notes(src, 2)
+    out = str(tmp_path / "out")
+    assert main(["deid", str(src), "--model", "rules:default", "--out", out]) == 0
+    assert main(["deid", str(src), "--model", "rules:default", "--out", out, "--resume",
+                 "--mode", "redact"]) == 2
+    assert main(["deid", str(src), "--model", "rules:default", "--out", out, "--resume"]) == 0
