@@ -47,6 +47,8 @@ def found(rules: RuleMember, text: str) -> list[tuple[str, str]]:
         ("TRANSFER TO BETH ISRAEL DEACONESS MEDICAL CENTER",
          [("BETH ISRAEL DEACONESS MEDICAL CENTER", "HOSPITAL")]),
         ("moved from Mexico to Worcester", [("Mexico", "COUNTRY"), ("Worcester", "CITY")]),
+        ("TRANSFERRED TO KESSLER REHAB", [("KESSLER REHAB", "HOSPITAL")]),
+        ("PT LIVES IN MARSHFIELD", [("MARSHFIELD", "LOCATION-OTHER")]),
     ],
 )
 def test_positives(rules: RuleMember, text: str, expected: list[tuple[str, str]]) -> None:
@@ -68,7 +70,8 @@ def test_positives(rules: RuleMember, text: str, expected: list[tuple[str, str]]
         "the hospital and the clinic, mark the page",
         "PS 10/5 PEEP 5, CPAP 5/5, STRENGTH 4/5, FIO2 12/5/40%",
         "ABD SOFT, NT, ND. BP 90'S, HR >90, SATS MID 90S",
-        "NP SUCTIONED. MS. O SLEEPING. 800-1000 NAP",
+        "NP SUCTIONED. MS. O SLEEPING. 800-1000 NAP, 0930-1000 PT",
+        "TRANSFERRED TO FLOOR, DISCHARGED TO REHAB, ADMITTED FROM OSH",
     ],
 )
 def test_negatives(rules: RuleMember, text: str) -> None:

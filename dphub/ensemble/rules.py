@@ -208,6 +208,15 @@ _TIME_PATTERNS: tuple[_Pattern, ...] = (
 )
 
 
+def _is_time_range(s: str) -> bool:
+    """``800-1000``, ``0930-1000``: two clock times on the hour or half hour, increasing."""
+    a, b = s.split("-")
+    times = [(int(x[:-2]), int(x[-2:])) for x in (a, b)]
+    if not all(h <= 24 and mi < 60 for h, mi in times):
+        return False
+    return times[1] > times[0] and (a.endswith(("00", "30")) or b.endswith(("00", "30")))
+
+
 def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
     if check is None:
         return True
@@ -217,7 +226,7 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
     if check == "phone":
         # preceded by a decimal point: a measurement; "800-1000": a time range
         before = text[max(0, m.start() - 1) : m.start()]
-        if re.fullmatch(r"\d{3,4}-\d{3,4}", s) and all(p.endswith("00") for p in s.split("-")):
+        if re.fullmatch(r"\d{3,4}-\d{3,4}", s) and _is_time_range(s):
             return False
         return before != "."
     if check == "year":
@@ -261,6 +270,12 @@ _CLINICIAN_WORDS = {"np", "rn", "md", "pa", "nurse", "resident", "attending", "f
 _RELATIVE_WORDS = {"son", "daughter", "dtr", "wife", "husband", "brother", "sister", "mother",
                    "father", "mom", "dad", "niece", "nephew", "grandson", "granddaughter",
                    "friend", "proxy", "hcp", "fiance", "partner", "aunt", "uncle", "cousin"}
+_PLACE_CONTEXT = re.compile(
+    r"\b(?:transfer(?:red)?\s+(?:to|from)|admitted\s+(?:to|from)|came\s+from|sent\s+from|"
+    r"discharged\s+to|d/c(?:'?d)?\s+to|lives\s+in|resident\s+of|moved\s+to|from\s+home\s+in|"
+    r"trip\s+to|vacation\s+in)\s+(?:the\s+)?",
+    re.IGNORECASE,
+)
 _HOSPITAL_CONNECTORS = {"and", "of", "the", "st", "saint", "&"}
 
 
@@ -536,6 +551,17 @@ class RuleMember:
                 j -= 1
             if specific:
                 span(start, m.end(), "HOSPITAL")
+
+        for m in _PLACE_CONTEXT.finditer(text):  # "TRANSFERRED TO <place>", "LIVES IN <place>"
+            j = tok_index.get(m.end())
+            first = j
+            while (j is not None and j < len(toks) and (first is None or j - first < 3)
+                   and capitalised(toks[j]) and len(toks[j].word) > 2
+                   and not is_common(toks[j]) and toks[j].low not in _STRONG_TITLES
+                   and (j == first or _adjacent(text, toks[j - 1], toks[j]))):
+                j += 1
+            if first is not None and j is not None and j > first:
+                span(toks[first].start, toks[j - 1].end, "LOCATION-OTHER")
 
         if "DENY" in self._phrase_res:
             lower_deny = {w.lower(): lab for w, lab in self.options.deny.items()}
