@@ -78,11 +78,11 @@ for site in site-a site-b; do
 done
 
 step "5. the owner searches the hub for patient-level models"
-dphub search --hub hub --unit patient --max-epsilon "$EPSILON.5"
+dphub search --hub hub --unit patient --max-epsilon "$EPSILON"
 
 step "6. pull (verifies hashes, card and policy) and build the ensemble"
 for site in site-a site-b; do
-  dphub pull "demo/$site" --hub hub --require-unit patient --max-epsilon "$EPSILON.5"
+  dphub pull "demo/$site" --hub hub --require-unit patient --max-epsilon "$EPSILON"
   dphub ensemble add "demo/$site" -e ensemble.toml
 done
 dphub ensemble add rules:default -e ensemble.toml
