@@ -132,6 +132,16 @@ def input_layout(path: Path, fmt: str | None) -> str:
     return "corpus"
 
 
+def _count_input(path: Path, layout: str) -> int | None:
+    """How many notes there are, cheaply (for the progress bar); None when unknown."""
+    if layout == "txt":
+        return sum(1 for p in path.rglob("*.txt") if p.is_file() and RUN_DIR not in p.parts)
+    if layout == "jsonl":
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    return None
+
+
 def iter_input(path: Path, fmt: str | None = None) -> Iterator[WorkItem]:
     if not path.exists():
         raise InputError(f"{path}: input not found")
@@ -287,21 +297,13 @@ def run_deid(
     })
     if resume:
         _remove_stale_temps(dst)
-    items = list(iter_input(src, fmt))
-    keys = [it.key for it in items]
-    if len(set(keys)) != len(keys):
-        raise InputError(f"{src}: duplicate note ids; outputs would collide")
-    stems = [it.stem for it in items if it.stem]
-    if len(set(stems)) != len(stems) and not jsonl_out:
-        raise InputError(f"{src}: two notes map to the same output file name")
-    report = RunReport(total=len(items), out=dst)
-    todo = [it for it in items if not journal.done(it.key)]
-    report.skipped = len(items) - len(todo)
-    done_count = report.skipped
-    if progress:
-        progress(done_count, report.total)
-    for b in range(0, len(todo), batch_size):
-        batch = todo[b : b + batch_size]
+    report = RunReport(total=_count_input(src, layout) or 0, out=dst)
+    done_count = 0
+    keys: list[str] = []
+    seen_keys: set[str] = set()
+    seen_stems: set[str] = set()
+
+    def process(batch: list[WorkItem]) -> None:
         entries: list[dict[str, Any]] = []
         readable = [it for it in batch if it.note is not None]
         for it in batch:
@@ -329,9 +331,35 @@ def run_deid(
                 entries.append({"key": it.key, "index": it.index, "status": "failed",
                                 "error": f"{it.key}: {e.message}"})
         journal.append(entries)
+
+    # stream the input: only one batch of notes is in memory at a time
+    batch: list[WorkItem] = []
+    for it in iter_input(src, fmt):
+        if it.key in seen_keys:
+            raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
+        seen_keys.add(it.key)
+        keys.append(it.key)
+        if it.stem and not jsonl_out:
+            if it.stem in seen_stems:
+                raise InputError(f"{src}: {it.key} maps to an output file name already used")
+            seen_stems.add(it.stem)
+        if journal.done(it.key):
+            report.skipped += 1
+            done_count += 1
+            continue
+        batch.append(it)
+        if len(batch) >= batch_size:
+            process(batch)
+            done_count += len(batch)
+            batch = []
+            if progress:
+                progress(done_count, max(report.total, done_count))
+    if batch:
+        process(batch)
         done_count += len(batch)
-        if progress:
-            progress(done_count, report.total)
+    report.total = len(keys)
+    if progress:
+        progress(done_count, report.total)
     # finalize: audit (and JSONL output) from the journal, in input order
     finished = sorted((e for e in journal.entries.values() if e["status"] == "done"),
                       key=lambda e: e["index"])
@@ -339,11 +367,11 @@ def run_deid(
         json.dumps(e["audit"], ensure_ascii=False, sort_keys=True) + "\n" for e in finished))
     if jsonl_out:
         atomic_write_text(dst / src.name, "".join(e["record"] + "\n" for e in finished))
-    for it in items:
-        e = journal.entries.get(it.key)
+    for key in keys:
+        e = journal.entries.get(key)
         if e is None or e["status"] != "done":
-            report.failed.append(it.key)
-            report.errors.append((e or {}).get("error") or f"{it.key}: not processed")
+            report.failed.append(key)
+            report.errors.append((e or {}).get("error") or f"{key}: not processed")
     report.done = len(finished) - report.skipped
     return report
 
