@@ -287,6 +287,8 @@ def run_deid(
     renderer = Renderer(mode, key, **(render_options or {}))
     layout = input_layout(src, fmt)
     jsonl_out = layout == "jsonl" and mode != "brat"
+    if dst.exists() and not dst.is_dir():
+        raise ConfigError(f"{dst}: --out must be a directory")
     if dst.exists() and not resume and any(p.name != RUN_DIR for p in dst.iterdir()):
         raise ConfigError(f"{dst}: output directory is not empty (use --resume to continue a run)")
     dst.mkdir(parents=True, exist_ok=True)
