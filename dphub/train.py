@@ -361,10 +361,16 @@ class PrivacyPlan:
         return self.sample_rate * self.num_units
 
 
-def plan_privacy(opts: TrainOptions, num_units: int) -> PrivacyPlan:
-    """Sample rate, steps, σ and δ for a run over ``num_units`` units."""
+def _eps_quiet(accountant: str, q: float, sigma: float, steps: int, delta: float) -> float:
     from dphub.privacy import accounting
 
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return accounting.epsilon_for(accountant, q, sigma, steps, delta)
+
+
+def plan_privacy(opts: TrainOptions, num_units: int) -> PrivacyPlan:
+    """Sample rate, steps, σ and δ for a run over ``num_units`` units."""
     if num_units < 1:
         raise InputError("no training units: the data has no labelled notes")
     k = max(1, round(num_units / opts.batch_size))
@@ -394,12 +400,12 @@ def plan_privacy(opts: TrainOptions, num_units: int) -> PrivacyPlan:
     stopped = False
     if (
         opts.max_epsilon is not None
-        and accounting.epsilon_for(opts.accountant, q, sigma, steps, delta) > opts.max_epsilon
+        and _eps_quiet(opts.accountant, q, sigma, steps, delta) > opts.max_epsilon
     ):
         lo, hi = 0, steps  # eps(lo) <= max < eps(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if accounting.epsilon_for(opts.accountant, q, sigma, mid, delta) <= opts.max_epsilon:
+            if _eps_quiet(opts.accountant, q, sigma, mid, delta) <= opts.max_epsilon:
                 lo = mid
             else:
                 hi = mid
@@ -678,7 +684,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
     epsilon = None
     if loop.engine is not None:
         # the ε the training accountant tracked; the card adds the dp-accounting cross-check
-        epsilon = float(loop.engine.accountant.get_epsilon(plan.delta))
+        epsilon = _quiet_epsilon(loop.engine.accountant, plan.delta)
     model.eval()
     meta = build_meta(opts, plan, src, notes, dataset.num_windows, loop.step, epsilon)
     _write_output(out, model, src, opts, plan, meta, loop.step, epsilon, loop.losses)
@@ -759,6 +765,13 @@ def _cached_encoder(model: Any, opts: TrainOptions, examples: Sequence[Example],
         yield
     finally:
         model.encoder = real
+
+
+def _quiet_epsilon(accountant: Any, delta: float) -> float:
+    """The accountant's ε, without numpy's edge-case warnings (q = 1) reaching the terminal."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return float(accountant.get_epsilon(delta))
 
 
 class _Loop:
@@ -852,7 +865,7 @@ class _Loop:
         if self.engine is not None and (n % self.opts.checkpoint_every == 0 or n == self.plan.steps
                                         or self._eps is None):
             with contextlib.suppress(Exception):
-                self._eps = float(self.engine.accountant.get_epsilon(self.plan.delta))
+                self._eps = _quiet_epsilon(self.engine.accountant, self.plan.delta)
         el = time.monotonic() - self._t0
         self.on_progress(Progress("train", n, self.plan.steps, loss, self._eps,
                                   self._done / el if el > 0 else None))
