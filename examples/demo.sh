@@ -15,10 +15,12 @@
 # which makes a second run much faster.
 #
 # Sizes come from environment variables, so CI can run it tiny:
-#   DEMO_NOTES        synthetic notes in total                      (default 200)
+#   DEMO_NOTES        synthetic notes in total                      (default 160)
 #   DEMO_PATIENTS     patients they belong to                       (default DEMO_NOTES / 4)
 #   DEMO_EPOCHS       DP epochs per training                        (default 2)
 #   DEMO_BATCH        expected patients per DP step                 (default 4)
+#   DEMO_TRAIN_LAYERS encoder layers trained under DP on top of the warm start (default 0: the
+#                     emission layer and CRF only, over cached encoder outputs; the cheap path)
 #   DEMO_EPSILON      target patient-level epsilon per model        (default 8)
 #   DEMO_BASE_MODEL   base encoder: "default" (embedded all-MiniLM-L6-v2) or a model directory
 #                     (a directory's name must also resolve offline, e.g. in the Hugging Face
@@ -28,10 +30,11 @@
 set -euo pipefail
 
 OUT=${1:-./demo-out}
-NOTES=${DEMO_NOTES:-200}
+NOTES=${DEMO_NOTES:-160}
 PATIENTS=${DEMO_PATIENTS:-$(( NOTES / 4 > 4 ? NOTES / 4 : 4 ))}
 EPOCHS=${DEMO_EPOCHS:-2}
 BATCH=${DEMO_BATCH:-4}
+TRAIN_LAYERS=${DEMO_TRAIN_LAYERS:-0}
 EPSILON=${DEMO_EPSILON:-8}
 BASE_MODEL=${DEMO_BASE_MODEL:-default}
 WARM_START=${DEMO_WARM_START:-synth}
@@ -57,7 +60,8 @@ START=$SECONDS
 step() { printf '\n== [%4ds] %s\n' $(( SECONDS - START )) "$*"; }
 
 TRAIN_OPTS=(--base-model "$BASE_MODEL" --target-epsilon "$EPSILON" --privacy-unit patient
-            --epochs "$EPOCHS" --batch-size "$BATCH" --warm-start "$WARM_START" --seed "$SEED")
+            --epochs "$EPOCHS" --batch-size "$BATCH" --train-layers "$TRAIN_LAYERS"
+            --warm-start "$WARM_START" --seed "$SEED")
 
 step "1. synthetic nursing notes ($NOTES notes, $PATIENTS patients)"
 dphub data synth --kind nursing --n "$NOTES" --patients "$PATIENTS" --seed "$SEED" \
