@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from dphub.cli.main import main
 
 from dphub import config as project
 from dphub import formats, synth
+from dphub.cli.main import main
 
 
 @pytest.fixture(autouse=True)
@@ -155,3 +155,19 @@ def test_errors_never_quote_note_text(
         for s in n.spans:
             if len(n.span_text(s)) >= 4:  # shorter strings could match by accident
                 assert n.span_text(s) not in err
+
+
+def test_init_template_states_the_real_defaults() -> None:
+    from dphub.cli.train import CONFIG_KEYS, INIT_TEMPLATE
+    from dphub.train import TrainOptions
+
+    cfg = tomllib.loads(INIT_TEMPLATE)
+    defaults = TrainOptions()
+    checked = 0
+    for field, (section, key) in CONFIG_KEYS.items():
+        if key in cfg.get(section, {}) and field not in ("data", "out", "base_model"):
+            if field == "target_epsilon":
+                continue  # the template pins the default target explicitly
+            assert cfg[section][key] == getattr(defaults, field), field
+            checked += 1
+    assert checked >= 12
