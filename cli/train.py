@@ -78,7 +78,7 @@ lr = 5e-3
 train_layers = 0               # top encoder layers trained under DP (0: only emissions + CRF,
                                # the frozen encoder then runs once per window)
 # lora_rank = 8                # LoRA adapters instead of full top layers
-recall_weight = 0.0            # delta_p: loss_i * (1 + delta_p * FNR_i)
+recall_weight = 3.0            # delta_p: loss_i * (1 + delta_p * FNR_i), FNR_i from own predictions
 seed = 0
 warm_start = "synth"           # synth (public synthetic notes, costs no epsilon) | none
 

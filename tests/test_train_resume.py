@@ -96,7 +96,7 @@ def _cli(corpus: Path, base: Path, out: Path, *extra: str) -> list[str]:
         sys.executable, "-m", "dphub.cli.main", "train", str(corpus), "--out", str(out),
         "--base-model", str(base), "--warm-start", "none", "--epochs", "12", "--batch-size", "2",
         "--max-physical-batch", "1", "--noise", "1.0", "--accountant", "rdp",
-        "--checkpoint-every", "3", "--lr", "0.005", "--seed", "7", *extra,
+        "--checkpoint-every", "3", "--lr", "0.005", "--seed", "7", "--train-layers", "1", *extra,
     ]
 
 
@@ -109,7 +109,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(
     T.train(T.TrainOptions(
         data=corpus, out=full, base_model=str(tiny_base_model), warm_start="none", epochs=12.0,
         batch_size=2, max_physical_batch=1, noise=1.0, accountant="rdp", checkpoint_every=3,
-        lr=0.005, seed=7,
+        lr=0.005, seed=7, train_layers=1,
     ))
 
     out = tmp_path / "killed"
