@@ -38,8 +38,12 @@ def _batch(windows: int, length: int, n_tags: int, seed: int):
 
 
 def time_steps(layers: int | None, dp: bool, windows: int, length: int, steps: int,
-               head: str = "crf", lora_rank: int | None = None) -> float:
-    """Mean seconds per (timed) step for one configuration."""
+               head: str = "crf", lora_rank: int | None = None, cached: bool = False) -> float:
+    """Mean seconds per (timed) step for one configuration.
+
+    ``cached`` (head-only runs): the frozen encoder is replaced by its precomputed outputs, as
+    ``dphub.train`` does for ``train_layers=0``; the one-time cache build is not timed.
+    """
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -53,6 +57,10 @@ def time_steps(layers: int | None, dp: bool, windows: int, length: int, steps: i
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-4)
     batch, tags = _batch(windows, length, len(model.tags), 0)
+    if cached:
+        from dphub.train import FrozenEncoderCache
+
+        model.encoder = FrozenEncoderCache(model.encoder, batch["input_ids"].tolist(), pad_id=0)
     if dp:
         from opacus import PrivacyEngine
 
@@ -94,17 +102,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []
-    for spec in args.layers:
-        layers = None if spec == "all" else int(spec)
+    specs = list(args.layers)
+    if "0" in specs and args.lora_rank is None:
+        specs.insert(specs.index("0") + 1, "0-cached")
+    for spec in specs:
+        cached = spec == "0-cached"
+        layers = None if spec == "all" else int(spec.split("-")[0])
         plain = time_steps(layers, False, args.windows, args.length, args.steps,
-                           lora_rank=args.lora_rank)
+                           lora_rank=args.lora_rank, cached=cached)
         private = time_steps(layers, True, args.windows, args.length, args.steps,
-                             lora_rank=args.lora_rank)
+                             lora_rank=args.lora_rank, cached=cached)
         row = {"train_layers": spec, "lora_rank": args.lora_rank,
                "non_dp_s_per_step": round(plain, 3), "dp_s_per_step": round(private, 3),
                "dp_over_non_dp": round(private / plain, 2)}
         rows.append(row)
-        print(f"layers={spec:>3}  non-DP {plain:6.2f} s/step  DP {private:6.2f} s/step  "
+        print(f"layers={spec:>8}  non-DP {plain:6.2f} s/step  DP {private:6.2f} s/step  "
               f"ratio {private / plain:4.2f}", flush=True)
     summary = {
         "windows_per_step": args.windows, "length": args.length, "threads": args.threads,
