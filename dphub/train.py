@@ -39,6 +39,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 import warnings
@@ -647,6 +648,13 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
     notes = load_training_notes(opts)
     check_patient_ids(notes, opts.privacy_unit)
     src = _initial_model(opts, on_progress)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?",
+                        src.base_public_id):
+        # the card records the base as a public hub id; find out now, not after training
+        raise ConfigError(
+            f"base model name {src.base_public_id!r} is not a hub-style id (org/name); rename "
+            "the base model directory to its public name"
+        )
     model = src.model
     from transformers import AutoTokenizer
 

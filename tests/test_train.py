@@ -330,3 +330,16 @@ def test_head_only_training_uses_exact_cached_encoder_outputs(
     assert enc_keys and all(torch.equal(trained[k], fresh[k]) for k in enc_keys)
     assert not torch.equal(trained["crf.transitions"], fresh["crf.transitions"])
     assert not torch.equal(trained["classifier.weight"], fresh["classifier.weight"])
+
+
+def test_base_without_a_public_name_is_refused_before_training(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    odd = tmp_path / "my base"
+    shutil.copytree(tiny_base_model, odd)
+    with pytest.raises(ConfigError, match="hub-style id"):
+        T.train(_opts(corpus, odd, tmp_path / "m"))
+    assert not (tmp_path / "m").exists()
+    assert not T.checkpoint_dir_for(tmp_path / "m").exists()
