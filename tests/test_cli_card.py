@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dphub.cli.main import main
 
 from dphub import card as C
+from dphub.cli.main import main
 
 DATASET = {
     "patients": 5,

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from dphub.cli.main import main
 
 from dphub import formats
+from dphub.cli.main import main
 
 
 @pytest.fixture()

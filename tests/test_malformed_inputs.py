@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dphub.cli.main import main
 
 from dphub import formats
+from dphub.cli.main import main
 from dphub.errors import DphubError, FormatError
 
 MALFORMED = Path(__file__).parent / "malformed"
