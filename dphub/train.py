@@ -38,13 +38,12 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +225,7 @@ def encode_notes(
     """
     from dphub import align
     from dphub.labels import get_schema
+    from dphub.privacy.units import unit_key
 
     schema = get_schema(schema_name)
     tag_id = {t: i for i, t in enumerate(tags)}
@@ -244,12 +244,7 @@ def encode_notes(
             continue
         labels = [-100] * len(w.input_ids)
         labels[w.content_slice] = note_tags[w.note_index][w.token_start : w.token_end]
-        if unit == "patient":
-            u = n.effective_patient_id
-        elif unit == "note":
-            u = n.id
-        else:
-            u = f"{n.id}#{wi}"
+        u = unit_key(unit, n.id, n.patient_id, wi)
         out.append(Example(u, w.note_index, list(w.input_ids), labels))
     return out
 
@@ -673,6 +668,11 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
         seed=opts.seed,
     )
     plan = plan_privacy(opts, len(dataset))
+    log.info(
+        "%d units, %d windows used (%d left out by max_examples_per_unit), q = %.4g, %d steps, "
+        "sigma = %s", len(dataset), dataset.num_windows, dataset.dropped_windows,
+        plan.sample_rate, plan.steps, plan.noise_multiplier,
+    )
     fingerprint = _fingerprint(opts, examples, src.base_public_id)
     state = load_checkpoint(ckpt_file) if opts.resume else None
     if state is not None and state.get("fingerprint") != fingerprint:
@@ -1060,10 +1060,3 @@ def _public_init_from(spec: str | None) -> str | None:
         return None
     p = Path(spec).expanduser()
     return p.name if p.exists() else spec
-
-
-def options_dict(opts: TrainOptions) -> dict[str, Any]:
-    return asdict(opts)
-
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
