@@ -86,7 +86,13 @@ class ModelMember:
         return [spans_from_scores(ts, threshold, source=self.name) for ts in scores]
 
     def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]:
-        return self.spans_from(self.token_scores(notes), threshold)
+        # Viterbi decoding (threshold None) needs no CRF marginals: skip forward-backward, unless
+        # a subclass overrides token_scores (e.g. a cache), whose scores must then be used
+        if threshold is None and type(self).token_scores is ModelMember.token_scores:
+            scores = self.tagger.token_scores(notes, batch_size=self.batch_size, marginals=False)
+        else:
+            scores = self.token_scores(notes)
+        return self.spans_from(scores, threshold)
 
 
 class FixedMember:
