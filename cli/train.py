@@ -71,7 +71,7 @@ max_examples_per_unit = 64     # windows kept per unit (a seeded, data-independe
 secure_rng = false             # cryptographic RNG for sampling and noise (needs torchcsprng)
 
 [train]
-epochs = 16.0                   # cheap with train_layers = 0 (cached encoder)
+epochs = 32.0                   # cheap with train_layers = 0 (cached encoder)
 batch_size = 96                # expected units per logical step (Poisson sampling)
 max_physical_batch = 16        # units per forward/backward pass (memory bound)
 lr = 5e-3

@@ -94,7 +94,7 @@ class TrainOptions:
     noise: float | None = None
     target_epsilon: float | None = None
     delta: float | None = None
-    epochs: float = 16.0
+    epochs: float = 32.0
     batch_size: int = 96
     max_physical_batch: int = 16
     max_grad_norm: float = 1.0
