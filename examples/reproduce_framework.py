@@ -2,7 +2,7 @@
 
 Usage::
 
-    python examples/reproduce_framework.py CORPUS --out results/ [--seed 0] [--epochs 3]
+    python examples/reproduce_framework.py CORPUS --out results/ [--seed 0] [--epochs 32]
         [--base-model PATH] [--quick] [--format physionet] [--target-recall 0.99]
 
 CORPUS is any corpus dphub reads (``dphub.formats``) whose notes carry patient ids, e.g. the
@@ -419,7 +419,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("results"), help="Output directory.")
     p.add_argument("--format", default=None, help="Corpus format (default: detect).")
     p.add_argument("--seed", type=int, default=0, help="Seed of the splits and the trainings.")
-    p.add_argument("--epochs", type=float, default=None, help="DP epochs (default 3; quick: 1).")
+    p.add_argument("--epochs", type=float, default=None,
+                   help="DP epochs (default: dphub train's, 32; quick: 1).")
     p.add_argument("--target-epsilon", type=float, default=8.0,
                    help="Patient-level ε of every trained model.")
     p.add_argument("--batch-size", type=int, default=None,
@@ -440,8 +441,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="Tiny sizes for smoke tests (1 epoch, no warm start, <= 24 patients).")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.epochs is None:
-        args.epochs = 1.0 if args.quick else 3.0
+    if args.epochs is None:  # dphub train's default recipe, or a tiny smoke-test size
+        from dphub.train import TrainOptions
+
+        args.epochs = 1.0 if args.quick else TrainOptions.epochs
     if args.warm_start is None:
         args.warm_start = "none" if args.quick else "synth"
     if args.community_notes is None:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dphub.errors import FormatError, InputError
+from dphub.errors import ConfigError, FormatError, InputError
+from dphub.io import atomic_directory, atomic_write_text
 from dphub.labels import CATEGORIES, is_known
 from dphub.notes import Note, Span, check_spans
 
@@ -296,3 +297,36 @@ def iter_note_files(root: Path, suffix: str) -> Iterator[tuple[str, Path]]:
 def has_files(root: Path, suffix: str) -> bool:
     """Whether any non-hidden ``*suffix`` file lies under ``root``."""
     return next(iter_note_files(root, suffix), None) is not None
+
+
+def write_note_files(
+    notes: Iterable[Note],
+    path: Path,
+    *,
+    format_name: str,
+    overwrite: bool = False,
+    companions: Callable[[Note], dict[str, str]] | None = None,
+) -> int:
+    """Write a directory of ``<id>.txt`` notes (brat and plain text share this layout).
+
+    ``companions`` gives the extra files of a note as ``{suffix: content}`` (brat's ``.ann``);
+    patient id and metadata go to the ``.meta.json`` sidecar. The directory is built under a
+    temporary name and moved into place when complete, so a failure leaves no partial output.
+    """
+    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
+        raise ConfigError(f"{path}: already exists and is not empty (pass overwrite)")
+    n = 0
+    with atomic_directory(path, overwrite=True) as tmp:
+        for note in notes:
+            if not note.text:
+                raise FormatError(f"note {note.id}: empty text cannot be written as "
+                                  f"{format_name} (an empty .txt is refused on reading)")
+            txt = tmp / note_relpath(note.id, ".txt")
+            atomic_write_text(txt, note.text)
+            for suffix, content in (companions(note) if companions else {}).items():
+                atomic_write_text(txt.with_suffix(suffix), content)
+            payload = sidecar_payload(note)
+            if payload is not None:
+                atomic_write_text(sidecar_path(txt), payload)
+            n += 1
+    return n

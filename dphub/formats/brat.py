@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from dphub.errors import ConfigError, FormatError
+from dphub.errors import FormatError
 from dphub.formats._base import (
     DEFAULT_OVERLAPS,
     FormatSpec,
@@ -29,14 +29,11 @@ from dphub.formats._base import (
     iter_note_files,
     make_span,
     normalize_ws,
-    note_relpath,
     read_sidecar,
     read_text,
     same_text,
-    sidecar_path,
-    sidecar_payload,
+    write_note_files,
 )
-from dphub.io import atomic_directory, atomic_write_text
 from dphub.notes import Note, Span
 
 _OFFSETS = re.compile(r"(\d+) (\d+)")
@@ -112,22 +109,8 @@ def render_ann(note: Note) -> str:
 
 def write_brat(notes: Iterable[Note], path: Path, *, overwrite: bool = False) -> int:
     """Write a brat directory (built under a temp name, moved into place when complete)."""
-    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
-        raise ConfigError(f"{path}: already exists and is not empty (pass overwrite)")
-    n = 0
-    with atomic_directory(path, overwrite=True) as tmp:
-        for note in notes:
-            if not note.text:
-                raise FormatError(f"note {note.id}: empty text cannot be written as brat "
-                                  "(an empty .txt is refused on reading)")
-            rel = note_relpath(note.id, ".txt")
-            atomic_write_text(tmp / rel, note.text)
-            atomic_write_text((tmp / rel).with_suffix(".ann"), render_ann(note))
-            payload = sidecar_payload(note)
-            if payload is not None:
-                atomic_write_text(sidecar_path(tmp / rel), payload)
-            n += 1
-    return n
+    return write_note_files(notes, path, format_name="brat", overwrite=overwrite,
+                            companions=lambda note: {".ann": render_ann(note)})
 
 
 def sniff_brat(path: Path) -> bool:

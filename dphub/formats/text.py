@@ -11,18 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from dphub.errors import ConfigError, FormatError
+from dphub.errors import FormatError
 from dphub.formats._base import (
     FormatSpec,
     has_files,
     iter_note_files,
-    note_relpath,
     read_sidecar,
     read_text,
-    sidecar_path,
-    sidecar_payload,
+    write_note_files,
 )
-from dphub.io import atomic_directory, atomic_write_text
 from dphub.notes import Note
 
 
@@ -45,21 +42,7 @@ def read_plain(path: Path) -> Iterator[Note]:
 
 def write_plain(notes: Iterable[Note], path: Path, *, overwrite: bool = False) -> int:
     """Write each note's text to ``<id>.txt`` (spans are dropped: the format has none)."""
-    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
-        raise ConfigError(f"{path}: already exists and is not empty (pass overwrite)")
-    n = 0
-    with atomic_directory(path, overwrite=True) as tmp:
-        for note in notes:
-            if not note.text:
-                raise FormatError(f"note {note.id}: empty text cannot be written as text "
-                                  "(an empty .txt is refused on reading)")
-            rel = note_relpath(note.id, ".txt")
-            atomic_write_text(tmp / rel, note.text)
-            payload = sidecar_payload(note)
-            if payload is not None:
-                atomic_write_text(sidecar_path(tmp / rel), payload)
-            n += 1
-    return n
+    return write_note_files(notes, path, format_name="text", overwrite=overwrite)
 
 
 def sniff_plain(path: Path) -> bool:
