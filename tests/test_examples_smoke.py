@@ -147,14 +147,17 @@ def test_reproduce_framework_quick_writes_tables_and_resumes(
 
     rows_a = {r["name"]: r for r in data["rows"] if r["table"] == "A"}
     assert {"site-1", "site-2", "site-3", "community", "rules:default", "ensemble (any)",
-            "ensemble (any) + rules"} <= set(rows_a)
+            "ensemble (any) + rules", "sites (any) + rules"} <= set(rows_a)
     # the union cannot recall less than any of its members
     ens = rows_a["ensemble (any) + rules"]
     assert all(ens["recall"] >= rows_a[n]["recall"] - 1e-9 for n in ("site-1", "rules:default"))
     assert rows_a["rules:default"]["epsilon"] == 0.0
     rows_b = [r for r in data["rows"] if r["table"] == "B"]
     calibrated = [r for r in rows_b if r["aggregation"] == "calibrated"]
-    assert len(calibrated) == 4 and all(r["thresholds"] for r in calibrated)
+    targets = data["settings"]["target_recalls"]
+    assert targets == [0.9, 0.95, 0.99]
+    assert len(calibrated) == 4 * len(targets) and all(r["thresholds"] for r in calibrated)
+    assert {r["target_recall"] for r in calibrated} == set(targets)
     assert {r["name"] for r in rows_b if r["kind"] == "member"} == {"owner", "owner-ft"}
     for r in data["rows"]:
         assert 0.0 <= r["precision"] <= 1.0 and 0.0 <= r["f1"] <= 1.0
