@@ -48,7 +48,8 @@ def found(rules: RuleMember, text: str) -> list[tuple[str, str]]:
          [("BETH ISRAEL DEACONESS MEDICAL CENTER", "HOSPITAL")]),
         ("moved from Mexico to Worcester", [("Mexico", "COUNTRY"), ("Worcester", "CITY")]),
         ("TRANSFERRED TO KESSLER REHAB", [("KESSLER REHAB", "HOSPITAL")]),
-        ("PT LIVES IN MARSHFIELD", [("MARSHFIELD", "LOCATION-OTHER")]),
+        ("PT LIVES IN QUIXBURY", [("QUIXBURY", "LOCATION-OTHER")]),  # no list has it
+        ("PT LIVES IN MARSHFIELD", [("MARSHFIELD", "CITY")]),  # a GeoNames town
     ],
 )
 def test_positives(rules: RuleMember, text: str, expected: list[tuple[str, str]]) -> None:
@@ -106,3 +107,56 @@ def test_min_age_keeps_only_hipaa_ages() -> None:
     assert found(hipaa, "58 YO MAN, 92 YO WOMAN, AGE >89") == [("92", "AGE"), (">89", "AGE")]
     with pytest.raises(ConfigError):
         RuleOptions.from_dict({"min_age": "ninety"})
+
+
+# --- context rules for words that are in no list (invented names: Quelpor, Zandrit, Vornak ...)
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # month/year dates and "MONTH of YEAR"
+        ("echo 8/87 showed EF 20%", [("8/87", "DATE")]),
+        ("S/P AVR 11/92, MI 3/1993", [("11/92", "DATE"), ("3/1993", "DATE")]),
+        ("IN THIS CASE MARCH OF 1993.", [("MARCH OF 1993", "DATE")]),
+        # a relative word, then a word that is no English word
+        ("dtr quelpor called", [("quelpor", "RELATIVE")]),
+        ("SOCIAL:DAUGHTER-ZANDRIT---301", [("ZANDRIT", "RELATIVE")]),
+        # "Name Surname (son)"
+        ("Quelpor Vornak (son) cell", [("Quelpor", "RELATIVE"), ("Vornak", "RELATIVE")]),
+        # an initial and a surname
+        ("Z. VORNAK AWARE OF K+", [("Z", "NAME"), ("VORNAK", "NAME")]),
+        # a signature with a credential, hyphenated surname included
+        ("QUIET NIGHT.   ZANDRIT Q. VORNAK-QUELPOR, RRT",
+         [("ZANDRIT", "DOCTOR"), ("Q", "DOCTOR"), ("VORNAK", "DOCTOR"), ("QUELPOR", "DOCTOR")]),
+        ("resp- Zandrit Vornak,MD made aware", [("Zandrit", "DOCTOR"), ("Vornak", "DOCTOR")]),
+        # an abbreviated role, then a word in no list
+        ("SPOKE WITH HO VORNAK", [("VORNAK", "DOCTOR")]),
+        # places after a transfer verb: a word in no list, or a GeoNames town
+        ("transfer to quelpor 6 when bed ready", [("quelpor", "LOCATION-OTHER")]),
+        ("TRANSFERRED TO GH FOR CATH", [("GH", "LOCATION-OTHER")]),
+        ("TAKEN TO LAUREL REGIONAL", [("LAUREL", "LOCATION-OTHER")]),
+        ("son from Pikesville called", [("Pikesville", "CITY")]),
+    ],
+)
+def test_context_positives(rules: RuleMember, text: str, expected: list[tuple[str, str]]) -> None:
+    assert found(rules, text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "DAUGHTER HAS PHONED AND WILL VISIT",       # a function word after a relative word
+        "son visited, wife at bedside",              # English words after relative words
+        "GROWING E. COLI AND C. DIFF NEG",           # organisms, not initials + surnames
+        "no further N/V. Droperidol ordered",        # a letter after a slash
+        "diminished on the R. Spo2 >95%",            # a side letter, a word with digits
+        "S. CAPTOPRIL GIVEN",                        # a section letter before a drug name
+        "TRANSFERRED TO MICU, THEN TO OR",           # units and rooms
+        "GO TO SLEEP",                               # no place context, English word
+        "MS continues to improve",                   # mental status, not Ms.
+        "Per HO LLL effusion",                       # an abbreviation after a role
+        "PA CATHETER PLACED",                        # pulmonary artery, an English word
+        "PS 10/60 AND PEEP 5",                       # ventilator settings, not 10/1960
+    ],
+)
+def test_context_negatives(rules: RuleMember, text: str) -> None:
+    assert found(rules, text) == []

@@ -17,6 +17,11 @@ context (a title such as ``DR.`` / ``MR.`` or an adjacent unambiguous name). In 
 lowercase word is never a dictionary name. Times are not HIPAA identifiers (and PhysioNet gold
 does not mark them), so the time patterns are off unless ``times = true``.
 
+Words in no list ("Kozicki") are names or places only right after strong context: a relative
+word, an initial, a credential, an abbreviated role, a transfer verb. "In no list" means in none of
+the word lists and not an English word (Webster's 2nd via ``english-words``, see
+:func:`is_english`), so that the context rules do not turn "SON VISITED" into a name.
+
 Dictionaries and their licenses: ``dphub/resources/rules/README.md``.
 """
 
@@ -64,6 +69,8 @@ class Dictionaries:
     state_abbrs: frozenset[str]
     countries: tuple[str, ...]
     hospital_words: tuple[str, ...]
+    #: every GeoNames town, words included: a place after a place context ("TAKEN TO LAUREL")
+    place_words: frozenset[str]
 
     @property
     def names(self) -> frozenset[str]:
@@ -93,12 +100,46 @@ def dictionaries() -> Dictionaries:
                                 for w in _read_list(f)),
         common=frozenset(common),
         ambiguous=frozenset(ambiguous),
-        cities=tuple(w.lower() for w in _read_list("cities.txt")),
+        cities=tuple(sorted({w.lower() for w in _read_list("cities.txt")} | {
+            # a GeoNames town that is also a word ("Mobile", "Union", "Hope") would flag
+            # ordinary words: those count only after a place context ("lives in Union")
+            c for c in (w.lower() for w in _read_list("us_cities.txt"))
+            if " " in c or not (c in common or c in ambiguous or is_english(c))})),
+        place_words=frozenset(w.lower() for w in _read_list("us_cities.txt")),
         states=states,
         state_abbrs=frozenset(states.values()),
         countries=tuple(w.lower() for w in _read_list("countries.txt")),
         hospital_words=tuple(w.lower() for w in _read_list("hospital_words.txt")),
     )
+
+
+@lru_cache(maxsize=1)
+def _english() -> frozenset[str]:
+    # Webster's Second International (1934, public domain; the ``web2`` list of BSD's
+    # /usr/share/dict), as packaged by ``english-words`` (MIT). A maintained package rather than a
+    # copied list; loaded once per process (~0.2 s).
+    from english_words import get_english_words_set
+
+    # lower-case entries only: web2 writes proper nouns ("Rome", "Mary") capitalised
+    return frozenset(w for w in get_english_words_set(["web2"], lower=False, alpha=True)
+                     if w.islower())
+
+
+_SUFFIXES = ("ing", "ed", "es", "s", "ly", "er", "ers", "d")
+
+
+def is_english(word: str) -> bool:
+    """``word`` (lower case) is an English dictionary word, or a regular inflection of one."""
+    words = _english()
+    if word in words:
+        return True
+    for suf in _SUFFIXES:
+        if word.endswith(suf) and len(word) - len(suf) >= 3:
+            stem = word[: -len(suf)]
+            if stem in words or stem + "e" in words or (len(stem) > 3 and stem[-1] == stem[-2]
+                                                         and stem[:-1] in words):
+                return True
+    return False
 
 
 # ----------------------------------------------------------------------------- patterns
@@ -170,9 +211,12 @@ _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}([/-])\d{1,2}\1(?:1[89]\d\d|20\d\d|\d{2})(?![\d/-]|\s?%)"), check="mdy"),
     _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{4}([/-])\d{1,2}\1\d{1,2}(?![\d/-])"), check="ymd"),
     _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}/\d{1,2}(?![\d/]|\.\d|\s?%)"), check="md"),
+    # month/year: "echo 8/87", "s/p AVR 11/92", "3/1993" (the m/d reading was rejected above)
+    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}/(?:\d{2}|(?:19|20)\d\d)(?![\d/]|\.\d|\s?%)"),
+             check="my"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", _I), check="month"),
-    _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
+    _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:of\s+)?(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
     _Pattern("DATE", re.compile(r"(?<![\w'])'\d{2}(?![\d'])")),
     _Pattern("DATE", re.compile(r"(?<![\d.:/-])(?:19\d\d|20[0-2]\d)(?![\d.:/%-])"), check="year"),
     _Pattern(
@@ -238,11 +282,15 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
         return (y < 2000 and y % 100 >= 60) or _YEAR_CONTEXT.search(
             text, max(0, m.start() - 16), m.start()) is not None
     nums = [int(x) for x in re.findall(r"\d+", s)]
-    if check in ("mdy", "md") and _VENT_CONTEXT.search(text, max(0, m.start() - 12), m.start()):
+    if check in ("mdy", "md", "my") and _VENT_CONTEXT.search(text, max(0, m.start() - 12), m.start()):
         return False  # ventilator settings: "PS 10/5", "CPAP 5/5"
     if check == "mdy":
         a, b = nums[0], nums[1]
         return 1 <= a <= 12 and 1 <= b <= 31
+    if check == "my":
+        a, b = nums
+        # a second part up to 31 is a day (the m/d pattern's case); above it, a year
+        return 1 <= a <= 12 and (31 < b < 100 or b >= 1900)
     if check == "ymd":
         return 1 <= nums[1] <= 12 and 1 <= nums[2] <= 31
     if check == "md":
@@ -265,17 +313,40 @@ _WORD = re.compile(r"[A-Za-z](?:[A-Za-z'’]*[A-Za-z])?")
 _STRONG_TITLES = {"dr", "doctor", "mr", "mrs", "ms", "miss", "mx", "prof", "professor"}
 #: roles after which a dictionary name (even an ambiguous or lower-case one) is a clinician's name
 _CLINICIAN_WORDS = {"np", "rn", "md", "pa", "nurse", "resident", "attending", "fellow", "intern",
-                    "per", "pcp", "dr", "doctor", "physician", "surgeon"}
+                    "per", "pcp", "dr", "doctor", "physician", "surgeon", "ho", "drs", "dr's"}
+#: abbreviated roles after which even a word in no list is taken for a name ("HO SCHWARZ")
+_ROLE_ABBREVIATIONS = {"np", "rn", "md", "ho", "dr", "drs", "dr's"}
 #: words after which a dictionary name (even an ambiguous or lower-case one) is a relative's name
 _RELATIVE_WORDS = {"son", "daughter", "dtr", "wife", "husband", "brother", "sister", "mother",
                    "father", "mom", "dad", "niece", "nephew", "grandson", "granddaughter",
-                   "friend", "proxy", "hcp", "fiance", "partner", "aunt", "uncle", "cousin"}
+                   "friend", "proxy", "hcp", "fiance", "partner", "aunt", "uncle", "cousin",
+                   "girlfriend", "boyfriend", "grandaughter", "stepson", "stepdaughter"}
 _PLACE_CONTEXT = re.compile(
-    r"\b(?:transfer(?:red)?\s+(?:to|from)|admitted\s+(?:to|from)|came\s+from|sent\s+from|"
+    r"\b(?:(?:transfer(?:red|ed)?|trans(?:fered)?|xfer(?:red)?)\s+(?:back\s+)?(?:to|from)|"
+    r"admitted\s+(?:to|from)|came\s+from|sent\s+(?:to|from)|went\s+to|taken\s+to|"
+    r"brought\s+to|referred\s+to|arrived\s+from|followed\s+at|seen\s+at|"
     r"discharged\s+to|d/c(?:'?d)?\s+to|lives\s+in|resident\s+of|moved\s+to|from\s+home\s+in|"
     r"trip\s+to|vacation\s+in)\s+(?:the\s+)?",
     re.IGNORECASE,
 )
+#: between a relative word and the name: "SON MARK", "DAUGHTER-KRISSY", "proxy: Irene"
+_RELATIVE_GAP = re.compile(r"\s{1,3}|\s?[-:,]{1,3}\s{0,2}")
+#: "Hank Przybylo (son)"
+_RELATIVE_AFTER = re.compile(
+    r"(?<=[A-Za-z])\s*\(\s*(?:son|daughter|dtr|wife|husband|brother|sister|mother|father|niece|"
+    r"nephew|grandson|granddaughter|friend|proxy|hcp|partner|aunt|uncle|cousin)\s*\)",
+    re.IGNORECASE,
+)
+#: an initial and a surname: "Z. MILLER", "s. roberto"
+_INITIAL_GAP = re.compile(r"\.\s{1,2}")
+#: letters that open note sections or sides ("S. pt states", "O. ...", "R. Spo2"): such a letter
+#: before a word that is in no list (often a drug) is not taken for an initial
+_SECTION_LETTERS = set("SOAPIRLNVX")
+#: between the words of a signature: spaces, an initial's period, a hyphen
+_SIGNATURE_GAP = re.compile(r"\s{1,2}|\.\s{0,2}|-")
+#: credentials that end a clinician's signature ("ANTHONY C. KOZICKI, RRT")
+_CREDENTIALS = {"rrt", "rn", "rnc", "bsn", "lpn", "crnp", "np", "md", "pa", "msw", "lcsw", "licsw",
+                "ccrn", "cnm", "rph", "pharmd", "rd", "ot", "otr", "slp", "cna"}
 _HOSPITAL_CONNECTORS = {"and", "of", "the", "st", "saint", "&"}
 
 
@@ -381,6 +452,10 @@ class RuleMember:
         self.dicts = dictionaries()
         self._all_names = self.dicts.all_names
         self._phrase_res = self._compile_phrases()
+        self._place_words = frozenset(
+            w for phrase in (*self.dicts.cities, *self.dicts.place_words, *self.dicts.states,
+                             *self.dicts.countries)
+            for w in phrase.split())
 
     def _compile_phrases(self) -> dict[str, re.Pattern[str]]:
         d = self.dicts
@@ -405,6 +480,16 @@ class RuleMember:
         if self.options.deny:
             out["DENY"] = re.compile(rf"\b(?:{alt(w.lower() for w in self.options.deny)})\b", _I)
         return out
+
+    def _unknown(self, t: _Tok, capitalised: bool) -> bool:
+        """A word that is in none of the word lists nor English: a name or place, given context.
+
+        Used only right after strong context (a relative word, an initial, a credential, a
+        transfer verb), where an unknown word is far more often PHI than a typo.
+        """
+        w = t.low
+        return (capitalised and len(w) > 2 and w.isalpha() and w not in self.dicts.common
+                and w not in self.dicts.ambiguous and not is_english(w))
 
     # ------------------------------------------------------------------ public
     def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]:
@@ -441,6 +526,7 @@ class RuleMember:
         names = self._all_names
         mixed_case = any(c.islower() for c in text)
         toks = _tokens(text)
+        tok_end = {t.end: k for k, t in enumerate(toks)}
         out: list[Span] = []
 
         def span(a: int, b: int, label: str, score: float = DICTIONARY_SCORE) -> None:
@@ -462,7 +548,7 @@ class RuleMember:
             if t.low not in _STRONG_TITLES:
                 continue
             after = text[t.end : t.end + 1]
-            if t.low == "ms" and not mixed_case and after != ".":
+            if t.low == "ms" and after != "." and (not mixed_case or t.word == "MS"):
                 continue  # "MS" in capitals is usually mental status / morphine sulfate
             j = i + 1
             taken = 0
@@ -490,18 +576,71 @@ class RuleMember:
             else:
                 continue
             j = i + 1
-            while (j < len(toks) and j - i <= 2 and _adjacent(text, toks[j - 1], toks[j])
-                   and toks[j].low in names and len(toks[j].low) > 1
-                   and (role == "RELATIVE" or not is_common(toks[j]))):
-                # "MD HO" is a house officer; "SON MARK" is a son named Mark
+            while j < len(toks) and j - i <= 2:
+                tj = toks[j]
+                if role == "RELATIVE":
+                    # "SON MARK", "dtr suzette", "DAUGHTER-KRISSY": a dictionary name, or a word
+                    # that is no English word at all, right after a relative word
+                    ok = (_RELATIVE_GAP.fullmatch(text, toks[j - 1].end, tj.start) is not None
+                          and len(tj.low) > 1
+                          and (tj.low in names or self._unknown(tj, capitalised(tj) or j == i + 1)))
+                else:  # "MD HO" is a house officer: unambiguous dictionary names, or after
+                    # an abbreviated role ("NP grace", "HO SCHWARZ") a word in no list at all
+                    ok = (_adjacent(text, toks[j - 1], tj) and len(tj.low) > 1
+                          and ((tj.low in names and not is_common(tj))
+                               or (t.low in _ROLE_ABBREVIATIONS and j == i + 1
+                                   and len(tj.low) > 3 and self._unknown(tj, True))))
+                if not ok:
+                    break
                 is_name[j] = True
                 label[j] = role
                 j += 1
+        for m in _RELATIVE_AFTER.finditer(text):  # "Hank Przybylo (son)"
+            k = tok_end.get(m.start())
+            taken = 0
+            while (k is not None and k >= 0 and taken < 3 and capitalised(toks[k])
+                   and (toks[k].low in names or self._unknown(toks[k], True))
+                   and (taken == 0 or _adjacent(text, toks[k], toks[k + 1]))):
+                is_name[k] = True
+                label[k] = "RELATIVE"
+                taken += 1
+                k -= 1
+        for i, t in enumerate(toks[:-1]):  # "Z. MILLER", "s. roberto": an initial and a surname
+            nxt = toks[i + 1]
+            if (len(t.word) != 1 or not _INITIAL_GAP.fullmatch(text, t.end, nxt.start)
+                    or (t.start and text[t.start - 1] not in " \t\n(")
+                    or len(nxt.low) < 3 or text[nxt.end : nxt.end + 1].isalnum()):
+                continue
+            if (nxt.low in names and not is_common(nxt)) or (
+                    t.word.upper() not in _SECTION_LETTERS and self._unknown(nxt, True)):
+                is_name[i] = is_name[i + 1] = True
+        for i, t in enumerate(toks):  # "ANTHONY C. KOZICKI, RRT": a signature with a credential
+            if t.low not in _CREDENTIALS or i == 0:
+                continue
+            if not re.fullmatch(r",\s{0,3}|\s{1,3}", text[toks[i - 1].end : t.start]):
+                continue
+            k, found, strong = i - 1, [], False
+            while k >= 0 and len(found) < 4:
+                tk = toks[k]
+                initial = len(tk.word) == 1 and text[tk.end : tk.end + 1] == "."
+                name_like = (tk.low in names and not is_common(tk)) or self._unknown(tk, True)
+                if not (initial or name_like):
+                    break
+                found.append(k)
+                strong = strong or name_like
+                if k == 0 or not _SIGNATURE_GAP.fullmatch(text, toks[k - 1].end, tk.start):
+                    break
+                k -= 1
+            if strong and (len(found) > 1 or toks[found[0]].low in names):
+                for k in found:
+                    is_name[k] = True
+                    label[k] = "DOCTOR"
         changed = True
         while changed:  # an ambiguous name next to a found name is part of it ("MARK SMITH")
             changed = False
             for i, t in enumerate(toks):
-                if is_name[i] or not capitalised(t) or t.low not in names:
+                if (is_name[i] or not capitalised(t) or t.low not in names
+                        or t.low in _CLINICIAN_WORDS):
                     continue
                 left = i > 0 and is_name[i - 1] and _adjacent(text, toks[i - 1], t)
                 right = i + 1 < len(toks) and is_name[i + 1] and _adjacent(text, t, toks[i + 1])
@@ -509,6 +648,11 @@ class RuleMember:
                     is_name[i] = True
                     label[i] = label[i - 1] if left else label[i + 1]
                     changed = True
+        for i in range(len(toks) - 1):  # the second half of a hyphenated name ("FORMAN-LYONS")
+            if (is_name[i] and not is_name[i + 1] and text[toks[i].end : toks[i + 1].start] == "-"
+                    and capitalised(toks[i + 1]) and not is_common(toks[i + 1])):
+                is_name[i + 1] = True
+                label[i + 1] = label[i]
         for i, t in enumerate(toks):
             if is_name[i]:
                 span(t.start, t.end, label[i])
@@ -556,7 +700,10 @@ class RuleMember:
             j = tok_index.get(m.end())
             first = j
             while (j is not None and j < len(toks) and (first is None or j - first < 3)
-                   and capitalised(toks[j]) and len(toks[j].word) > 2
+                   and (len(toks[j].word) > 2 or toks[j].word.isupper() and len(toks[j].word) == 2)
+                   and ((mixed_case and capitalised(toks[j])) or self._unknown(toks[j], True)
+                        or (not mixed_case and toks[j].low in self._place_words)
+                        or (len(toks[j].word) == 2 and toks[j].word.isupper()))  # "TO GH"
                    and not is_common(toks[j]) and toks[j].low not in _STRONG_TITLES
                    and (j == first or _adjacent(text, toks[j - 1], toks[j]))):
                 j += 1
