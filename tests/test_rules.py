@@ -135,6 +135,10 @@ def test_min_age_keeps_only_hipaa_ages() -> None:
         ("TRANSFERRED TO GH FOR CATH", [("GH", "LOCATION-OTHER")]),
         ("TAKEN TO LAUREL REGIONAL", [("LAUREL", "LOCATION-OTHER")]),
         ("son from Pikesville called", [("Pikesville", "CITY")]),
+        # hospital initialisms and wards after a preposition
+        ("MED FLIGHTED TO BWH FOR CATH", [("BWH", "HOSPITAL")]),
+        ("seen at gbmc; RESP DISTRESS ON QUELPOR 6",
+         [("gbmc", "LOCATION-OTHER"), ("QUELPOR", "LOCATION-OTHER")]),
     ],
 )
 def test_context_positives(rules: RuleMember, text: str, expected: list[tuple[str, str]]) -> None:
@@ -156,6 +160,10 @@ def test_context_positives(rules: RuleMember, text: str, expected: list[tuple[st
         "Per HO LLL effusion",                       # an abbreviation after a role
         "PA CATHETER PLACED",                        # pulmonary artery, an English word
         "PS 10/60 AND PEEP 5",                       # ventilator settings, not 10/1960
+        "PT ON SIMV 12, MSO4 2MG, FIO2 50%",         # ventilator modes and drugs, not wards
+        "WARM TO TOUCH, ENCOURAGED TO COUGH",        # English words shaped like initialisms
+        "ICH ON CT, TRANSFERRED FOR SAH",            # clinical initialisms
+        "CHANGED TO QUELPORIN 40 DAILY",             # a drug and its dose
     ],
 )
 def test_context_negatives(rules: RuleMember, text: str) -> None:

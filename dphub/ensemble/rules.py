@@ -348,6 +348,28 @@ _SIGNATURE_GAP = re.compile(r"\s{1,2}|\.\s{0,2}|-")
 _CREDENTIALS = {"rrt", "rn", "rnc", "bsn", "lpn", "crnp", "np", "md", "pa", "msw", "lcsw", "licsw",
                 "ccrn", "cnm", "rph", "pharmd", "rd", "ot", "otr", "slp", "cna"}
 _HOSPITAL_CONNECTORS = {"and", "of", "the", "st", "saint", "&"}
+#: a preposition before a place ("at GH", "to quelpor 2", "ON QUELPOR 6")
+_PLACE_PREPOSITION = re.compile(r"(?<![\w/])(?:to|at|from|on|@)\s+(?:the\s+)?", re.IGNORECASE)
+#: hospital initialisms: "MGH", "BWH", "GBMC", "UMMC" (written in capitals)
+_HOSPITAL_ACRONYM = re.compile(r"[A-Z]{1,3}(?:H|MC)")
+#: clinical initialisms of the same shape
+_NOT_HOSPITAL_ACRONYMS = {
+    "ich", "sah", "sdh", "edh", "ivh", "iph", "bph", "lvh", "rvh", "pph", "tsh", "lh", "fsh",
+    "acth", "pth", "nph", "siadh", "hoh", "doh", "ph", "ch", "dh", "hh", "oh", "ah", "eh", "uh",
+    "sh", "bh", "mh", "nh", "rh", "th", "hmc", "mc", "ldh", "adh", "anh", "cvh", "hch",
+}
+#: a ward is an unknown word followed by a unit or floor number, no dose unit after it
+_UNIT_NUMBER = re.compile(r"\s\d{1,2}(?![\d.,/:]|\s*(?:mg|mcg|ml|cc|u\b|units?|gm?\b|meq|%|mm|cm|l\b))",
+                          re.IGNORECASE)
+#: "changed to X 40", "increased to X 2": a drug and its dose, not a ward
+_DOSE_VERB = re.compile(r"(?:chang|switch|increas|decreas|titrat|wean|restart|start|resum|"
+                        r"convert|bolus|up|down)\w*\s+(?:to|on|at)\b", re.IGNORECASE)
+#: endings of drug names (generic and many brand names): never taken for a ward
+_DRUG_SUFFIXES = ("pril", "sartan", "statin", "olol", "azole", "mycin", "cillin", "floxacin",
+                  "cycline", "pam", "lam", "parin", "done", "phine", "profen", "tidine", "dipine",
+                  "semide", "thiazide", "xaban", "gatran", "setron", "sone", "olone", "ide", "ine",
+                  "ol", "il", "ate", "cin", "vir", "mab", "nib", "ium", "um", "yn", "ex", "ix",
+                  "ac", "ed", "an", "in", "en", "one", "xin", "lin")
 
 
 @dataclass(frozen=True)
@@ -709,6 +731,19 @@ class RuleMember:
                 j += 1
             if first is not None and j is not None and j > first:
                 span(toks[first].start, toks[j - 1].end, "LOCATION-OTHER")
+
+        for m in _PLACE_PREPOSITION.finditer(text):
+            k = tok_index.get(m.end())
+            if k is None:
+                continue
+            t = toks[k]
+            if (_HOSPITAL_ACRONYM.fullmatch(t.word) and t.low not in _NOT_HOSPITAL_ACRONYMS
+                    and not is_common(t) and not is_english(t.low)):
+                span(t.start, t.end, "HOSPITAL")  # "TO GH", "AT BWH", "FROM GBMC"
+            elif (self._unknown(t, True) and not t.low.endswith(_DRUG_SUFFIXES)
+                  and _UNIT_NUMBER.match(text, t.end)
+                  and not _DOSE_VERB.search(text, max(0, m.start() - 12), m.start() + 1)):
+                span(t.start, t.end, "LOCATION-OTHER")  # a ward: "to quelpor 2", "ON QUELPOR 6"
 
         if "DENY" in self._phrase_res:
             lower_deny = {w.lower(): lab for w, lab in self.options.deny.items()}
