@@ -22,14 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
-CORPUS = Path("/work/shared/corpora/physionet-deid-dev")
+#: default corpus: the shared dev corpus beside the checkout (``--corpus`` to use another)
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "physionet-deid-dev"
 
 
-def _split(seed: int):
+def _split(seed: int, corpus: Path = CORPUS):
     from dphub import formats
     from dphub.splits import split_notes
 
-    notes = list(formats.read(CORPUS, "physionet"))
+    notes = list(formats.read(corpus, "physionet"))
     train, test = split_notes(notes, [0.8, 0.2], by="patient", seed=seed)
     return train, test
 
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="model directory to write")
     ap.add_argument("--eval-only", type=Path, help="score this model directory, no training")
+    ap.add_argument("--corpus", type=Path, default=CORPUS,
+                    help="PhysioNet-format corpus (default: ../shared/corpora/physionet-deid-dev)")
     ap.add_argument("--split-seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--thresholds", default="none,0.5,0.3,0.2,0.1")
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         extra[key] = _coerce(rest[i + 1])
     thresholds = [None if t == "none" else float(t) for t in args.thresholds.split(",")]
 
-    train_notes, test_notes = _split(args.split_seed)
+    train_notes, test_notes = _split(args.split_seed, args.corpus)
     report: dict = {
         "train_patients": len({n.patient_id for n in train_notes}),
         "train_notes": len(train_notes),
