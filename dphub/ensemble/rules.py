@@ -341,7 +341,7 @@ _RELATIVE_AFTER = re.compile(
 _INITIAL_GAP = re.compile(r"\.\s{1,2}")
 #: letters that open note sections or sides ("S. pt states", "O. ...", "R. Spo2"): such a letter
 #: before a word that is in no list (often a drug) is not taken for an initial
-_SECTION_LETTERS = set("SOAPIRLNVX")
+_SECTION_LETTERS = set("SOAPIRL")
 #: between the words of a signature: spaces, an initial's period, a hyphen
 _SIGNATURE_GAP = re.compile(r"\s{1,2}|\.\s{0,2}|-")
 #: credentials that end a clinician's signature ("ANTHONY C. KOZICKI, RRT")
