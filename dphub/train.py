@@ -386,18 +386,10 @@ def plan_privacy(opts: TrainOptions, num_units: int) -> PrivacyPlan:
     if opts.noise is not None:
         sigma = float(opts.noise)
     else:
-        from opacus.accountants.utils import get_noise_multiplier
+        from dphub.privacy import accounting
 
         target = opts.target_epsilon if opts.target_epsilon is not None else DEFAULT_TARGET_EPSILON
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                sigma = float(get_noise_multiplier(
-                    target_epsilon=target, target_delta=delta, sample_rate=q, steps=steps,
-                    accountant=opts.accountant, epsilon_tolerance=0.01,
-                ))
-            except ValueError as e:
-                raise PrivacyError(f"cannot reach ε = {target} with δ = {delta:g}: {e}") from None
+        sigma = accounting.noise_for_target_epsilon(opts.accountant, target, q, steps, delta, 0.01)
     planned = steps
     stopped = False
     if (

@@ -4,6 +4,7 @@ overshoots the budget."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 
@@ -72,6 +73,25 @@ def test_target_epsilon_is_hit_from_below(accountant, target, q, steps, delta):
     assert target - tol <= eps <= target
     # and it is (nearly) the least noise that fits: 3 % less noise overshoots the budget
     assert accounting.epsilon_for(accountant, q, sigma * 0.97, steps, delta) > target
+
+
+@pytest.mark.parametrize(
+    ("accountant", "target", "q", "steps"),
+    [("prv", 8.0, 1 / 3, 6), ("prv", 8.0, 1.0, 32), ("rdp", 100.0, 0.01, 10), ("prv", 0.5, 1.0, 1)],
+)
+def test_target_epsilon_search_agrees_with_opacus(accountant, target, q, steps):
+    """dphub's faster σ search lands where Opacus's bisection does (same contract)."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    tol, delta = 0.01, 1e-5
+    ours = accounting.noise_for_target_epsilon(accountant, target, q, steps, delta, tol)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = get_noise_multiplier(target_epsilon=target, target_delta=delta, sample_rate=q,
+                                      steps=steps, accountant=accountant, epsilon_tolerance=tol)
+    for sigma in (ours, theirs):
+        assert target - tol <= accounting.epsilon_for(accountant, q, sigma, steps, delta) <= target
+    assert ours == pytest.approx(theirs, rel=0.01)
 
 
 def test_target_epsilon_bad_input():
