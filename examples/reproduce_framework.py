@@ -219,18 +219,21 @@ def _load_scores(path: Path) -> tuple[list[Any], float]:
     from dphub.scores import TokenScores
 
     with np.load(path, allow_pickle=False) as z:
+        # every z[key] decompresses the whole array again: read each one once, copy the slices
         lengths = z["lengths"].tolist()
         labels = tuple(str(x) for x in z["labels"].tolist())
         decoded = [str(x) for x in z["decoded"].tolist()] if bool(z["has_decoded"]) else None
-        out, pos = [], 0
-        for n in lengths:
-            out.append(TokenScores(
-                offsets=z["offsets"][pos:pos + n], phi_prob=z["phi_prob"][pos:pos + n],
-                label_probs=z["label_probs"][pos:pos + n], labels=labels,
-                decoded=decoded[pos:pos + n] if decoded is not None else None,
-            ))
-            pos += n
-        return out, float(z["seconds"])
+        offsets, phi_prob, label_probs = z["offsets"], z["phi_prob"], z["label_probs"]
+        seconds = float(z["seconds"])
+    out, pos = [], 0
+    for n in lengths:
+        out.append(TokenScores(
+            offsets=offsets[pos:pos + n].copy(), phi_prob=phi_prob[pos:pos + n].copy(),
+            label_probs=label_probs[pos:pos + n].copy(), labels=labels,
+            decoded=decoded[pos:pos + n] if decoded is not None else None,
+        ))
+        pos += n
+    return out, seconds
 
 
 def cached_member_class() -> type:
