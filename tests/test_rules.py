@@ -133,7 +133,7 @@ def test_min_age_keeps_only_hipaa_ages() -> None:
         # places after a transfer verb: a word in no list, or a GeoNames town
         ("transfer to quelpor 6 when bed ready", [("quelpor", "LOCATION-OTHER")]),
         ("TRANSFERRED TO GH FOR CATH", [("GH", "LOCATION-OTHER")]),
-        ("TAKEN TO LAUREL REGIONAL", [("LAUREL", "LOCATION-OTHER")]),
+        ("TAKEN TO LAUREL REGIONAL", [("LAUREL REGIONAL", "HOSPITAL")]),
         ("son from Pikesville called", [("Pikesville", "CITY")]),
         # hospital initialisms and wards after a preposition
         ("MED FLIGHTED TO BWH FOR CATH", [("BWH", "HOSPITAL")]),
@@ -167,4 +167,55 @@ def test_context_positives(rules: RuleMember, text: str, expected: list[tuple[st
     ],
 )
 def test_context_negatives(rules: RuleMember, text: str) -> None:
+    assert found(rules, text) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # numeric dates joined to a word, ranges, years ending a sentence or after an event
+        ("LITHIUM LEVEL-4/7/91. UO-8/12 LOW", [("4/7/91", "DATE"), ("8/12", "DATE")]),
+        ("back to Vornakwood.6/14 stable", [("6/14", "DATE")]),
+        ("cultures from 10/15-10/16 pending", [("10/15", "DATE"), ("10/16", "DATE")]),
+        ("PMH: CVA 2006, CABG 1958, 1972. MI 1994.",
+         [("2006", "DATE"), ("1958", "DATE"), ("1972", "DATE"), ("1994", "DATE")]),
+        ("prostate CA'91, GERD", [("'91", "DATE")]),
+        # phone numbers in more shapes, pagers
+        ("dtr Zandrit- 617- 555- 0143.", [("Zandrit", "RELATIVE"), ("617- 555- 0143", "PHONE")]),
+        ("(617/555/0143) and SON---617 555-0199", [("617/555/0143", "PHONE"),
+                                                 ("617 555-0199", "PHONE")]),
+        ("wife (617555-0143) called", [("617555-0143", "PHONE")]),
+        ("Pager: #41234, PG 55021, beeper number 30917",
+         [("41234", "PHONE"), ("55021", "PHONE"), ("30917", "PHONE")]),
+        # institutions: a specific word with qualifiers, a saint's name
+        ("WORKS AT QUIXBURY MEMORIAL HOSPITAL, NIGHTS", [("QUIXBURY MEMORIAL HOSPITAL", "HOSPITAL")]),
+        ("SEEN AT UNION MEMORIAL LAST YEAR", [("UNION MEMORIAL", "HOSPITAL")]),
+        ("wants to return to St. Agnes's after weaning", [("St. Agnes's", "HOSPITAL")]),
+        ("FOUND DOWN IN ST JOSEPH HOSPITAL", [("ST JOSEPH HOSPITAL", "HOSPITAL")]),
+        # names that are also words, written as names; a name found once is found again
+        ("Family: son Hank called, will call back", [("Hank", "RELATIVE")]),
+        ("Spoke with Quelpor Vornak (son). Quelpor agrees with plan.",
+         [("Quelpor", "RELATIVE"), ("Vornak", "RELATIVE"), ("Quelpor", "RELATIVE")]),
+        # a note written all in lower case: its case says nothing, so dictionary names count
+        ("pt seen by nurse. susan wheeler rn aware. plan as above.",
+         [("susan", "DOCTOR"), ("wheeler", "DOCTOR")]),
+    ],
+)
+def test_more_positives(rules: RuleMember, text: str, expected: list[tuple[str, str]]) -> None:
+    assert found(rules, text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "rates pain 3/10, cp 5/10 relieved, c/o 8/10 HA",  # pain scores, not dates
+        "vent ac 500x12x.6/10 peep, wean to 5/5",            # ventilator settings
+        "Lie flat until 2000. NPO after 2400",               # clock times
+        "SON IN LAW VISITED, WILL RETURN",                  # census names that are words
+        "prolonged hospital stay, poss rehab after",         # lower case: no institution
+        "HAD PROLONGED HOSPITAL STAY, FOUND WANDERING HOSPITAL",  # capitals: none either
+        "ST ELEVATION IN V2, ST CHANGES, ON ETOH GTT, MECH VENT",
+    ],
+)
+def test_more_negatives(rules: RuleMember, text: str) -> None:
     assert found(rules, text) == []

