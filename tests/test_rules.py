@@ -193,7 +193,7 @@ def test_context_negatives(rules: RuleMember, text: str) -> None:
         ("wants to return to St. Agnes's after weaning", [("St. Agnes's", "HOSPITAL")]),
         ("FOUND DOWN IN ST JOSEPH HOSPITAL", [("ST JOSEPH HOSPITAL", "HOSPITAL")]),
         # names that are also words, written as names; a name found once is found again
-        ("Family: son Hank called, will call back", [("Hank", "RELATIVE")]),
+        ("Family: son Jack called, will call back", [("Jack", "RELATIVE")]),
         ("Spoke with Quelpor Vornak (son). Quelpor agrees with plan.",
          [("Quelpor", "RELATIVE"), ("Vornak", "RELATIVE"), ("Quelpor", "RELATIVE")]),
         # a note written all in lower case: its case says nothing, so dictionary names count

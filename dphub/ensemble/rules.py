@@ -123,8 +123,8 @@ def dictionaries() -> Dictionaries:
         last_names=frozenset(w.lower() for w in _read_list("last_names.txt")),
         context_names=frozenset(w.lower() for f in ("more_first_names.txt", "more_last_names.txt")
                                 for w in _read_list(f)) | {w for w in census if not is_english(w)},
-        # census names that are also words ("Rob", "Hank", "Will", "Law"): context names only when
-        # written like a name ("son Rob", "Dr Will Cole"), never "SON IN LAW" or "rob"
+        # census names that are also words ("Jack", "Rusty", "Will", "Law"): context names only when
+        # written like a name ("son Jack", "Dr Will Ames"), never "SON IN LAW" or "jack"
         word_names=frozenset(w for w in census if is_english(w) and w not in common
                              and w not in ambiguous and w.rstrip("s") not in _NOT_NAMES),
         common=frozenset(common),
@@ -187,7 +187,7 @@ _UNIT_AFTER = re.compile(r"\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|x\b|
 _YEAR_CONTEXT = re.compile(r"\b(?:in|since|from|of|year|yr|circa|born|dob|summer|winter|"
                            r"spring|fall|autumn|early|late|mid|jan\w*|feb\w*|mar\w*|apr\w*|may|"
                            r"jun\w*|jul\w*|aug\w*|sep\w*|oct\w*|nov\w*|dec\w*|"
-                           # a past event: "CVA 2004", "MI 1992", "CABG 1957, 1971", "dx'd 2008"
+                           # a past event: "CVA 2006", "MI 1994", "CABG 1958, 1972", "dx'd 2009"
                            r"mi|cva|tia|cabg|ptca|pci|avr|mvr|stent(?:ed|s)?|turp|dx(?:'?d)?|"
                            r"diagnosed|surgery|repair|resection|transplant|\d{4},)[\s.,']*$",
                            re.IGNORECASE)
@@ -200,7 +200,7 @@ _VENT_AFTER = re.compile(r"\s{0,2}(?:peep|ps|psv|cpap|bipap)\b", re.IGNORECASE)
 
 _I = re.IGNORECASE
 #: where a numeric date may start: not inside a number, a fraction or a decimal ("0.8/31"), but
-#: right after a word joined by a hyphen or period ("TOXICITY-9/2/92", "Quartermain.8/31")
+#: right after a word joined by a hyphen or period ("LEVEL-4/7/91", "Vornakwood.6/14")
 _NUM_DATE_START = r"(?<![\d/])(?<!\d[.-])"
 
 
@@ -222,8 +222,8 @@ _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern(
         "PHONE",
         re.compile(
-            # "(410) 555-1234", "410.555.1234", "301 944-5032", "212- 476- 8356", "201/324/1423";
-            # a hyphen before it only counts when it follows a digit ("DAUGHTER---301 944-5032")
+            # "(617) 555-1234", "617.555.1234", "617 555-0199", "617- 555- 0143", "617/555/0143";
+            # a hyphen before it only counts when it follows a digit ("SON---617 555-0199")
             r"(?<!\d)(?<!\d-)(?:\+?1[\s.-]?)?(?:\(\d{3}\)\s*|\d{3}(?:[\s.-]|-\s|/(?=\d{3}/)))"
             r"\d{3}(?:[\s.-]|-\s|/)\d{4}"
             r"(?:\s*(?:x|ext\.?)\s*\d{1,5})?(?![\d-])",
@@ -232,11 +232,11 @@ _PATTERNS: tuple[_Pattern, ...] = (
         check="phone",
     ),
     _Pattern("PHONE", re.compile(r"(?<![\d-])\d{3}-\d{4}(?![\d-])"), check="phone"),
-    # area code run into the exchange: "202232-4455"
+    # area code run into the exchange: "617555-0143"
     _Pattern("PHONE", re.compile(r"(?<![\d-])\d{6}-\d{4}(?![\d-])"), check="phone"),
     _Pattern(
         "PHONE",
-        # "pager 12345", "Pager: #12345", "PG 23456", "beeper number 55037", "x4567"
+        # "pager 12345", "Pager: #41234", "PG 55021", "beeper number 30917", "x4567"
         re.compile(r"\b(?:pager|beeper|pgr|pg|bpr|ext|x)\.?:?\s*(?:(?:number|no\.?|num)\s*)?#?\s*"
                    r"(\d{4,5})(?!\d|[.,]\d|[/:]|\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|%))", _I),
         1,
@@ -266,7 +266,7 @@ _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:of\s+)?(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
-    _Pattern("DATE", re.compile(r"(?<![\d'])'\d{2}(?![\d'])")),  # "in '88", "prostate CA'88"
+    _Pattern("DATE", re.compile(r"(?<![\d'])'\d{2}(?![\d'])")),  # "in '88", "prostate CA'91"
     _Pattern("DATE", re.compile(r"(?<![\d.:/-])(?:19\d\d|20[0-2]\d)(?!\d|\.\d|[:/%-])"), check="year"),
     _Pattern(
         "DATE",
@@ -388,9 +388,9 @@ _PLACE_CONTEXT = re.compile(
     r"trip\s+to|vacation\s+in)\s+(?:the\s+)?",
     re.IGNORECASE,
 )
-#: between a relative word and the name: "SON MARK", "DAUGHTER-KRISSY", "proxy: Irene"
+#: between a relative word and the name: "SON MARK", "DAUGHTER-ZANDRIT", "proxy: Irene"
 _RELATIVE_GAP = re.compile(r"\s{1,3}|\s?[-:,]{1,3}\s{0,2}")
-#: "Hank Przybylo (son)"
+#: "Quelpor Vornak (son)"
 _RELATIVE_AFTER = re.compile(
     r"(?<=[A-Za-z])\s*\(\s*(?:son|daughter|dtr|wife|husband|brother|sister|mother|father|niece|"
     r"nephew|grandson|granddaughter|friend|proxy|hcp|partner|aunt|uncle|cousin)\s*\)",
@@ -410,7 +410,7 @@ _CREDENTIALS = {"rrt", "rn", "rnc", "bsn", "lpn", "crnp", "np", "md", "pa", "msw
 _NOT_NAMES = _RELATIVE_WORDS | _CLINICIAN_WORDS | _STRONG_TITLES | _CREDENTIALS
 _HOSPITAL_CONNECTORS = {"and", "of", "the", "&"}
 #: words inside institution names that are also ordinary words: they extend a name that has a
-#: specific word ("University of Maryland Hospital", "Harford Memorial Hospital") but make none
+#: specific word ("University of Maryland Hospital", "Quixbury Memorial Hospital") but make none
 _HOSPITAL_QUALIFIERS = {"memorial", "regional", "general", "university", "univ", "community",
                         "county", "medical", "mount", "mt", "children's", "childrens", "veterans",
                         "rehab", "rehabilitation", "st", "saint"}
@@ -679,7 +679,7 @@ class RuleMember:
             while j < len(toks) and j - i <= 2:
                 tj = toks[j]
                 if role == "RELATIVE":
-                    # "SON MARK", "dtr suzette", "DAUGHTER-KRISSY": a dictionary name, or a word
+                    # "SON MARK", "dtr zandrit", "DAUGHTER-ZANDRIT": a dictionary name, or a word
                     # that is no English word at all, right after a relative word
                     ok = (_RELATIVE_GAP.fullmatch(text, toks[j - 1].end, tj.start) is not None
                           and len(tj.low) > 1
@@ -695,7 +695,7 @@ class RuleMember:
                 is_name[j] = True
                 label[j] = role
                 j += 1
-        for m in _RELATIVE_AFTER.finditer(text):  # "Hank Przybylo (son)"
+        for m in _RELATIVE_AFTER.finditer(text):  # "Quelpor Vornak (son)"
             k = tok_end.get(m.start())
             taken = 0
             while (k is not None and k >= 0 and taken < 3 and capitalised(toks[k])
@@ -753,8 +753,8 @@ class RuleMember:
                     and capitalised(toks[i + 1]) and not is_common(toks[i + 1])):
                 is_name[i + 1] = True
                 label[i + 1] = label[i]
-        # a name found once in a note is a name wherever else the note writes it ("Radu Crosson
-        # (son)" ... "Radu wishes"): words of three letters or more that are no common word
+        # a name found once in a note is a name wherever else the note writes it ("Quelpor Vornak
+        # (son)" ... "Quelpor agrees"): words of three letters or more that are no common word
         found_names = {t.low: label[i] for i, t in enumerate(toks)
                        if is_name[i] and len(t.low) > 2 and not is_common(t)
                        and t.low not in _NOT_NAMES}
