@@ -219,7 +219,8 @@ def _load_scores(path: Path) -> tuple[list[Any], float]:
     from dphub.scores import TokenScores
 
     with np.load(path, allow_pickle=False) as z:
-        # every z[key] decompresses the whole array again: read each one once, copy the slices
+        # every z[key] decompresses the whole array again: read each one once; the slices below
+        # are views of these three arrays
         lengths = z["lengths"].tolist()
         labels = tuple(str(x) for x in z["labels"].tolist())
         decoded = [str(x) for x in z["decoded"].tolist()] if bool(z["has_decoded"]) else None
@@ -228,8 +229,8 @@ def _load_scores(path: Path) -> tuple[list[Any], float]:
     out, pos = [], 0
     for n in lengths:
         out.append(TokenScores(
-            offsets=offsets[pos:pos + n].copy(), phi_prob=phi_prob[pos:pos + n].copy(),
-            label_probs=label_probs[pos:pos + n].copy(), labels=labels,
+            offsets=offsets[pos:pos + n], phi_prob=phi_prob[pos:pos + n],
+            label_probs=label_probs[pos:pos + n], labels=labels,
             decoded=decoded[pos:pos + n] if decoded is not None else None,
         ))
         pos += n

@@ -805,20 +805,20 @@ class RuleMember:
                     continue
                 if tj.low in d.common and tj.low not in d.names:
                     break
-                if lower_case_note and tj.low not in names and tj.low not in self._place_words:
-                    break  # no capitals to go by: "poss rehab", "concerning rehab"
                 start = tj.start
                 specific = True
                 j -= 1
             if specific and not mixed_case:
-                # in capitals every word looks like a name: keep the name from its first word
-                # that is a name, a place or no English word ("BETH ISRAEL DEACONESS MEDICAL
-                # CENTER"); none at all ("PROLONGED HOSPITAL STAY") is no institution
+                # without case every word looks like a name: keep the name from its first word
+                # that is a name, a place or (in capitals) no English word ("BETH ISRAEL
+                # DEACONESS MEDICAL CENTER"); none at all ("PROLONGED HOSPITAL STAY", "poss
+                # rehab") is no institution
                 words = [t for t in toks[j + 1 : k] if t.start >= start]
                 strong = [x for x, t in enumerate(words)
                           if t.low not in _HOSPITAL_QUALIFIERS and t.low not in _HOSPITAL_CONNECTORS
                           and (t.low in names or t.low in self._place_words
-                               or (not is_english(t.low) and len(t.low) > 1))]
+                               or (not lower_case_note and not is_english(t.low)
+                                   and len(t.low) > 1))]
                 specific = bool(strong)
                 if strong:
                     x = strong[0]
