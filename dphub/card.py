@@ -129,11 +129,12 @@ def dp_block(
     privacy_unit: str,
     max_grad_norm: float,
     epochs: float,
-    expected_logical_batch: float,
     max_examples_per_unit: int | None,
     num_units: int,
     grad_sample_mode: str,
     secure_rng: bool = False,
+    mechanism_rng: str = "os-seeded",
+    weights_sha256: str | None = None,
     epsilon: float | None = None,
     recall_weighting: Mapping[str, Any] | None = None,
     public_pretraining: Mapping[str, Any] | None = None,
@@ -145,6 +146,11 @@ def dp_block(
     training accountant reported to record that instead (validation refuses it if it is smaller
     than the recomputation beyond the tolerance). The dp-accounting cross-check is always
     computed here. Results are cached, so validating right after costs nothing.
+
+    ``num_units`` is recorded coarsened (:func:`coarsen_count`): the exact number of patients is
+    not protected by ε. ``weights_sha256`` binds the card to the weights it describes;
+    ``mechanism_rng`` says where the noise and the sampling came from
+    (:mod:`dphub.privacy.randomness`).
     """
     recomputed = _epsilon_opacus(accountant, sample_rate, noise_multiplier, steps, delta)
     method = "pld" if accountant == "prv" else "rdp"
@@ -162,11 +168,11 @@ def dp_block(
         "sample_rate": float(sample_rate),
         "steps": int(steps),
         "epochs": float(epochs),
-        "expected_logical_batch": expected_logical_batch,
         "max_examples_per_unit": max_examples_per_unit,
-        "num_units": int(num_units),
+        "num_units": coarsen_count(int(num_units)),
         "grad_sample_mode": grad_sample_mode,
         "secure_rng": bool(secure_rng),
+        "mechanism_rng": mechanism_rng,
         "recall_weighting": dict(recall_weighting) if recall_weighting else {"enabled": False},
         "public_pretraining": (
             dict(public_pretraining) if public_pretraining else {"enabled": False}
@@ -176,7 +182,28 @@ def dp_block(
     }
     if lineage:
         block["lineage"] = [dict(e) for e in lineage]
+    if weights_sha256 is not None:
+        block["weights_sha256"] = weights_sha256
     return block
+
+
+def coarsen_count(n: int) -> str:
+    """A count as a range on a 1-2-5 log scale (``"0"``, ``"1-1"``, ``"2-4"``, ``"50-99"``, ...).
+
+    Counts of the private data (patients, notes, PHI per category) are not protected by ε, so a
+    card publishes only the range: enough to judge a model's breadth, too coarse to tell whether
+    one patient was added or removed except at a range boundary. Docs and the card's
+    ``not_covered`` say so.
+    """
+    n = int(n)
+    if n <= 0:
+        return "0"
+    decade = 1
+    while True:
+        for lo, hi in ((1, 2), (2, 5), (5, 10)):
+            if lo * decade <= n < hi * decade:
+                return f"{lo * decade}-{hi * decade - 1}"
+        decade *= 10
 
 
 def non_private_block(**fields: Any) -> dict[str, Any]:
@@ -206,7 +233,9 @@ def dataset_block(
     sequences: int = 0,
     name: str | None = None,
 ) -> dict[str, Any]:
-    """Counts-only ``dataset`` block from a note stream (one pass; nothing but counts is kept).
+    """Coarsened-counts ``dataset`` block from a note stream (one pass; nothing else is kept).
+
+    Every count is published as a range (:func:`coarsen_count`), never exactly.
 
     PHI is counted per label of ``label_schema`` (``hipaa``: categories). Note types come from a
     ``note_type``/``kind``/``type`` metadata value that looks like an identifier, else
@@ -226,12 +255,13 @@ def dataset_block(
         for span in note.spans:
             per_label[schema.map(span.label)] += 1
     block: dict[str, Any] = {
-        "patients": len(patients),
-        "notes": n_notes,
-        "sequences": int(sequences),
-        "phi_phrases": sum(per_label.values()),
-        "phi_per_category": {lab: per_label[lab] for lab in schema.labels if per_label[lab]},
-        "note_types": dict(sorted(types.items())),
+        "patients": coarsen_count(len(patients)),
+        "notes": coarsen_count(n_notes),
+        "sequences": coarsen_count(int(sequences)),
+        "phi_phrases": coarsen_count(sum(per_label.values())),
+        "phi_per_category": {lab: coarsen_count(per_label[lab]) for lab in schema.labels
+                             if per_label[lab]},
+        "note_types": {k: coarsen_count(v) for k, v in sorted(types.items())},
         "language": language,
         "label_schema": label_schema,
     }
@@ -249,17 +279,19 @@ def dataset_from_stats(
     language: str = "en",
     name: str | None = None,
 ) -> dict[str, Any]:
-    """Counts-only ``dataset`` block from :class:`dphub.stats.CorpusStats` (HIPAA categories).
+    """Coarsened-counts ``dataset`` block from :class:`dphub.stats.CorpusStats` (HIPAA categories).
 
     Notes without a patient id are their own privacy unit, so they count as patients here.
     """
     block: dict[str, Any] = {
-        "patients": int(stats.patients) + int(getattr(stats, "notes_without_patient", 0)),
-        "notes": int(stats.notes),
-        "sequences": int(sequences),
-        "phi_phrases": int(stats.phi_phrases),
-        "phi_per_category": {str(k): int(v) for k, v in stats.phi_per_category.items()},
-        "note_types": dict(note_types or {}),
+        "patients": coarsen_count(
+            int(stats.patients) + int(getattr(stats, "notes_without_patient", 0))),
+        "notes": coarsen_count(int(stats.notes)),
+        "sequences": coarsen_count(int(sequences)),
+        "phi_phrases": coarsen_count(int(stats.phi_phrases)),
+        "phi_per_category": {str(k): coarsen_count(int(v))
+                             for k, v in stats.phi_per_category.items()},
+        "note_types": {k: coarsen_count(int(v)) for k, v in (note_types or {}).items()},
         "language": language,
         "label_schema": label_schema,
     }

@@ -62,7 +62,8 @@ WARM_STARTS = ("synth", "none")
 ACCOUNTANTS = ("prv", "rdp")
 #: Target ε used when neither ``--noise`` nor ``--target-epsilon`` is given.
 DEFAULT_TARGET_EPSILON = 8.0
-CHECKPOINT_FILE = "checkpoint.pt"
+#: A pickled checkpoint of dphub < 0.2: never loaded (it could run code), only detected.
+LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
 TRAINING_CONFIG_FILE = "training_config.json"
 
 
@@ -132,6 +133,11 @@ class TrainOptions:
         _choice("--head", self.head, HEADS)
         _choice("--warm-start", self.warm_start, WARM_STARTS)
         _choice("--accountant", self.accountant, ACCOUNTANTS)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                flag = "--" + f.name.replace("_", "-")
+                raise ConfigError(f"{flag} must be a finite number, got {value}")
         if self.noise is not None and self.target_epsilon is not None:
             raise ConfigError("give either --noise or --target-epsilon, not both")
         if self.noise is not None and self.noise <= 0:
@@ -166,8 +172,6 @@ class TrainOptions:
             raise ConfigError(f"max_length must be in [8, 512], got {self.max_length}")
         if not 0 <= self.stride < self.max_length - 2:
             raise ConfigError(f"stride must be in [0, max_length - 2), got {self.stride}")
-        if self.secure_rng and self.resume:
-            raise ConfigError("--resume cannot reproduce a --secure-rng run (its RNG has no state)")
         from dphub.labels import get_schema
 
         get_schema(self.label_schema)
@@ -362,6 +366,15 @@ class PrivacyPlan:
     def expected_batch(self) -> float:
         return self.sample_rate * self.num_units
 
+    @property
+    def expected_batch_units(self) -> int:
+        """The divisor of the mean-reduced noisy sum: ``round(N · q)``, never 0.
+
+        ``q = 1 / k`` with ``k = round(N / batch_size) ≤ N``, so ``N · q ≥ 1`` mathematically; in
+        floating point ``N · (1 / N)`` can come out just below 1, which Opacus truncates to 0.
+        """
+        return max(1, round(self.sample_rate * self.num_units))
+
 
 def _eps_quiet(accountant: str, q: float, sigma: float, steps: int, delta: float) -> float:
     from dphub.privacy import accounting
@@ -426,18 +439,23 @@ def checkpoint_dir_for(out: Path, override: Path | None = None) -> Path:
     return out.parent / f".{out.name}.ckpt"
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write a private checkpoint atomically (temp file + fsync + rename)."""
-    with atomic_open(path, "wb") as fh:
-        torch.save(state, fh)
+def save_checkpoint(directory: Path, state: dict[str, Any]) -> None:
+    """Write a private checkpoint (safetensors + JSON, no pickle) atomically into ``directory``."""
+    from dphub import checkpoint
+
+    checkpoint.save(directory, state)
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    try:
-        # our own private file, written by save_checkpoint; contains numpy/RNG state objects
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - a torn or foreign file: say which
-        raise ConfigError(f"{path}: unreadable checkpoint ({type(e).__name__})") from None
+def load_checkpoint(directory: Path, fingerprint: str) -> dict[str, Any]:
+    """Load a checkpoint of *this* run: the fingerprint is checked before any tensor is read."""
+    from dphub import checkpoint
+
+    manifest = checkpoint.read_manifest(directory)
+    if manifest["state"].get("fingerprint") != fingerprint:
+        raise ConfigError(
+            f"{directory}: checkpoint belongs to a different run (data or options changed)"
+        )
+    return checkpoint.load(directory, manifest)
 
 
 def _fingerprint(opts: TrainOptions, examples: Sequence[Example], base_id: str) -> str:
@@ -459,24 +477,6 @@ def _fingerprint(opts: TrainOptions, examples: Sequence[Example], base_id: str) 
 # --------------------------------------------------------------------------------------------
 
 
-class _FixedLengthBatches(torch.utils.data.Sampler):
-    """A batch sampler whose only job is to have length ``k``.
-
-    ``make_private`` replaces it by Poisson sampling with rate ``1 / len(loader)`` = ``1 / k``.
-    """
-
-    def __init__(self, n: int, k: int) -> None:
-        self.n, self.k = n, k
-
-    def __len__(self) -> int:
-        return self.k
-
-    def __iter__(self) -> Iterator[list[int]]:
-        size = math.ceil(self.n / self.k)
-        for i in range(self.k):
-            yield list(range(i * size, min(self.n, (i + 1) * size)))
-
-
 def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
@@ -487,21 +487,6 @@ def _loss(model: Any, batch: dict[str, torch.Tensor], recall_weight: float) -> t
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")}
     weights = recall_weights(model, inputs, labels, recall_weight)
     return model.per_sample_loss(inputs, labels, weights=weights)
-
-
-def _rng_states(gens: dict[str, torch.Generator | None]) -> dict[str, Any]:
-    out: dict[str, Any] = {"torch": torch.get_rng_state()}
-    for k, g in gens.items():
-        if g is not None:
-            out[k] = g.get_state()
-    return out
-
-
-def _set_rng_states(states: dict[str, Any], gens: dict[str, torch.Generator | None]) -> None:
-    torch.set_rng_state(states["torch"])
-    for k, g in gens.items():
-        if g is not None and k in states:
-            g.set_state(states[k])
 
 
 def load_training_notes(opts: TrainOptions) -> list[Note]:
@@ -610,6 +595,51 @@ def _source_repo_revision(spec: str, src: Path, is_dir: bool) -> tuple[str, str]
     return repo, rev or requested or "unknown"
 
 
+def is_model_directory(path: Path) -> bool:
+    """A directory ``dphub train`` wrote (the only kind ``--force`` may replace)."""
+    return (path / TRAINING_CONFIG_FILE).is_file() and (path / "model.safetensors").is_file()
+
+
+def check_output_dir(out: Path, data: Path, *, force: bool) -> None:
+    """Refuse an output that is a file, overlaps the training data, or is not ours to replace.
+
+    ``--force`` replaces a previous model directory and nothing else: never the corpus, never a
+    directory holding it, never a directory that ``dphub train`` did not write.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
+    o, d = out.resolve(), data.resolve()
+    if o == d or d.is_relative_to(o) or o.is_relative_to(d):
+        raise ConfigError(
+            f"--out {out} overlaps the training data {data}; write the model elsewhere"
+        )
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ConfigError(f"{out}: output directory exists and is not empty (use --force)")
+        if not is_model_directory(out):
+            raise ConfigError(
+                f"{out}: --force replaces only a model directory written by dphub train "
+                f"({TRAINING_CONFIG_FILE} + model.safetensors); this is not one, so nothing "
+                "was removed"
+            )
+
+
+def run_log_path(ckpt_dir: Path) -> Path:
+    """The private run log (loss curve, exact counts) beside the checkpoint directory."""
+    name = ckpt_dir.name.removesuffix(".ckpt")
+    return ckpt_dir.parent / f"{name}.trainlog.json"
+
+
+def write_run_log(path: Path, record: dict[str, Any]) -> None:
+    """Write the run's private log (0600): values the accountant did not pay for stay here."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "w") as fh:
+        fh.write(json.dumps(record, indent=2) + "\n")
+    os.chmod(path, 0o600)
+
+
 def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> TrainResult:
     """Train a tagger with DP-SGD (or without, for ``no_dp`` baselines) and write its directory.
 
@@ -618,16 +648,21 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
     """
     opts.validate()
     out = Path(opts.out)  # type: ignore[arg-type]
-    if out.exists() and any(out.iterdir()) and not opts.force:
-        raise ConfigError(f"{out}: output directory exists and is not empty (use --force)")
+    check_output_dir(out, Path(opts.data), force=opts.force)  # type: ignore[arg-type]
+    from dphub import checkpoint
+
     ckpt_dir = checkpoint_dir_for(out, opts.checkpoint_dir)
-    ckpt_file = ckpt_dir / CHECKPOINT_FILE
-    if ckpt_file.exists() and not opts.resume:
+    if (ckpt_dir / LEGACY_CHECKPOINT_FILE).exists():
+        raise ConfigError(
+            f"{ckpt_dir}: holds a pickled checkpoint of an older dphub, which is never loaded "
+            "(unpickling can run code); delete that directory to start over"
+        )
+    if checkpoint.exists(ckpt_dir) and not opts.resume:
         raise ConfigError(
             f"{ckpt_dir}: a checkpoint of an interrupted run exists; pass --resume to continue "
             "it, or delete it to start over"
         )
-    if opts.resume and not ckpt_file.exists():
+    if opts.resume and not checkpoint.exists(ckpt_dir):
         raise ConfigError(f"--resume: no checkpoint in {ckpt_dir}")
 
     t0 = time.monotonic()
@@ -657,7 +692,6 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
     dataset = UnitDataset.from_windows(
         [e.input_ids for e in examples], [e.labels for e in examples],
         [e.unit for e in examples], max_examples_per_unit=opts.max_examples_per_unit,
-        seed=opts.seed,
     )
     plan = plan_privacy(opts, len(dataset))
     log.info(
@@ -666,11 +700,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
         plan.sample_rate, plan.steps, plan.noise_multiplier,
     )
     fingerprint = _fingerprint(opts, examples, src.base_public_id)
-    state = load_checkpoint(ckpt_file) if opts.resume else None
-    if state is not None and state.get("fingerprint") != fingerprint:
-        raise ConfigError(
-            f"{ckpt_dir}: checkpoint belongs to a different run (data or options changed)"
-        )
+    state = load_checkpoint(ckpt_dir, fingerprint) if opts.resume else None
 
     torch.manual_seed(opts.seed)
     model.set_trainable(train_layers=opts.train_layers, lora_rank=opts.lora_rank)
@@ -681,7 +711,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
         loop = _Loop(opts, plan, model, dataset, tokenizer, on_progress)
         if state is not None:
             loop.restore(state)
-        loop.run(ckpt_file, fingerprint)
+        loop.run(ckpt_dir, fingerprint)
     if opts._stop_after is not None and loop.step < plan.steps:
         raise KeyboardInterrupt  # simulated kill (tests)
     if loop.step != plan.steps:  # pragma: no cover - invariant
@@ -692,8 +722,19 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
         # the ε the training accountant tracked; the card adds the dp-accounting cross-check
         epsilon = _quiet_epsilon(loop.engine.accountant, plan.delta)
     model.eval()
-    meta = build_meta(opts, plan, src, notes, dataset.num_windows, loop.step, epsilon)
-    _write_output(out, model, src, opts, plan, meta, loop.step, epsilon, loop.losses)
+    meta = _write_output(
+        out, model, src, opts, plan, loop.step, epsilon,
+        lambda sha: build_meta(opts, plan, src, notes, dataset.num_windows, loop.step, epsilon,
+                               weights_sha256=sha),
+    )
+    write_run_log(run_log_path(ckpt_dir), {
+        "steps": loop.step,
+        "loss_history": [None if math.isnan(v) else round(v, 5) for v in loop.losses],
+        "num_units": plan.num_units,
+        "windows": dataset.num_windows,
+        "windows_left_out": dataset.dropped_windows,
+        "seconds": round(time.monotonic() - t0, 1),
+    })
     with contextlib.suppress(OSError):
         shutil.rmtree(ckpt_dir)
     return TrainResult(
@@ -783,25 +824,35 @@ def _quiet_epsilon(accountant: Any, delta: float) -> float:
 class _Loop:
     """The step loop, DP (Opacus) or not, with its resumable state.
 
-    Both modes draw units by Poisson sampling with the same seeded generator, so ``--no-dp`` is an
-    ablation of clipping and noise only.
+    Both modes draw units by Poisson sampling (:class:`~dphub.privacy.randomness.PoissonUnitSampler`)
+    so ``--no-dp`` is an ablation of clipping and noise only. Under DP the sampler and the noise
+    draw from a :class:`~dphub.privacy.randomness.MechanismRandomness` seeded from the OS on every
+    run (never from ``--seed``); without DP the data order follows ``--seed``.
     """
 
     def __init__(self, opts: TrainOptions, plan: PrivacyPlan, model: Any, dataset: Any,
                  tokenizer: Any, on_progress: ProgressFn | None) -> None:
-        from opacus.data_loader import DPDataLoader
-
+        from dphub.privacy.randomness import (
+            MechanismRandomness,
+            PoissonUnitSampler,
+            install_noise_source,
+        )
         from dphub.privacy.units import unit_collate
 
         self.opts, self.plan, self.model, self.on_progress = opts, plan, model, on_progress
         self.params = _trainable(model)
         self.optimizer: Any = torch.optim.Adam(self.params, lr=opts.lr)
-        self.sample_gen = None if opts.secure_rng else torch.Generator().manual_seed(opts.seed + 1)
-        self.noise_gen = None if opts.secure_rng else torch.Generator().manual_seed(opts.seed + 2)
+        self.source = MechanismRandomness.for_run(
+            private=not opts.no_dp, secure=opts.secure_rng, seed=opts.seed
+        )
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.sampler = PoissonUnitSampler(
+            num_samples=len(dataset), sample_rate=plan.sample_rate, source=self.source,
+            steps=plan.steps_per_epoch,
+        )
         loader: Any = torch.utils.data.DataLoader(
-            dataset, batch_sampler=_FixedLengthBatches(len(dataset), plan.steps_per_epoch),
-            collate_fn=functools.partial(unit_collate, pad_id=pad_id), generator=self.sample_gen,
+            dataset, batch_sampler=self.sampler,
+            collate_fn=functools.partial(unit_collate, pad_id=pad_id),
         )
         self.engine: Any = None
         if not opts.no_dp:
@@ -809,20 +860,20 @@ class _Loop:
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                try:
-                    self.engine = PrivacyEngine(accountant=opts.accountant,
-                                                secure_mode=opts.secure_rng)
-                except ImportError:
-                    raise ConfigError(
-                        "--secure-rng needs the torchcsprng package (pip install torchcsprng)"
-                    ) from None
-                _, self.optimizer, loader = self.engine.make_private(
+                self.engine = PrivacyEngine(accountant=opts.accountant)
+                # poisson_sampling=False: the loader's batch sampler already *is* a Poisson
+                # sampler (ours, drawing from the mechanism's randomness); Opacus would replace
+                # it by one drawing from torch's seeded global generator
+                gsm, self.optimizer, loader = self.engine.make_private(
                     module=model, optimizer=self.optimizer, data_loader=loader,
                     noise_multiplier=plan.noise_multiplier, max_grad_norm=opts.max_grad_norm,
-                    loss_reduction="mean", poisson_sampling=True, noise_generator=self.noise_gen,
-                    grad_sample_mode="hooks",
+                    loss_reduction="mean", poisson_sampling=False, grad_sample_mode="hooks",
                 )
-            if abs(loader.sample_rate - plan.sample_rate) > 1e-12:  # pragma: no cover
+            gsm.forbid_grad_accumulation()
+            install_noise_source(self.optimizer, self.source)
+            # Opacus sets int(N * q), which is 0 when N * q rounds below 1 in floating point
+            self.optimizer.expected_batch_size = plan.expected_batch_units
+            if abs(1.0 / len(loader) - plan.sample_rate) > 1e-12:  # pragma: no cover
                 raise PrivacyError("internal: sampler rate differs from the accounted rate")
             account = self.optimizer.step_hook
 
@@ -831,8 +882,6 @@ class _Loop:
                 self.step += 1
 
             self.optimizer.step_hook = _hook
-        else:
-            loader = DPDataLoader.from_data_loader(loader, generator=self.sample_gen)
         self.loader = loader
         self.step = 0
         self.losses: list[float] = []
@@ -847,11 +896,8 @@ class _Loop:
         if self.engine is not None:
             self.engine.accountant.load_state_dict(state["accountant"])
         self.step = int(state["step"])
-        self.losses = list(state.get("losses", []))
+        self.losses = [float("nan") if v is None else float(v) for v in state.get("losses", [])]
         self.rng_state = state["rng"]
-
-    def _gens(self) -> dict[str, torch.Generator | None]:
-        return {"sample": self.sample_gen, "noise": self.noise_gen}
 
     def checkpoint(self, path: Path, fingerprint: str) -> None:
         save_checkpoint(path, {
@@ -860,8 +906,9 @@ class _Loop:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "accountant": self.engine.accountant.state_dict() if self.engine else None,
-            "rng": _rng_states(self._gens()),
-            "losses": self.losses,
+            # DP runs: the mechanism's generator is never stored (fresh OS entropy on resume)
+            "rng": {"torch": torch.get_rng_state(), "data_order": self.source.state()},
+            "losses": [None if math.isnan(v) else v for v in self.losses],
         })
 
     def _report(self, loss: float) -> None:
@@ -904,7 +951,8 @@ class _Loop:
             # creating the iterator may draw from the sampler's generator: restore afterwards,
             # so a resumed run draws exactly the batches the uninterrupted run would have drawn
             if self.rng_state is not None:
-                _set_rng_states(self.rng_state, self._gens())
+                torch.set_rng_state(self.rng_state["torch"])
+                self.source.set_state(self.rng_state.get("data_order"))
             with warnings.catch_warnings():
                 # frozen embeddings: torch notes that backward hooks fire on outputs only
                 warnings.filterwarnings("ignore", message="Full backward hook")
@@ -914,7 +962,11 @@ class _Loop:
                     self._run_plain(it, ckpt, fingerprint)
 
     def _run_dp(self, it: Iterator[Any], ckpt: Path, fingerprint: str) -> None:
-        from dphub.privacy.units import aggregate_grad_sample_by_unit, batch_num_units
+        from dphub.privacy.units import (
+            aggregate_grad_sample_by_unit,
+            batch_num_units,
+            check_one_gradient_per_unit,
+        )
 
         step_loss: list[float] = []
         for batch in it:
@@ -927,6 +979,9 @@ class _Loop:
                 per.mean().backward()
                 step_loss.append(float(per.detach().mean()))
                 aggregate_grad_sample_by_unit(self.model, batch["unit_index"], n_units)
+            # the guarantee's invariant, checked on every physical batch: the optimizer is about
+            # to clip exactly one gradient per sampled unit
+            check_one_gradient_per_unit(self.model, n_units)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             if self.step > before:
@@ -975,6 +1030,8 @@ def build_meta(
     n_sequences: int,
     steps: int,
     epsilon: float | None,
+    *,
+    weights_sha256: str | None = None,
 ) -> dict[str, Any]:
     """Card front matter (HF keys + ``differential_privacy`` + ``dataset``) via dphub.card."""
     from dphub import card
@@ -993,22 +1050,55 @@ def build_meta(
     if opts.no_dp:
         dp = card.non_private_block(
             privacy_unit=opts.privacy_unit, steps=steps, epochs=epochs,
-            sample_rate=plan.sample_rate, expected_logical_batch=round(plan.expected_batch, 4),
-            max_examples_per_unit=opts.max_examples_per_unit, num_units=plan.num_units,
+            sample_rate=plan.sample_rate, max_examples_per_unit=opts.max_examples_per_unit,
+            num_units=card.coarsen_count(plan.num_units), weights_sha256=weights_sha256,
             **{k: v for k, v in common.items() if v is not None},
         )
     else:
+        from dphub.privacy.randomness import MechanismRandomness
+
         dp = card.dp_block(
             accountant=opts.accountant, sample_rate=plan.sample_rate,
             noise_multiplier=float(plan.noise_multiplier), steps=steps,
             delta=float(plan.delta), privacy_unit=opts.privacy_unit,
             max_grad_norm=opts.max_grad_norm, epochs=epochs,
-            expected_logical_batch=round(plan.expected_batch, 4),
             max_examples_per_unit=opts.max_examples_per_unit, num_units=plan.num_units,
-            grad_sample_mode="hooks", secure_rng=opts.secure_rng, epsilon=epsilon, **common,
+            grad_sample_mode="hooks", secure_rng=opts.secure_rng, epsilon=epsilon,
+            mechanism_rng=MechanismRandomness.for_run(
+                private=True, secure=opts.secure_rng, seed=0).mode,
+            weights_sha256=weights_sha256, **common,
         )
     dataset = card.dataset_block(notes, label_schema=opts.label_schema, sequences=n_sequences)
     return card.card_meta(dp, dataset, base_model=src.base_public_id)
+
+
+#: Top-level keys of the published ``training_config.json`` (hyper-parameters and the values
+#: the card's accounting is recomputed from; nothing measured on the private data).
+TRAINING_CONFIG_KEYS: tuple[str, ...] = (
+    "format_version", "dphub_training", "base_model", "init_from", "no_dp", "privacy_unit",
+    "accountant", "steps", "sample_rate", "noise_multiplier", "delta", "epsilon",
+)
+
+
+def training_config(opts: TrainOptions, src: _Source, plan: PrivacyPlan, steps: int,
+                    epsilon: float | None) -> dict[str, Any]:
+    """The published ``training_config.json``: hyper-parameters and the accounted quantities."""
+    cfg = {
+        "format_version": 2,
+        "dphub_training": opts.public_dict(),
+        "base_model": src.base_public_id,
+        "init_from": _public_init_from(opts.init_from),
+        "no_dp": bool(opts.no_dp),
+        "privacy_unit": opts.privacy_unit,
+        "accountant": None if opts.no_dp else opts.accountant,
+        "steps": steps,
+        "sample_rate": plan.sample_rate,
+        "noise_multiplier": plan.noise_multiplier,
+        "delta": plan.delta,
+        "epsilon": epsilon,
+    }
+    assert tuple(cfg) == TRAINING_CONFIG_KEYS
+    return cfg
 
 
 def _write_output(
@@ -1017,33 +1107,28 @@ def _write_output(
     src: _Source,
     opts: TrainOptions,
     plan: PrivacyPlan,
-    meta: dict[str, Any],
     steps: int,
     epsilon: float | None,
-    losses: list[float],
-) -> None:
-    """Build the model directory under a temp name and rename it into place."""
+    make_meta: Callable[[str], dict[str, Any]],
+) -> dict[str, Any]:
+    """Build the model directory under a temp name and rename it into place.
+
+    The card is made after the weights are written, so it records the SHA-256 of exactly the
+    ``model.safetensors`` it describes (the publish gate checks the two belong together).
+    """
+    from dphub.card import write_card
+    from dphub.hub.common import file_sha256
+
     try:
         with atomic_directory(out, overwrite=opts.force) as tmp:
             model.save(tmp, base_public_id=src.base_public_id, tokenizer_source=src.tokenizer_dir)
-            cfg = {
-                "dphub_training": opts.public_dict(),
-                "base_model": src.base_public_id,
-                "init_from": _public_init_from(opts.init_from),
-                "steps": steps,
-                "sample_rate": plan.sample_rate,
-                "noise_multiplier": plan.noise_multiplier,
-                "delta": plan.delta,
-                "epsilon": epsilon,
-                "num_units": plan.num_units,
-                "loss_history": [None if math.isnan(v) else round(v, 5) for v in losses],
-            }
+            cfg = training_config(opts, src, plan, steps, epsilon)
             atomic_write_text(tmp / TRAINING_CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
-            from dphub.card import write_card
-
+            meta = make_meta(file_sha256(tmp / "model.safetensors"))
             write_card(tmp, meta)
     except FileExistsError:
         raise ConfigError(f"{out}: output directory exists and is not empty (use --force)") from None
+    return meta
 
 
 def _public_init_from(spec: str | None) -> str | None:

@@ -97,7 +97,7 @@ def test_flags_override_project_keys(
     out = tmp_path / "elsewhere"
     cfg = json.loads((out / "training_config.json").read_text())
     # 12 notes as units, batch 2 -> 6 steps per epoch
-    assert cfg["steps"] == 12 and cfg["noise_multiplier"] == 1.5 and cfg["num_units"] == 12
+    assert cfg["steps"] == 12 and cfg["noise_multiplier"] == 1.5 and cfg["sample_rate"] == pytest.approx(1 / 6)
     assert cfg["dphub_training"]["privacy_unit"] == "note"
     assert not (tmp_path / "out").exists()
 

@@ -58,7 +58,7 @@ def test_unit_key_per_unit_kind():
 
 def test_unit_dataset_groups_windows_and_caps_per_unit():
     ids, tags, keys = _windows([2, 1, 5])
-    ds = UnitDataset.from_windows(ids, tags, keys, max_examples_per_unit=3, seed=1)
+    ds = UnitDataset.from_windows(ids, tags, keys, max_examples_per_unit=3)
     assert len(ds) == 3
     assert [int(u.lengths.numel()) for u in ds] == [2, 1, 3]
     assert ds.dropped_windows == 2 and ds.num_windows == 6
@@ -69,9 +69,20 @@ def test_unit_dataset_groups_windows_and_caps_per_unit():
     originals = ids[3:]
     assert all(k in originals for k in kept)
     assert [originals.index(k) for k in kept] == sorted(originals.index(k) for k in kept)
-    # seeded: same seed, same choice
-    again = UnitDataset.from_windows(ids, tags, keys, max_examples_per_unit=3, seed=1)
-    assert torch.equal(again[2].input_ids, third.input_ids)
+    # evenly spaced over the unit's own windows (5 windows, keep 3: windows 0, 1, 3)
+    assert [originals.index(k) for k in kept] == [0, 1, 3]
+
+
+def test_window_cap_of_a_unit_depends_on_that_unit_only():
+    """A unit's kept windows are a function of its own windows: adding, removing or reordering
+    other units (or any seed) never changes them."""
+    ids, tags, keys = _windows([7, 2, 9, 4], seed=3)
+    alone = UnitDataset.from_windows(ids[9:18], tags[9:18], keys[9:18], max_examples_per_unit=4)
+    together = UnitDataset.from_windows(ids, tags, keys, max_examples_per_unit=4)
+    reordered = UnitDataset.from_windows(ids[9:] + ids[:9], tags[9:] + tags[:9],
+                                         keys[9:] + keys[:9], max_examples_per_unit=4)
+    assert torch.equal(alone[0].input_ids, together[2].input_ids)
+    assert torch.equal(alone[0].input_ids, reordered[0].input_ids)
 
 
 def test_unit_dataset_rejects_inconsistent_input():

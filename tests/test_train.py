@@ -82,12 +82,18 @@ def test_dp_training_writes_a_valid_private_model_dir(
     dp = card.meta["differential_privacy"]
     assert dp["private"] is True and dp["privacy_unit"] == "patient"
     assert dp["epsilon"] == pytest.approx(expected, rel=1e-6)
-    assert dp["steps"] == 6 and dp["num_units"] == 6 and dp["noise_multiplier"] == 1.0
-    assert card.meta["dataset"]["notes"] == 20 and card.meta["dataset"]["patients"] == 6
+    assert dp["steps"] == 6 and dp["num_units"] == "5-9" and dp["noise_multiplier"] == 1.0
+    # counts are published as ranges only (exact counts are not protected by ε)
+    assert card.meta["dataset"]["notes"] == "20-49" and card.meta["dataset"]["patients"] == "5-9"
     assert load_card(out).meta["base_model"] == tiny_base_model.name
 
     cfg = json.loads((out / "training_config.json").read_text())
-    assert cfg["steps"] == 6 and len(cfg["loss_history"]) == 6
+    assert cfg["steps"] == 6 and tuple(cfg) == T.TRAINING_CONFIG_KEYS
+    assert "loss_history" not in cfg and "num_units" not in cfg
+    # the loss curve stays in the private run log next to the (removed) checkpoints
+    log = T.run_log_path(T.checkpoint_dir_for(out))
+    assert log.is_file() and (log.stat().st_mode & 0o777) == 0o600
+    assert len(json.loads(log.read_text())["loss_history"]) == 6
     # the model loads for inference
     tagger = Tagger.load(out)
     notes = synth.generate(2, kind="nursing", seed=9)
@@ -198,7 +204,11 @@ def test_default_delta_is_well_below_one_over_n() -> None:
         ({"head": "mlp"}, "head"),
         ({"batch_size": 0}, "batch-size"),
         ({"delta": 2.0}, "delta"),
-        ({"secure_rng": True, "resume": True}, "resume"),
+        ({"lr": float("nan")}, "lr"),
+        ({"noise": float("inf")}, "noise"),
+        ({"noise": float("nan")}, "noise"),
+        ({"target_epsilon": float("nan")}, "target-epsilon"),
+        ({"epochs": float("nan")}, "epochs"),
     ],
 )
 def test_bad_options_are_config_errors(kw: dict, match: str) -> None:

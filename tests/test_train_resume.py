@@ -1,7 +1,10 @@
-"""Checkpoint and resume: an interrupted run, resumed, equals the uninterrupted run.
+"""Checkpoint and resume: an interrupted run, resumed, continues the same run.
 
-Same number of steps, same ε, and — because sampling, noise and dropout all come from generators
-whose states the checkpoint holds — the same weights.
+Same number of steps and the same ε (the accountant's history is in the checkpoint). Without DP,
+sampling and dropout follow generators whose states the checkpoint holds, so the weights are the
+same too. Under DP the mechanism's noise and sampling are re-seeded from the operating system on
+resume (never stored), so the weights differ from an uninterrupted run, as they differ between any
+two DP runs. Checkpoints are safetensors + JSON in a 0700 directory; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dphub import formats, synth
+from dphub import checkpoint, formats, synth
 from dphub import train as T
 from dphub.errors import ConfigError
 
@@ -65,9 +68,12 @@ def test_resume_in_process_matches_uninterrupted(
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
         T.train(_opts(corpus, tiny_base_model, out, _stop_after=5, **extra))
-    ckpt = T.checkpoint_dir_for(out) / T.CHECKPOINT_FILE
-    assert ckpt.is_file() and not out.exists()
-    assert T.load_checkpoint(ckpt)["step"] == 4  # the last multiple of checkpoint_every
+    ckpt = T.checkpoint_dir_for(out)
+    assert checkpoint.exists(ckpt) and not out.exists()
+    assert (ckpt.stat().st_mode & 0o777) == 0o700
+    for f in ckpt.iterdir():
+        assert (f.stat().st_mode & 0o777) == 0o600, f.name
+    assert checkpoint.read_manifest(ckpt)["state"]["step"] == 4  # last multiple of checkpoint_every
     # starting over without --resume would silently drop the progress: refused
     with pytest.raises(ConfigError, match="--resume"):
         T.train(_opts(corpus, tiny_base_model, out, **extra))
@@ -75,8 +81,39 @@ def test_resume_in_process_matches_uninterrupted(
 
     assert res.steps == full.steps == 12
     assert res.epsilon == full.epsilon
-    _same_weights(out, tmp_path / "full")
-    assert not ckpt.parent.exists()
+    if no_dp:
+        _same_weights(out, tmp_path / "full")
+    assert not ckpt.exists()
+
+
+def test_resume_never_unpickles_a_planted_checkpoint(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path
+) -> None:
+    """A planted pickle is never loaded: neither a legacy checkpoint.pt nor inside our files."""
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (marker.touch, ())
+
+    out = tmp_path / "m"
+    ckpt = T.checkpoint_dir_for(out)
+    ckpt.mkdir(parents=True)
+    (ckpt / "checkpoint.pt").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ConfigError, match="pickled checkpoint"):
+        T.train(_opts(corpus, tiny_base_model, out, resume=True))
+    assert not marker.exists()
+
+    # a real checkpoint whose tensor file was replaced by a pickle: refused, not executed
+    (ckpt / "checkpoint.pt").unlink()
+    with pytest.raises(KeyboardInterrupt):
+        T.train(_opts(corpus, tiny_base_model, out, _stop_after=2))
+    (ckpt / checkpoint.TENSOR_FILE).write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ConfigError, match="unreadable checkpoint"):
+        T.train(_opts(corpus, tiny_base_model, out, resume=True))
+    assert not marker.exists()
 
 
 def test_resume_refuses_a_checkpoint_of_another_run(
@@ -113,7 +150,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(
     ))
 
     out = tmp_path / "killed"
-    ckpt = T.checkpoint_dir_for(out) / T.CHECKPOINT_FILE
+    ckpt = T.checkpoint_dir_for(out) / checkpoint.STATE_FILE
     proc = subprocess.Popen(_cli(corpus, tiny_base_model, out), env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -125,7 +162,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(
         proc.wait(timeout=60)
     assert ckpt.exists(), "the run never wrote a checkpoint"
     assert not out.exists(), "the run finished before it could be killed"
-    step_at_kill = T.load_checkpoint(ckpt)["step"]
+    step_at_kill = checkpoint.read_manifest(ckpt.parent)["state"]["step"]
     assert 0 < step_at_kill < 48
 
     done = subprocess.run(_cli(corpus, tiny_base_model, out, "--resume"), env=env, cwd=tmp_path,
@@ -138,5 +175,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(
     b = json.loads((out / "training_config.json").read_text())
     assert a["steps"] == b["steps"] == 48
     assert a["epsilon"] == b["epsilon"]
-    assert a["loss_history"] == b["loss_history"]
-    _same_weights(out, full)
+    # the private run logs: the resumed run kept the losses of the steps before the kill
+    la = json.loads(T.run_log_path(T.checkpoint_dir_for(full)).read_text())["loss_history"]
+    lb = json.loads(T.run_log_path(T.checkpoint_dir_for(out)).read_text())["loss_history"]
+    assert len(la) == len(lb) == 48

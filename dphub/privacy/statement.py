@@ -18,6 +18,9 @@ NOT_COVERED: tuple[str, ...] = (
     "pretraining data of the base model",
     "hyperparameter search",
     "public tokenizer",
+    "dataset counts in this card (patients, notes, sequences, PHI per category), published "
+    "as coarse ranges",
+    "the sample rate (derived from the number of privacy units)",
 )
 
 #: Above this ε the statement says the formal guarantee is weak (e^10 ≈ 22,000).
@@ -88,7 +91,7 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
     unit = str(dp.get("privacy_unit", "patient"))
     eps = dp.get("epsilon")
     delta = dp.get("delta")
-    paras: list[str] = []
+    paras: list[str] = [summary(dp)]
     first = (
         f"This model was trained with differential privacy (DP-SGD) at "
         f"**epsilon = {_fmt(eps)}**, **delta = {_fmt(delta)}** with the privacy unit "
@@ -106,8 +109,8 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
             else f"(astronomically large at epsilon = {_fmt(eps)})"
         )
         meaning = (
-            f"What it means: whether or not any one {unit}'s data was used, every output of "
-            f"training (this model and anything computed from it) is almost equally likely: the "
+            f"What it means: whether or not any one {unit}'s data was used, the trained "
+            f"weights (and anything computed from them) are almost equally likely: the "
             f"odds of telling the two cases apart grow by a factor of at most e^epsilon "
             f"{factor}, except with probability delta. Smaller epsilon is stronger protection."
         )
@@ -141,11 +144,7 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
             "only the data of this training round; data used by the source models is covered "
             "by their own guarantees, and a unit present in both datasets adds the epsilons up."
         )
-    if not dp.get("secure_rng", False):
-        paras.append(
-            "Noise came from PyTorch's default (not cryptographically secure) random generator; "
-            "the guarantee assumes it cannot be predicted."
-        )
+    paras.append(_randomness_words(dp))
     not_covered = dp.get("not_covered") or list(NOT_COVERED)
     paras.append("Not covered by this guarantee: " + "; ".join(not_covered) + ".")
     return paras
@@ -158,4 +157,40 @@ def _cross_check_words(dp: Mapping[str, Any]) -> str:
     return (
         f"independently recomputed with {cc.get('library', '?')} ({cc.get('method', '?')}) as "
         f"epsilon = {_fmt(cc.get('epsilon'))}."
+    )
+
+
+def summary(dp: Mapping[str, Any]) -> str:
+    """The guarantee in two sentences: what is protected, how, and what is published outside it."""
+    unit = str(dp.get("privacy_unit", "patient"))
+    source = {
+        "csprng": "the operating system's cryptographically secure generator",
+        "os-seeded": "a generator seeded afresh from the operating system for this run",
+    }.get(str(dp.get("mechanism_rng")), "an unrecorded random source")
+    return (
+        f"**In short:** the weights of this model protect each *{unit}* of its training data "
+        f"with epsilon = {_fmt(dp.get('epsilon'))}, delta = {_fmt(dp.get('delta'))} "
+        f"(DP-SGD: per-{unit} clipping, Gaussian noise and Poisson sampling drawn from {source}). "
+        "Outside that guarantee the card publishes only coarse ranges of the dataset's counts, "
+        "the sample rate, and evaluation results if the trainer added them."
+    )
+
+
+def _randomness_words(dp: Mapping[str, Any]) -> str:
+    """Where the mechanism's noise and sampling came from (``mechanism_rng``)."""
+    mode = dp.get("mechanism_rng")
+    if mode == "csprng":
+        return (
+            "Randomness: every noise and sampling draw came from the operating system's "
+            "cryptographically secure generator (secure mode); no seed exists to publish."
+        )
+    if mode == "os-seeded":
+        return (
+            "Randomness: noise and sampling came from a generator seeded afresh from the "
+            "operating system's cryptographically secure generator for this run; the seed was "
+            "never stored or published, so training cannot be replayed."
+        )
+    return (
+        "Randomness: this card does not say where the noise came from (trained before dphub "
+        "recorded it); the guarantee assumes the noise cannot be predicted or replayed."
     )

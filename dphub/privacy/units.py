@@ -33,7 +33,6 @@ assumes.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
@@ -81,8 +80,9 @@ class UnitDataset(Dataset):
     """A dataset whose items are privacy units (each ≤ ``max_examples_per_unit`` windows).
 
     Build it with :meth:`from_windows`. Units are ordered by first appearance of their key; when a
-    unit has more than K windows, K are chosen with ``random.Random(seed)`` (seeded, so the same
-    data and seed give the same dataset) and kept in their original order.
+    unit has more than K windows, K evenly spaced ones are kept, in their original order. The
+    choice is a function of that unit's own windows only: it depends on no other unit, no seed
+    and no published value, so the data a unit contributes is fixed before the mechanism runs.
     """
 
     def __init__(self, units: Sequence[UnitItem], keys: Sequence[Hashable],
@@ -101,7 +101,6 @@ class UnitDataset(Dataset):
         unit_keys: Sequence[Hashable],
         *,
         max_examples_per_unit: int = 64,
-        seed: int = 0,
     ) -> UnitDataset:
         """Group windows (token ids incl. specials, tag ids with -100 at specials) by unit key."""
         if not (len(input_ids) == len(tags) == len(unit_keys)):
@@ -114,13 +113,12 @@ class UnitDataset(Dataset):
         groups: dict[Hashable, list[int]] = {}
         for i, key in enumerate(unit_keys):
             groups.setdefault(key, []).append(i)
-        rng = random.Random(seed)
         units: list[UnitItem] = []
         dropped = 0
         for members in groups.values():
             if len(members) > max_examples_per_unit:
                 dropped += len(members) - max_examples_per_unit
-                members = sorted(rng.sample(members, max_examples_per_unit))
+                members = keep_evenly_spaced(members, max_examples_per_unit)
             for i in members:
                 if len(input_ids[i]) != len(tags[i]):
                     raise PrivacyError(
@@ -147,6 +145,14 @@ class UnitDataset(Dataset):
     @property
     def num_windows(self) -> int:
         return sum(int(u.lengths.numel()) for u in self.units)
+
+
+def keep_evenly_spaced(members: Sequence[int], k: int) -> list[int]:
+    """``k`` of ``members`` spread evenly over the sequence (all of them when there are ≤ k)."""
+    n = len(members)
+    if n <= k:
+        return list(members)
+    return [members[(i * n) // k] for i in range(k)]
 
 
 def unit_collate(items: Sequence[UnitItem], pad_id: int = 0) -> dict[str, torch.Tensor]:
@@ -243,3 +249,24 @@ def aggregate_grad_sample_by_unit(
         out = torch.zeros((n_units, *gs.shape[1:]), dtype=gs.dtype, device=gs.device)
         out.index_add_(0, index.to(gs.device), gs)
         p.grad_sample = out
+
+
+def check_one_gradient_per_unit(module: nn.Module, n_units: int) -> None:
+    """Refuse a step unless every trainable parameter has exactly one gradient row per unit.
+
+    The DP optimizer clips each ``grad_sample`` row to ``C``; the accounted sensitivity is ``C``
+    per *unit* only if each row is one unit's summed gradient. If per-window rows reached the
+    optimizer (the aggregation skipped or broken), a patient with k windows would move the update
+    by up to ``k·C`` and the published ε would be wrong — so training stops instead.
+    """
+    for p in module.parameters():
+        if not p.requires_grad:
+            continue
+        gs = getattr(p, "grad_sample", None)
+        rows = None if gs is None or isinstance(gs, list) else int(gs.shape[0])
+        if rows != n_units:
+            raise PrivacyError(
+                f"internal privacy check failed: {rows} per-sample gradient rows for "
+                f"{n_units} sampled units; refusing a step whose sensitivity would exceed the "
+                "accounted bound"
+            )
