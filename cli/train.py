@@ -68,7 +68,7 @@ accountant = "prv"             # prv | rdp
 max_grad_norm = 1.0            # per-unit clipping bound C
 max_examples_per_unit = 64     # windows kept per unit (a seeded, data-independent choice)
 # max_epsilon = 8.0            # never take a step that would exceed this
-secure_rng = false             # cryptographic RNG for sampling and noise (needs torchcsprng)
+secure_rng = false             # every noise/sampling draw from the OS CSPRNG (slower; default: OS-seeded)
 
 [train]
 epochs = 32.0                   # cheap with train_layers = 0 (cached encoder)

@@ -21,7 +21,7 @@ keys)::
 
     meta = card_meta(dp_block(accountant="prv", sample_rate=q, noise_multiplier=sigma, steps=T,
                               delta=1e-5, privacy_unit="patient", max_grad_norm=1.0, epochs=3.0,
-                              expected_logical_batch=16, max_examples_per_unit=64, num_units=105,
+                              max_examples_per_unit=64, num_units=105,
                               grad_sample_mode="ghost", epsilon=eps_from_training),
                      dataset_block(train_notes, sequences=n_windows),
                      base_model=DEFAULT_BASE_MODEL_ID)
@@ -395,11 +395,12 @@ _DP_ROWS: tuple[tuple[str, str], ...] = (
     ("sample_rate", "sample rate q (Poisson)"),
     ("steps", "steps"),
     ("epochs", "epochs"),
-    ("expected_logical_batch", "expected logical batch (units/step)"),
     ("max_examples_per_unit", "max sequences per unit"),
-    ("num_units", "number of units"),
+    ("num_units", "number of units (range)"),
     ("grad_sample_mode", "grad-sample mode"),
     ("secure_rng", "secure RNG"),
+    ("mechanism_rng", "noise and sampling randomness"),
+    ("weights_sha256", "weights SHA-256"),
     ("recall_weighting", "recall weighting"),
     ("public_pretraining", "public warm start (costs no ε)"),
     ("library_versions", "library versions"),

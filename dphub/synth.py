@@ -3,9 +3,9 @@
 Real PHI-annotated notes cannot be shared, so every demo, test and public pre-training run needs
 notes whose PHI is fake but looks like the real thing. This module writes two kinds:
 
-* ``nursing`` -- short telegraphic nursing progress notes, mostly ALL CAPS like the PhysioNet
-  deid corpus ("58 YO F ADMITTED IN TRANSFER FROM CALVERT HOSPITAL P FALL ..."), sometimes
-  mixed case;
+* ``nursing`` -- short telegraphic nursing progress notes, mostly ALL CAPS like the nursing notes
+  of the PhysioNet deid corpus (age, sex, admission route, then system-by-system findings),
+  sometimes mixed case;
 * ``discharge`` -- longer, sectioned, mixed-case discharge summaries with headers, addresses,
   contact details and identifiers.
 

@@ -149,7 +149,8 @@ def train_or_skip(
     """
     from dphub.card import dp_summary, validate_card
     from dphub.errors import DphubError
-    from dphub.train import CHECKPOINT_FILE, checkpoint_dir_for, train
+    from dphub import checkpoint
+    from dphub.train import checkpoint_dir_for, train
 
     out = Path(opts.out)
     record = state.section("trainings")
@@ -161,7 +162,7 @@ def train_or_skip(
                              "the directory to train it again") from None
         clock.log(f"{name}: trained earlier, reusing {out.name}")
     else:
-        opts.resume = (checkpoint_dir_for(out, opts.checkpoint_dir) / CHECKPOINT_FILE).is_file()
+        opts.resume = checkpoint.exists(checkpoint_dir_for(out, opts.checkpoint_dir))
         clock.log(f"{name}: training{' (resuming)' if opts.resume else ''}")
         last = [time.monotonic()]
 
