@@ -57,15 +57,18 @@ def _identical(a: Path, b: Path) -> bool:
 # ---------------------------------------------------------------- 1. unpredictable randomness
 
 
+@pytest.mark.parametrize("batch_size", [2, 8], ids=["q=1/2", "q=1"])
 def test_same_seed_gives_different_dp_weights_and_identical_baselines(
-    corpus: Path, tiny_base_model: Path, tmp_path: Path
+    corpus: Path, tiny_base_model: Path, tmp_path: Path, batch_size: int
 ) -> None:
-    T.train(_opts(corpus, tiny_base_model, tmp_path / "dp1"))
-    T.train(_opts(corpus, tiny_base_model, tmp_path / "dp2"))
+    """At q = 1 the sampling is deterministic, so only the noise can make the runs differ."""
+    kw = {"batch_size": batch_size}
+    T.train(_opts(corpus, tiny_base_model, tmp_path / "dp1", **kw))
+    T.train(_opts(corpus, tiny_base_model, tmp_path / "dp2", **kw))
     assert not _identical(tmp_path / "dp1", tmp_path / "dp2"), "DP noise replayable from --seed"
 
-    T.train(_opts(corpus, tiny_base_model, tmp_path / "b1", no_dp=True, noise=None))
-    T.train(_opts(corpus, tiny_base_model, tmp_path / "b2", no_dp=True, noise=None))
+    T.train(_opts(corpus, tiny_base_model, tmp_path / "b1", no_dp=True, noise=None, **kw))
+    T.train(_opts(corpus, tiny_base_model, tmp_path / "b2", no_dp=True, noise=None, **kw))
     assert _identical(tmp_path / "b1", tmp_path / "b2"), "--seed must fix non-private runs"
 
 
