@@ -147,9 +147,9 @@ def train_or_skip(
     An interrupted training (its checkpoint exists) is resumed. Returns the model's privacy
     summary and training seconds (from this run or the recorded earlier one).
     """
+    from dphub import checkpoint
     from dphub.card import dp_summary, validate_card
     from dphub.errors import DphubError
-    from dphub import checkpoint
     from dphub.train import checkpoint_dir_for, train
 
     out = Path(opts.out)

@@ -256,8 +256,8 @@ def test_recall_weighted_training_records_it(
 def test_warm_start_is_cached_and_recorded(
     corpus: Path, tiny_base_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dphub import warmstart
     from dphub.card import load_card
+    from dphub.train import warmstart
 
     small = warmstart.WarmStartConfig(notes=(("nursing", 3), ("discharge", 3)), epochs=1.0, batch_size=4, max_length=64,
                                       stride=16)

@@ -146,7 +146,8 @@ def train_public(
 
     from dphub import synth
     from dphub.tagger import TaggerModel
-    from dphub.train import Progress, batch_from_examples, encode_notes
+    from dphub.train.data import batch_from_examples, encode_notes
+    from dphub.train.results import Progress
 
     torch.manual_seed(seed)
     notes = []

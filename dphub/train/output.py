@@ -1,0 +1,173 @@
+"""The model directory a run writes: weights, config, tokenizer, the allow-listed training config
+and the card, built under a temporary name and renamed into place; and the checks that keep an
+output from ever replacing an input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dphub.errors import ConfigError
+from dphub.io import atomic_directory, atomic_write_text
+from dphub.notes import Note
+from dphub.train.options import (
+    TrainOptions,
+)
+from dphub.train.plan import PrivacyPlan
+from dphub.train.sources import (
+    ModelSource,
+)
+
+TRAINING_CONFIG_FILE = "training_config.json"
+
+
+def is_model_directory(path: Path) -> bool:
+    """A directory ``dphub train`` wrote (the only kind ``--force`` may replace)."""
+    return (path / TRAINING_CONFIG_FILE).is_file() and (path / "model.safetensors").is_file()
+
+
+def check_output_dir(out: Path, data: Path, *, force: bool) -> None:
+    """Refuse an output that is a file, overlaps the training data, or is not ours to replace.
+
+    ``--force`` replaces a previous model directory and nothing else: never the corpus, never a
+    directory holding it, never a directory that ``dphub train`` did not write.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
+    o, d = out.resolve(), data.resolve()
+    if o == d or d.is_relative_to(o) or o.is_relative_to(d):
+        raise ConfigError(
+            f"--out {out} overlaps the training data {data}; write the model elsewhere"
+        )
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ConfigError(f"{out}: output directory exists and is not empty (use --force)")
+        if not is_model_directory(out):
+            raise ConfigError(
+                f"{out}: --force replaces only a model directory written by dphub train "
+                f"({TRAINING_CONFIG_FILE} + model.safetensors); this is not one, so nothing "
+                "was removed"
+            )
+
+
+def build_meta(
+    opts: TrainOptions,
+    plan: PrivacyPlan,
+    src: ModelSource,
+    notes: Sequence[Note],
+    n_sequences: int,
+    steps: int,
+    epsilon: float | None,
+    *,
+    weights_sha256: str | None = None,
+) -> dict[str, Any]:
+    """Card front matter (HF keys + ``differential_privacy`` + ``dataset``) via dphub.card."""
+    from dphub import card
+
+    recall = (
+        {"enabled": True, "delta_p": float(opts.recall_weight), "rho": "1 + delta_p * FNR_i",
+         "computed_from": "own-detached-predictions"}
+        if opts.recall_weight > 0 else {"enabled": False}
+    )
+    common: dict[str, Any] = {
+        "recall_weighting": recall,
+        "public_pretraining": src.public_pretraining or {"enabled": False},
+        "lineage": src.lineage or None,
+    }
+    epochs = round(steps * plan.sample_rate, 4)
+    if opts.no_dp:
+        dp = card.non_private_block(
+            privacy_unit=opts.privacy_unit, steps=steps, epochs=epochs,
+            sample_rate=plan.sample_rate, max_examples_per_unit=opts.max_examples_per_unit,
+            num_units=card.coarsen_count(plan.num_units), weights_sha256=weights_sha256,
+            **{k: v for k, v in common.items() if v is not None},
+        )
+    else:
+        from dphub.privacy.randomness import MechanismRandomness
+
+        dp = card.dp_block(
+            accountant=opts.accountant, sample_rate=plan.sample_rate,
+            noise_multiplier=float(plan.noise_multiplier), steps=steps,
+            delta=float(plan.delta), privacy_unit=opts.privacy_unit,
+            max_grad_norm=opts.max_grad_norm, epochs=epochs,
+            max_examples_per_unit=opts.max_examples_per_unit, num_units=plan.num_units,
+            grad_sample_mode="hooks", secure_rng=opts.secure_rng, epsilon=epsilon,
+            mechanism_rng=MechanismRandomness.for_run(
+                private=True, secure=opts.secure_rng, seed=0).mode,
+            weights_sha256=weights_sha256, **common,
+        )
+    dataset = card.dataset_block(notes, label_schema=opts.label_schema, sequences=n_sequences)
+    return card.card_meta(dp, dataset, base_model=src.base_public_id)
+
+
+#: Top-level keys of the published ``training_config.json`` (hyper-parameters and the values
+#: the card's accounting is recomputed from; nothing measured on the private data).
+
+
+#: Top-level keys of the published ``training_config.json`` (hyper-parameters and the values
+#: the card's accounting is recomputed from; nothing measured on the private data).
+TRAINING_CONFIG_KEYS: tuple[str, ...] = (
+    "format_version", "dphub_training", "base_model", "init_from", "no_dp", "privacy_unit",
+    "accountant", "steps", "sample_rate", "noise_multiplier", "delta", "epsilon",
+)
+
+
+def training_config(opts: TrainOptions, src: ModelSource, plan: PrivacyPlan, steps: int,
+                    epsilon: float | None) -> dict[str, Any]:
+    """The published ``training_config.json``: hyper-parameters and the accounted quantities."""
+    cfg = {
+        "format_version": 2,
+        "dphub_training": opts.public_dict(),
+        "base_model": src.base_public_id,
+        "init_from": _public_init_from(opts.init_from),
+        "no_dp": bool(opts.no_dp),
+        "privacy_unit": opts.privacy_unit,
+        "accountant": None if opts.no_dp else opts.accountant,
+        "steps": steps,
+        "sample_rate": plan.sample_rate,
+        "noise_multiplier": plan.noise_multiplier,
+        "delta": plan.delta,
+        "epsilon": epsilon,
+    }
+    assert tuple(cfg) == TRAINING_CONFIG_KEYS
+    return cfg
+
+
+def write_model_dir(
+    out: Path,
+    model: Any,
+    src: ModelSource,
+    opts: TrainOptions,
+    plan: PrivacyPlan,
+    steps: int,
+    epsilon: float | None,
+    make_meta: Callable[[str], dict[str, Any]],
+) -> dict[str, Any]:
+    """Build the model directory under a temp name and rename it into place.
+
+    The card is made after the weights are written, so it records the SHA-256 of exactly the
+    ``model.safetensors`` it describes (the publish gate checks the two belong together).
+    """
+    from dphub.card import write_card
+    from dphub.hub.common import file_sha256
+
+    try:
+        with atomic_directory(out, overwrite=opts.force) as tmp:
+            model.save(tmp, base_public_id=src.base_public_id, tokenizer_source=src.tokenizer_dir)
+            cfg = training_config(opts, src, plan, steps, epsilon)
+            atomic_write_text(tmp / TRAINING_CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
+            meta = make_meta(file_sha256(tmp / "model.safetensors"))
+            write_card(tmp, meta)
+    except FileExistsError:
+        raise ConfigError(f"{out}: output directory exists and is not empty (use --force)") from None
+    return meta
+
+
+def _public_init_from(spec: str | None) -> str | None:
+    """A hub id (``org/name[@rev]``) is public; a local directory is recorded by name only."""
+    if spec is None:
+        return None
+    p = Path(spec).expanduser()
+    return p.name if p.exists() else spec

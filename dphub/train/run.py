@@ -1,0 +1,150 @@
+"""``train()``: one run from notes to a model directory, resumable, nothing written until done."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from dphub.errors import ConfigError, InputError, PrivacyError
+from dphub.train.checkpoints import (
+    LEGACY_CHECKPOINT_FILE,
+    checkpoint_dir_for,
+    load_checkpoint,
+    run_fingerprint,
+    run_log_path,
+    write_run_log,
+)
+from dphub.train.data import (
+    check_patient_ids,
+    encode_notes,
+    load_training_notes,
+)
+from dphub.train.encoder_cache import cached_encoder
+from dphub.train.loop import TrainLoop, quiet_epsilon
+from dphub.train.options import (
+    TrainOptions,
+)
+from dphub.train.output import (
+    build_meta,
+    check_output_dir,
+    write_model_dir,
+)
+from dphub.train.plan import plan_privacy
+from dphub.train.results import ProgressFn, TrainResult
+from dphub.train.sources import (
+    initial_model,
+)
+
+log = logging.getLogger(__name__)
+
+
+def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> TrainResult:
+    """Train a tagger with DP-SGD (or without, for ``no_dp`` baselines) and write its directory.
+
+    Returns what was done (steps, ε, δ, σ, q). Raises :class:`DphubError` subclasses for bad
+    input or options; nothing is written to ``opts.out`` unless training completes.
+    """
+    opts.validate()
+    out = Path(opts.out)  # type: ignore[arg-type]
+    check_output_dir(out, Path(opts.data), force=opts.force)  # type: ignore[arg-type]
+    from dphub import checkpoint
+
+    ckpt_dir = checkpoint_dir_for(out, opts.checkpoint_dir)
+    if (ckpt_dir / LEGACY_CHECKPOINT_FILE).exists():
+        raise ConfigError(
+            f"{ckpt_dir}: holds a pickled checkpoint of an older dphub, which is never loaded "
+            "(unpickling can run code); delete that directory to start over"
+        )
+    if checkpoint.exists(ckpt_dir) and not opts.resume:
+        raise ConfigError(
+            f"{ckpt_dir}: a checkpoint of an interrupted run exists; pass --resume to continue "
+            "it, or delete it to start over"
+        )
+    if opts.resume and not checkpoint.exists(ckpt_dir):
+        raise ConfigError(f"--resume: no checkpoint in {ckpt_dir}")
+
+    t0 = time.monotonic()
+    torch.manual_seed(opts.seed)
+    notes = load_training_notes(opts)
+    check_patient_ids(notes, opts.privacy_unit)
+    src = initial_model(opts, on_progress)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?",
+                        src.base_public_id):
+        # the card records the base as a public hub id; find out now, not after training
+        raise ConfigError(
+            f"base model name {src.base_public_id!r} is not a hub-style id (org/name); rename "
+            "the base model directory to its public name"
+        )
+    model = src.model
+    from transformers import AutoTokenizer
+
+    from dphub.privacy.units import UnitDataset
+
+    tokenizer = AutoTokenizer.from_pretrained(src.tokenizer_dir)
+    examples = encode_notes(
+        notes, tokenizer, model.tags, opts.label_schema, max_length=opts.max_length,
+        stride=opts.stride, unit=opts.privacy_unit,
+    )
+    if not examples:
+        raise InputError(f"{opts.data}: the labelled notes contain no tokens")
+    dataset = UnitDataset.from_windows(
+        [e.input_ids for e in examples], [e.labels for e in examples],
+        [e.unit for e in examples], max_examples_per_unit=opts.max_examples_per_unit,
+    )
+    plan = plan_privacy(opts, len(dataset))
+    log.info(
+        "%d units, %d windows used (%d left out by max_examples_per_unit), q = %.4g, %d steps, "
+        "sigma = %s", len(dataset), dataset.num_windows, dataset.dropped_windows,
+        plan.sample_rate, plan.steps, plan.noise_multiplier,
+    )
+    fingerprint = run_fingerprint(opts, examples, src.base_public_id)
+    state = load_checkpoint(ckpt_dir, fingerprint) if opts.resume else None
+
+    torch.manual_seed(opts.seed)
+    model.set_trainable(train_layers=opts.train_layers, lora_rank=opts.lora_rank)
+    model.max_length, model.stride = opts.max_length, opts.stride
+    model.train()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    with cached_encoder(model, opts, examples, pad_id):
+        loop = TrainLoop(opts, plan, model, dataset, tokenizer, on_progress)
+        if state is not None:
+            loop.restore(state)
+        loop.run(ckpt_dir, fingerprint)
+    if opts._stop_after is not None and loop.step < plan.steps:
+        raise KeyboardInterrupt  # simulated kill (tests)
+    if loop.step != plan.steps:  # pragma: no cover - invariant
+        raise PrivacyError(f"internal: took {loop.step} steps, planned {plan.steps}")
+
+    epsilon = None
+    if loop.engine is not None:
+        # the ε the training accountant tracked; the card adds the dp-accounting cross-check
+        epsilon = quiet_epsilon(loop.engine.accountant, plan.delta)
+    model.eval()
+    meta = write_model_dir(
+        out, model, src, opts, plan, loop.step, epsilon,
+        lambda sha: build_meta(opts, plan, src, notes, dataset.num_windows, loop.step, epsilon,
+                               weights_sha256=sha),
+    )
+    write_run_log(run_log_path(ckpt_dir), {
+        "steps": loop.step,
+        "loss_history": [None if math.isnan(v) else round(v, 5) for v in loop.losses],
+        "num_units": plan.num_units,
+        "windows": dataset.num_windows,
+        "windows_left_out": dataset.dropped_windows,
+        "seconds": round(time.monotonic() - t0, 1),
+    })
+    with contextlib.suppress(OSError):
+        shutil.rmtree(ckpt_dir)
+    return TrainResult(
+        out_dir=out, steps=loop.step, planned_steps=plan.planned_steps, epsilon=epsilon,
+        delta=plan.delta, noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
+        num_units=plan.num_units, seconds=time.monotonic() - t0,
+        stopped_by_max_epsilon=plan.stopped_by_max_epsilon, meta=meta,
+    )
