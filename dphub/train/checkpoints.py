@@ -20,12 +20,8 @@ import numpy as np
 
 from dphub.errors import ConfigError
 from dphub.io import atomic_open
-from dphub.train.data import (
-    Example,
-)
-from dphub.train.options import (
-    TrainOptions,
-)
+from dphub.train.data import Example
+from dphub.train.options import TrainOptions
 
 #: A pickled checkpoint of dphub < 0.2: never loaded (it could run code), only detected.
 LEGACY_CHECKPOINT_FILE = "checkpoint.pt"

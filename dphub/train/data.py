@@ -15,9 +15,7 @@ import torch
 
 from dphub.errors import ConfigError, InputError
 from dphub.notes import Note
-from dphub.train.options import (
-    TrainOptions,
-)
+from dphub.train.options import TrainOptions
 
 
 @dataclass

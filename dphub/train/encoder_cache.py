@@ -9,12 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dphub.train.data import (
-    Example,
-)
-from dphub.train.options import (
-    TrainOptions,
-)
+from dphub.train.data import Example
+from dphub.train.options import TrainOptions
 
 
 class FrozenEncoderCache(torch.nn.Module):

@@ -34,15 +34,9 @@ import numpy as np
 import torch
 
 from dphub.errors import PrivacyError
-from dphub.train.checkpoints import (
-    save_checkpoint,
-)
-from dphub.train.data import (
-    window_loss,
-)
-from dphub.train.options import (
-    TrainOptions,
-)
+from dphub.train.checkpoints import save_checkpoint
+from dphub.train.data import window_loss
+from dphub.train.options import TrainOptions
 from dphub.train.plan import PrivacyPlan
 from dphub.train.results import Progress, ProgressFn
 

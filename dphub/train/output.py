@@ -12,13 +12,9 @@ from typing import Any
 from dphub.errors import ConfigError
 from dphub.io import atomic_directory, atomic_write_text
 from dphub.notes import Note
-from dphub.train.options import (
-    TrainOptions,
-)
+from dphub.train.options import TrainOptions
 from dphub.train.plan import PrivacyPlan
-from dphub.train.sources import (
-    ModelSource,
-)
+from dphub.train.sources import ModelSource
 
 TRAINING_CONFIG_FILE = "training_config.json"
 

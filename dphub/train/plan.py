@@ -14,11 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dphub.errors import InputError, PrivacyError
-from dphub.train.options import (
-    DEFAULT_TARGET_EPSILON,
-    TrainOptions,
-    default_delta,
-)
+from dphub.train.options import DEFAULT_TARGET_EPSILON, TrainOptions, default_delta
 
 
 @dataclass

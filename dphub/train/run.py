@@ -21,26 +21,14 @@ from dphub.train.checkpoints import (
     run_log_path,
     write_run_log,
 )
-from dphub.train.data import (
-    check_patient_ids,
-    encode_notes,
-    load_training_notes,
-)
+from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
 from dphub.train.encoder_cache import cached_encoder
 from dphub.train.loop import TrainLoop, quiet_epsilon
-from dphub.train.options import (
-    TrainOptions,
-)
-from dphub.train.output import (
-    build_meta,
-    check_output_dir,
-    write_model_dir,
-)
+from dphub.train.options import TrainOptions
+from dphub.train.output import build_meta, check_output_dir, write_model_dir
 from dphub.train.plan import plan_privacy
 from dphub.train.results import ProgressFn, TrainResult
-from dphub.train.sources import (
-    initial_model,
-)
+from dphub.train.sources import initial_model
 
 log = logging.getLogger(__name__)
 

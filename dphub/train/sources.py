@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError, PrivacyError
-from dphub.train.options import (
-    TrainOptions,
-)
+from dphub.train.options import TrainOptions
 from dphub.train.results import ProgressFn
 
 
