@@ -136,3 +136,27 @@ def test_span_records_that_do_not_fit_the_gold_notes_are_refused(tmp_path, capsy
     bad.write_text(json.dumps({"id": first.id, "spans": [{"start": "0", "end": 3}]}) + "\n")
     assert main(["evaluate", "--gold", str(synth_gold), "--pred", str(bad)]) == 2
     assert "line 1" in capsys.readouterr().err
+
+
+def test_readme_spans_and_evaluate_commands_work_as_printed(tmp_path, monkeypatch, capsys):
+    """The README tour's last two lines, run literally after `ensemble add rules:default`."""
+    import shlex
+
+    from dphub import synth
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    lines = [ln.split("#")[0].strip() for ln in readme.splitlines()
+             if ln.startswith(("dphub ensemble deid split/owner.jsonl --out spans/",
+                               "dphub evaluate --gold"))]
+    assert len(lines) == 2, lines
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "split").mkdir()
+    formats.write(synth.generate(6, kind="nursing", seed=2, patients=3),
+                  tmp_path / "split" / "owner.jsonl", "jsonl")
+    assert main(["ensemble", "add", "rules:default"]) == 0
+    for line in lines:
+        argv = shlex.split(line)
+        assert argv[0] == "dphub"
+        assert main(argv[1:]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "token-binary" in out and "no predictions" not in out
