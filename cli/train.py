@@ -233,7 +233,10 @@ def train(
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
     threads: int | None = threads_option(),
 ) -> None:
-    """Train a PHI tagger with DP-SGD and write a model directory with its card."""
+    """Train a PHI tagger with DP-SGD and write a model directory with its card.
+
+    Every option left out is taken from dphub.toml (run `dphub init`), else the default shown.
+    """
     from dphub import train as training
 
     apply_threads(threads)

@@ -114,6 +114,14 @@ def test_deid_spans_of_a_text_directory_are_read(tmp_path, capsys, synth_gold):
     assert data["missing_predictions"] == 0 and data["token"]["recall"] > 0.5
 
 
+def test_deid_brat_output_directory_is_read(tmp_path, capsys, synth_gold):
+    out = _deid(tmp_path, synth_gold, "brat", "deid-brat")
+    capsys.readouterr()
+    assert main(["evaluate", "--gold", str(synth_gold), "--pred", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["missing_predictions"] == 0 and data["token"]["recall"] > 0.5
+
+
 def test_unlabelled_text_directory_is_refused(tmp_path, capsys, synth_gold):
     src = tmp_path / "plain"
     src.mkdir()

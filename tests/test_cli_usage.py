@@ -170,6 +170,32 @@ def test_help_shows_literal_brackets_and_the_recall_weight_formula(
     assert "ρ_i=1+δp·FNR_i" in out
 
 
+def test_train_help_defaults_are_the_library_defaults() -> None:
+    """The defaults `train --help` spells out are TrainOptions' (the flags default to None so
+    that dphub.toml can fill them)."""
+    import dataclasses
+
+    import typer.main
+
+    from dphub.cli.main import app
+    from dphub.train import TrainOptions
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainOptions)}
+    train = typer.main.get_command(app).commands["train"]  # type: ignore[attr-defined]
+    checked = 0
+    for param in train.params:
+        show = getattr(param, "show_default", None)
+        value = defaults.get(param.name)
+        if not isinstance(show, str) or value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            assert float(show) == float(value), (param.name, show, value)
+        else:
+            assert show == value, (param.name, show, value)
+        checked += 1
+    assert checked >= 15
+
+
 @pytest.mark.parametrize(
     "path",
     [("train",), ("deid",), ("evaluate",), ("ensemble", "deid"), ("ensemble", "evaluate"),
