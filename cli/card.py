@@ -19,6 +19,7 @@ card_app = typer.Typer(
     name="card",
     help="Show or validate a model card (the DP guarantee and dataset counts).",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: keep literal brackets such as org/name[@revision]
 )
 
 _REPO_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[^\s@]+)?$")
@@ -54,7 +55,9 @@ def _fmt(value: Any) -> str:
 
 @card_app.command("show")
 def show(
-    target: str = typer.Argument(..., help="Model directory, README.md, or org/name[@revision]."),
+    target: str = typer.Argument(
+        ..., metavar="TARGET", help="Model directory, README.md, or org/name[@revision]."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary fields as JSON."),
 ) -> None:
     """Print a summary of the card and its plain-language privacy statement."""
@@ -83,7 +86,9 @@ def show(
 
 @card_app.command("validate")
 def validate(
-    target: str = typer.Argument(..., help="Model directory, README.md, or org/name[@revision]."),
+    target: str = typer.Argument(
+        ..., metavar="TARGET", help="Model directory, README.md, or org/name[@revision]."
+    ),
     require_private: bool = typer.Option(
         False, "--require-private", help="Refuse non-private cards, as the publish gate does."
     ),

@@ -23,16 +23,18 @@ data_app = typer.Typer(
     name="data",
     help="Synthetic notes, patient-disjoint splits and corpus statistics.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: keep literal brackets
 )
 
 
 @data_app.command("synth")
 def synth(
-    n: int = typer.Option(500, "--n", help="Number of notes."),
-    kind: str = typer.Option("nursing", "--kind", help="nursing | discharge"),
+    n: int = typer.Option(500, "--n", min=1, help="Number of notes."),
+    kind: str = typer.Option("nursing", "--kind", help="Note kind: nursing | discharge."),
     seed: int = typer.Option(0, "--seed", help="Same seed, byte-identical output."),
     patients: int | None = typer.Option(
-        None, "--patients", help="Number of distinct patients (default: a few notes each)."
+        None, "--patients", min=1, show_default="a few notes each",
+        help="Number of distinct patients."
     ),
     out: str = typer.Option(..., "--out", "-o", help="Output JSONL file, or - for stdout."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
@@ -60,15 +62,18 @@ def synth(
 
 @data_app.command("split")
 def split(
-    path: Path = typer.Argument(..., help="Corpus file or directory."),
-    by: str = typer.Option("patient", "--by", help="patient | note"),
+    path: Path = typer.Argument(..., metavar="PATH", help="Corpus file or directory."),
+    by: str = typer.Option("patient", "--by", help="Split unit: patient | note."),
     ratios: str = typer.Option("0.8,0.2", "--ratios", help="Comma-separated, summing to 1."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Same seed, same split."),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     names: str | None = typer.Option(
-        None, "--names", help="Part names, e.g. train,test (default split-0,split-1,...)."
+        None, "--names", show_default="split-0,split-1,...",
+        help="Comma-separated part names, e.g. train,test."
     ),
-    format: str | None = typer.Option(None, "--format", "-f", help="Input format (auto)."),
+    format: str | None = typer.Option(
+        None, "--format", "-f", show_default="detect from the path", help="Input format."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite existing part files."),
 ) -> None:
     """Split a corpus into patient-disjoint JSONL parts."""
@@ -91,10 +96,13 @@ def split(
 
 @data_app.command("stats")
 def stats(
-    path: Path = typer.Argument(..., help="Corpus file or directory."),
-    format: str | None = typer.Option(None, "--format", "-f", help="Input format (auto)."),
+    path: Path = typer.Argument(..., metavar="PATH", help="Corpus file or directory."),
+    format: str | None = typer.Option(
+        None, "--format", "-f", show_default="detect from the path", help="Input format."
+    ),
     tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="Count word pieces with this tokenizer (PATH or 'default')."
+        None, "--tokenizer", show_default="no word-piece count",
+        help="Count word pieces with this tokenizer (a model directory or 'default').",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:

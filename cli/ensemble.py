@@ -16,12 +16,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dphub.cli.options import FLOAT, apply_threads, finite_float, threads_option, unit_interval
 from dphub.errors import ConfigError, InputError
 
 ensemble_app = typer.Typer(
     name="ensemble",
     help="Combine published models and rules into a local de-identification ensemble.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: keep literal brackets
 )
 
 ENSEMBLE_OPT = typer.Option(
@@ -36,11 +38,17 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 # ---------------------------------------------------------------------------- manifest commands
 @ensemble_app.command("add")
 def add_cmd(
-    spec: str = typer.Argument(..., help="REPO[@rev] (pulled model), a model DIR, or rules:default."),
-    threshold: float | None = typer.Option(
-        None, "--threshold", min=0.0, max=1.0, help="Flag tokens with P(not O) >= t."
+    spec: str = typer.Argument(
+        ..., metavar="SPEC",
+        help="org/name[@revision] (a pulled model), a model directory, or rules:default.",
     ),
-    name: str | None = typer.Option(None, "--name", help="Member name (default: repo/dir name)."),
+    threshold: float | None = typer.Option(
+        None, "--threshold", parser=unit_interval, metavar=FLOAT, show_default="decode (Viterbi)",
+        help="Flag tokens whose P(PHI) >= this threshold (0..1) instead of decoding.",
+    ),
+    name: str | None = typer.Option(
+        None, "--name", show_default="the repo or directory name", help="Member name."
+    ),
     manifest_path: Path = ENSEMBLE_OPT,
 ) -> None:
     """Add a member, pinning its revision (registry sha or weights digest)."""
@@ -55,7 +63,10 @@ def add_cmd(
 
 
 @ensemble_app.command("remove")
-def remove_cmd(name: str = typer.Argument(..., help="Member name."), manifest_path: Path = ENSEMBLE_OPT) -> None:
+def remove_cmd(
+    name: str = typer.Argument(..., metavar="NAME", help="Member name."),
+    manifest_path: Path = ENSEMBLE_OPT,
+) -> None:
     """Remove a member."""
     from dphub.ensemble.manifest import Manifest
 
@@ -87,7 +98,8 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
 
 
 @ensemble_app.command("show")
-def show_cmd(name: str | None = typer.Argument(None, help="One member (default: all)."),
+def show_cmd(name: str | None = typer.Argument(None, metavar="NAME", show_default="all members",
+                                              help="One member."),
              manifest_path: Path = ENSEMBLE_OPT) -> None:
     """Print the manifest (or one member) as JSON."""
     from dphub.ensemble.manifest import Manifest
@@ -162,25 +174,46 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
     return report.exit_code
 
 
-MODE_OPT = typer.Option("tag", "--mode", help="tag | redact | surrogate | spans | brat")
-KEY_OPT = typer.Option(None, "--key-file", help="Secret key for consistent surrogates.")
+MODE_OPT = typer.Option(
+    "tag", "--mode",
+    help="Output: tag | redact | surrogate | spans (what `dphub evaluate --pred` reads) | brat.",
+)
+KEY_OPT = typer.Option(
+    None, "--key-file", show_default="none; required by --mode surrogate",
+    help="Secret key file that seeds consistent surrogates (--mode surrogate).",
+)
 BATCH_OPT = typer.Option(16, "--batch-size", min=1, help="Notes per batch.")
-WORKERS_OPT = typer.Option(None, "--workers", help="CPU threads for the models.")
+# `--threads` as everywhere else; `--workers` kept as the old spelling of the same option.
+WORKERS_OPT = typer.Option(
+    None, "--threads", "--workers", min=1, show_default="all cores",
+    help="CPU threads for torch (intra-op parallelism).",
+)
 RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run in OUT.")
-AUDIT_OPT = typer.Option(False, "--audit-text", help="Put the removed text in audit.jsonl.")
-FORMAT_OPT = typer.Option(None, "--format", help="Input format (default: detect).")
+AUDIT_OPT = typer.Option(
+    False, "--audit-text", help="Also put the removed text in audit.jsonl (it then holds PHI)."
+)
+FORMAT_OPT = typer.Option(
+    None, "--format", "-f", show_default="detect from the path", help="Input format."
+)
+AGGREGATE_OPT = typer.Option(
+    None, "--aggregate", show_default="the manifest's, else any",
+    help="Aggregation: any (a character is PHI if any member flags it) | k-of-n:K.",
+)
 INT8_OPT = typer.Option(False, "--int8", help="Int8 dynamic quantization of model members "
                         "(faster on CPU; check recall with `ensemble evaluate --int8`).")
 
 
 @ensemble_app.command("deid")
 def deid_cmd(
-    input_path: Path = typer.Argument(..., help="Directory of .txt, a JSONL file, or a corpus."),
+    input_path: Path = typer.Argument(
+        ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     owner_model: Path | None = typer.Option(
-        None, "--owner-model", help="Also use your own model directory (Scenario B)."
+        None, "--owner-model", show_default="none",
+        help="Also use your own model directory (Scenario B).",
     ),
-    aggregate: str | None = typer.Option(None, "--aggregate", help="any | k-of-n:K"),
+    aggregate: str | None = AGGREGATE_OPT,
     mode: str = MODE_OPT,
     key_file: Path | None = KEY_OPT,
     batch_size: int = BATCH_OPT,
@@ -203,10 +236,17 @@ def deid_cmd(
 
 
 def deid_top_cmd(
-    input_path: Path = typer.Argument(..., help="Directory of .txt, a JSONL file, or a corpus."),
-    model: str = typer.Option(..., "--model", help="A model directory, org/name[@rev], or rules:default."),
+    input_path: Path = typer.Argument(
+        ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
+    ),
+    model: str = typer.Option(
+        ..., "--model", help="A model directory, org/name[@revision], or rules:default."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
-    threshold: float | None = typer.Option(None, "--threshold", min=0.0, max=1.0),
+    threshold: float | None = typer.Option(
+        None, "--threshold", parser=unit_interval, metavar=FLOAT, show_default="decode (Viterbi)",
+        help="Flag tokens whose P(PHI) >= this threshold (0..1) instead of decoding.",
+    ),
     mode: str = MODE_OPT,
     key_file: Path | None = KEY_OPT,
     batch_size: int = BATCH_OPT,
@@ -245,12 +285,18 @@ def deid_top_cmd(
 # ---------------------------------------------------------------------------- calibrate/evaluate
 @ensemble_app.command("calibrate")
 def calibrate_cmd(
-    labelled: Path = typer.Argument(..., help="The owner's labelled notes (any format)."),
-    target_recall: float = typer.Option(0.99, "--target-recall", help="Ensemble token recall."),
-    aggregate: str | None = typer.Option(None, "--aggregate", help="any | k-of-n:K"),
+    labelled: Path = typer.Argument(
+        ..., metavar="LABELLED", help="The owner's labelled notes (any format)."
+    ),
+    target_recall: float = typer.Option(
+        0.99, "--target-recall", parser=finite_float(min=0.0, max=1.0, min_open=True),
+        metavar=FLOAT, help="Ensemble token recall to reach (0..1).",
+    ),
+    aggregate: str | None = AGGREGATE_OPT,
     fmt: str | None = FORMAT_OPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print thresholds, do not store them."),
     manifest_path: Path = ENSEMBLE_OPT,
+    threads: int | None = threads_option(),
 ) -> None:
     """Choose per-member thresholds for a target ensemble recall; store them in the manifest."""
     from dphub.ensemble.calibrate import calibrate
@@ -258,6 +304,7 @@ def calibrate_cmd(
     from dphub.ensemble.evaluation import read_labelled
     from dphub.ensemble.manifest import Manifest
 
+    apply_threads(threads)
     manifest = Manifest.load(manifest_path)
     ensemble = build_ensemble(manifest, aggregate_rule=aggregate)
     notes = read_labelled(labelled, fmt)
@@ -279,19 +326,23 @@ def calibrate_cmd(
 
 @ensemble_app.command("evaluate")
 def evaluate_cmd(
-    labelled: Path = typer.Argument(..., help="Labelled notes (any format)."),
-    owner_model: Path | None = typer.Option(None, "--owner-model", help="Add your own model."),
-    aggregate: str | None = typer.Option(None, "--aggregate", help="any | k-of-n:K"),
+    labelled: Path = typer.Argument(..., metavar="LABELLED", help="Labelled notes (any format)."),
+    owner_model: Path | None = typer.Option(
+        None, "--owner-model", show_default="none", help="Also evaluate your own model directory."
+    ),
+    aggregate: str | None = AGGREGATE_OPT,
     fmt: str | None = FORMAT_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     int8: bool = INT8_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
+    threads: int | None = threads_option(),
 ) -> None:
     """Each member and the aggregate side by side: token P/R/F1, phrase recall, ε, unit."""
     from dphub.ensemble.core import build_ensemble
     from dphub.ensemble.evaluation import evaluate_ensemble, read_labelled
     from dphub.ensemble.manifest import Manifest
 
+    apply_threads(threads)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
                               int8=int8)

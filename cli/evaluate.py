@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dphub.cli.options import apply_threads, threads_option
 from dphub.errors import ConfigError
 
 
@@ -56,17 +57,29 @@ def print_result(result: dict[str, Any], console: Console, *, title: str = "eval
 
 def evaluate_cmd(
     gold: Path = typer.Option(..., "--gold", help="Gold annotations (any supported format)."),
-    pred: Path | None = typer.Option(None, "--pred", help="Predicted spans (any format)."),
-    model: Path | None = typer.Option(
-        None, "--model", help="A model directory to run on the gold texts instead of --pred."
+    pred: Path | None = typer.Option(
+        None, "--pred", show_default="none: give --pred or --model",
+        help="Predicted spans: the output of `deid --mode spans` (its directory or file), or any "
+        "labelled corpus. Tagged/redacted text is refused: it has no offsets to score.",
     ),
-    gold_format: str | None = typer.Option(None, "--gold-format", help="Format of --gold."),
-    pred_format: str | None = typer.Option(None, "--pred-format", help="Format of --pred."),
+    model: Path | None = typer.Option(
+        None, "--model", show_default="none: give --pred or --model",
+        help="A model directory to run on the gold texts instead of --pred.",
+    ),
+    gold_format: str | None = typer.Option(
+        None, "--gold-format", show_default="detect from the path", help="Format of --gold."
+    ),
+    pred_format: str | None = typer.Option(
+        None, "--pred-format", show_default="detect from the path", help="Format of --pred."
+    ),
     pred_text: Path | None = typer.Option(
-        None, "--pred-text", help="Note texts for span-only predictions (deid.pl .phi files)."
+        None, "--pred-text", show_default="none",
+        help="Note texts for span-only predictions (deid.pl .phi files).",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    out: Path | None = typer.Option(None, "--out", help="Also write the JSON result here."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", show_default="none", help="Also write the JSON result here."
+    ),
     show_leaks: bool = typer.Option(
         False, "--show-leaks", help="Print the text of missed PHI (the only command that may)."
     ),
@@ -77,18 +90,21 @@ def evaluate_cmd(
         False, "--write-card", help="Record the results in the --model's card."
     ),
     dataset_name: str | None = typer.Option(
-        None, "--dataset-name", help="Name of the evaluation data for the card (no paths)."
+        None, "--dataset-name", show_default="the --gold file name",
+        help="Name of the evaluation data for the card (no paths).",
     ),
+    threads: int | None = threads_option(),
 ) -> None:
     """Score predictions against gold: token-binary, entity, phrase recall, leaks, utility."""
     from dphub import formats
-    from dphub.evaluate import evaluate_spans
+    from dphub.evaluate import evaluate_spans, read_predictions
     from dphub.io import atomic_write_text
 
     if (pred is None) == (model is None):
         raise ConfigError("give exactly one of --pred or --model")
     if write_card and model is None:
         raise ConfigError("--write-card needs --model")
+    apply_threads(threads)
     gold_notes = list(formats.read(gold, format=gold_format))
     if model is not None:
         from dphub.tagger import Tagger
@@ -97,10 +113,8 @@ def evaluate_cmd(
         spans = tagger.tag(gold_notes)
         by_id = {n.id: s for n, s in zip(gold_notes, spans, strict=True)}
     else:
-        opts: dict[str, Any] = {}
-        if pred_text is not None:
-            opts["text_path"] = pred_text
-        by_id = {n.id: list(n.spans) for n in formats.read(pred, format=pred_format, **opts)}
+        assert pred is not None
+        by_id = read_predictions(pred, format=pred_format, text_path=pred_text)
     result = evaluate_spans(gold_notes, by_id, show_leaks=show_leaks, ignore_extra=ignore_extra)
     data = result.to_dict()
     if result.missing_predictions:

@@ -13,10 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from dphub import config
+from dphub.cli.options import FLOAT, positive_float
 from dphub.errors import ConfigError
 from dphub.hub.common import RepoRevision
 
-HUB_HELP = "Hub: a local directory, http(s)://endpoint (HF protocol), or hf:// (default $DPHUB_HUB)."
+HUB_HELP = "Hub: a local directory, an http(s):// endpoint (HF protocol), or hf://."
+HUB_DEFAULT = "dphub.toml [hub] url, else $DPHUB_HUB, else the per-user hub"
 
 
 def _hub(hub: str | None) -> str | None:
@@ -55,11 +57,21 @@ def _console() -> Console:
 
 
 def publish_cmd(
-    model_dir: Path | None = typer.Argument(None, help="Model directory (default: last trained)."),
-    repo: str | None = typer.Option(None, "--repo", help="org/name (default: dphub.toml [hub] repo)."),
-    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP),
-    message: str | None = typer.Option(None, "--message", "-m", help="Commit message."),
-    tag: str | None = typer.Option(None, "--tag", help="Also tag this revision (e.g. v1)."),
+    model_dir: Path | None = typer.Argument(
+        None, metavar="MODEL_DIR", show_default="the last `dphub train` output",
+        help="Model directory to publish.",
+    ),
+    repo: str | None = typer.Option(
+        None, "--repo", show_default="dphub.toml [hub] repo", help="Repository: org/name."
+    ),
+    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP, show_default=HUB_DEFAULT),
+    message: str | None = typer.Option(
+        None, "--message", "-m", show_default="Publish <name> (epsilon, delta, unit)",
+        help="Commit message.",
+    ),
+    tag: str | None = typer.Option(
+        None, "--tag", show_default="none", help="Also tag this revision (e.g. v1)."
+    ),
 ) -> None:
     """Check a model directory against the publish gate and push it as a new revision."""
     from dphub.hub.ops import publish
@@ -78,27 +90,48 @@ def publish_cmd(
 
 
 def pull_cmd(
-    spec: str = typer.Argument(..., help="org/name[@revision]"),
-    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP),
-    max_epsilon: float | None = typer.Option(None, "--max-epsilon", help="Refuse larger ε."),
+    spec: str = typer.Argument(
+        ..., metavar="SPEC", help="The model to pull: org/name[@revision] (a sha or a tag)."
+    ),
+    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP, show_default=HUB_DEFAULT),
+    max_epsilon: float | None = typer.Option(
+        None, "--max-epsilon", parser=positive_float, metavar=FLOAT,
+        show_default="dphub.toml [hub] max_epsilon, else no limit",
+        help="Refuse a model whose ε is larger.",
+    ),
     require_unit: str | None = typer.Option(
-        None, "--require-unit", help="Require a privacy unit at least this coarse "
-                                     "(sequence < note < patient)."),
+        None, "--require-unit", show_default="dphub.toml [hub] require_unit, else any",
+        help="Require a privacy unit at least this coarse (sequence < note < patient).",
+    ),
 ) -> None:
     """Download a model, verify hashes, card and policy, and register it locally."""
     from dphub.hub.ops import pull
 
+    if max_epsilon is None or require_unit is None:
+        cfg = config.load_project_config()  # the project's ε policy for pulls
+        max_epsilon = max_epsilon if max_epsilon is not None else config.get(
+            cfg, "hub", "max_epsilon")
+        require_unit = require_unit or config.get(cfg, "hub", "require_unit")
     e = pull(spec, hub=_hub(hub), max_epsilon=max_epsilon, require_unit=require_unit)
     typer.echo(f"pulled {e.name}@{e.revision} (epsilon={_fmt(e.epsilon)}, delta={_fmt(e.delta)}, "
                f"unit={e.unit}) -> {e.path}")
 
 
 def search_cmd(
-    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP),
-    max_epsilon: float | None = typer.Option(None, "--max-epsilon"),
-    unit: str | None = typer.Option(None, "--unit", help="patient | note | sequence"),
-    label: str | None = typer.Option(None, "--label", help="A PHI label the model was trained on."),
-    language: str | None = typer.Option(None, "--language"),
+    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP, show_default=HUB_DEFAULT),
+    max_epsilon: float | None = typer.Option(
+        None, "--max-epsilon", parser=positive_float, metavar=FLOAT, show_default="no limit",
+        help="Only models with ε at most this.",
+    ),
+    unit: str | None = typer.Option(
+        None, "--unit", show_default="any", help="Only this privacy unit: patient | note | sequence."
+    ),
+    label: str | None = typer.Option(
+        None, "--label", show_default="any", help="Only models trained on this PHI label."
+    ),
+    language: str | None = typer.Option(
+        None, "--language", show_default="any", help="Only models for this language (e.g. en)."
+    ),
 ) -> None:
     """List the latest revision of each DP model on the hub matching the filters."""
     from dphub.hub.ops import search
@@ -111,13 +144,14 @@ def search_cmd(
     _console().print(_table(rows, "DP models"))
 
 
-hub_app = typer.Typer(help="Inspect and serve a hub.", no_args_is_help=True)
+hub_app = typer.Typer(help="Inspect and serve a hub.", no_args_is_help=True,
+                      rich_markup_mode=None)  # plain help: keep literal brackets
 
 
 @hub_app.command("info")
 def info_cmd(
-    repo: str = typer.Argument(..., help="org/name"),
-    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP),
+    repo: str = typer.Argument(..., metavar="REPO", help="Repository: org/name."),
+    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP, show_default=HUB_DEFAULT),
 ) -> None:
     """All revisions of a repo (newest first) with their DP guarantees."""
     from dphub.hub.ops import info
@@ -127,7 +161,7 @@ def info_cmd(
 
 @hub_app.command("list")
 def list_cmd(
-    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP),
+    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP, show_default=HUB_DEFAULT),
     pulled: bool = typer.Option(False, "--pulled", help="List the local registry instead."),
 ) -> None:
     """Every repo on the hub (latest revision), or with --pulled the models pulled here."""
@@ -149,8 +183,8 @@ def list_cmd(
 
 @hub_app.command("serve")
 def serve_cmd(
-    hub_dir: Path = typer.Argument(..., help="Local hub directory to serve."),
-    port: int = typer.Option(8090, "--port"),
+    hub_dir: Path = typer.Argument(..., metavar="HUB_DIR", help="Local hub directory to serve."),
+    port: int = typer.Option(8090, "--port", min=1, max=65535, help="TCP port to listen on."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
 ) -> None:
     """Serve a local hub over the Hugging Face protocol with olah (offline mirror), until Ctrl-C."""

@@ -1,9 +1,20 @@
 """Entry point of the ``dphub`` console script.
 
 Command groups live in one module each (``dphub.cli.data`` ...) and expose ``register(app)``.
-``main`` maps :class:`~dphub.errors.DphubError` to one ``error:`` line and its exit code, and any
-other exception to a short message plus the path of a private log file holding the traceback:
-no traceback (which might quote note text) ever reaches the terminal.
+``main`` maps every outcome to one exit code:
+
+* :class:`~dphub.errors.DphubError` -> one ``error:`` line, its exit code (2, or 3);
+* a usage error (unknown command or option, missing argument, a value that does not parse) -> the
+  command's usage line and one ``error:`` line, exit 2, no crash-log (it is not a crash);
+* Ctrl-C -> one ``interrupted`` line, exit 130;
+* anything else -> a short message plus the path of a private log file holding the traceback:
+  no traceback (which might quote note text) ever reaches the terminal.
+
+Why ``main`` parses and invokes the command itself instead of calling ``app(...)``: Typer's own
+driver turns Ctrl-C into a silent ``Exit(130)`` and, since Typer 0.2x, raises the usage errors of
+the click copy it vendors (``typer._click``), which are not ``click.ClickException``. Driving
+``make_context``/``invoke`` here keeps every exception in our hands, whichever Typer/click pair is
+installed: both exception families are recognised (:data:`_USAGE_ERRORS`).
 """
 
 from __future__ import annotations
@@ -14,12 +25,45 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
+from typing import Any
 
-import click
 import typer
 
 from dphub import __version__
 from dphub.errors import DphubError
+
+
+def _exception_families() -> tuple[tuple[type[BaseException], ...], ...]:
+    """(usage errors, other click errors, exits, aborts) of every click the CLI may meet.
+
+    Typer >= 0.2x vendors click as ``typer._click`` (its classes derive from
+    ``typer.exceptions.TyperException``); older Typer uses the real ``click``. Both may be
+    installed at once, so both families are collected.
+    """
+    usage: list[type[BaseException]] = []
+    other: list[type[BaseException]] = []
+    exits: list[type[BaseException]] = [typer.Exit]
+    aborts: list[type[BaseException]] = [typer.Abort]
+    try:
+        from typer._click import exceptions as vendored  # type: ignore[import-not-found]
+
+        usage.append(vendored.UsageError)
+        other.append(vendored.ClickException)
+    except ImportError:  # a Typer that uses the real click
+        pass
+    try:
+        import click
+
+        usage.append(click.UsageError)
+        other.append(click.ClickException)
+        exits.append(click.exceptions.Exit)
+        aborts.append(click.exceptions.Abort)
+    except ImportError:  # a Typer that vendors click, without click installed
+        pass
+    return tuple(usage), tuple(other), tuple(exits), tuple(aborts)
+
+
+_USAGE_ERRORS, _CLICK_ERRORS, _EXITS, _ABORTS = _exception_families()
 
 app = typer.Typer(
     name="dphub",
@@ -28,6 +72,8 @@ app = typer.Typer(
     add_completion=False,
     # Rich tracebacks with locals could print note text: never.
     pretty_exceptions_enable=False,
+    # Plain help text: rich markup would eat literal brackets such as `org/name[@revision]`.
+    rich_markup_mode=None,
 )
 
 
@@ -68,22 +114,49 @@ def _crash_log(exc: BaseException) -> Path:
     return Path(name)
 
 
+def _invoke(argv: list[str] | None) -> Any:
+    """Parse ``argv`` and run the command; exceptions propagate unchanged to :func:`main`."""
+    command = typer.main.get_command(app)
+    args = sys.argv[1:] if argv is None else list(argv)
+    with command.make_context("dphub", args) as ctx:
+        return command.invoke(ctx)
+
+
+def _show_usage_error(e: BaseException) -> None:
+    """The command's usage line, then one ``error:`` line (no colours, no rich panels)."""
+    ctx = getattr(e, "ctx", None)
+    if type(e).__name__ == "NoArgsIsHelpError":
+        # `dphub data` alone: the group's help is the most useful answer.
+        typer.echo(ctx.get_help() if ctx is not None else str(e), err=True)
+        return
+    if ctx is not None:
+        typer.echo(ctx.get_usage(), err=True)
+    message = e.format_message() if hasattr(e, "format_message") else str(e)
+    message = " ".join(str(message).split())  # one line, whatever the formatter wrapped
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    typer.echo(f"error: {message}{hint}", err=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns (and exits with) the process exit code."""
     try:
-        rv = app(args=argv, standalone_mode=False)
+        rv = _invoke(argv)
         code = rv if isinstance(rv, int) else 0
     except DphubError as e:
         typer.echo(f"error: {e.message}", err=True)
         code = e.exit_code
-    except click.exceptions.Exit as e:
-        code = e.exit_code
-    except click.exceptions.Abort:
+    except _EXITS as e:
+        code = int(getattr(e, "exit_code", 0) or 0)
+    except _ABORTS:
         typer.echo("aborted", err=True)
         code = 130
-    except click.ClickException as e:
-        e.show()
-        code = e.exit_code
+    except _USAGE_ERRORS as e:
+        _show_usage_error(e)
+        code = 2
+    except _CLICK_ERRORS as e:
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        typer.echo(f"error: {' '.join(str(message).split())}", err=True)
+        code = int(getattr(e, "exit_code", 1) or 1)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         code = 130

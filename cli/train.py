@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from dphub import config as project
+from dphub.cli.options import FLOAT, apply_threads, finite_float, positive_float, threads_option
 from dphub.errors import ConfigError
 
 #: (section, key) in dphub.toml for each TrainOptions field that the project file may set.
@@ -120,41 +121,126 @@ def _merge(flags: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def train(
-    data: Path | None = typer.Argument(None, help="Labelled notes (file or directory)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Model directory to write."),
-    format: str | None = typer.Option(None, "--format", help="Input format (default: detect)."),
-    base_model: str | None = typer.Option(None, "--base-model", help="Base encoder path or id."),
-    noise: float | None = typer.Option(None, "--noise", help="Noise multiplier σ."),
-    target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Target ε."),
-    delta: float | None = typer.Option(None, "--delta", help="δ (default min(1e-5, 1/(10N)))."),
-    epochs: float | None = typer.Option(None, "--epochs"),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Expected units per step."),
-    max_physical_batch: int | None = typer.Option(None, "--max-physical-batch"),
-    max_grad_norm: float | None = typer.Option(None, "--max-grad-norm"),
-    lr: float | None = typer.Option(None, "--lr"),
-    privacy_unit: str | None = typer.Option(None, "--privacy-unit", help="patient|note|sequence"),
-    max_examples_per_unit: int | None = typer.Option(None, "--max-examples-per-unit"),
-    accountant: str | None = typer.Option(None, "--accountant", help="prv|rdp"),
-    head: str | None = typer.Option(None, "--head", help="crf|softmax"),
-    train_layers: int | None = typer.Option(None, "--train-layers"),
-    lora_rank: int | None = typer.Option(None, "--lora-rank"),
-    recall_weight: float | None = typer.Option(None, "--recall-weight", help="δp."),
-    label_schema: str | None = typer.Option(None, "--label-schema"),
-    max_epsilon: float | None = typer.Option(None, "--max-epsilon"),
-    seed: int | None = typer.Option(None, "--seed"),
-    secure_rng: bool | None = typer.Option(None, "--secure-rng/--no-secure-rng"),
+    data: Path | None = typer.Argument(
+        None, metavar="DATA", show_default="dphub.toml [data] path",
+        help="Labelled notes (file or directory).",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", show_default="dphub.toml [output] dir",
+        help="Model directory to write.",
+    ),
+    format: str | None = typer.Option(
+        None, "--format", "-f", show_default="detect from the path",
+        help="Input format: physionet | deidpl | i2b2 | brat | jsonl | conll.",
+    ),
+    base_model: str | None = typer.Option(
+        None, "--base-model", show_default="embedded all-MiniLM-L6-v2",
+        help="Base encoder: 'default' or a local model directory.",
+    ),
+    noise: float | None = typer.Option(
+        None, "--noise", parser=positive_float, metavar=FLOAT,
+        show_default="from --target-epsilon",
+        help="Noise multiplier σ of DP-SGD (give this or --target-epsilon).",
+    ),
+    target_epsilon: float | None = typer.Option(
+        None, "--target-epsilon", parser=positive_float, metavar=FLOAT,
+        show_default="8 when --noise is not given",
+        help="Target ε: the noise multiplier is calibrated to reach it at the end of training.",
+    ),
+    delta: float | None = typer.Option(
+        None, "--delta", parser=finite_float(min=0.0, max=1.0, min_open=True, max_open=True),
+        metavar=FLOAT, show_default="min(1e-5, 1/(10 N units))",
+        help="δ of the (ε, δ) guarantee; must stay below 1/N.",
+    ),
+    epochs: float | None = typer.Option(
+        None, "--epochs", parser=positive_float, metavar=FLOAT, show_default="32",
+        help="Passes over the units (fractional allowed).",
+    ),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", min=1, show_default="96",
+        help="Expected units per logical step (Poisson sampling rate = batch / units).",
+    ),
+    max_physical_batch: int | None = typer.Option(
+        None, "--max-physical-batch", min=1, show_default="16",
+        help="Units per forward/backward pass (bounds memory, not the result).",
+    ),
+    max_grad_norm: float | None = typer.Option(
+        None, "--max-grad-norm", parser=positive_float, metavar=FLOAT, show_default="1.0",
+        help="Per-unit clipping bound C of the summed gradient.",
+    ),
+    lr: float | None = typer.Option(
+        None, "--lr", parser=positive_float, metavar=FLOAT, show_default="5e-3",
+        help="Learning rate.",
+    ),
+    privacy_unit: str | None = typer.Option(
+        None, "--privacy-unit", show_default="patient",
+        help="What ε protects: patient | note | sequence (only patient protects patients).",
+    ),
+    max_examples_per_unit: int | None = typer.Option(
+        None, "--max-examples-per-unit", min=1, show_default="64",
+        help="Windows kept per unit (a seeded, data-independent choice).",
+    ),
+    accountant: str | None = typer.Option(
+        None, "--accountant", show_default="prv", help="Privacy accountant: prv | rdp."
+    ),
+    head: str | None = typer.Option(
+        None, "--head", show_default="crf", help="Tagging head: crf | softmax."
+    ),
+    train_layers: int | None = typer.Option(
+        None, "--train-layers", min=0, show_default="0",
+        help="Top encoder layers trained under DP (0: only emissions + CRF, encoder frozen).",
+    ),
+    lora_rank: int | None = typer.Option(
+        None, "--lora-rank", min=1, show_default="none (full layers)",
+        help="Train LoRA adapters of this rank instead of full top layers.",
+    ),
+    recall_weight: float | None = typer.Option(
+        None, "--recall-weight", parser=finite_float(min=0.0), metavar=FLOAT, show_default="3.0",
+        help="Recall weighting δp: each sample's loss is scaled by ρ_i = 1 + δp·FNR_i, FNR_i its "
+        "own false-negative rate on PHI tokens (0: plain loss).",
+    ),
+    label_schema: str | None = typer.Option(
+        None, "--label-schema", show_default="hipaa", help="Label set: hipaa | i2b2-2014."
+    ),
+    max_epsilon: float | None = typer.Option(
+        None, "--max-epsilon", parser=positive_float, metavar=FLOAT, show_default="no cap",
+        help="Stop before a step that would exceed this ε.",
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", show_default="0", help="Seed for sampling, noise and initialisation."
+    ),
+    secure_rng: bool | None = typer.Option(
+        None, "--secure-rng/--no-secure-rng", show_default="no-secure-rng",
+        help="Cryptographic RNG for sampling and noise (needs torchcsprng).",
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run."),
-    init_from: str | None = typer.Option(None, "--init-from", help="Pulled model or directory."),
-    warm_start: str | None = typer.Option(None, "--warm-start", help="synth|none"),
+    init_from: str | None = typer.Option(
+        None, "--init-from", show_default="the warm start",
+        help="Start from a pulled model (org/name[@revision]) or a model directory.",
+    ),
+    warm_start: str | None = typer.Option(
+        None, "--warm-start", show_default="synth",
+        help="synth (public synthetic notes, costs no ε) | none.",
+    ),
     no_dp: bool = typer.Option(False, "--no-dp", help="Non-private baseline (not publishable)."),
-    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every"),
-    checkpoint_dir: Path | None = typer.Option(None, "--checkpoint-dir"),
+    checkpoint_every: int | None = typer.Option(
+        None, "--checkpoint-every", min=1, show_default="10", help="Steps between checkpoints."
+    ),
+    checkpoint_dir: Path | None = typer.Option(
+        None, "--checkpoint-dir", show_default="<out>/../.<name>.ckpt",
+        help="Where checkpoints go (outside the published directory).",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+    threads: int | None = threads_option(),
 ) -> None:
-    """Train a PHI tagger with DP-SGD and write a model directory with its card."""
+    """Train a PHI tagger with DP-SGD and write a model directory with its card.
+
+    Every option left out is taken from dphub.toml (run `dphub init`), else the default shown.
+    """
     from dphub import train as training
 
-    flags = {k: v for k, v in locals().items() if k != "training"}
+    apply_threads(threads)
+    flags = {k: v for k, v in locals().items() if k not in ("training", "threads")}
     cfg = project.load_project_config()
     merged = _merge(flags, cfg)
     merged["resume"], merged["no_dp"], merged["force"] = resume, no_dp, force

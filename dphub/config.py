@@ -11,7 +11,13 @@ its key. Sections and keys::
     [train]    epochs, batch_size, max_physical_batch, lr, train_layers, lora_rank,
                recall_weight, seed, warm_start
     [output]   dir
-    [hub]      url, repo
+    [hub]      url, repo, max_epsilon, require_unit   (the last two: ε policy for ``dphub pull``)
+    [card]     intended_use, out_of_scope, limitations, provenance   (free text for the card)
+
+The file is validated against :data:`PROJECT_SCHEMA` when it is loaded: an unknown section or key
+(``[trian]``, ``nosie``), a wrong type (``noise = "loud"``) or a non-finite number (TOML allows
+``nan`` and ``inf``) is refused with a :class:`ConfigError` naming the section and key. Silently
+ignoring such a mistake trained at the default ε instead of the one the owner wrote.
 
 ``.dphub/state.json`` records what the last ``dphub train`` wrote (``last_model``), so that a bare
 ``dphub publish`` publishes it.
@@ -20,6 +26,7 @@ its key. Sections and keys::
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -29,6 +36,68 @@ from dphub.io import atomic_write_text
 
 PROJECT_FILE = "dphub.toml"
 STATE_DIR = ".dphub"
+
+_POSITIVE: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0}
+_COUNT: dict[str, Any] = {"type": "integer", "minimum": 1}
+_STRING: dict[str, Any] = {"type": "string"}
+_UNITS = ["patient", "note", "sequence"]
+
+
+def _section(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+#: JSON Schema of ``dphub.toml``: every key some command reads, and nothing else. A command that
+#: starts reading a new key adds it here (the schema test checks the init template against it).
+PROJECT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "dphub.toml",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "data": _section({"path": _STRING, "format": _STRING}),
+        "model": _section({
+            "base_model": _STRING,
+            "head": {"enum": ["crf", "softmax"]},
+            "label_schema": _STRING,
+        }),
+        "privacy": _section({
+            "noise": _POSITIVE,
+            "target_epsilon": _POSITIVE,
+            "delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+            "privacy_unit": {"enum": _UNITS},
+            "accountant": {"enum": ["prv", "rdp"]},
+            "max_grad_norm": _POSITIVE,
+            "max_examples_per_unit": _COUNT,
+            "max_epsilon": _POSITIVE,
+            "secure_rng": {"type": "boolean"},
+        }),
+        "train": _section({
+            "epochs": _POSITIVE,
+            "batch_size": _COUNT,
+            "max_physical_batch": _COUNT,
+            "lr": _POSITIVE,
+            "train_layers": {"type": "integer", "minimum": 0},
+            "lora_rank": _COUNT,
+            "recall_weight": {"type": "number", "minimum": 0},
+            "seed": {"type": "integer"},
+            "warm_start": {"enum": ["synth", "none"]},
+        }),
+        "output": _section({"dir": _STRING}),
+        "hub": _section({
+            "url": _STRING,
+            "repo": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"},
+            "max_epsilon": _POSITIVE,
+            "require_unit": {"enum": _UNITS},
+        }),
+        "card": _section({
+            "intended_use": _STRING,
+            "out_of_scope": _STRING,
+            "limitations": _STRING,
+            "provenance": _STRING,
+        }),
+    },
+}
 
 
 def find_project_file(start: Path | None = None) -> Path | None:
@@ -55,8 +124,68 @@ def load_project_config(path: Path | None = None) -> dict[str, Any]:
             cfg = tomllib.load(fh)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{f}: not valid TOML ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"{f}: cannot read ({e.strerror})") from None
+    validate_project_config(cfg, f)
     cfg["_file"] = str(f)
     return cfg
+
+
+def _where(path: list[Any]) -> str:
+    """``[privacy] noise`` for a (section, key) path; ``[trian]`` for a section."""
+    if not path:
+        return "the file"
+    head = f"[{path[0]}]"
+    return head if len(path) == 1 else f"{head} {'.'.join(map(str, path[1:]))}"
+
+
+def _show(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def validate_project_config(cfg: dict[str, Any], source: str | Path = PROJECT_FILE) -> None:
+    """Refuse a project file with unknown sections/keys, wrong types or non-finite numbers.
+
+    The message names the first problem by section and key, and the keys that are allowed there.
+    """
+    from jsonschema import Draft202012Validator
+
+    for section, keys in cfg.items():  # nan/inf first: the schema's bounds let NaN through
+        for key, value in (keys.items() if isinstance(keys, dict) else ()):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{source}: {_where([section, key])}: {value} is not a "
+                                  "finite number")
+    errors = sorted(Draft202012Validator(PROJECT_SCHEMA).iter_errors(cfg),
+                    key=lambda e: [str(p) for p in e.absolute_path])
+    if not errors:
+        return
+    e = errors[0]
+    path = list(e.absolute_path)
+    if e.validator == "additionalProperties":
+        schema = PROJECT_SCHEMA if not path else PROJECT_SCHEMA["properties"][path[0]]
+        known = sorted(schema["properties"])
+        extra = sorted(k for k in e.instance if k not in schema["properties"])
+        what = "section" if not path else "key"
+        where = _where([*path, extra[0]]) if extra else _where(path)
+        raise ConfigError(f"{source}: {where}: unknown {what} (known: {', '.join(known)})")
+    if e.validator == "type":
+        expected = e.validator_value
+        if len(path) == 1:
+            raise ConfigError(f"{source}: {_where(path)} must be a table (a [section])")
+        raise ConfigError(f"{source}: {_where(path)}: {_show(e.instance)} is not "
+                          f"{'an' if expected == 'integer' else 'a'} {expected}")
+    if e.validator == "enum":
+        raise ConfigError(f"{source}: {_where(path)}: {_show(e.instance)} is not one of "
+                          f"{', '.join(map(str, e.validator_value))}")
+    bounds = {"exclusiveMinimum": ">", "minimum": ">=", "exclusiveMaximum": "<", "maximum": "<="}
+    if e.validator in bounds:
+        raise ConfigError(f"{source}: {_where(path)}: {_show(e.instance)} must be "
+                          f"{bounds[e.validator]} {e.validator_value}")
+    if e.validator == "pattern":
+        raise ConfigError(f"{source}: {_where(path)}: {_show(e.instance)} is not of the form "
+                          "org/name")
+    raise ConfigError(f"{source}: {_where(path)}: invalid value {_show(e.instance)}")
 
 
 def project_path(cfg: dict[str, Any], value: str | None) -> Path | None:

@@ -19,10 +19,13 @@ follow established conventions:
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -304,6 +307,12 @@ def evaluate_spans(
         if pred is None:
             missing += 1
             pred = []
+        for s in pred:
+            if s.end > len(note.text):
+                raise InputError(
+                    f"note {note.id}: a predicted span ends at {s.end}, beyond the gold note's "
+                    f"{len(note.text)} characters (predictions for another version of the note?)"
+                )
         counter.add(note, pred, show_leaks)
     extra = [k for k in pred_spans_by_id if k not in seen]
     if extra and not ignore_extra:
@@ -325,3 +334,142 @@ def evaluate(
     if not isinstance(pred, Mapping):
         pred = {note.id: list(note.spans) for note in pred}
     return evaluate_spans(gold, pred, **options)
+
+
+# ---------------------------------------------------------------------------- reading predictions
+#: what ``dphub ... deid`` leaves next to its outputs (see :mod:`dphub.runner`); never predictions
+_RUN_DIR = ".dphub-run"
+_AUDIT = "audit.jsonl"
+
+_NEED_SPANS = (
+    "tagged, redacted or surrogate text cannot be scored (its offsets no longer match the "
+    "notes): de-identify with `--mode spans` (e.g. `dphub ensemble deid NOTES --mode spans "
+    "--out DIR`) and pass --pred DIR"
+)
+
+
+def read_predictions(
+    path: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    text_path: str | os.PathLike[str] | None = None,
+) -> dict[str, list[Span]]:
+    """Predicted spans by note id from ``path``, or :class:`InputError` if it holds none.
+
+    Accepted: dphub's own ``deid --mode spans`` output (``{"id", "spans"}`` JSONL records, no
+    text) as a file or as the output directory of a run; any labelled corpus (a JSONL file with
+    ``spans``, brat, i2b2, PhysioNet, deid.pl with ``text_path`` ...). Refused, with what to pass
+    instead: text without span annotations (the tag / redact / surrogate outputs of a deid run,
+    a directory of ``.txt``). Scoring those as "no spans" reported every metric as 0 and every
+    phrase as a leak, with exit 0 (issue 16).
+    """
+    from dphub import formats
+    from dphub.errors import FormatError
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file or directory")
+    if p.is_dir() and ((p / _AUDIT).is_file() or (p / _RUN_DIR).is_dir()):
+        return _read_deid_output_dir(p)
+    if p.is_file() and format in (None, "jsonl") and _looks_like_jsonl(p):
+        first = _first_record(p)
+        if isinstance(first, dict) and "spans" in first and "text" not in first:
+            return _read_span_records([p])
+        if isinstance(first, dict) and "text" in first and "spans" not in first:
+            raise InputError(f"{p}: records have text but no spans; {_NEED_SPANS}")
+    opts: dict[str, Any] = {}
+    if text_path is not None:
+        opts["text_path"] = text_path
+    try:
+        notes = list(formats.read(p, format=format, **opts))
+    except FormatError as e:
+        raise InputError(f"{e.message} (predictions must carry spans; {_NEED_SPANS})") from None
+    if notes and not any(n.labelled or n.spans for n in notes):
+        raise InputError(f"{p}: no span annotations in these predictions; {_NEED_SPANS}")
+    return {n.id: list(n.spans) for n in notes}
+
+
+def _looks_like_jsonl(path: Path) -> bool:
+    return path.suffix.lower() in (".jsonl", ".ndjson", ".json")
+
+
+def _first_record(path: Path) -> Any:
+    """The first JSON record of a JSONL file (None when empty or not JSON)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    return json.loads(line)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return None
+
+
+def _deid_files(root: Path) -> Iterator[Path]:
+    """Output files of a deid run: everything but the audit file and the run's bookkeeping."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != _RUN_DIR)
+        for name in sorted(filenames):
+            f = Path(dirpath) / name
+            if f.parent == root and name == _AUDIT:
+                continue
+            yield f
+
+
+def _read_deid_output_dir(root: Path) -> dict[str, list[Span]]:
+    """A directory written by ``dphub deid`` / ``dphub ensemble deid``: spans or brat mode only."""
+    files = list(_deid_files(root))
+    if any(f.suffix == ".ann" for f in files):  # --mode brat: a brat corpus plus audit.jsonl
+        from dphub import formats
+
+        return {n.id: list(n.spans) for n in formats.read(root, format="brat")}
+    span_files: list[Path] = []
+    for f in files:
+        rec = _first_record(f) if f.suffix == ".jsonl" else None
+        if not (isinstance(rec, dict) and "spans" in rec and "text" not in rec):
+            raise InputError(
+                f"{root}: a dphub deid output without spans ({f.relative_to(root)} holds text); "
+                f"{_NEED_SPANS}"
+            )
+        span_files.append(f)
+    if not span_files:
+        raise InputError(f"{root}: a dphub deid output directory with no outputs in it")
+    return _read_span_records(span_files)
+
+
+def _read_span_records(files: Sequence[Path]) -> dict[str, list[Span]]:
+    """``{"id", "spans": [{"start", "end", "label", ...}]}`` lines (the ``spans`` renderer)."""
+    out: dict[str, list[Span]] = {}
+    for f in files:
+        try:
+            fh = open(f, encoding="utf-8")  # noqa: SIM115 - closed below
+        except OSError as e:
+            raise InputError(f"{f}: cannot read ({e.strerror})") from None
+        with fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                where = f"{f} line {lineno}"
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    raise InputError(f"{where}: not valid JSON") from None
+                if not (isinstance(rec, dict) and isinstance(rec.get("id"), str)
+                        and isinstance(rec.get("spans"), list)):
+                    raise InputError(f"{where}: a spans record needs an 'id' string and a "
+                                     "'spans' list")
+                if rec["id"] in out:
+                    raise InputError(f"{where}: note {rec['id']} predicted twice")
+                out[rec["id"]] = [_span(s, where) for s in rec["spans"]]
+    return out
+
+
+def _span(d: Any, where: str) -> Span:
+    ok = (isinstance(d, dict) and isinstance(d.get("label"), str)
+          and all(isinstance(d.get(k), int) and not isinstance(d.get(k), bool)
+                  for k in ("start", "end")))
+    if not ok or not 0 <= d["start"] < d["end"]:
+        raise InputError(f"{where}: a span needs integer 0 <= start < end and a label string")
+    score = d.get("score")
+    return Span(d["start"], d["end"], d["label"],
+                score=float(score) if isinstance(score, (int, float)) else None)

@@ -87,26 +87,26 @@ dphub search --hub hub --unit patient --max-epsilon "$EPSILON"
 step "6. pull (verifies hashes, card and policy) and build the ensemble"
 for site in site-a site-b; do
   dphub pull "demo/$site" --hub hub --require-unit patient --max-epsilon "$EPSILON"
-  dphub ensemble add "demo/$site" -e ensemble.toml
+  dphub ensemble add "demo/$site"
 done
-dphub ensemble add rules:default -e ensemble.toml
-dphub ensemble list -e ensemble.toml
+dphub ensemble add rules:default
+dphub ensemble list
 
 step "7. Scenario A: de-identify the owner's notes with the pulled models + rules"
-dphub ensemble deid data/owner-test.jsonl -e ensemble.toml --mode tag --out deid-a
+dphub ensemble deid data/owner-test.jsonl --mode tag --out deid-a
 
 step "8. Scenario B: the owner trains its own DP model and adds it"
 dphub train data/owner-train.jsonl --out models/owner "${TRAIN_OPTS[@]}"
 python -c "import secrets; print(secrets.token_hex(32))" > surrogate.key
 chmod 600 surrogate.key
-dphub ensemble deid data/owner-test.jsonl -e ensemble.toml --owner-model models/owner \
+dphub ensemble deid data/owner-test.jsonl --owner-model models/owner \
   --mode surrogate --key-file surrogate.key --out deid-b
 
 step "9. evaluation on the owner's test notes (token-binary %, phrase recall %)"
 echo "Scenario A (pulled models + rules):"
-dphub ensemble evaluate data/owner-test.jsonl -e ensemble.toml
+dphub ensemble evaluate data/owner-test.jsonl
 echo "Scenario B (pulled models + rules + the owner's model):"
-dphub ensemble evaluate data/owner-test.jsonl -e ensemble.toml --owner-model models/owner
+dphub ensemble evaluate data/owner-test.jsonl --owner-model models/owner
 
 step "done in $(( SECONDS - START )) s; outputs under $OUT"
 cat <<EOF
@@ -115,7 +115,7 @@ cat <<EOF
   models/owner              the owner's own DP model (Scenario B)
   hub/                      the local hub the sites published to (one git repo per model)
   home/                     the owner's registry of pulled, verified models
-  ensemble.toml             the ensemble manifest (members pinned to pulled revisions)
+  dphub-ensemble.toml       the ensemble manifest (members pinned to pulled revisions)
   deid-a/owner-test.jsonl   Scenario A output, PHI replaced by [**CATEGORY**] tags
   deid-b/owner-test.jsonl   Scenario B output, PHI replaced by consistent surrogates
   deid-*/audit.jsonl        what was removed where (offsets, labels, voting members; no text)

@@ -106,7 +106,7 @@ def test_demo_runs_tiny_end_to_end(env: dict[str, str], tiny_base_model: Path,
     # isolated: hub and registry inside the demo directory, manifest pinned to pulled revisions
     assert (root / "hub" / "models" / "demo" / "site-a").is_dir()
     assert (root / "home" / "registry.json").is_file()
-    manifest = (root / "ensemble.toml").read_text(encoding="utf-8")
+    manifest = (root / "dphub-ensemble.toml").read_text(encoding="utf-8")
     assert manifest.count('kind = "registry"') == 2 and "revision = " in manifest
     assert not Path(env["DPHUB_HUB"]).exists()  # the caller's hub was never touched
 

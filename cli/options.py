@@ -1,0 +1,80 @@
+"""Option helpers shared by every command module: finite numbers and ``--threads``.
+
+Why a parser instead of plain ``float`` options: click and pydantic both accept ``nan`` and
+``inf`` as floats, and range checks (``min=``) let NaN through because every comparison with NaN
+is false. A NaN ε bound made ``pull --max-epsilon nan`` accept any model (the ε policy failed
+open), and ``--lr nan`` trained for half a minute before failing. :func:`finite_float` refuses
+such values at parse time, as a usage error (exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+__all__ = ["FLOAT", "apply_threads", "finite_float", "threads_option"]
+
+#: metavar of the options parsed by :func:`finite_float`
+FLOAT = "<float>"
+
+
+def finite_float(
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    min_open: bool = False,
+    max_open: bool = False,
+) -> Callable[[Any], float]:
+    """A Typer ``parser`` that accepts only finite floats within the given bounds.
+
+    ``min_open``/``max_open`` make the bound exclusive (``min=0, min_open=True``: positive). The
+    returned callable raises :class:`ValueError`, which Typer (vendored click or click) turns into
+    a usage error naming the option.
+    """
+
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):  # bool is an int subclass: not a number here
+            raise ValueError(f"{value!r} is not a number")
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{value!r} is not a number") from None
+        if not math.isfinite(x):
+            raise ValueError(f"{value!r} is not a finite number")
+        if min is not None and (x <= min if min_open else x < min):
+            raise ValueError(f"{value!r} must be {'>' if min_open else '>='} {min:g}")
+        if max is not None and (x >= max if max_open else x > max):
+            raise ValueError(f"{value!r} must be {'<' if max_open else '<='} {max:g}")
+        return x
+
+    parse.__name__ = "finite_float"
+    return parse
+
+
+#: positive finite floats (noise, ε, learning rate, clipping bound, epochs ...)
+positive_float = finite_float(min=0.0, min_open=True)
+#: probabilities and thresholds in [0, 1]
+unit_interval = finite_float(min=0.0, max=1.0)
+
+
+def threads_option() -> Any:
+    """``--threads N``: torch intra-op CPU threads for commands that run a model."""
+    return typer.Option(
+        None,
+        "--threads",
+        min=1,
+        show_default="all cores",
+        help="CPU threads for torch (intra-op parallelism).",
+    )
+
+
+def apply_threads(threads: int | None) -> None:
+    """Apply ``--threads`` before any model runs (torch is imported only when it is given)."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
