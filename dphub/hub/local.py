@@ -97,7 +97,31 @@ class LocalHub:
     def exists(self, repo_id: str) -> bool:
         return (self.repo_dir(repo_id) / "HEAD").is_file()
 
+    def check_root(self, *, create: bool = False) -> None:
+        """Refuse a hub path that is a file, or (unless publishing) one that does not exist.
+
+        Why: a mistyped ``--hub`` used to list "no matching models" (exit 0) and a file crashed
+        publish. ``publish`` creates a missing local hub (documented in docs/hub.md); reading
+        commands never do, so they say the hub does not exist.
+        """
+        if self.root.exists() and not self.root.is_dir():
+            raise HubError(f"hub {self.name} is not a directory (a local hub is a directory; "
+                           "a remote hub is an http(s):// or hf:// URL)")
+        if not self.root.exists():
+            if create:
+                try:
+                    self.root.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise HubError(f"cannot create hub {self.name}: "
+                                   f"{e.strerror or type(e).__name__}") from None
+                return
+            raise HubError(f"hub {self.name} does not exist (nothing was published there); "
+                           "check --hub, [hub] url in dphub.toml or $DPHUB_HUB")
+        if not os.access(self.root, os.R_OK | os.X_OK):
+            raise HubError(f"hub {self.name} cannot be read (permission denied)")
+
     def _require(self, repo_id: str) -> Path:
+        self.check_root()
         d = self.repo_dir(repo_id)
         if not (d / "HEAD").is_file():
             raise HubError(f"repo {repo_id} not found in hub {self.name}")
@@ -132,6 +156,7 @@ class LocalHub:
         """Commit every file of ``model_dir`` as the new head of ``repo_id``; return the sha."""
         if tag is not None:
             check_revision(tag)
+        self.check_root(create=True)
         model_dir = Path(model_dir).resolve()
         files = sorted(p for p in model_dir.rglob("*") if p.is_file())
         if any("\n" in str(p) for p in files):
@@ -222,15 +247,23 @@ class LocalHub:
         return listing
 
     def card_summary(self, repo_id: str, sha: str) -> CardSummary:
+        """Summary of the card at ``sha``; its ε counts as verified only if the card passes the
+        gate's card checks (schema + accounting recomputation), since a commit can reach the
+        hub's git repository without going through ``publish``."""
+        from dphub.card import parse_card
+
         data = self.read_file(repo_id, sha, "README.md")
-        if data is None:
-            meta = {}
-        else:
+        meta: dict = {}
+        validated: dict = {}
+        if data is not None:
+            where = f"{repo_id}@{sha[:12]}"
             try:
-                meta = parse_front_matter(data.decode("utf-8"), where=f"{repo_id}@{sha[:12]}")
-            except Exception:  # noqa: BLE001 - an unreadable card lists as empty, pull refuses it
-                meta = {}
-        return CardSummary.from_meta(meta)
+                text = data.decode("utf-8-sig")
+                meta = parse_front_matter(text, where=where)
+                validated = parse_card(text, where=where).meta
+            except Exception:  # noqa: BLE001 - an unreadable card lists as unverified
+                pass
+        return CardSummary.checked(meta, validated)
 
     def revisions(self, repo_id: str, max_count: int | None = None) -> list[RepoRevision]:
         """Commits of the branch (all, or the newest ``max_count``), newest first."""
@@ -251,6 +284,7 @@ class LocalHub:
         return revs
 
     def repo_ids(self) -> Iterator[str]:
+        self.check_root()
         models = self.root / "models"
         if not models.is_dir():
             return
