@@ -329,3 +329,19 @@ def test_hub_path_that_is_a_file_or_missing(model, hub_env, tmp_path):
     assert [r.repo for r in ops.search(hub=str(tmp_path / "new-hub" / "sub"))] == ["acme/deid"]
     with pytest.raises(HubError, match="cannot create hub"):
         ops.publish(model, "acme/deid", hub=str(hub_file / "sub"))
+
+
+def test_listing_does_not_expand_a_yaml_alias_bomb(model, hub_env):
+    """A card that bypassed the gate with an alias bomb: listed as unverified, never expanded."""
+    import time
+
+    lines = ["---", 'a0: &a0 ["lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    lines += ["tags: [differential-privacy]", "---", "# bomb", ""]
+    (model / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    _raw_publish(hub_env, model)
+    start = time.monotonic()
+    (row,) = ops.search()
+    assert time.monotonic() - start < 10
+    assert not row.summary.verified and "anchors/aliases" in row.summary.problem
+    assert not ops.info("evil/model")[0].summary.verified

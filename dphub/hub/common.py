@@ -116,12 +116,13 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-_FRONT_RE = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.S)
+#: The YAML front matter block at the start of a README (group 1: its text).
+FRONT_MATTER_RE = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.S)
 
 
 def parse_front_matter(text: str, *, where: str) -> dict[str, Any]:
     """The YAML front matter of a model card (README.md) as a dict."""
-    m = _FRONT_RE.match(text)
+    m = FRONT_MATTER_RE.match(text)
     if not m:
         raise CardError(f"{where}: model card has no YAML front matter")
     try:

@@ -24,13 +24,15 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import yaml
 from filelock import FileLock
 
 from dphub.errors import HubError, PullRefused
 from dphub.hub.common import (
+    FRONT_MATTER_RE,
     CardSummary,
     RepoRevision,
     check_relative_path,
@@ -55,6 +57,38 @@ _STORE_UNCOMPRESSED = {
     "GIT_CONFIG_KEY_0": "core.looseCompression",
     "GIT_CONFIG_VALUE_0": "0",
 }
+
+
+#: Largest card a listing parses. Real cards are a few kB; the limit keeps a hostile repo from
+#: making ``search`` slow.
+LISTING_CARD_MAX_BYTES = 256 * 1024
+
+
+def _unparsable_card(data: bytes | None) -> str | None:
+    """Why a hub card must not be parsed by a listing (None: go ahead).
+
+    A listing serializes each card (cache key, schema validation), so a YAML alias bomb that
+    ``safe_load`` builds cheaply as shared references would expand there. Cards dphub writes
+    never use anchors or aliases; scanning the front matter's tokens costs linear time.
+    """
+    if data is None:
+        return None
+    if len(data) > LISTING_CARD_MAX_BYTES:
+        return f"model card larger than {LISTING_CARD_MAX_BYTES // 1024} kB; not parsed"
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return "model card is not UTF-8 text"
+    m = FRONT_MATTER_RE.match(text)
+    if not m:
+        return "model card has no YAML front matter"
+    try:
+        for token in yaml.scan(m.group(1), Loader=yaml.SafeLoader):
+            if isinstance(token, (yaml.AnchorToken, yaml.AliasToken)):
+                return "model card uses YAML anchors/aliases; not parsed"
+    except yaml.YAMLError:
+        return "model card front matter is not valid YAML"
+    return None
 
 
 @dataclass(frozen=True)
@@ -255,6 +289,9 @@ class LocalHub:
         data = self.read_file(repo_id, sha, "README.md")
         meta: dict = {}
         validated: dict = {}
+        refused = _unparsable_card(data)
+        if refused:
+            return replace(CardSummary.from_meta({}), problem=refused)
         if data is not None:
             where = f"{repo_id}@{sha[:12]}"
             try:
