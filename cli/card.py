@@ -141,7 +141,7 @@ def edit(
     if not model_dir.is_dir():
         raise CardError(f"{model_dir}: not a model directory")
     card = load_card(model_dir)
-    meta = with_card_text(card.meta, texts)
+    meta = with_card_text(card.meta, texts, where="--")
     write_card(model_dir, meta)
     changed = ", ".join(k for k, v in texts.items() if v is not None)
     typer.echo(f"updated {model_dir / 'README.md'} ({changed}; card re-validated)")

@@ -410,7 +410,13 @@ def check_card_text(texts: Mapping[str, Any], *, where: str = "[card]") -> dict[
 
     Values are stripped; empty strings are kept as ``""`` (meaning "remove this text" for
     :func:`with_card_text`). Errors name the key, never the text (it could hold anything).
+    ``where="--"`` names keys as command-line flags (``--intended-use``) instead of
+    ``[card] intended_use``.
     """
+
+    def name(key: str) -> str:
+        return f"--{key.replace('_', '-')}" if where == "--" else f"{where} {key}"
+
     if not isinstance(texts, Mapping):
         raise CardError(f"{where}: expected a table of texts, got {type(texts).__name__}")
     out: dict[str, str] = {}
@@ -423,23 +429,25 @@ def check_card_text(texts: Mapping[str, Any], *, where: str = "[card]") -> dict[
         if value is None:
             continue
         if not isinstance(value, str):
-            raise CardError(f"{where}.{key}: expected a string, got {type(value).__name__}")
+            raise CardError(f"{name(key)}: expected a string, got {type(value).__name__}")
         value = value.replace("\r\n", "\n").strip()
         if len(value) > CARD_TEXT_MAX_CHARS:
             raise CardError(
-                f"{where}.{key}: {len(value)} characters, at most {CARD_TEXT_MAX_CHARS} allowed"
+                f"{name(key)}: {len(value)} characters, at most {CARD_TEXT_MAX_CHARS} allowed"
             )
         if _CONTROL.search(value):
-            raise CardError(f"{where}.{key}: contains control characters (text not shown)")
+            raise CardError(f"{name(key)}: contains control characters (text not shown)")
         out[key] = value
     return out
 
 
-def with_card_text(meta: Mapping[str, Any], texts: Mapping[str, Any] | None) -> dict[str, Any]:
+def with_card_text(meta: Mapping[str, Any], texts: Mapping[str, Any] | None, *,
+                   where: str = "[card]") -> dict[str, Any]:
     """A copy of ``meta`` whose ``card_text`` holds the trainer's texts merged with ``texts``.
 
     Why a separate step: the DP and dataset blocks are computed, these are the trainer's own
-    words (``[card]`` of dphub.toml at training time, ``dphub card edit`` later). Given keys
+    words (``[card]`` of dphub.toml at training time, ``dphub card edit`` later; ``where``
+    names the source in errors, see :func:`check_card_text`). Given keys
     replace earlier ones, an empty string removes one, ``None`` leaves it as it is. The texts are
     stored in the front matter (so the body, always regenerated, can render them) and checked by
     the gate like every other card string.
@@ -447,7 +455,7 @@ def with_card_text(meta: Mapping[str, Any], texts: Mapping[str, Any] | None) -> 
     out = dict(meta)
     current = out.get(CARD_TEXT_KEY)
     merged = dict(current) if isinstance(current, Mapping) else {}
-    for key, value in check_card_text(texts or {}).items():
+    for key, value in check_card_text(texts or {}, where=where).items():
         if value:
             merged[key] = value
         else:

@@ -85,7 +85,7 @@ def test_with_card_text_merges_removes_and_checks() -> None:
     assert "card_text" not in meta
     with pytest.raises(CardError, match=r"unknown key nosie \(allowed: intended_use"):
         C.with_card_text(meta, {"nosie": "x"})
-    with pytest.raises(CardError, match="at most 4000"):
+    with pytest.raises(CardError, match=r"^\[card\] provenance: 4001 characters, at most 4000"):
         C.with_card_text(meta, {"provenance": "x" * 4001})
     with pytest.raises(CardError, match="expected a string, got int"):
         C.with_card_text(meta, {"provenance": 3})
@@ -148,7 +148,7 @@ def test_card_edit_sets_provenance(tmp_path: Path, capsys: pytest.CaptureFixture
     before = (tmp_path / "README.md").read_bytes()
     assert main(["card", "edit", str(tmp_path), "--provenance", "x" * 5000]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "at most 4000" in err and "xxxx" not in err
+    assert err.startswith("error: --provenance: 5000 characters, at most 4000") and "xxxx" not in err
     assert (tmp_path / "README.md").read_bytes() == before
     assert main(["card", "edit", str(tmp_path)]) == 2
     assert "nothing to edit" in capsys.readouterr().err
