@@ -329,6 +329,15 @@ def test_hub_path_that_is_a_file_or_missing(model, hub_env, tmp_path):
     assert [r.repo for r in ops.search(hub=str(tmp_path / "new-hub" / "sub"))] == ["acme/deid"]
     with pytest.raises(HubError, match="cannot create hub"):
         ops.publish(model, "acme/deid", hub=str(hub_file / "sub"))
+    # a model directory (or any non-empty non-hub directory) is not a hub: nothing written in it
+    before = _files(model)
+    with pytest.raises(HubError, match="is not a dphub hub"):
+        ops.publish(model, "acme/deid", hub=str(model))
+    with pytest.raises(HubError, match="is not a dphub hub"):
+        ops.search(hub=str(model))
+    assert _files(model) == before and not (model / "models").exists()
+    (tmp_path / "empty").mkdir()
+    assert ops.search(hub=str(tmp_path / "empty")) == []
 
 
 def test_listing_does_not_expand_a_yaml_alias_bomb(model, hub_env):

@@ -132,7 +132,8 @@ class LocalHub:
         return (self.repo_dir(repo_id) / "HEAD").is_file()
 
     def check_root(self, *, create: bool = False) -> None:
-        """Refuse a hub path that is a file, or (unless publishing) one that does not exist.
+        """Refuse a hub path that is a file, a non-empty directory that is not a hub, or (unless
+        publishing) one that does not exist.
 
         Why: a mistyped ``--hub`` used to list "no matching models" (exit 0) and a file crashed
         publish. ``publish`` creates a missing local hub (documented in docs/hub.md); reading
@@ -153,6 +154,12 @@ class LocalHub:
                            "check --hub, [hub] url in dphub.toml or $DPHUB_HUB")
         if not os.access(self.root, os.R_OK | os.X_OK):
             raise HubError(f"hub {self.name} cannot be read (permission denied)")
+        if not (self.root / "models").is_dir() and any(
+            not entry.name.startswith(".") for entry in self.root.iterdir()
+        ):
+            # e.g. `--hub models/site`: publishing would write git repos into a model directory
+            raise HubError(f"{self.name} is not a dphub hub (no models/ directory, and not "
+                           "empty); give a hub directory, or a new one for publish to create")
 
     def _require(self, repo_id: str) -> Path:
         self.check_root()
