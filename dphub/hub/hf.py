@@ -45,9 +45,11 @@ def _hub_error(repo_id: str, e: Exception) -> HubError:
     return HubError(f"hub request for {repo_id} failed: {first[0]}")
 
 
-#: Reachability probe before the first request: at most this many tries, each with this timeout,
-#: and this pause between them (≤ 4.5 s in all). huggingface_hub's own retries (5 tries with
-#: backoff up to 8 s, a WARNING line each) took 24 s to report an unreachable hub (fault 15).
+#: Reachability probe before the first request: at most this many tries, each with this timeout
+#: (per connect/read phase), and this pause between them: an unreachable hub is reported within
+#: 4.5 s. huggingface_hub's own retries (5 tries with backoff up to 8 s, a WARNING line each) took
+#: 24 s to report it (issue 16, fault 15); they still apply, silently, to a hub that answered the
+#: probe and then fails.
 PROBE_TRIES = 2
 PROBE_TIMEOUT_S = 2.0
 PROBE_PAUSE_S = 0.5
