@@ -1,4 +1,4 @@
-"""`dphub card show|validate`: read a model card's DP guarantee, or check it like the publish gate.
+"""`dphub card show|validate|edit`: read a card, check it like the publish gate, set its texts.
 
 Thin layer: resolution, validation and rendering live in :mod:`dphub.card` and
 :mod:`dphub.privacy.statement`; this module parses arguments and prints.
@@ -64,7 +64,7 @@ def show(
     from rich.console import Console
     from rich.table import Table
 
-    from dphub.card import dp_summary, load_card
+    from dphub.card import CARD_TEXT_FIELDS, CARD_TEXT_KEY, dp_summary, load_card
     from dphub.privacy.statement import privacy_statement
 
     card = load_card(_resolve(target))
@@ -82,6 +82,13 @@ def show(
     heading = "PRIVACY" if card.private else "PRIVACY: NOT PRIVATE"
     console.print(f"\n[bold]{heading}[/bold]", markup=True)
     typer.echo(privacy_statement(card.dp, markdown=False))
+    if summary.get("eval_privacy"):
+        typer.echo(f"\nEVALUATION\n{summary['eval_privacy']}")
+    texts = card.meta.get(CARD_TEXT_KEY)
+    for key in CARD_TEXT_FIELDS:
+        value = texts.get(key) if isinstance(texts, dict) else None
+        if isinstance(value, str) and value.strip():
+            typer.echo(f"\n{key.replace('_', ' ').upper()} (from the trainer)\n{value.strip()}")
 
 
 @card_app.command("validate")
@@ -109,6 +116,40 @@ def validate(
         what = "NOT PRIVATE (trained without DP)"
     checked = "schema + accounting" if accounting and s["private"] else "schema"
     typer.echo(f"valid: {card.path} ({what}; checked {checked})")
+
+
+@card_app.command("edit")
+def edit(
+    model_dir: Path = typer.Argument(..., help="Model directory whose card (README.md) to edit."),
+    intended_use: str | None = typer.Option(
+        None, "--intended-use", help="What the model is for (free text, at most 4000 chars)."),
+    out_of_scope: str | None = typer.Option(
+        None, "--out-of-scope", help="Uses the model is not meant for (free text)."),
+    limitations: str | None = typer.Option(
+        None, "--limitations", help="Known weaknesses, in the trainer's words (free text)."),
+    provenance: str | None = typer.Option(
+        None, "--provenance", help="Where the training notes come from (free text; no patient "
+                                   "details, no paths)."),
+) -> None:
+    """Set the trainer's free texts of a card ('' removes one); the card is re-validated.
+
+    The same texts come from the [card] section of dphub.toml at training time. dphub's own
+    intended-use, out-of-scope and limitation notes always stay in the card.
+    """
+    from dphub.card import load_card, with_card_text, write_card
+
+    texts = {"intended_use": intended_use, "out_of_scope": out_of_scope,
+             "limitations": limitations, "provenance": provenance}
+    if all(v is None for v in texts.values()):
+        raise CardError("nothing to edit: give --intended-use, --out-of-scope, --limitations "
+                        "or --provenance")
+    if not model_dir.is_dir():
+        raise CardError(f"{model_dir}: not a model directory")
+    card = load_card(model_dir)
+    meta = with_card_text(card.meta, texts, where="--")
+    write_card(model_dir, meta)
+    changed = ", ".join(k for k, v in texts.items() if v is not None)
+    typer.echo(f"updated {model_dir / 'README.md'} ({changed}; card re-validated)")
 
 
 def register(app: typer.Typer) -> None:

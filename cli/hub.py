@@ -38,17 +38,36 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
     return "—" if v is None else format(v, spec)
 
 
-def _table(rows: list[RepoRevision], title: str) -> Table:
+UNVERIFIED = "unverified"
+
+
+def _table(rows: list[RepoRevision], title: str, *, reasons: bool = False) -> Table:
+    """One row per revision. ε, δ and unit are shown only when the card passed the gate's card
+    checks on this machine (schema + ε recomputation); otherwise they read "unverified", since
+    a repo can hold commits that never went through ``dphub publish``. ``reasons`` adds why."""
     t = Table(title=title)
-    for col in ("repo", "revision", "ε", "δ", "unit", "base model", "labels", "patients", "notes",
-                "eval F1"):
+    cols = ["repo", "revision", "ε", "δ", "unit", "base model", "labels", "patients", "notes",
+            "eval F1"]
+    if reasons:
+        cols.append("card check")
+    for col in cols:
         t.add_column(col, overflow="fold")
     for r in rows:
         s = r.summary
         rev = r.revision[:12] + (f" ({', '.join(r.tags)})" if r.tags else "")
-        t.add_row(r.repo, rev, _fmt(s.epsilon), _fmt(s.delta), s.unit or "—", s.base_model or "—",
-                  ",".join(s.labels) or "—", _fmt(s.patients, "d"), _fmt(s.notes, "d"),
-                  _fmt(s.f1, ".3f"))
+        if s.verified:
+            eps, delta, unit = _fmt(s.epsilon), _fmt(s.delta), s.unit or "—"
+        else:
+            eps = delta = unit = UNVERIFIED
+        cells = [r.repo, rev, eps, delta, unit, s.base_model or "—", ",".join(s.labels) or "—",
+                 _fmt(s.patients, "d"), _fmt(s.notes, "d"), _fmt(s.f1, ".3f")]
+        if reasons:
+            cells.append("verified" if s.verified else f"{UNVERIFIED}: {s.problem or '?'}")
+        t.add_row(*cells)
+    if any(not r.summary.verified for r in rows):
+        t.caption = ("unverified: the card fails the publish gate's checks (schema, ε "
+                     "recomputation); its claims are not shown and `pull` refuses it"
+                     + ("" if reasons else "; `dphub hub info REPO` says why"))
     return t
 
 
@@ -156,7 +175,7 @@ def info_cmd(
     """All revisions of a repo (newest first) with their DP guarantees."""
     from dphub.hub.ops import info
 
-    _console().print(_table(info(repo, hub=_hub(hub)), f"{repo} revisions"))
+    _console().print(_table(info(repo, hub=_hub(hub)), f"{repo} revisions", reasons=True))
 
 
 @hub_app.command("list")

@@ -89,6 +89,12 @@ dir = "model"
 [hub]
 # url = "file:///path/to/hub"
 # repo = "org/name"
+
+# [card]                       # your words in the model card (plain text, <= 4000 chars each)
+# intended_use = "..."         # e.g. which notes and which workflow the model is meant for
+# out_of_scope = "..."
+# limitations = "..."
+# provenance = "..."           # where the training notes come from (no patient details, no paths)
 """
 
 

@@ -60,6 +60,7 @@ def test_info_through_olah(olah_hub):
     revs = ops.info("acme/deid", hub=olah_hub.url)
     assert [r.revision for r in revs] == [olah_hub.new, olah_hub.old]
     assert revs[1].tags == ("v1",) and revs[1].summary.epsilon > revs[0].summary.epsilon
+    assert all(r.summary.verified for r in revs), [r.summary.problem for r in revs]
 
 
 def test_pull_through_olah_refuses_tampered_weights(olah_hub, hub_env):
@@ -133,3 +134,17 @@ def test_search_over_hf_filters_by_tag_then_card_fields(hub_env):
     assert [r.repo for r in rows] == ["acme/low"]
     assert api.calls == [("list_models", (), {"filter": "differential-privacy",
                                               "cardData": True})]
+
+
+def test_search_over_hf_marks_cards_that_fail_the_checks_unverified(hub_env):
+    """Fault 16 over the HF protocol: the server's card data is re-checked, not trusted."""
+    from huggingface_hub.hf_api import ModelInfo
+
+    honest, lying = card_meta(), card_meta(epsilon=0.5)
+    api = RecordingHfApi([ModelInfo(id="acme/honest", sha="a" * 40, cardData=honest),
+                          ModelInfo(id="evil/lying", sha="b" * 40, cardData=lying)])
+    rows = {r.repo: r.summary for r in ops.search(hub="hf://", api=api)}
+    assert rows["acme/honest"].verified and not rows["evil/lying"].verified
+    assert "claims 0.5" in rows["evil/lying"].problem
+    cap = honest["differential_privacy"]["epsilon"] + 1
+    assert [r.repo for r in ops.search(hub="hf://", max_epsilon=cap, api=api)] == ["acme/honest"]

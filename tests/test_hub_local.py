@@ -183,7 +183,8 @@ def test_unsafe_listing_names_are_refused(name):
 
 
 def test_unknown_repo_and_revision(model, hub_env):
-    with pytest.raises(HubError, match="not found"):
+    hub_env["hub"].mkdir()
+    with pytest.raises(HubError, match="repo acme/none not found"):
         ops.pull("acme/none")
     ops.publish(model, "acme/deid")
     with pytest.raises(HubError, match="revision deadbeef not found"):
@@ -269,3 +270,87 @@ def test_pull_refuses_symlinks_in_the_repo(model, hub_env):
     with pytest.raises(PullRefused, match="not a regular file"):
         ops.pull("evil/model")
     assert Registry().list() == []
+
+
+def test_listing_marks_a_commit_that_bypassed_the_gate_as_unverified(model, hub_env):
+    """Fault 16: a commit written straight into the hub's git repo claims epsilon 1.0."""
+    good_sha, good = ops.publish(model, "acme/deid")
+    write_card(model, card_meta(epsilon=1.0))  # the accounting fields imply about 23.6
+    bad_sha = _raw_publish(hub_env, model)
+    rows = {r.repo: r for r in ops.search()}
+    assert rows["acme/deid"].summary.verified and rows["acme/deid"].summary.problem is None
+    bad = rows["evil/model"].summary
+    assert not bad.verified
+    assert "differential_privacy.epsilon: claims 1" in bad.problem
+    # an unverified claim never passes a puller's epsilon cap or unit filter in a listing
+    assert [r.repo for r in ops.search(max_epsilon=2 * good.epsilon)] == ["acme/deid"]
+    assert [r.repo for r in ops.search(unit="patient")] == ["acme/deid"]
+    assert [r.revision for r in ops.info("evil/model")] == [bad_sha]
+    assert not ops.info("evil/model")[0].summary.verified
+    assert good_sha != bad_sha
+    with pytest.raises(PullRefused, match="claims 1"):
+        ops.pull("evil/model")
+
+
+def test_listing_verdicts_are_cached_by_card_content(model, hub_env, monkeypatch):
+    from dphub import card
+    from dphub.hub import common
+
+    common._memo.clear()  # verdicts of earlier tests in this process
+    ops.publish(model, "acme/deid")
+    assert ops.search()[0].summary.verified
+    assert (hub_env["home"] / common.CARD_CHECK_CACHE).is_file()
+    common._memo.clear()  # a new process: only the on-disk cache is left
+
+    def boom(*a, **kw):
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(card, "validate_meta", boom)
+    assert ops.search()[0].summary.verified
+    assert ops.info("acme/deid")[0].summary.verified
+
+
+def test_hub_path_that_is_a_file_or_missing(model, hub_env, tmp_path):
+    """Fault 14 (publish --hub FILE crashed) and 17 (a missing hub listed "no matching models")."""
+    hub_file = tmp_path / "hub.txt"
+    hub_file.write_text("not a hub")
+    with pytest.raises(HubError, match="hub .*hub.txt is not a directory"):
+        ops.publish(model, "acme/deid", hub=str(hub_file))
+    assert hub_file.read_text() == "not a hub"
+    for call in (lambda h: ops.search(hub=h), lambda h: ops.list_models(hub=h),
+                 lambda h: ops.info("acme/deid", hub=h), lambda h: ops.pull("acme/deid", hub=h)):
+        with pytest.raises(HubError, match="is not a directory"):
+            call(str(hub_file))
+        with pytest.raises(HubError, match="nowhere does not exist"):
+            call(str(tmp_path / "nowhere"))
+    assert not (tmp_path / "nowhere").exists()
+    # publish creates a missing local hub, as docs/hub.md says; then it lists
+    ops.publish(model, "acme/deid", hub=str(tmp_path / "new-hub" / "sub"))
+    assert [r.repo for r in ops.search(hub=str(tmp_path / "new-hub" / "sub"))] == ["acme/deid"]
+    with pytest.raises(HubError, match="cannot create hub"):
+        ops.publish(model, "acme/deid", hub=str(hub_file / "sub"))
+    # a model directory (or any non-empty non-hub directory) is not a hub: nothing written in it
+    before = _files(model)
+    with pytest.raises(HubError, match="is not a dphub hub"):
+        ops.publish(model, "acme/deid", hub=str(model))
+    with pytest.raises(HubError, match="is not a dphub hub"):
+        ops.search(hub=str(model))
+    assert _files(model) == before and not (model / "models").exists()
+    (tmp_path / "empty").mkdir()
+    assert ops.search(hub=str(tmp_path / "empty")) == []
+
+
+def test_listing_does_not_expand_a_yaml_alias_bomb(model, hub_env):
+    """A card that bypassed the gate with an alias bomb: listed as unverified, never expanded."""
+    import time
+
+    lines = ["---", 'a0: &a0 ["lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    lines += ["tags: [differential-privacy]", "---", "# bomb", ""]
+    (model / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    _raw_publish(hub_env, model)
+    start = time.monotonic()
+    (row,) = ops.search()
+    assert time.monotonic() - start < 10
+    assert not row.summary.verified and "anchors/aliases" in row.summary.problem
+    assert not ops.info("evil/model")[0].summary.verified

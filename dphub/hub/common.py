@@ -7,11 +7,13 @@ cannot make dphub write outside its target directory or run git with an option.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -114,12 +116,13 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-_FRONT_RE = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.S)
+#: The YAML front matter block at the start of a README (group 1: its text).
+FRONT_MATTER_RE = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.S)
 
 
 def parse_front_matter(text: str, *, where: str) -> dict[str, Any]:
     """The YAML front matter of a model card (README.md) as a dict."""
-    m = _FRONT_RE.match(text)
+    m = FRONT_MATTER_RE.match(text)
     if not m:
         raise CardError(f"{where}: model card has no YAML front matter")
     try:
@@ -171,9 +174,93 @@ def _eval_f1(meta: dict[str, Any]) -> float | None:
     return None
 
 
+#: Where listing verdicts are remembered (under the dphub home), so ``search`` and ``hub info``
+#: recompute a card's accounting once per card content, not on every listing.
+CARD_CHECK_CACHE = "cache/card-checks.json"
+_CACHE_MAX = 4096
+_memo: dict[str, str] = {}
+
+
+def _card_key(meta: dict[str, Any]) -> str:
+    """Content address of a card's front matter, plus the dphub version whose checks judged it.
+
+    Keyed by content rather than by commit so that a hub (or HTTP server) that serves different
+    content under a known commit cannot inherit another card's verdict.
+    """
+    from importlib import metadata
+
+    try:
+        version = metadata.version("dphub")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    blob = json.dumps(meta, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(f"{version}\0{blob}".encode()).hexdigest()
+
+
+def _cache_path() -> Path:
+    return dphub_home() / CARD_CHECK_CACHE
+
+
+def _load_cache() -> dict[str, str]:
+    try:
+        data = json.loads(_cache_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _store_cache(key: str, verdict: str) -> None:
+    """Best effort: a read-only home or a concurrent writer only costs a recomputation later."""
+    from dphub.io import atomic_write_text
+
+    data = _load_cache()
+    data[key] = verdict
+    if len(data) > _CACHE_MAX:
+        data = dict(list(data.items())[-_CACHE_MAX:])
+    with contextlib.suppress(OSError):
+        atomic_write_text(_cache_path(), json.dumps(data, sort_keys=False) + "\n")
+
+
+def card_problem(meta: dict[str, Any]) -> str | None:
+    """Why a hub card's ε cannot be trusted (None: it passes), with a cache by card content.
+
+    Runs the checks of the publish gate that need nothing but the card: ``validate_meta`` with
+    ``require_private`` (JSON Schema, a finite ε, and ε recomputed from the recorded accounting
+    fields with Opacus and dp-accounting). A commit written into a hub around the gate is listed,
+    but its claims are shown as unverified instead of as facts (issue 16, fault 16). The weights
+    are not checked here; ``pull`` does that.
+    """
+    from dphub.card import validate_meta
+    from dphub.errors import DphubError
+
+    if not meta:
+        return "no readable model card"
+    key = _card_key(meta)
+    verdict = _memo.get(key)
+    if verdict is None:
+        verdict = _load_cache().get(key)
+    if verdict is None:
+        try:
+            validate_meta(meta, require_private=True)
+            verdict = ""
+        except DphubError as e:
+            verdict = e.message or "invalid card"
+        except Exception as e:  # noqa: BLE001 - a hostile card must not break a listing
+            verdict = f"card cannot be checked ({type(e).__name__})"
+        _store_cache(key, verdict)
+    _memo[key] = verdict
+    return verdict or None
+
+
 @dataclass(frozen=True)
 class CardSummary:
-    """What search tables, registry entries and policy checks need from a card."""
+    """What search tables, registry entries and policy checks need from a card.
+
+    ``verified`` is True only for summaries whose card passed :func:`card_problem` (listings) or
+    the gate; ``problem`` says why not. Listings show unverified ε values as "unverified".
+    """
 
     epsilon: float | None
     delta: float | None
@@ -185,6 +272,19 @@ class CardSummary:
     notes: int | None
     language: tuple[str, ...]
     f1: float | None
+    verified: bool = False
+    problem: str | None = None
+
+    @classmethod
+    def checked(cls, meta: dict[str, Any],
+                validated: dict[str, Any] | None = None) -> CardSummary:
+        """The summary of a hub card, marked verified only if :func:`card_problem` passes it.
+
+        ``validated`` is the front matter as ``dphub.card.parse_card`` reads it (what pull
+        validates), when the caller parsed it separately; default ``meta``.
+        """
+        problem = card_problem(meta if validated is None else validated)
+        return replace(cls.from_meta(meta), verified=problem is None, problem=problem)
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> CardSummary:
@@ -220,12 +320,17 @@ class CardSummary:
         label: str | None = None,
         language: str | None = None,
     ) -> bool:
-        """Search filters: all given ones must hold (a non-private card never matches ε)."""
+        """Search filters: all given ones must hold.
+
+        The privacy filters (ε, unit) only match verified cards: an unverified claim of a small
+        ε must not pass a puller's cap in a listing (pull would refuse it anyway).
+        """
         if max_epsilon is not None and (
-            not self.private or self.epsilon is None or self.epsilon > max_epsilon
+            not self.verified or not self.private or self.epsilon is None
+            or self.epsilon > max_epsilon
         ):
             return False
-        if unit is not None and self.unit != unit:
+        if unit is not None and (not self.verified or self.unit != unit):
             return False
         if label is not None and label.upper() not in {x.upper() for x in self.labels}:
             return False

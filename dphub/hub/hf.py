@@ -9,10 +9,16 @@ than 404, so callers load from the verified snapshot directory instead.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
+import logging
 import shutil
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dphub.errors import HubError, PullRefused
 from dphub.hub.common import (
@@ -39,6 +45,71 @@ def _hub_error(repo_id: str, e: Exception) -> HubError:
     return HubError(f"hub request for {repo_id} failed: {first[0]}")
 
 
+#: Reachability probe before the first request: at most this many tries, each with this timeout
+#: (per connect/read phase), and this pause between them: an unreachable hub is reported within
+#: 4.5 s. huggingface_hub's own retries (5 tries with backoff up to 8 s, a WARNING line each) took
+#: 24 s to report it (issue 16, fault 15); they still apply, silently, to a hub that answered the
+#: probe and then fails.
+PROBE_TRIES = 2
+PROBE_TIMEOUT_S = 2.0
+PROBE_PAUSE_S = 0.5
+#: Loggers that report retries and connection trouble on the user's terminal.
+_NOISY_LOGGERS = ("huggingface_hub", "urllib3", "httpx", "httpx2", "httpcore", "filelock")
+
+
+@contextlib.contextmanager
+def quiet_http() -> Iterator[None]:
+    """Silence the HTTP stack's warnings while dphub talks to a hub (the library never prints;
+    failures reach the user as one ``HubError`` line instead)."""
+    saved = [(lg, lg.level) for lg in map(logging.getLogger, _NOISY_LOGGERS)]
+    for lg, _ in saved:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in saved:
+            lg.setLevel(level)
+
+
+def probe(url: str, *, tries: int = PROBE_TRIES, timeout: float = PROBE_TIMEOUT_S,
+          pause: float = PROBE_PAUSE_S) -> None:
+    """Raise :class:`HubError` naming ``url`` unless it answers an HTTP request (any status).
+
+    Uses huggingface_hub's session, so proxies and TLS settings are the ones later calls use.
+    """
+    from huggingface_hub.utils import get_session
+
+    reason = "no answer"
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(pause)
+        try:
+            with quiet_http():
+                # "Connection: close": the probe's connection must not be reused by the calls
+                # after it (olah resets a kept-alive connection after its root page).
+                get_session().get(url, timeout=timeout, headers={"Connection": "close"})
+            return
+        except Exception as e:  # noqa: BLE001 - connection refused, DNS, TLS, timeout, offline
+            text = str(e).strip().splitlines()[:1]
+            reason = text[0][:200] if text else type(e).__name__
+    raise HubError(f"hub {url} is unreachable ({reason}); check the URL, that the server is "
+                   "running, and the network")
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _hub_call(method: _F) -> _F:
+    """Run an :class:`HFHub` method inside :meth:`HFHub._call` (probe once, quiet logs)."""
+
+    @functools.wraps(method)
+    def wrapper(self: HFHub, *args: Any, **kwargs: Any) -> Any:
+        with self._call():
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 class HFHub:
     """One Hugging Face protocol endpoint (``endpoint=None``: ``HF_ENDPOINT`` or huggingface.co)."""
 
@@ -50,7 +121,19 @@ class HFHub:
         self.token = token
         self.api = api if api is not None else HfApi(endpoint=self.endpoint, token=token)
         self.name = self.endpoint or constants.ENDPOINT
+        # An injected api (a test stub, a caller's own client) is its own transport: no probe.
+        self._probed = api is not None
 
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """Around every request: probe the endpoint once (fail fast), keep retry logs quiet."""
+        if not self._probed:
+            probe(self.name)
+            self._probed = True
+        with quiet_http():
+            yield
+
+    @_hub_call
     def publish(self, model_dir: Path, repo_id: str, message: str, tag: str | None = None) -> str:
         """create_repo + upload_folder (one commit) + optional create_tag; returns the sha."""
         check_repo_id(repo_id)
@@ -73,6 +156,7 @@ class HFHub:
             raise _hub_error(repo_id, e) from None
         return sha
 
+    @_hub_call
     def resolve(self, repo_id: str, revision: str | None) -> str:
         check_repo_id(repo_id)
         rev = check_revision(revision) if revision else "main"
@@ -81,6 +165,7 @@ class HFHub:
         except Exception as e:  # noqa: BLE001
             raise _hub_error(repo_id, e) from None
 
+    @_hub_call
     def listing(self, repo_id: str, sha: str) -> dict[str, Any]:
         """path -> RepoFile of commit ``sha`` (the hashes downloads are checked against)."""
         from huggingface_hub.hf_api import RepoFile
@@ -92,6 +177,7 @@ class HFHub:
         except Exception as e:  # noqa: BLE001
             raise _hub_error(repo_id, e) from None
 
+    @_hub_call
     def download_verified(self, repo_id: str, sha: str, dest: Path) -> dict[str, str]:
         """snapshot_download into a scratch dir, then move each listed, verified file to dest."""
         from huggingface_hub import snapshot_download
@@ -137,11 +223,18 @@ class HFHub:
         return hashes
 
     def _summary(self, card_data: Any) -> CardSummary:
+        """Card summary from the server's card data; ε is verified by recomputation here,
+        because whatever sits in a repo may never have gone through dphub's publish gate."""
         if card_data is None:
-            return CardSummary.from_meta({})
-        meta = card_data.to_dict() if hasattr(card_data, "to_dict") else dict(card_data)
-        return CardSummary.from_meta(meta)
+            return CardSummary.checked({})
+        try:
+            meta = card_data.to_dict() if hasattr(card_data, "to_dict") else dict(card_data)
+            meta = json.loads(json.dumps(meta, default=str))  # plain JSON types, as parse_card
+        except (TypeError, ValueError):
+            return CardSummary.checked({})
+        return CardSummary.checked(meta)
 
+    @_hub_call
     def revisions(self, repo_id: str) -> list[RepoRevision]:
         """Commits of ``main`` newest first (with tags and card summaries).
 
@@ -171,6 +264,7 @@ class HFHub:
         except Exception as e:  # noqa: BLE001
             raise _hub_error(repo_id, e) from None
 
+    @_hub_call
     def latest(self) -> list[RepoRevision]:
         """Every model tagged ``differential-privacy`` (server-side filter), with its card data."""
         try:

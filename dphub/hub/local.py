@@ -24,13 +24,15 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import yaml
 from filelock import FileLock
 
 from dphub.errors import HubError, PullRefused
 from dphub.hub.common import (
+    FRONT_MATTER_RE,
     CardSummary,
     RepoRevision,
     check_relative_path,
@@ -55,6 +57,38 @@ _STORE_UNCOMPRESSED = {
     "GIT_CONFIG_KEY_0": "core.looseCompression",
     "GIT_CONFIG_VALUE_0": "0",
 }
+
+
+#: Largest card a listing parses. Real cards are a few kB; the limit keeps a hostile repo from
+#: making ``search`` slow.
+LISTING_CARD_MAX_BYTES = 256 * 1024
+
+
+def _unparsable_card(data: bytes | None) -> str | None:
+    """Why a hub card must not be parsed by a listing (None: go ahead).
+
+    A listing serializes each card (cache key, schema validation), so a YAML alias bomb that
+    ``safe_load`` builds cheaply as shared references would expand there. Cards dphub writes
+    never use anchors or aliases; scanning the front matter's tokens costs linear time.
+    """
+    if data is None:
+        return None
+    if len(data) > LISTING_CARD_MAX_BYTES:
+        return f"model card larger than {LISTING_CARD_MAX_BYTES // 1024} kB; not parsed"
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return "model card is not UTF-8 text"
+    m = FRONT_MATTER_RE.match(text)
+    if not m:
+        return "model card has no YAML front matter"
+    try:
+        for token in yaml.scan(m.group(1), Loader=yaml.SafeLoader):
+            if isinstance(token, (yaml.AnchorToken, yaml.AliasToken)):
+                return "model card uses YAML anchors/aliases; not parsed"
+    except yaml.YAMLError:
+        return "model card front matter is not valid YAML"
+    return None
 
 
 @dataclass(frozen=True)
@@ -97,7 +131,38 @@ class LocalHub:
     def exists(self, repo_id: str) -> bool:
         return (self.repo_dir(repo_id) / "HEAD").is_file()
 
+    def check_root(self, *, create: bool = False) -> None:
+        """Refuse a hub path that is a file, a non-empty directory that is not a hub, or (unless
+        publishing) one that does not exist.
+
+        Why: a mistyped ``--hub`` used to list "no matching models" (exit 0) and a file crashed
+        publish. ``publish`` creates a missing local hub (documented in docs/hub.md); reading
+        commands never do, so they say the hub does not exist.
+        """
+        if self.root.exists() and not self.root.is_dir():
+            raise HubError(f"hub {self.name} is not a directory (a local hub is a directory; "
+                           "a remote hub is an http(s):// or hf:// URL)")
+        if not self.root.exists():
+            if create:
+                try:
+                    self.root.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise HubError(f"cannot create hub {self.name}: "
+                                   f"{e.strerror or type(e).__name__}") from None
+                return
+            raise HubError(f"hub {self.name} does not exist (nothing was published there); "
+                           "check --hub, [hub] url in dphub.toml or $DPHUB_HUB")
+        if not os.access(self.root, os.R_OK | os.X_OK):
+            raise HubError(f"hub {self.name} cannot be read (permission denied)")
+        if not (self.root / "models").is_dir() and any(
+            not entry.name.startswith(".") for entry in self.root.iterdir()
+        ):
+            # e.g. `--hub models/site`: publishing would write git repos into a model directory
+            raise HubError(f"{self.name} is not a dphub hub (no models/ directory, and not "
+                           "empty); give a hub directory, or a new one for publish to create")
+
     def _require(self, repo_id: str) -> Path:
+        self.check_root()
         d = self.repo_dir(repo_id)
         if not (d / "HEAD").is_file():
             raise HubError(f"repo {repo_id} not found in hub {self.name}")
@@ -132,6 +197,7 @@ class LocalHub:
         """Commit every file of ``model_dir`` as the new head of ``repo_id``; return the sha."""
         if tag is not None:
             check_revision(tag)
+        self.check_root(create=True)
         model_dir = Path(model_dir).resolve()
         files = sorted(p for p in model_dir.rglob("*") if p.is_file())
         if any("\n" in str(p) for p in files):
@@ -222,15 +288,26 @@ class LocalHub:
         return listing
 
     def card_summary(self, repo_id: str, sha: str) -> CardSummary:
+        """Summary of the card at ``sha``; its ε counts as verified only if the card passes the
+        gate's card checks (schema + accounting recomputation), since a commit can reach the
+        hub's git repository without going through ``publish``."""
+        from dphub.card import parse_card
+
         data = self.read_file(repo_id, sha, "README.md")
-        if data is None:
-            meta = {}
-        else:
+        meta: dict = {}
+        validated: dict = {}
+        refused = _unparsable_card(data)
+        if refused:
+            return replace(CardSummary.from_meta({}), problem=refused)
+        if data is not None:
+            where = f"{repo_id}@{sha[:12]}"
             try:
-                meta = parse_front_matter(data.decode("utf-8"), where=f"{repo_id}@{sha[:12]}")
-            except Exception:  # noqa: BLE001 - an unreadable card lists as empty, pull refuses it
-                meta = {}
-        return CardSummary.from_meta(meta)
+                text = data.decode("utf-8-sig")
+                meta = parse_front_matter(text, where=where)
+                validated = parse_card(text, where=where).meta
+            except Exception:  # noqa: BLE001 - an unreadable card lists as unverified
+                pass
+        return CardSummary.checked(meta, validated)
 
     def revisions(self, repo_id: str, max_count: int | None = None) -> list[RepoRevision]:
         """Commits of the branch (all, or the newest ``max_count``), newest first."""
@@ -251,6 +328,7 @@ class LocalHub:
         return revs
 
     def repo_ids(self) -> Iterator[str]:
+        self.check_root()
         models = self.root / "models"
         if not models.is_dir():
             return
