@@ -258,7 +258,7 @@ def train(
     for k in ("data", "out", "checkpoint_dir"):
         if merged.get(k) is not None:
             merged[k] = Path(merged[k])
-    opts = training.TrainOptions(**merged)
+    opts = training.TrainOptions(**merged, card_text=cfg.get("card") or None)
     result = _run_with_progress(training, opts)
     project.record_last_model(result.out_dir)
     if result.epsilon is None:

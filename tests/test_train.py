@@ -353,3 +353,18 @@ def test_base_without_a_public_name_is_refused_before_training(
         T.train(_opts(corpus, odd, tmp_path / "m"))
     assert not (tmp_path / "m").exists()
     assert not T.checkpoint_dir_for(tmp_path / "m").exists()
+
+
+def test_trainer_card_text_goes_to_the_card_not_the_training_config(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path
+) -> None:
+    from dphub.card import load_card
+
+    out = tmp_path / "m"
+    T.train(_opts(corpus, tiny_base_model, out, epochs=1.0,
+                  card_text={"provenance": "Synthetic ward notes written for this test."}))
+    meta = load_card(out).meta
+    assert meta["card_text"] == {"provenance": "Synthetic ward notes written for this test."}
+    assert "Synthetic ward notes written for this test." in (out / "README.md").read_text()
+    cfg = json.loads((out / "training_config.json").read_text())
+    assert "card_text" not in cfg["dphub_training"]

@@ -80,6 +80,9 @@ class TrainOptions:
     checkpoint_every: int = 10
     checkpoint_dir: Path | None = None
     force: bool = False
+    #: the trainer's own card texts (``[card]`` of dphub.toml: intended_use, out_of_scope,
+    #: limitations, provenance); rendered in the card, never part of the training config
+    card_text: dict[str, str] | None = None
     #: stop (as if killed) after this many steps; only for tests of resume
     _stop_after: int | None = field(default=None, repr=False)
 
@@ -139,7 +142,7 @@ class TrainOptions:
     def public_dict(self) -> dict[str, Any]:
         """Hyper-parameters as recorded in ``training_config.json``: no paths, no user names."""
         hidden = {"data", "out", "checkpoint_dir", "resume", "force", "_stop_after", "base_model",
-                  "init_from"}
+                  "init_from", "card_text"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
 
 

@@ -95,7 +95,8 @@ def build_meta(
             weights_sha256=weights_sha256, **common,
         )
     dataset = card.dataset_block(notes, label_schema=opts.label_schema, sequences=n_sequences)
-    return card.card_meta(dp, dataset, base_model=src.base_public_id)
+    meta = card.card_meta(dp, dataset, base_model=src.base_public_id)
+    return card.with_card_text(meta, opts.card_text or {})
 
 
 #: Top-level keys of the published ``training_config.json`` (hyper-parameters and the values
