@@ -1,13 +1,13 @@
 """`dphub init` and `dphub train`: thin wrappers around :mod:`dphub.train`.
 
 ``dphub train`` with no arguments trains what ``dphub.toml`` describes; every flag overrides its
-key. Progress (step, loss, running ε, steps/s — never note text) is shown with rich only when
-stderr is a terminal.
+key (flag > file > default; a ``--noise`` flag replaces the file's ``target_epsilon`` and vice
+versa). Progress (step, loss, running ε, steps/s, ETA — never note text) goes to stderr through
+:mod:`dphub.progress`: rich bars on a terminal, periodic plain lines otherwise.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -181,33 +181,14 @@ def train(
 
 
 def _run_with_progress(training: Any, opts: Any) -> Any:
-    if not sys.stderr.isatty():
-        return training.train(opts)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    """Train with progress on stderr (bars on a terminal, plain lines otherwise); a full disk
+    becomes one ``error:`` line (the model directory is written atomically, so nothing is left
+    half-written)."""
+    from dphub.io import disk_full_as_error
+    from dphub.progress import ProgressReporter
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("step {task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, transient=False) as bar:
-        tasks: dict[str, Any] = {}
-
-        def show(p: Any) -> None:
-            if p.phase not in tasks:
-                tasks[p.phase] = bar.add_task(p.phase, total=p.total_steps, info="")
-            info = []
-            if p.loss is not None:
-                info.append(f"loss {p.loss:.3f}")
-            if p.epsilon is not None:
-                info.append(f"ε {p.epsilon:.2f}")
-            if p.steps_per_second:
-                info.append(f"{p.steps_per_second:.2f} steps/s")
-            bar.update(tasks[p.phase], completed=p.step, info="  ".join(info))
-
-        return training.train(opts, on_progress=show)
+    with ProgressReporter() as reporter, disk_full_as_error(opts.out):
+        return training.train(opts, on_progress=reporter.train_callback())
 
 
 def register(app: typer.Typer) -> None:
