@@ -47,7 +47,8 @@ PATH_KEYS = ("data", "out")
 
 INIT_TEMPLATE = """\
 # dphub project file. `dphub train` with no arguments trains what this file describes;
-# every command-line flag overrides the matching key. Relative paths are relative to this file.
+# every command-line flag overrides the matching key (flag > this file > default).
+# Relative paths are relative to this file.
 
 [data]
 path = "data/train.jsonl"      # a file or directory of labelled notes
@@ -59,8 +60,10 @@ head = "crf"                   # crf | softmax
 label_schema = "hipaa"         # hipaa | i2b2-2014
 
 [privacy]
-# Give either noise or target_epsilon; with neither, target_epsilon = 8.
-target_epsilon = 8.0
+# Choose how much noise: a target epsilon (sigma is then computed) or a noise multiplier sigma
+# (epsilon is then computed). Uncomment one; with neither, target_epsilon = 8. A command-line
+# --noise or --target-epsilon replaces whichever of the two is set here.
+# target_epsilon = 8.0
 # noise = 1.0                  # noise multiplier sigma
 # delta = 1e-5                 # default min(1e-5, 1/(10 N)); must be <= 1/N units
 privacy_unit = "patient"       # patient | note | sequence (only patient protects patients)
@@ -104,14 +107,29 @@ def init(
     typer.echo(f"wrote {target}")
 
 
+#: Options that choose one way of setting the same thing: a flag for one of them replaces the
+#: project file's setting of the others (``--noise 0.55`` after ``target_epsilon = 8`` in
+#: dphub.toml means "use this noise", not "give both").
+EXCLUSIVE_GROUPS: tuple[tuple[str, ...], ...] = (("noise", "target_epsilon"),)
+
+
 def _merge(flags: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Flag value if given, else the project-file value (paths resolved against the file)."""
+    """Flag value if given, else the project-file value (paths resolved against the file).
+
+    Precedence is flag > file > default, also across :data:`EXCLUSIVE_GROUPS`: a flag of one
+    member of a group hides the file's values of the whole group. Two flags of one group are
+    left for :meth:`TrainOptions.validate` to refuse.
+    """
+    hidden: set[str] = set()
+    for group in EXCLUSIVE_GROUPS:
+        if any(flags.get(name) is not None for name in group):
+            hidden.update(group)
     merged: dict[str, Any] = {}
     for name, value in flags.items():
         if value is not None:
             merged[name] = value
             continue
-        if name in CONFIG_KEYS:
+        if name in CONFIG_KEYS and name not in hidden:
             section, key = CONFIG_KEYS[name]
             v = project.get(cfg, section, key)
             if v is not None:
