@@ -4,7 +4,8 @@ the default output directory of ``deid``, and the faults a newcomer meets first 
 
 ``test_scripted_newcomer_session`` is the CI version of the session: in an empty directory,
 ``dphub init`` -> ``dphub data synth`` -> the design card's commands as printed in README.md ->
-pull -> ``ensemble deid notes/`` -> evaluate. It trains a tiny model (tiny base, a few steps,
+pull -> ``ensemble deid notes/`` -> the bare ``dphub train --noise 0.55 && dphub publish`` ->
+evaluate. It trains a tiny model (tiny base, a few steps,
 no warm start) set in dphub.toml the way a user edits it, and publishes to a local hub; the
 tiny base is laid out as an offline Hugging Face cache entry (as in test_examples_smoke.py) so
 the publish gate can check the tokenizer against it.
@@ -249,10 +250,13 @@ def test_scripted_newcomer_session(
     text = toml.read_text()
     for old, new in [
         ('base_model = "default"', f'base_model = "{base}"'),
-        ("epochs = 32.0", "epochs = 0.5"),  # q = 2/40 -> 10 steps; sigma 0.55 -> eps about 7
+        # q = 2/40, 10 steps: sigma 0.55 gives eps ~ 6.9 (prv), under a hub policy of eps <= 10;
+        # if a policy refuses it, fewer epochs (fewer steps) is the one line to change
+        ("epochs = 32.0", "epochs = 0.5"),
         ("batch_size = 96", "batch_size = 2"),
         ("max_physical_batch = 16", "max_physical_batch = 2"),
         ('warm_start = "synth"', 'warm_start = "none"'),
+        ('# repo = "org/name"', 'repo = "org/site-b"'),  # for the bare `dphub publish`
     ]:
         assert old in text
         text = text.replace(old, new)
@@ -271,6 +275,14 @@ def test_scripted_newcomer_session(
     assert "published org/site-a@" in out and "pulled org/site-a@" in out
     deid = Path("notes.deid")
     assert {p.name for p in deid.iterdir() if p.suffix == ".txt"} == {f"{n.id}.txt" for n in owner}
+
+    # 3b. the bare form in the project directory: data where the template says, then
+    #     `dphub train --noise 0.55 && dphub publish` (the flag replaces the file's choice)
+    Path("data").mkdir()
+    shutil.copyfile("notes.jsonl", "data/train.jsonl")
+    assert _run("dphub train --noise 0.55") == 0
+    assert _run("dphub publish") == 0
+    assert "published org/site-b@" in capsys.readouterr().out
 
     # 4. evaluate: members side by side, and the trained model on the owner's gold
     assert _run("dphub ensemble evaluate owner.jsonl") == 0

@@ -226,3 +226,20 @@ def test_cli_deid_prints_plain_progress_lines_without_note_text(
     assert all(m["label"] == "de-identifying" and m["unit"] == "notes" for m in lines)
     for text in _texts(notes):
         assert text not in err
+
+
+def test_building_the_warm_start_reports_its_steps_from_zero(tiny_base_model: Path) -> None:
+    """Before: the first event came after the first step, minutes into a first training."""
+    cfg = warmstart.WarmStartConfig(notes=(("nursing", 3), ("discharge", 2)), epochs=1.0,
+                                    batch_size=4, max_length=64, stride=16)
+    events: list[Progress] = []
+    target = warmstart.warm_start(tiny_base_model, "tiny-bert", "hipaa", "crf", cfg,
+                                  on_progress=events.append)
+    assert (target / "model.safetensors").is_file()
+    assert events[0].phase == "warm-start" and events[0].step == 0
+    total = events[0].total_steps
+    assert total >= 1 and [e.step for e in events] == list(range(total + 1))
+    events.clear()  # cached now: no work, no events, no lock wait
+    assert warmstart.warm_start(tiny_base_model, "tiny-bert", "hipaa", "crf", cfg,
+                                on_progress=events.append) == target
+    assert events == []
