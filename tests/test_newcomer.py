@@ -43,7 +43,6 @@ def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DPHUB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DPHUB_HUB", str(tmp_path / "hub"))
-    monkeypatch.delenv("DPHUB_PROGRESS", raising=False)
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
