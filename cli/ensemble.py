@@ -273,7 +273,11 @@ def calibrate_cmd(
     manifest = Manifest.load(manifest_path)
     ensemble = build_ensemble(manifest, aggregate_rule=aggregate)
     notes = read_labelled(labelled, fmt)
-    res = calibrate(ensemble, notes, target_recall)
+    from dphub.progress import ProgressReporter
+
+    with ProgressReporter() as reporter:
+        res = calibrate(ensemble, notes, target_recall,
+                        progress=reporter.count_callback("calibrate", "members"))
     for name, t in res.thresholds.items():
         typer.echo(f"{name}: threshold {t:g}")
     typer.echo(f"ensemble token recall {res.recall:.4f} (target {target_recall}), precision "

@@ -40,6 +40,7 @@ PHASE_LABELS: dict[str, str] = {
     "train": "DP training",
     "deid": "de-identifying",
     "evaluate": "evaluating",
+    "calibrate": "calibrating (members scored)",
 }
 
 #: Phase of ``dphub.train.Progress`` events that report the wait for another process's warm

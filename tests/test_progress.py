@@ -243,3 +243,22 @@ def test_building_the_warm_start_reports_its_steps_from_zero(tiny_base_model: Pa
     assert warmstart.warm_start(tiny_base_model, "tiny-bert", "hipaa", "crf", cfg,
                                 on_progress=events.append) == target
     assert events == []
+
+
+def test_ensemble_evaluate_and_calibrate_report_progress(tiny_tagger_dir: Path) -> None:
+    """The library calls back per chunk (evaluate) and per member (calibrate); same results."""
+    from dphub.ensemble.calibrate import calibrate
+    from dphub.ensemble.core import Ensemble, Slot
+    from dphub.ensemble.evaluation import evaluate_ensemble
+    from dphub.ensemble.members import ModelMember
+    from dphub.ensemble.rules import RuleMember
+
+    notes = synth.generate(5, kind="nursing", seed=8)
+    ens = Ensemble([Slot(ModelMember.load(tiny_tagger_dir)), Slot(RuleMember())])
+    seen: list[tuple[int, int]] = []
+    rows = evaluate_ensemble(ens, notes, progress=lambda d, t: seen.append((d, t)), chunk=2)
+    assert seen == [(2, 5), (4, 5), (5, 5)]
+    assert rows == evaluate_ensemble(ens, notes)  # chunking changes no number
+    seen.clear()
+    calibrate(ens, notes, 0.5, progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(1, 2), (2, 2)]
