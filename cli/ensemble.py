@@ -124,7 +124,7 @@ def _resolve_out(input_path: Path, out: Path | None, resume: bool) -> Path:
     if out is not None:
         return out
     dflt = default_out_dir(input_path)
-    if dflt.exists() and not resume:
+    if dflt.exists() and not resume and input_path.exists():  # a missing input: say that
         raise ConfigError(
             f"{dflt} exists (the default output of {input_path}); pass --out DIR to write "
             "elsewhere, or --resume to continue that run"
