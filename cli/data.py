@@ -43,6 +43,9 @@ def synth(
     from dphub import formats
     from dphub.synth import iter_notes
 
+    if out != "-" and Path(out).is_dir():
+        # --force replaces a file, never a directory (it may hold anything, inputs included)
+        raise ConfigError(f"{out}: is a directory; --out takes a JSONL file name (or -)")
     if out != "-" and Path(out).exists() and not force:
         raise ConfigError(f"{out} already exists (use --force to overwrite)")
     notes = iter_notes(n, kind=kind, seed=seed, patients=patients)

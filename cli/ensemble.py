@@ -8,7 +8,6 @@ Thin: parse options, call :mod:`dphub.ensemble` / :mod:`dphub.runner`, print. Ex
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -113,29 +112,36 @@ def show_cmd(name: str | None = typer.Argument(None, metavar="NAME", show_defaul
 
 
 # ---------------------------------------------------------------------------- runs
-def _progress_callback(enabled: bool) -> tuple[Any, Any]:
-    """A rich progress bar with notes/s on stderr, only on a terminal (never note text)."""
-    if not enabled or not sys.stderr.isatty():
-        return None, None
-    import time
+DEFAULT_OUT_SUFFIX = ".deid"
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    progress = Progress(TextColumn("de-identifying"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                        console=Console(stderr=True))
-    task = progress.add_task("deid", total=None, rate="")
-    start: dict[str, float] = {}
+def default_out_dir(input_path: Path) -> Path:
+    """``--out`` when none is given: ``<input name without extension>.deid`` beside the input.
 
-    def update(done: int, total: int) -> None:
-        now = time.perf_counter()
-        if not start:
-            start.update(t=now, done=done)
-        elapsed = now - start["t"]
-        rate = f"{(done - start['done']) / elapsed:.1f} notes/s" if elapsed > 0 else ""
-        progress.update(task, completed=done, total=total, rate=rate)
+    Beside, never inside, so the output is never read back as input; an existing directory is
+    refused rather than overwritten or renamed around (a second run must say where it writes,
+    or continue the first with ``--resume``).
+    """
+    src = input_path.expanduser()
+    resolved = src.resolve()
+    name = resolved.name if resolved.is_dir() else resolved.stem
+    if not name:
+        raise ConfigError(f"{input_path}: give --out (no default output directory beside it)")
+    # keep a relative path relative (shorter messages); "." and ".." need the resolved parent
+    parent = src.parent if src.name not in ("", ".", "..") else resolved.parent
+    return parent / f"{name}{DEFAULT_OUT_SUFFIX}"
 
-    return progress, update
+
+def _resolve_out(input_path: Path, out: Path | None, resume: bool) -> Path:
+    if out is not None:
+        return out
+    dflt = default_out_dir(input_path)
+    if dflt.exists() and not resume and input_path.exists():  # a missing input: say that
+        raise ConfigError(
+            f"{dflt} exists (the default output of {input_path}); pass --out DIR to write "
+            "elsewhere, or --resume to continue that run"
+        )
+    return dflt
 
 
 def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
@@ -154,15 +160,13 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
         from dphub.render import load_key
 
         key = load_key(key_file)
-    progress, update = _progress_callback(True)
-    if progress is not None:
-        with progress:
-            report = run_deid(input_path, out, ensemble, mode=mode, key=key, fmt=fmt,
-                              batch_size=batch_size, resume=resume, audit_text=audit_text,
-                              progress=update)
-    else:
+    from dphub.io import disk_full_as_error
+    from dphub.progress import ProgressReporter
+
+    with ProgressReporter() as reporter, disk_full_as_error(out):
         report = run_deid(input_path, out, ensemble, mode=mode, key=key, fmt=fmt,
-                          batch_size=batch_size, resume=resume, audit_text=audit_text)
+                          batch_size=batch_size, resume=resume, audit_text=audit_text,
+                          progress=reporter.count_callback("deid", "notes"))
     msg = f"{report.done} note(s) de-identified into {out}"
     if report.skipped:
         msg += f", {report.skipped} already done"
@@ -208,7 +212,10 @@ def deid_cmd(
     input_path: Path = typer.Argument(
         ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", show_default="INPUT.deid beside the input",
+        help="Output directory (refused if it exists, unless --resume).",
+    ),
     owner_model: Path | None = typer.Option(
         None, "--owner-model", show_default="none",
         help="Also use your own model directory (Scenario B).",
@@ -228,6 +235,7 @@ def deid_cmd(
     from dphub.ensemble.core import build_ensemble
     from dphub.ensemble.manifest import Manifest
 
+    out = _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
                               batch_size=batch_size, int8=int8)
@@ -242,7 +250,10 @@ def deid_top_cmd(
     model: str = typer.Option(
         ..., "--model", help="A model directory, org/name[@revision], or rules:default."
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", show_default="INPUT.deid beside the input",
+        help="Output directory (refused if it exists, unless --resume).",
+    ),
     threshold: float | None = typer.Option(
         None, "--threshold", parser=unit_interval, metavar=FLOAT, show_default="decode (Viterbi)",
         help="Flag tokens whose P(PHI) >= this threshold (0..1) instead of decoding.",
@@ -260,6 +271,7 @@ def deid_top_cmd(
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
     from dphub.ensemble.manifest import MemberEntry, card_privacy
 
+    out = _resolve_out(input_path, out, resume)
     if model.startswith("rules:"):
         slot = member_from_entry(MemberEntry(model, "rules", threshold=threshold))
     else:
@@ -308,7 +320,11 @@ def calibrate_cmd(
     manifest = Manifest.load(manifest_path)
     ensemble = build_ensemble(manifest, aggregate_rule=aggregate)
     notes = read_labelled(labelled, fmt)
-    res = calibrate(ensemble, notes, target_recall)
+    from dphub.progress import ProgressReporter
+
+    with ProgressReporter() as reporter:
+        res = calibrate(ensemble, notes, target_recall,
+                        progress=reporter.count_callback("calibrate", "members"))
     for name, t in res.thresholds.items():
         typer.echo(f"{name}: threshold {t:g}")
     typer.echo(f"ensemble token recall {res.recall:.4f} (target {target_recall}), precision "
@@ -349,7 +365,11 @@ def evaluate_cmd(
     notes = read_labelled(labelled, fmt)
     if not notes:
         raise InputError(f"{labelled}: no notes")
-    rows = evaluate_ensemble(ensemble, notes)
+    from dphub.progress import ProgressReporter
+
+    with ProgressReporter() as reporter:
+        rows = evaluate_ensemble(ensemble, notes,
+                                 progress=reporter.count_callback("evaluate", "notes"))
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
         return

@@ -107,10 +107,16 @@ def evaluate_cmd(
     apply_threads(threads)
     gold_notes = list(formats.read(gold, format=gold_format))
     if model is not None:
+        from dphub.progress import ProgressReporter
         from dphub.tagger import Tagger
 
         tagger = Tagger.load(model)
-        spans = tagger.tag(gold_notes)
+        spans: list[Any] = []
+        with ProgressReporter() as reporter:
+            on_count = reporter.count_callback("evaluate", "notes")
+            for i in range(0, len(gold_notes), 64):  # chunks only to report progress
+                spans.extend(tagger.tag(gold_notes[i : i + 64]))
+                on_count(len(spans), len(gold_notes))
         by_id = {n.id: s for n, s in zip(gold_notes, spans, strict=True)}
     else:
         assert pred is not None

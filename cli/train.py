@@ -1,13 +1,13 @@
 """`dphub init` and `dphub train`: thin wrappers around :mod:`dphub.train`.
 
 ``dphub train`` with no arguments trains what ``dphub.toml`` describes; every flag overrides its
-key. Progress (step, loss, running ε, steps/s — never note text) is shown with rich only when
-stderr is a terminal.
+key (flag > file > default; a ``--noise`` flag replaces the file's ``target_epsilon`` and vice
+versa). Progress (step, loss, running ε, steps/s, ETA — never note text) goes to stderr through
+:mod:`dphub.progress`: rich bars on a terminal, periodic plain lines otherwise.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ PATH_KEYS = ("data", "out")
 
 INIT_TEMPLATE = """\
 # dphub project file. `dphub train` with no arguments trains what this file describes;
-# every command-line flag overrides the matching key. Relative paths are relative to this file.
+# every command-line flag overrides the matching key (flag > this file > default).
+# Relative paths are relative to this file.
 
 [data]
 path = "data/train.jsonl"      # a file or directory of labelled notes
@@ -60,8 +61,10 @@ head = "crf"                   # crf | softmax
 label_schema = "hipaa"         # hipaa | i2b2-2014
 
 [privacy]
-# Give either noise or target_epsilon; with neither, target_epsilon = 8.
-target_epsilon = 8.0
+# Choose how much noise: a target epsilon (sigma is then computed) or a noise multiplier sigma
+# (epsilon is then computed). Uncomment one; with neither, target_epsilon = 8. A command-line
+# --noise or --target-epsilon replaces whichever of the two is set here.
+# target_epsilon = 8.0
 # noise = 1.0                  # noise multiplier sigma
 # delta = 1e-5                 # default min(1e-5, 1/(10 N)); must be <= 1/N units
 privacy_unit = "patient"       # patient | note | sequence (only patient protects patients)
@@ -111,14 +114,29 @@ def init(
     typer.echo(f"wrote {target}")
 
 
+#: Options that choose one way of setting the same thing: a flag for one of them replaces the
+#: project file's setting of the others (``--noise 0.55`` after ``target_epsilon = 8`` in
+#: dphub.toml means "use this noise", not "give both").
+EXCLUSIVE_GROUPS: tuple[tuple[str, ...], ...] = (("noise", "target_epsilon"),)
+
+
 def _merge(flags: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Flag value if given, else the project-file value (paths resolved against the file)."""
+    """Flag value if given, else the project-file value (paths resolved against the file).
+
+    Precedence is flag > file > default, also across :data:`EXCLUSIVE_GROUPS`: a flag of one
+    member of a group hides the file's values of the whole group. Two flags of one group are
+    left for :meth:`TrainOptions.validate` to refuse.
+    """
+    hidden: set[str] = set()
+    for group in EXCLUSIVE_GROUPS:
+        if any(flags.get(name) is not None for name in group):
+            hidden.update(group)
     merged: dict[str, Any] = {}
     for name, value in flags.items():
         if value is not None:
             merged[name] = value
             continue
-        if name in CONFIG_KEYS:
+        if name in CONFIG_KEYS and name not in hidden:
             section, key = CONFIG_KEYS[name]
             v = project.get(cfg, section, key)
             if v is not None:
@@ -273,33 +291,14 @@ def train(
 
 
 def _run_with_progress(training: Any, opts: Any) -> Any:
-    if not sys.stderr.isatty():
-        return training.train(opts)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    """Train with progress on stderr (bars on a terminal, plain lines otherwise); a full disk
+    becomes one ``error:`` line (the model directory is written atomically, so nothing is left
+    half-written)."""
+    from dphub.io import disk_full_as_error
+    from dphub.progress import ProgressReporter
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("step {task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, transient=False) as bar:
-        tasks: dict[str, Any] = {}
-
-        def show(p: Any) -> None:
-            if p.phase not in tasks:
-                tasks[p.phase] = bar.add_task(p.phase, total=p.total_steps, info="")
-            info = []
-            if p.loss is not None:
-                info.append(f"loss {p.loss:.3f}")
-            if p.epsilon is not None:
-                info.append(f"ε {p.epsilon:.2f}")
-            if p.steps_per_second:
-                info.append(f"{p.steps_per_second:.2f} steps/s")
-            bar.update(tasks[p.phase], completed=p.step, info="  ".join(info))
-
-        return training.train(opts, on_progress=show)
+    with ProgressReporter() as reporter, disk_full_as_error(opts.out):
+        return training.train(opts, on_progress=reporter.train_callback())
 
 
 def register(app: typer.Typer) -> None:

@@ -3,17 +3,53 @@
 Every file dphub produces is written to a temporary sibling and renamed into place with
 ``os.replace`` (atomic on POSIX and Windows within one file system) after an ``fsync``. A crash at
 any point leaves either the old file or the new one, never a torn one.
+
+A full disk (``ENOSPC``, ``EDQUOT``) while writing is not a bug but a condition the user must fix:
+it becomes :class:`DiskFullError`, one readable line and exit 2, with the temp file removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from dphub.errors import DphubError
+
+#: errno values that mean "the disk (or the user's quota) is full".
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class DiskFullError(DphubError):
+    """No space left while writing an output; whatever was being written was removed."""
+
+
+@contextlib.contextmanager
+def disk_full_as_error(where: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Turn an ``OSError`` ENOSPC/EDQUOT raised in the block into :class:`DiskFullError`.
+
+    Why: an ``OSError`` is an unexpected crash for the CLI (exit 1, crash log), but a full disk
+    is the user's to fix; the message names the output path only (never data).
+    """
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in DISK_FULL_ERRNOS:
+            raise
+        raise _disk_full(where, e.errno) from None
+
+
+def _disk_full(where: str | os.PathLike[str] | None, code: int = errno.ENOSPC) -> DiskFullError:
+    place = f"{os.fspath(where)}: " if where is not None else ""
+    return DiskFullError(
+        f"{place}disk full ({os.strerror(code)}); nothing half-written was kept: free some "
+        "space and run again"
+    )
 
 
 @contextlib.contextmanager
@@ -22,7 +58,8 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     """Open a temp file next to ``path``; on clean exit fsync and rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with disk_full_as_error(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding,
@@ -31,9 +68,12 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            with disk_full_as_error(path):
+                raise
         raise
 
 
@@ -56,7 +96,8 @@ def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    with disk_full_as_error(path):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
         if path.exists():
@@ -68,6 +109,11 @@ def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, DiskFullError) or (
+            isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
+        ):
+            # name the directory the user asked for, not a file inside its temp copy
+            raise _disk_full(path) from None
         raise

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError, DphubError, InputError
-from dphub.io import atomic_write_text
+from dphub.io import DiskFullError, atomic_write_text
 from dphub.notes import Note, Span
 
 EXIT_SOME_FAILED = 3
@@ -329,6 +329,8 @@ def run_deid(
                     for suffix, content in renderer.files(note, spans).items():
                         atomic_write_text(dst / f"{it.stem}{suffix}", content)
                 entries.append(entry)
+            except DiskFullError:
+                raise  # not this note's fault: stop the run (the journal keeps what is done)
             except DphubError as e:
                 entries.append({"key": it.key, "index": it.index, "status": "failed",
                                 "error": f"{it.key}: {e.message}"})

@@ -10,4 +10,7 @@ fi
 python -m pip install -q --upgrade pip
 # The local CPU wheel; an unpinned torch would pull several GB of CUDA packages.
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[test]"
+# The editable install maps dphub.cli/dphub.cards onto cli/ and cards/ with a meta-path finder;
+# setuptools then prints an informational "Editable installation" notice on every install.
+# It is not a problem of ours to act on, so it is filtered (nothing else is).
+PYTHONWARNINGS="ignore:Editable installation:UserWarning" python -m pip install -q -e ".[test]"

@@ -53,6 +53,14 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _no_progress_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No progress lines on stderr unless a test asks for them (test_progress, test_newcomer):
+    on a loaded machine a run can outlast the reporter's quiet first seconds, and tests that
+    read stderr should not depend on the machine's speed."""
+    monkeypatch.setenv("DPHUB_PROGRESS", "off")
+
+
 @pytest.fixture(scope="session")
 def tiny_base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory of a tiny random BERT base model (safetensors + MiniLM tokenizer files).

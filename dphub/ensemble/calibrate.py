@@ -24,7 +24,7 @@ thresholds are returned with ``reached = False``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,9 +74,17 @@ def _flags(bounds: Sequence[np.ndarray], spans_per_note: Sequence[Sequence[Span]
 
 
 def calibrate(
-    ensemble: Ensemble, notes: Sequence[Note], target_recall: float = 0.99
+    ensemble: Ensemble,
+    notes: Sequence[Note],
+    target_recall: float = 0.99,
+    *,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CalibrationResult:
-    """Per-member thresholds reaching ``target_recall`` at the best precision found."""
+    """Per-member thresholds reaching ``target_recall`` at the best precision found.
+
+    ``progress(done, total)`` is called after each member has scored the notes (the long part;
+    the CLI shows it).
+    """
     if not 0.0 < target_recall <= 1.0:
         raise ConfigError(f"target recall must be in (0, 1] (got {target_recall})")
     notes = list(notes)
@@ -89,13 +97,15 @@ def calibrate(
     k = ensemble.rule.k
     fixed_votes = np.zeros(len(gold), dtype=np.int32)
     options: dict[str, list[np.ndarray]] = {}  # member -> flags per GRID index
-    for slot in ensemble.slots:
+    for done, slot in enumerate(ensemble.slots, start=1):
         m = slot.member
         if isinstance(m, ModelMember):
             scores = m.token_scores(notes)
             options[slot.name] = [_flags(bounds, m.spans_from(scores, t)) for t in GRID]
         else:
             fixed_votes += _flags(bounds, m.tag(notes, threshold=slot.threshold))
+        if progress is not None:
+            progress(done, len(ensemble.slots))
     if not options:
         raise ConfigError("the ensemble has no model members: nothing to calibrate")
     names = list(options)

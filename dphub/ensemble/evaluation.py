@@ -7,7 +7,7 @@ Every member runs once; its own spans and the merged spans are scored with
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +53,24 @@ def read_labelled(path: Path | str, fmt: str | None = None) -> list[Note]:
     return notes
 
 
-def evaluate_ensemble(ensemble: Ensemble, notes: Sequence[Note]) -> list[dict[str, Any]]:
-    """One row per member and one for the aggregate: headline metrics, ε and privacy unit."""
+def evaluate_ensemble(
+    ensemble: Ensemble,
+    notes: Sequence[Note],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    chunk: int = 64,
+) -> list[dict[str, Any]]:
+    """One row per member and one for the aggregate: headline metrics, ε and privacy unit.
+
+    ``progress(done, total)`` is called after each ``chunk`` of notes is tagged (the members
+    tag notes independently, so chunking changes no result; it lets the CLI show progress).
+    """
     notes = list(notes)
-    per_note = ensemble.member_spans(notes)
+    per_note: list[Any] = []
+    for i in range(0, len(notes), max(1, chunk)):
+        per_note.extend(ensemble.member_spans(notes[i : i + chunk]))
+        if progress is not None:
+            progress(len(per_note), len(notes))
     rows: list[dict[str, Any]] = []
     for slot in ensemble.slots:
         pred = {n.id: spans[slot.name] for n, spans in zip(notes, per_note, strict=True)}

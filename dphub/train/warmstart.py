@@ -10,7 +10,9 @@ adapt the top of the network to the private notes. The card records this step un
 Warm-started weights depend only on (base model, label schema, head, synthetic-data config, seed),
 so they are cached in the user cache directory (``platformdirs``; ``DPHUB_CACHE_DIR`` overrides)
 and reused by every training with the same key. A file lock makes concurrent trainings build it
-once.
+once; a training that finds the lock held reports that it waits (``on_progress`` events of phase
+:data:`WAIT_PHASE`) and gives up after ``DPHUB_WARMSTART_TIMEOUT`` seconds (default one hour)
+instead of waiting silently forever. Building it reports ``warm-start`` progress events.
 """
 
 from __future__ import annotations
@@ -27,7 +29,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from dphub.errors import ConfigError, DphubError
+
 FORMAT_VERSION = 1
+
+#: Phase of the progress events sent while another process holds the warm-start lock: ``step`` is
+#: the seconds waited so far, ``total_steps`` the seconds before giving up (same value as
+#: :data:`dphub.progress.WAIT_PHASE`; repeated here so the library does not import the display).
+WAIT_PHASE = "warm-start-wait"
+#: Environment variable: seconds to wait for another process's warm start before giving up.
+TIMEOUT_ENV = "DPHUB_WARMSTART_TIMEOUT"
+DEFAULT_TIMEOUT = 3600.0
+#: How often a waiting process re-tries the lock (and reports that it still waits).
+POLL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,49 @@ def cache_key(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def wait_timeout() -> float:
+    """Seconds to wait for another process's warm start: ``$DPHUB_WARMSTART_TIMEOUT`` or 1 h."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r}: must be a positive number of seconds")
+    return value
+
+
+def _acquire(lock: Any, lock_path: Path, on_progress: Callable[[Any], None] | None) -> None:
+    """Take the warm-start lock; while another process holds it, say so and give up in time.
+
+    Why: the first training on a machine spends minutes building the warm start; a second
+    training started meanwhile used to block on this lock without a word and without end.
+    """
+    from filelock import Timeout
+
+    from dphub.train import Progress
+
+    limit = wait_timeout()
+    t0 = time.monotonic()
+    while True:
+        waited = time.monotonic() - t0
+        try:
+            lock.acquire(timeout=max(0.0, min(POLL_SECONDS, limit - waited)))
+            return
+        except Timeout:
+            waited = time.monotonic() - t0
+            if waited >= limit:
+                raise DphubError(
+                    f"gave up after {waited:.0f} s waiting for another dphub process to build "
+                    f"the public warm start (lock {lock_path}); run again when it has finished, "
+                    f"or set {TIMEOUT_ENV} (seconds) to wait longer"
+                ) from None
+            if on_progress is not None:
+                on_progress(Progress(WAIT_PHASE, int(waited), int(limit), None, None, None))
+
+
 def warm_start(
     base_dir: Path,
     base_public_id: str,
@@ -123,12 +180,19 @@ def warm_start(
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / "warmstart" / cache_key(base_dir, base_public_id, schema, head, cfg, seed)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
+    if (target / "model.safetensors").is_file():
+        return target  # cached: no need to queue behind a process building another key
+    lock_path = Path(str(target) + ".lock")
+    lock = FileLock(str(lock_path))
+    _acquire(lock, lock_path, on_progress)
+    try:
         if (target / "model.safetensors").is_file():
             return target
         model = train_public(base_dir, schema, head, cfg, seed=seed, on_progress=on_progress)
         with atomic_directory(target, overwrite=True) as tmp:
             model.save(tmp, base_public_id=base_public_id, tokenizer_source=base_dir)
+    finally:
+        lock.release()
     return target
 
 
@@ -182,6 +246,8 @@ def train_public(
     # length bucketing: sort a shuffled order by length inside chunks, batches of similar length
     step = 0
     t0 = time.monotonic()
+    if on_progress is not None:  # the set-up above takes a while: say what is coming
+        on_progress(Progress("warm-start", 0, total, None, None, None))
     while step < total:
         order = rng.permutation(len(examples))
         chunk = cfg.batch_size * 20
