@@ -122,13 +122,13 @@ def validate(
 def edit(
     model_dir: Path = typer.Argument(..., help="Model directory whose card (README.md) to edit."),
     intended_use: str | None = typer.Option(
-        None, "--intended-use", help="What the model is for (free text, at most 4000 chars)."),
+        None, "--intended-use", show_default="unchanged", help="What the model is for (free text, at most 4000 chars)."),
     out_of_scope: str | None = typer.Option(
-        None, "--out-of-scope", help="Uses the model is not meant for (free text)."),
+        None, "--out-of-scope", show_default="unchanged", help="Uses the model is not meant for (free text)."),
     limitations: str | None = typer.Option(
-        None, "--limitations", help="Known weaknesses, in the trainer's words (free text)."),
+        None, "--limitations", show_default="unchanged", help="Known weaknesses, in the trainer's words (free text)."),
     provenance: str | None = typer.Option(
-        None, "--provenance", help="Where the training notes come from (free text; no patient "
+        None, "--provenance", show_default="unchanged", help="Where the training notes come from (free text; no patient "
                                    "details, no paths)."),
 ) -> None:
     """Set the trainer's free texts of a card ('' removes one); the card is re-validated.

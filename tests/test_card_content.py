@@ -18,8 +18,8 @@ from dphub.errors import CardError
 from dphub.labels import SCHEMAS
 
 DATASET = {
-    "patients": 5, "notes": 9, "sequences": 12, "phi_per_category": {"NAME": 4},
-    "note_types": {"discharge": 9}, "language": "en", "label_schema": "hipaa",
+    "patients": "5-9", "notes": "5-9", "sequences": "10-19", "phi_per_category": {"NAME": "2-4"},
+    "note_types": {"discharge": "5-9"}, "language": "en", "label_schema": "hipaa",
 }
 TEXTS = {
     "intended_use": "Tagging discharge letters of the cardiology ward before research export.",
@@ -36,7 +36,7 @@ RESULTS = {
 def _meta(label_schema: str = "hipaa") -> dict[str, Any]:
     dp = C.dp_block(accountant="rdp", sample_rate=0.5, noise_multiplier=1.0, steps=3,
                     delta=1e-5, privacy_unit="patient", max_grad_norm=1.0, epochs=1.5,
-                    expected_logical_batch=2.5, max_examples_per_unit=8, num_units=5,
+                    max_examples_per_unit=8, num_units=5, weights_sha256="0" * 64,
                     grad_sample_mode="ghost")
     return C.card_meta(dp, {**DATASET, "label_schema": label_schema}, base_model="org/base")
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dphub import formats, progress, synth, warmstart
+from dphub import formats, progress, synth
 from dphub.cli.main import main
 from dphub.errors import DphubError
 from dphub.progress import ProgressReporter, format_duration
-from dphub.train import Progress
+from dphub.train import Progress, warmstart
 
 LINE = re.compile(r"^(?P<label>[^:]+): (?P<done>\d+)/(?P<total>\d+) (?P<unit>\w+) \(\d+%\), "
                   r"elapsed (?P<elapsed>[0-9hms]+), (ETA (?P<eta>[0-9hms?]+)|done)")

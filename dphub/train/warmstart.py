@@ -139,7 +139,7 @@ def _acquire(lock: Any, lock_path: Path, on_progress: Callable[[Any], None] | No
     """
     from filelock import Timeout
 
-    from dphub.train import Progress
+    from dphub.train.results import Progress
 
     limit = wait_timeout()
     t0 = time.monotonic()
