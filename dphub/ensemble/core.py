@@ -11,6 +11,7 @@ from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
 from dphub.ensemble.manifest import Manifest, MemberEntry, card_privacy, model_dir_of
 from dphub.ensemble.members import Member, ModelMember
 from dphub.ensemble.rules import RuleMember, RuleOptions
+from dphub.ensemble.words import snap_to_words, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
 
@@ -56,10 +57,16 @@ class Ensemble:
         self.rule.check(len(self.slots))
 
     def member_spans(self, notes: Sequence[Note]) -> list[dict[str, list[Span]]]:
+        """Each member's spans per note, snapped to whole words.
+
+        The one place every member's output passes through before aggregation, rendering and
+        evaluation, so no output mode can cut a word in two (:mod:`dphub.ensemble.words`).
+        """
         per_note: list[dict[str, list[Span]]] = [{} for _ in notes]
+        runs = [word_runs(n.text) for n in notes]
         for slot in self.slots:
             for i, spans in enumerate(slot.member.tag(notes, threshold=slot.threshold)):
-                per_note[i][slot.name] = spans
+                per_note[i][slot.name] = snap_to_words(notes[i].text, spans, runs[i])
         return per_note
 
     def deid(self, notes: Sequence[Note]) -> list[NoteResult]:
