@@ -11,6 +11,7 @@ import json
 import random
 import re
 import tomllib
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -262,3 +263,44 @@ def test_cli_per_label_thresholds_and_holdout_report(
     entry = tomllib.loads(m.read_text())["members"][0]
     assert set(entry["label_thresholds"]) == {"NAME", "ID"} and "threshold" in entry
     assert entry["label_thresholds"]["NAME"] > 0.3 and entry["label_thresholds"]["ID"] <= 0.05
+
+
+class ScrambledTagger:
+    """A real tiny tagger's word pieces (MiniLM WordPiece, windows merged) with seeded random
+    scores and labels: multi-piece words, label changes inside runs, notes end to end."""
+
+    def __init__(self, tagger_dir: Path) -> None:
+        from dphub.tagger import Tagger
+
+        self.tagger = Tagger.load(tagger_dir)
+        self.name = "scrambled"
+        self.cache: dict[str, TokenScores] = {}
+
+    def token_scores(self, notes: Sequence[Note], batch_size: int = 16,
+                     marginals: bool = True) -> list[TokenScores]:
+        todo = [n for n in notes if n.id not in self.cache]
+        for n, ts in zip(todo, self.tagger.token_scores(todo, marginals=False), strict=True):
+            rng = np.random.default_rng(zlib.crc32(n.id.encode()))
+            k = len(ts.labels)
+            lp = rng.random((len(ts), k))
+            self.cache[n.id] = TokenScores(ts.offsets, rng.random(len(ts)) ** 3, lp, ts.labels)
+        return [self.cache[n.id] for n in notes]
+
+
+def test_calibration_on_real_word_pieces_matches_tag_time(tiny_tagger_dir: Path) -> None:
+    from dphub import synth
+    from dphub.ensemble.rules import RuleMember
+
+    notes = synth.generate(6, kind="nursing", seed=21, patients=3)
+    slots = [Slot(ModelMember(ScrambledTagger(tiny_tagger_dir), "m")),
+             Slot(RuleMember("rules:default"))]
+    res = calibrate(Ensemble(slots), notes, 0.9, min_label_tokens=5, holdout=0.3)
+    assert res.label_thresholds  # several labels got their own threshold
+    cal_idx, held_idx = _holdout_split(notes, 0.3, seed=0)
+    applied = res.apply(slots)
+    assert ensemble_pr(applied, [notes[i] for i in cal_idx]) == pytest.approx(
+        (res.precision, res.recall))
+    h = res.holdout
+    assert h is not None
+    assert ensemble_pr(applied, [notes[i] for i in held_idx]) == pytest.approx(
+        (h.precision, h.recall))

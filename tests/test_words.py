@@ -87,6 +87,13 @@ def test_snapped_spans_never_cut_a_word_and_never_uncover(case: tuple[Note, list
         assert covered.issuperset(range(s.start, s.end))
     for a, b in zip(got, got[1:], strict=False):  # overlaps merged
         assert a.end <= b.start
+    # token-binary scores (a token counts when any span overlaps it) cannot change
+    from dphub.evaluate import evaluate_spans
+
+    gold = Note(note.id, text, spans=list(note.spans), labelled=True)
+    before = evaluate_spans([gold], {note.id: spans}).headline()
+    after = evaluate_spans([gold], {note.id: got}).headline()
+    assert (before["precision"], before["recall"]) == (after["precision"], after["recall"])
     # extended only as far as the words the spans touched
     words = {m.span() for m in WORD_RE.finditer(text)}
     for s in got:
