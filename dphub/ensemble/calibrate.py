@@ -177,9 +177,9 @@ class _Notes:
             for n, base in zip(notes, bases, strict=True)
         ]
         allb = np.concatenate(bounds) if bounds else np.zeros((0, 2), dtype=np.int64)
-        self = cls(notes, bases, allb[:, 0], allb[:, 1], np.zeros(len(allb), dtype=bool))
-        self.gold = self.cover_spans([n.spans for n in notes])
-        return self
+        out = cls(notes, bases, allb[:, 0], allb[:, 1], np.zeros(len(allb), dtype=bool))
+        out.gold = out.cover_spans([n.spans for n in notes])
+        return out
 
     def cover(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """One boolean per evaluation token: does any global range ``[a_i, b_i)`` overlap it?"""
@@ -218,22 +218,15 @@ class _Pieces:
     @classmethod
     def of(cls, scores: Sequence[TokenScores], bases: np.ndarray) -> _Pieces:
         labels: tuple[str, ...] = next((ts.labels for ts in scores if len(ts)), ())
-        parts = [ts for ts in scores]
-        offs = [ts.offsets.reshape(-1, 2).astype(np.int64) + int(b)
-                for ts, b in zip(parts, bases, strict=True)]
-        off = np.concatenate(offs) if offs else np.zeros((0, 2), dtype=np.int64)
-        phi = np.concatenate([np.asarray(ts.phi_prob, dtype=float) for ts in parts]) if parts \
-            else np.zeros(0)
-        lab = np.concatenate([
-            np.argmax(ts.label_probs, axis=1) if len(ts) else np.zeros(0, dtype=np.int64)
-            for ts in parts
-        ]).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+        live = [(ts, int(b)) for ts, b in zip(scores, bases, strict=True) if len(ts)]
+        if not live:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(empty, empty, np.zeros(0), empty, np.zeros(0, dtype=bool), labels)
+        off = np.concatenate([ts.offsets.reshape(-1, 2).astype(np.int64) + b for ts, b in live])
+        phi = np.concatenate([np.asarray(ts.phi_prob, dtype=float) for ts, _ in live])
+        lab = np.concatenate([np.argmax(ts.label_probs, axis=1) for ts, _ in live]).astype(np.int64)
         first = np.zeros(len(off), dtype=bool)
-        pos = 0
-        for ts in parts:
-            if len(ts):
-                first[pos] = True
-            pos += len(ts)
+        first[np.cumsum([0] + [len(ts) for ts, _ in live[:-1]])] = True
         return cls(off[:, 0], off[:, 1], phi, lab, first, labels)
 
     def flags(self, where: _Notes, mask: np.ndarray) -> np.ndarray:
