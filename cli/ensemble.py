@@ -307,10 +307,22 @@ def calibrate_cmd(
     aggregate: str | None = AGGREGATE_OPT,
     fmt: str | None = FORMAT_OPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print thresholds, do not store them."),
+    min_precision: float = typer.Option(
+        0.5, "--min-precision", parser=finite_float(min=0.0, max=1.0), metavar=FLOAT,
+        help="Refuse when the target costs precision below this (calibration or held-out notes)."),
+    holdout: float = typer.Option(
+        0.3, "--holdout", parser=finite_float(min=0.0, max=0.9), metavar=FLOAT,
+        help="Share of patients held out to check the thresholds (0: calibrate on all)."),
+    force: bool = typer.Option(
+        False, "--force", help="Store the thresholds even below --min-precision (warns)."),
+    per_label: bool = typer.Option(
+        True, "--per-label/--per-member", help="A threshold per (member, label), or per member."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the patient holdout split."),
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
 ) -> None:
-    """Choose per-member thresholds for a target ensemble recall; store them in the manifest."""
+    """Choose thresholds per (member, label) for a target ensemble recall; store them in the
+    manifest. Refuses (exit 2) when the target costs precision below --min-precision."""
     from dphub.ensemble.calibrate import calibrate
     from dphub.ensemble.core import build_ensemble
     from dphub.ensemble.evaluation import read_labelled
@@ -323,17 +335,37 @@ def calibrate_cmd(
     from dphub.progress import ProgressReporter
 
     with ProgressReporter() as reporter:
-        res = calibrate(ensemble, notes, target_recall,
+        res = calibrate(ensemble, notes, target_recall, per_label=per_label, holdout=holdout,
+                        seed=seed, min_precision=min_precision, force=force,
                         progress=reporter.count_callback("calibrate", "members"))
     for name, t in res.thresholds.items():
-        typer.echo(f"{name}: threshold {t:g}")
-    typer.echo(f"ensemble token recall {res.recall:.4f} (target {target_recall}), precision "
-               f"{res.precision:.4f} on {res.tokens} tokens ({res.phi_tokens} PHI)")
+        per = res.label_thresholds.get(name, {})
+        extra = f" ({', '.join(f'{lab} {v:g}' for lab, v in per.items())}; other labels {t:g})" \
+            if per else ""
+        typer.echo(f"{name}: threshold {t:g}{extra}")
+    typer.echo(f"calibration notes ({res.notes} notes, {res.patients} patients): ensemble token "
+               f"recall {res.recall:.4f} (target {target_recall}), precision {res.precision:.4f} "
+               f"on {res.tokens} tokens ({res.phi_tokens} PHI)")
+    h = res.holdout
+    if h is not None:
+        rec = "-" if h.recall is None else f"{h.recall:.4f}"
+        typer.echo(f"held-out check ({h.notes} notes, {h.patients} patients): token recall {rec}, "
+                   f"precision {h.precision:.4f} on {h.tokens} tokens ({h.phi_tokens} PHI)")
+        if h.recall is not None and h.recall < target_recall:
+            typer.echo(f"warning: held-out recall {h.recall:.4f} is below the target "
+                       f"{target_recall}; more labelled notes would give steadier thresholds",
+                       err=True)
     if not res.reached:
         typer.echo("warning: target recall not reached; lowest thresholds chosen", err=True)
+    if res.forced:
+        typer.echo(f"WARNING (--force): {res.refusal()}", err=True)
+        typer.echo("WARNING (--force): these thresholds flag much that is not PHI; the output "
+                   "will be over-redacted", err=True)
     if not dry_run:
         for name, t in res.thresholds.items():
-            manifest.get(name).threshold = t
+            entry = manifest.get(name)
+            entry.threshold = t
+            entry.label_thresholds = dict(res.label_thresholds.get(name, {}))
         if aggregate:
             manifest.aggregate = aggregate
         manifest.save(manifest_path)

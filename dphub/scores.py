@@ -9,7 +9,8 @@ here, once per threshold, without re-running the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +36,24 @@ class TokenScores:
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0])
+
+
+@dataclass(frozen=True)
+class LabelThresholds:
+    """A threshold per predicted label (``ensemble calibrate`` per (member, label)).
+
+    Why per label: one threshold per member trades every category at the same rate, so a recall
+    target that a rare, hard category needs drags the precise categories down with it. A token is
+    flagged when ``phi_prob >= by_label[label]`` for its most probable label; labels not listed
+    use ``default`` (0.5 when ``default`` is None).
+    """
+
+    default: float | None
+    by_label: Mapping[str, float] = field(default_factory=dict)
+
+    def for_label(self, label: str) -> float:
+        t = self.by_label.get(label, self.default)
+        return 0.5 if t is None else float(t)
 
 
 def _runs_to_spans(
@@ -70,7 +89,10 @@ def _runs_to_spans(
 
 
 def spans_from_scores(
-    ts: TokenScores, threshold: float | None = None, *, source: str | None = None
+    ts: TokenScores,
+    threshold: float | LabelThresholds | None = None,
+    *,
+    source: str | None = None,
 ) -> list[Span]:
     """Character spans from token scores.
 
@@ -78,10 +100,19 @@ def spans_from_scores(
     ``O``; a run continues while the label stays the same), else ``phi_prob >= 0.5``. A number
     flags every token whose ``phi_prob`` reaches it: lower thresholds trade precision for recall.
     Consecutive flagged tokens with the same label form one span covering the text between them;
-    the span score is the highest token ``phi_prob`` in it.
+    the span score is the highest token ``phi_prob`` in it. A :class:`LabelThresholds` applies
+    the threshold of each token's most probable label.
     """
     if len(ts) == 0:
         return []
+    if isinstance(threshold, LabelThresholds):
+        best = np.argmax(ts.label_probs, axis=1)
+        per_label = np.array([threshold.for_label(lab) for lab in ts.labels], dtype=float)
+        flags = ts.phi_prob >= per_label[best]
+        labels_of: list[str | None] = [
+            ts.labels[int(best[k])] if flags[k] else None for k in range(len(ts))
+        ]
+        return _runs_to_spans(ts, flags, labels_of, source)
     if threshold is None and ts.decoded is not None:
         flags = np.array([t != "O" for t in ts.decoded])
         token_labels: list[str | None] = [

@@ -652,8 +652,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 ens_s["unit"], headline(ens_s), note="no community model"))
             for target in args.target_recalls:
                 cal = calibrate(Ensemble(slots, "any"), train_notes, target)
-                calibrated = [Slot(s.member, cal.thresholds.get(s.name, s.threshold),
-                                   s.epsilon, s.unit, s.revision) for s in slots]
+                calibrated = cal.apply(slots)  # per (member, label) thresholds
                 _, ens_c = evaluate_slots(calibrated, test)
                 rows.append(Row(
                     "B", f"{label} (calibrated R≥{target:g})", "ensemble",

@@ -11,23 +11,37 @@ from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
 from dphub.ensemble.manifest import Manifest, MemberEntry, card_privacy, model_dir_of
 from dphub.ensemble.members import Member, ModelMember
 from dphub.ensemble.rules import RuleMember, RuleOptions
+from dphub.ensemble.words import snap_to_words, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
+from dphub.scores import LabelThresholds
 
 
 @dataclass
 class Slot:
-    """A member in the ensemble, with its threshold and provenance (for listings and audits)."""
+    """A member in the ensemble, with its threshold and provenance (for listings and audits).
+
+    ``label_thresholds`` (model members, from ``ensemble calibrate``) overrides ``threshold`` for
+    the labels it lists; the other labels keep ``threshold``.
+    """
 
     member: Member
     threshold: float | None = None
     epsilon: float | None = None
     unit: str | None = None
     revision: str | None = None
+    label_thresholds: dict[str, float] | None = None
 
     @property
     def name(self) -> str:
         return self.member.name
+
+    @property
+    def tag_threshold(self) -> float | LabelThresholds | None:
+        """What ``member.tag`` receives: per-label thresholds only for model members."""
+        if self.label_thresholds and isinstance(self.member, ModelMember):
+            return LabelThresholds(self.threshold, dict(self.label_thresholds))
+        return self.threshold
 
 
 @dataclass
@@ -56,10 +70,16 @@ class Ensemble:
         self.rule.check(len(self.slots))
 
     def member_spans(self, notes: Sequence[Note]) -> list[dict[str, list[Span]]]:
+        """Each member's spans per note, snapped to whole words.
+
+        The one place every member's output passes through before aggregation, rendering and
+        evaluation, so no output mode can cut a word in two (:mod:`dphub.ensemble.words`).
+        """
         per_note: list[dict[str, list[Span]]] = [{} for _ in notes]
+        runs = [word_runs(n.text) for n in notes]
         for slot in self.slots:
-            for i, spans in enumerate(slot.member.tag(notes, threshold=slot.threshold)):
-                per_note[i][slot.name] = spans
+            for i, spans in enumerate(slot.member.tag(notes, threshold=slot.tag_threshold)):
+                per_note[i][slot.name] = snap_to_words(notes[i].text, spans, runs[i])
         return per_note
 
     def deid(self, notes: Sequence[Note]) -> list[NoteResult]:
@@ -79,7 +99,8 @@ def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = 
                               revision=entry.revision, batch_size=batch_size)
     if int8:
         member.quantize_int8()
-    return Slot(member, entry.threshold, entry.epsilon, entry.unit, entry.revision)
+    return Slot(member, entry.threshold, entry.epsilon, entry.unit, entry.revision,
+                dict(entry.label_thresholds) or None)
 
 
 def owner_slot(model_dir: Path, *, threshold: float | None = None, batch_size: int = 16,
@@ -114,6 +135,7 @@ def build_ensemble(
 def describe(slots: Sequence[Slot]) -> list[dict[str, Any]]:
     return [
         {"name": s.name, "threshold": s.threshold, "epsilon": s.epsilon, "unit": s.unit,
-         "revision": s.revision}
+         "revision": s.revision, **({"label_thresholds": s.label_thresholds}
+                                    if s.label_thresholds else {})}
         for s in slots
     ]

@@ -13,6 +13,8 @@ in the working directory. Written atomically (:mod:`dphub.io`). Example::
     repo = "org/ward-tagger"
     revision = "3f1c..."         # pinned sha
     threshold = 0.35             # P(not O); absent: the tagger's Viterbi decoding
+    label_thresholds = { NAME = 0.2, DATE = 0.6 }   # optional, per predicted label
+                                 # (`ensemble calibrate`); other labels use `threshold`
     epsilon = 7.9
     delta = 1e-05
     unit = "patient"
@@ -58,6 +60,7 @@ class MemberEntry:
     delta: float | None = None
     unit: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    label_thresholds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "kind": self.kind}
@@ -65,6 +68,8 @@ class MemberEntry:
             v = getattr(self, key)
             if v is not None:
                 d[key] = v
+        if self.label_thresholds:
+            d["label_thresholds"] = dict(self.label_thresholds)
         if self.options:
             d["options"] = self.options
         return d
@@ -74,14 +79,23 @@ class MemberEntry:
         if not isinstance(d, dict) or "name" not in d or d.get("kind") not in _KINDS:
             raise ConfigError(f"{where}: each [[members]] needs a name and kind ({', '.join(_KINDS)})")
         known = {"name", "kind", "repo", "revision", "path", "threshold", "epsilon", "delta",
-                 "unit", "options"}
+                 "unit", "options", "label_thresholds"}
         extra = set(d) - known
         if extra:
             raise ConfigError(f"{where}: member {d['name']!r}: unknown key(s) {', '.join(sorted(extra))}")
         t = d.get("threshold")
         if t is not None and not (isinstance(t, int | float) and 0.0 <= t <= 1.0):
             raise ConfigError(f"{where}: member {d['name']!r}: threshold must be in [0, 1]")
-        return cls(**{k: d.get(k) for k in known - {"options"}}, options=dict(d.get("options", {})))
+        lt = d.get("label_thresholds", {})
+        if not isinstance(lt, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+            for v in lt.values()
+        ):
+            raise ConfigError(f"{where}: member {d['name']!r}: label_thresholds must map labels "
+                              "to thresholds in [0, 1]")
+        return cls(**{k: d.get(k) for k in known - {"options", "label_thresholds"}},
+                   options=dict(d.get("options", {})),
+                   label_thresholds={str(k): float(v) for k, v in lt.items()})
 
 
 @dataclass
