@@ -32,7 +32,9 @@ def _hub(hub: str | None) -> str | None:
     return str(config.project_path(cfg, str(url)))
 
 
-def _fmt(v: float | None, spec: str = ".3g") -> str:
+def _fmt(v: float | str | None, spec: str = ".3g") -> str:
+    if isinstance(v, str):  # a coarsened count such as "100-199"
+        return v
     return "—" if v is None else format(v, spec)
 
 
@@ -80,14 +82,22 @@ def publish_cmd(
 def pull_cmd(
     spec: str = typer.Argument(..., help="org/name[@revision]"),
     hub: str | None = typer.Option(None, "--hub", help=HUB_HELP),
-    max_epsilon: float | None = typer.Option(None, "--max-epsilon", help="Refuse larger ε."),
+    max_epsilon: float | None = typer.Option(
+        None, "--max-epsilon", help="Refuse larger ε (default: dphub.toml [hub] max_epsilon, "
+                                    "else 10)."),
     require_unit: str | None = typer.Option(
         None, "--require-unit", help="Require a privacy unit at least this coarse "
-                                     "(sequence < note < patient)."),
+                                     "(sequence < note < patient; default: dphub.toml [hub] "
+                                     "require_unit, else patient)."),
 ) -> None:
-    """Download a model, verify hashes, card and policy, and register it locally."""
+    """Download a model, verify hashes, card, weights and ε policy, and register it locally."""
     from dphub.hub.ops import pull
 
+    cfg = config.load_project_config()
+    if max_epsilon is None:
+        max_epsilon = config.get(cfg, "hub", "max_epsilon")
+    if require_unit is None:
+        require_unit = config.get(cfg, "hub", "require_unit")
     e = pull(spec, hub=_hub(hub), max_epsilon=max_epsilon, require_unit=require_unit)
     typer.echo(f"pulled {e.name}@{e.revision} (epsilon={_fmt(e.epsilon)}, delta={_fmt(e.delta)}, "
                f"unit={e.unit}) -> {e.path}")
@@ -145,6 +155,35 @@ def list_cmd(
     from dphub.hub.ops import list_models
 
     _console().print(_table(list_models(hub=_hub(hub)), "hub models"))
+
+
+@hub_app.command("policy")
+def policy_cmd(
+    max_epsilon: float | None = typer.Option(
+        None, "--max-epsilon", help="Largest ε the hub accepts (default policy: 10)."),
+    min_unit: str | None = typer.Option(
+        None, "--min-unit", help="Weakest privacy unit the hub accepts: patient, note or "
+                                 "sequence (patient > note > sequence; default: patient)."),
+    reset: bool = typer.Option(False, "--reset", help="Back to the default policy."),
+    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP),
+) -> None:
+    """Show or set the hub's ε policy, which `dphub publish` enforces.
+
+    A local hub keeps it in dphub-policy.json in its root; for an http(s):// or hf:// hub it is a
+    client-side setting of this machine.
+    """
+    from dphub.hub.common import default_hub
+    from dphub.hub.policy import DEFAULT_POLICY, load_hub_policy, save_hub_policy
+
+    where = _hub(hub) or default_hub()
+    current = load_hub_policy(where)
+    if reset or max_epsilon is not None or min_unit is not None:
+        base = DEFAULT_POLICY if reset else current
+        current = base.with_overrides(max_epsilon=max_epsilon, min_unit=min_unit)
+        path = save_hub_policy(where, current)
+        typer.echo(f"policy of {where}: {current.describe()} (saved to {path})")
+        return
+    typer.echo(f"policy of {where}: {current.describe()}")
 
 
 @hub_app.command("serve")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from faker import Faker
+from hub_fixtures import coarse_dataset, private_dp_block
 
 from dphub import card as C
 from dphub.errors import CardError
@@ -18,11 +19,11 @@ from dphub.privacy.statement import privacy_statement
 PLANTED = "Zyxwvut Qqplanted"  # appears in note text only; must never reach a card
 
 DATASET = {
-    "patients": 8,
-    "notes": 20,
-    "sequences": 30,
-    "phi_per_category": {"NAME": 5, "DATE": 3},
-    "note_types": {"nursing": 20},
+    "patients": "5-9",
+    "notes": "20-49",
+    "sequences": "20-49",
+    "phi_per_category": {"NAME": "5-9", "DATE": "2-4"},
+    "note_types": {"nursing": "20-49"},
     "language": "en",
     "label_schema": "hipaa",
 }
@@ -30,8 +31,8 @@ DATASET = {
 
 @pytest.fixture(scope="module")
 def dp() -> dict[str, Any]:
-    """A private block with RDP accounting (fast to recompute)."""
-    return C.dp_block(
+    """A private block with RDP accounting (fast to recompute), in the new card contract."""
+    return private_dp_block(
         accountant="rdp",
         sample_rate=0.5,
         noise_multiplier=1.0,
@@ -84,7 +85,7 @@ def test_private_card_round_trips(tmp_path: Path, meta: dict[str, Any]) -> None:
     summary = C.dp_summary(card)
     assert summary["epsilon"] == pytest.approx(meta["differential_privacy"]["epsilon"])
     assert summary["unit"] == "patient"
-    assert summary["patients"] == 8
+    assert summary["patients"] == "5-9"
     assert "NAME" in summary["labels"]
 
 
@@ -238,9 +239,10 @@ def test_edited_cross_check_fails(tmp_path: Path, meta: dict[str, Any]) -> None:
 
 
 def test_prv_card_validates_against_pld(tmp_path: Path) -> None:
-    dp = C.dp_block(accountant="prv", sample_rate=0.5, noise_multiplier=1.0, steps=3, delta=1e-5,
-                    privacy_unit="note", max_grad_norm=1.0, epochs=1.5, expected_logical_batch=4,
-                    max_examples_per_unit=4, num_units=8, grad_sample_mode="hooks")
+    dp = private_dp_block(accountant="prv", sample_rate=0.5, noise_multiplier=1.0, steps=3,
+                          delta=1e-5, privacy_unit="note", max_grad_norm=1.0, epochs=1.5,
+                          expected_logical_batch=4, max_examples_per_unit=4, num_units=8,
+                          grad_sample_mode="hooks")
     assert dp["cross_check"]["method"] == "pld"
     C.write_card(tmp_path, C.card_meta(dp, dict(DATASET), base_model="org/base"))
     C.validate_card(tmp_path, require_private=True)
@@ -339,9 +341,11 @@ def test_card_never_contains_note_text(tmp_path: Path, dp: dict[str, Any]) -> No
     else:
         blocks.append(C.dataset_from_stats(compute_stats(notes), sequences=24,
                                            note_types={"nursing": 12}))
+    # the builders' counts are coarsened (exact ints before the trainer's half of issue 12 lands)
+    blocks = [coarse_dataset(b) for b in blocks]
     for i, block in enumerate(blocks):
-        assert block["patients"] == 4 and block["notes"] == 12
-        assert block["phi_per_category"] == {"NAME": 24, "DATE": 12}
+        assert block["patients"] == "2-4" and block["notes"] == "10-19"
+        assert block["phi_per_category"] == {"NAME": "20-49", "DATE": "10-19"}
         out = tmp_path / str(i)
         C.write_card(out, C.card_meta(copy.deepcopy(dp), block, base_model="org/base"))
         text = (out / "README.md").read_text(encoding="utf-8")
@@ -350,7 +354,7 @@ def test_card_never_contains_note_text(tmp_path: Path, dp: dict[str, Any]) -> No
             for span in note.spans:
                 assert note.span_text(span) not in text
         C.validate_card(out)
-    assert blocks[0]["note_types"] == {"nursing": 6, "unspecified": 6}
+    assert blocks[0]["note_types"] == {"nursing": "5-9", "unspecified": "5-9"}
 
 
 def test_add_evaluation_records_numbers_only(tmp_path: Path, meta: dict[str, Any]) -> None:

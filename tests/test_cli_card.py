@@ -14,21 +14,23 @@ from dphub import card as C
 from dphub.cli.main import main
 
 DATASET = {
-    "patients": 5,
-    "notes": 9,
-    "sequences": 12,
-    "phi_per_category": {"NAME": 4},
-    "note_types": {"discharge": 9},
+    "patients": "5-9",
+    "notes": "5-9",
+    "sequences": "10-19",
+    "phi_per_category": {"NAME": "2-4"},
+    "note_types": {"discharge": "5-9"},
     "language": "en",
     "label_schema": "hipaa",
 }
 
 
 def _dp(unit: str = "patient") -> dict[str, Any]:
-    return C.dp_block(accountant="rdp", sample_rate=0.5, noise_multiplier=1.0, steps=3,
-                      delta=1e-5, privacy_unit=unit, max_grad_norm=1.0, epochs=1.5,
-                      expected_logical_batch=2.5, max_examples_per_unit=8, num_units=5,
-                      grad_sample_mode="ghost")
+    from hub_fixtures import private_dp_block
+
+    return private_dp_block(accountant="rdp", sample_rate=0.5, noise_multiplier=1.0, steps=3,
+                            delta=1e-5, privacy_unit=unit, max_grad_norm=1.0, epochs=1.5,
+                            expected_logical_batch=2.5, max_examples_per_unit=8, num_units=5,
+                            grad_sample_mode="ghost")
 
 
 @pytest.fixture
@@ -105,7 +107,7 @@ def test_show_json(private_dir: Path, capsys: pytest.CaptureFixture[str]) -> Non
     summary = json.loads(capsys.readouterr().out)
     assert summary["unit"] == "patient" and summary["private"] is True
     assert summary["epsilon"] == pytest.approx(_dp()["epsilon"])
-    assert summary["patients"] == 5 and summary["name"] == "demo"
+    assert summary["patients"] == "5-9" and summary["name"] == "demo"
 
 
 def test_show_sequence_unit_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -95,11 +95,11 @@ def test_refuses_object_npy(model, hub_env, capsys):
     _refused(model, hub_env, capsys, "extra.npy contains pickled objects")
 
 
-def test_numeric_npy_is_not_a_pickle(model):
+def test_numeric_npy_is_not_a_pickle_but_not_a_published_file(model, hub_env, capsys):
     buf = io.BytesIO()
     np.save(buf, np.zeros(3))
     (model / "thresholds.npy").write_bytes(buf.getvalue())
-    check_publishable(model)
+    _refused(model, hub_env, capsys, "thresholds.npy is not a file dphub publishes")
 
 
 def test_refuses_pickle_under_innocent_name(model, hub_env, capsys):
@@ -134,7 +134,7 @@ def test_refuses_unresolvable_base_model(model, hub_env, capsys):
                                           ("/tmp/run-3/out", "/tmp/")])
 def test_refuses_absolute_paths(model, hub_env, capsys, leak, marker):
     cfg = json.loads((model / "training_config.json").read_text())
-    cfg["data"] = leak
+    cfg["init_from"] = leak  # an allow-listed key: the path check still catches the value
     (model / "training_config.json").write_text(json.dumps(cfg, indent=2))
     _refused(model, hub_env, capsys, "training_config.json line", "local path or user name")
     code, err = _publish(model, hub_env, capsys)
