@@ -623,7 +623,7 @@ def load_card(path: Path) -> ModelCard:
 # --------------------------------------------------------------------------- validation
 
 #: At most this many problems are listed in one validation message (then "and N more").
-MAX_PROBLEMS = 10
+MAX_PROBLEMS = 16
 #: The pattern of coarsened counts (``dataset`` block, ``num_units``), as in the schema.
 COUNT_RANGE_PATTERN = r"^(0|[1-9][0-9]*-[1-9][0-9]*)$"
 #: Why fields that cards written before the hardened guarantee lack are required.

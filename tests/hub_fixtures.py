@@ -69,6 +69,9 @@ def private_dp_block(**fields: Any) -> dict[str, Any]:
     fields.setdefault("weights_sha256", UNBOUND_SHA)
     fields.setdefault("mechanism_rng", "os-seeded")
     params = inspect.signature(dp_block).parameters
+    for name, default in (("expected_logical_batch", 1.0), ("num_units", 100)):
+        if name in params and params[name].default is inspect.Parameter.empty:
+            fields.setdefault(name, default)
     dp = dp_block(**{k: v for k, v in fields.items() if k in params})
     dp.pop("expected_logical_batch", None)
     if isinstance(dp.get("num_units"), int):

@@ -423,7 +423,8 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
         out.append(f"training_config.json holds key(s) outside the allow-list: "
                    f"{_key_list(extra)} (only hyper-parameters and accounting inputs may be "
                    "published; loss curves stay in the private run log)")
-    if cfg.get("format_version") != TRAINING_CONFIG_FORMAT:
+    legacy = cfg.get("format_version") != TRAINING_CONFIG_FORMAT
+    if legacy:
         out.append(f"training_config.json format_version must be {TRAINING_CONFIG_FORMAT} "
                    "(written before the hardened guarantee: retrain with this dphub version)")
     hyper = cfg.get("dphub_training", {})
@@ -439,17 +440,18 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
     if not_scalar:
         out.append(f"training_config.json value(s) of {_key_list(set(not_scalar))} are not "
                    "single numbers or short strings (hyper-parameters only)")
-    if not isinstance(dp, dict):
-        return out
+    if not isinstance(dp, dict) or legacy:
+        return out  # an old config has no accounting fields to compare: its format is the news
     if cfg.get("no_dp") is not False and dp.get("private") is True:
         what = "no_dp: true (trained without DP)" if cfg.get("no_dp") is True else \
             "no no_dp: false"
         out.append(f"training_config.json says {what} but the card claims a private model: "
                    "the card does not belong to these weights")
-    for key in BOUND_FIELDS:
-        if not _same(cfg.get(key), dp.get(key)):
-            out.append(f"training_config.json {key} differs from the card's "
-                       f"differential_privacy.{key}: the card does not describe this training run")
+    differ = [key for key in BOUND_FIELDS if not _same(cfg.get(key), dp.get(key))]
+    if differ:
+        out.append(f"training_config.json {', '.join(differ)} "
+                   f"differ{'s' if len(differ) == 1 else ''} from the card's differential_privacy "
+                   "field(s): the card does not describe this training run")
     if "accountant" in cfg and cfg.get("accountant") != dp.get("accountant"):
         out.append("training_config.json accountant differs from the card's")
     eps_cfg, eps_card = cfg.get("epsilon"), dp.get("epsilon")
