@@ -212,11 +212,19 @@ def test_refuses_old_training_config_format(model, hub_env, capsys):
     _refused(model, hub_env, capsys, "format_version must be 2")
 
 
-@pytest.mark.parametrize("name", ["notes_stats.json", "eval/predictions.jsonl", ".env"])
+@pytest.mark.parametrize("name", ["notes_stats.json", "eval/predictions.jsonl", ".env",
+                                  ".gitattributes"])
 def test_refuses_files_outside_the_allow_list(model, hub_env, capsys, name):
     (model / name).parent.mkdir(exist_ok=True)
     (model / name).write_text("{}", encoding="utf-8")
     _refused(model, hub_env, capsys, f"{name} is not a file dphub publishes")
+
+
+def test_pull_accepts_the_gitattributes_a_hf_hub_adds(model):
+    from dphub.hub.gate import check_shareable
+
+    (model / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    assert check_shareable(model).private
 
 
 def test_allow_lists_are_module_constants():

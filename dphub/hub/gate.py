@@ -67,11 +67,13 @@ TOKENIZER_FILES = (
     "tokenizer.model",
 )
 REQUIRED_FILES = ("README.md", "config.json", "model.safetensors", "training_config.json")
-#: Every file a published model directory may contain (``.gitattributes``: HF hubs add one).
+#: Every file a published model directory may contain.
 PUBLISHED_FILES = (
     "model.safetensors", "config.json", "README.md", "training_config.json", *TOKENIZER_FILES,
-    ".gitattributes",
 )
+#: Files a pulled directory may hold besides: a Hugging Face hub adds ``.gitattributes`` to every
+#: repo it creates (a publisher never needs to send one, so publish refuses it: free text).
+PULLED_FILES = (*PUBLISHED_FILES, ".gitattributes")
 #: DP block fields without which the guarantee cannot be recomputed or understood.
 ACCOUNTING_FIELDS = (
     "private", "epsilon", "delta", "privacy_unit", "accountant", "noise_multiplier",
@@ -130,8 +132,10 @@ def _npy_is_object(head: bytes) -> bool:
     return head.startswith(b"\x93NUMPY") and (b"'|O'" in head or b"'O'" in head)
 
 
-def check_files(model_dir: Path, files: list[Path]) -> None:
-    """Refuse pickles and optimizer/checkpoint state; require the files a model needs."""
+def check_files(model_dir: Path, files: list[Path],
+                allowed: tuple[str, ...] = PUBLISHED_FILES) -> None:
+    """Refuse pickles and optimizer/checkpoint state and every file not in ``allowed``; require
+    the files a model needs."""
     for name in REQUIRED_FILES:
         if not (model_dir / name).is_file():
             raise _refuse(model_dir, f"{name} is missing")
@@ -148,17 +152,18 @@ def check_files(model_dir: Path, files: list[Path]) -> None:
                                      "guarantee does not cover")
         if _looks_pickled(f):
             raise _refuse(model_dir, f"{rel} contains pickled objects")
-    problems = unlisted_file_problems(model_dir, files)
+    problems = unlisted_file_problems(model_dir, files, allowed)
     if problems:
         raise _refuse(model_dir, problems[0])
 
 
-def unlisted_file_problems(model_dir: Path, files: list[Path]) -> list[str]:
-    """One message per file outside :data:`PUBLISHED_FILES` (anything else is unaccounted)."""
+def unlisted_file_problems(model_dir: Path, files: list[Path],
+                           allowed: tuple[str, ...] = PUBLISHED_FILES) -> list[str]:
+    """One message per file outside ``allowed`` (anything else is unaccounted)."""
     out = []
     for f in files:
         rel = f.relative_to(model_dir).as_posix()
-        if rel not in PUBLISHED_FILES:
+        if rel not in allowed:
             out.append(f"{_safe_name(rel)} is not a file dphub publishes (allowed: weights, "
                        "config.json, tokenizer files, README.md, training_config.json); only "
                        "accounted outputs may leave")
@@ -362,7 +367,7 @@ def check_shareable(model_dir: Path) -> CardSummary:
     the config implies and the ones the card's hash names.
     """
     files = _files(model_dir)
-    check_files(model_dir, files)
+    check_files(model_dir, files, PULLED_FILES)
     check_config(model_dir)
     meta = check_card(model_dir)
     check_training_config(model_dir, meta)
@@ -617,7 +622,7 @@ def model_dir_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
         files = _files(model_dir)
     except GateViolation as e:
         return [e.message]
-    out = unlisted_file_problems(model_dir, files)
+    out = unlisted_file_problems(model_dir, files, PULLED_FILES)  # pulled dirs validate too
     if (model_dir / "training_config.json").is_file():
         out += training_config_problems(model_dir, dp)
     else:
