@@ -116,9 +116,11 @@ def test_policy_file_with_nan_or_typo_is_refused(model, bare_hub):
         ops.publish(model, "acme/x", hub=str(bare_hub))
 
 
-def test_policy_of_a_missing_local_hub_is_not_created(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
-        save_hub_policy(str(tmp_path / "no-such-hub"), DEFAULT_POLICY)
+def test_policy_before_the_first_publish(tmp_path):
+    save_hub_policy(str(tmp_path / "new-hub"), Policy(max_epsilon=5))
+    assert load_hub_policy(str(tmp_path / "new-hub")) == Policy(max_epsilon=5)
+    with pytest.raises(ConfigError, match="cannot be created"):
+        save_hub_policy(str(tmp_path / "typo" / "hub"), DEFAULT_POLICY)
 
 
 def test_http_hub_policy_is_a_client_side_setting(weak, hub_env):

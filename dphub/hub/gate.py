@@ -448,9 +448,9 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
     if not isinstance(dp, dict) or legacy:
         return out  # an old config has no accounting fields to compare: its format is the news
     if cfg.get("no_dp") is not False and dp.get("private") is True:
-        what = "no_dp: true (trained without DP)" if cfg.get("no_dp") is True else \
-            "no no_dp: false"
-        out.append(f"training_config.json says {what} but the card claims a private model: "
+        what = "says no_dp: true (trained without DP)" if cfg.get("no_dp") is True else \
+            "does not say no_dp: false"
+        out.append(f"training_config.json {what} but the card claims a private model: "
                    "the card does not belong to these weights")
     differ = [key for key in BOUND_FIELDS if not _same(cfg.get(key), dp.get(key))]
     if differ:

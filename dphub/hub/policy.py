@@ -141,10 +141,9 @@ def _read_json(path: Path, where: str) -> Any:
     if len(raw) > 65536:
         raise ConfigError(f"{where}: policy file is larger than 64 kB")
     try:
+        # NaN/Infinity literals raise ConfigError from _refuse_constant (not a ValueError)
         return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError) as e:
-        if isinstance(e, ConfigError):
-            raise
+    except (UnicodeDecodeError, ValueError):
         raise ConfigError(f"{where}: policy file is not valid JSON") from None
 
 
@@ -172,12 +171,16 @@ def _endpoint_key(hub: str) -> str:
     return hub.rstrip("/")
 
 
+def _text(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+
 def save_hub_policy(hub: str, policy: Policy) -> Path:
     """Record ``policy`` for ``hub``; returns the file written (atomically).
 
-    A local hub must exist (a typo must not create a new, empty hub with a policy in it).
+    A local hub directory is created if its parent exists (a hub owner may set the policy before
+    the first publish); a missing parent is refused (a typo must not create a tree of folders).
     """
-    text_of = lambda obj: json.dumps(obj, indent=2, sort_keys=True) + "\n"  # noqa: E731
     if _is_remote(hub):
         path = dphub_home() / CLIENT_POLICY_FILE
         data = _read_json(path, str(path)) or {}
@@ -185,13 +188,15 @@ def save_hub_policy(hub: str, policy: Policy) -> Path:
             raise ConfigError(f"{path}: expected a JSON object of endpoint -> policy")
         data[_endpoint_key(hub)] = policy.to_json()
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, text_of(data))
+        atomic_write_text(path, _text(data))
         return path
     root = local_hub_root(hub)
     if not root.is_dir():
-        raise ConfigError(f"hub {root} does not exist (publish a model first, or check --hub)")
+        if root.exists() or not root.parent.is_dir():
+            raise ConfigError(f"hub {root} is not a directory and cannot be created (check --hub)")
+        root.mkdir()
     path = root / POLICY_FILE
-    atomic_write_text(path, text_of(policy.to_json()))
+    atomic_write_text(path, _text(policy.to_json()))
     return path
 
 
