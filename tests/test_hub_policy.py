@@ -179,6 +179,11 @@ def test_pull_refuses_non_finite_max_epsilon(weak_on_hub, capsys, value):
     assert Registry().list() == []
 
 
+def test_search_refuses_nan_max_epsilon(weak_on_hub, capsys):
+    assert main(["search", "--max-epsilon", "nan"]) == 2
+    assert "--max-epsilon must be a finite number > 0" in capsys.readouterr().err
+
+
 def test_pull_unit_override(model, hub_env):
     write_card(model, card_meta(unit="note"))
     ops.publish(model, "acme/note")

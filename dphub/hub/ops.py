@@ -168,7 +168,12 @@ def pull(spec: str, *, hub: str | None = None, max_epsilon: float | None = None,
 def search(*, hub: str | None = None, max_epsilon: float | None = None, unit: str | None = None,
            label: str | None = None, language: str | None = None,
            api: Any = None) -> list[RepoRevision]:
-    """Latest revision of each hub model whose card matches every given filter."""
+    """Latest revision of each hub model whose card matches every given filter.
+
+    A NaN ``max_epsilon`` would compare false with every ε and list everything: refused.
+    """
+    if max_epsilon is not None:
+        check_max_epsilon(max_epsilon, what="--max-epsilon")
     rows = open_hub(hub, api=api).latest()
     return [r for r in rows if r.summary.matches(max_epsilon=max_epsilon, unit=unit, label=label,
                                                  language=language)]
