@@ -83,12 +83,12 @@ def pull_cmd(
     spec: str = typer.Argument(..., help="org/name[@revision]"),
     hub: str | None = typer.Option(None, "--hub", help=HUB_HELP),
     max_epsilon: float | None = typer.Option(
-        None, "--max-epsilon", help="Refuse larger ε (default: dphub.toml [hub] max_epsilon, "
-                                    "else 10)."),
+        None, "--max-epsilon", help="Refuse larger ε (default: max_epsilon of the hub section "
+                                    "of dphub.toml, else 10)."),
     require_unit: str | None = typer.Option(
         None, "--require-unit", help="Require a privacy unit at least this coarse "
-                                     "(sequence < note < patient; default: dphub.toml [hub] "
-                                     "require_unit, else patient)."),
+                                     "(sequence < note < patient; default: require_unit of "
+                                     "the hub section of dphub.toml, else patient)."),
 ) -> None:
     """Download a model, verify hashes, card, weights and ε policy, and register it locally."""
     from dphub.hub.ops import pull
