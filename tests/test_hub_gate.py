@@ -334,11 +334,31 @@ def test_refuses_free_form_safetensors_metadata(model, hub_env, capsys):
     _refused(model, hub_env, capsys, "header metadata may only hold format")
 
 
+@pytest.mark.parametrize("trick", ["field", "padding"])
+def test_refuses_text_hidden_in_the_safetensors_header(model, hub_env, capsys, trick):
+    """safe_open accepts extra per-tensor fields and any amount of header padding."""
+    path = model / "model.safetensors"
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    if trick == "field":
+        header["classifier.bias"]["note"] = "x" * 40
+        new = json.dumps(header).encode()
+        new += b" " * (-len(new) % 8)
+    else:
+        new = json.dumps(header).encode() + b" " * 4000
+    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + n:])
+    write_card(model, card_meta())
+    _refused(model, hub_env, capsys, "model.safetensors header")
+
+
 def test_expected_tensors_match_what_the_tagger_saves(tiny_tagger_dir):
     """The layout the gate derives from config.json is exactly what TaggerModel.save writes."""
     from safetensors import safe_open
 
-    from dphub.hub.gate import expected_tensors
+    from dphub.hub.gate import _header_layout_problems, expected_tensors
+
+    assert _header_layout_problems(tiny_tagger_dir / "model.safetensors") == []
 
     with safe_open(str(tiny_tagger_dir / "model.safetensors"), framework="pt") as fh:
         saved = {k: (fh.get_slice(k).get_dtype(), tuple(fh.get_slice(k).get_shape()))

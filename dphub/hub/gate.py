@@ -577,6 +577,7 @@ def weights_problems(model_dir: Path, dp: Any = None) -> list[str]:
     if set(meta) - {"format"} or meta.get("format", "pt") != "pt":
         out.append("model.safetensors header metadata may only hold format: pt (free-form "
                    "metadata is not covered by the guarantee)")
+    out += _header_layout_problems(path)
     try:
         want_tensors = expected_tensors(model_dir)
     except GateViolation as e:
@@ -598,6 +599,32 @@ def weights_problems(model_dir: Path, dp: Any = None) -> list[str]:
             out.append(f"model.safetensors tensor {_safe_name(name)} is {dtype}, config.json "
                        f"implies {want_dtype}")
     return out
+
+
+def _header_layout_problems(path: Path) -> list[str]:
+    """The raw header holds nothing safetensors would ignore: per tensor exactly ``dtype``,
+    ``shape``, ``data_offsets``, and at most the 7 spaces of alignment padding. ``safe_open``
+    accepts extra fields and any padding, which could carry text past the layout check."""
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        if n > 100_000_000:
+            return ["model.safetensors header is implausibly large"]
+        raw = fh.read(n)
+    try:
+        text = raw.decode("utf-8")
+        header = json.loads(text)
+    except (UnicodeDecodeError, ValueError):
+        return ["model.safetensors header is not valid JSON"]
+    if len(text) - len(text.rstrip(" ")) > 7 or text.rstrip(" ") != text.strip():
+        return ["model.safetensors header carries padding beyond the 8-byte alignment"]
+    if not isinstance(header, dict):
+        return ["model.safetensors header is not a JSON object"]
+    odd = sorted(k for k, v in header.items() if k != "__metadata__" and (
+        not isinstance(v, dict) or set(v) != {"dtype", "shape", "data_offsets"}))
+    if odd:
+        return [f"model.safetensors header entries of {_names(odd)} hold fields other than "
+                "dtype, shape, data_offsets"]
+    return []
 
 
 def check_weights(model_dir: Path, meta: dict[str, Any]) -> None:
