@@ -165,6 +165,21 @@ def test_refuses_remote_code(model, hub_env, capsys):
     _refused(model, hub_env, capsys, "custom code")
 
 
+@pytest.mark.parametrize("edit, expected", [
+    (lambda c: c.update(corpus_summary="mostly cardiology notes from 2019"),
+     "config.json corpus_summary is not a number or a short token"),
+    (lambda c: c.update(hidden_size_note=[1, 2, 3]), "hidden_size_note is not a number"),
+    (lambda c: c["id2label"].update({"9": "a free text label"}), "id2label must map 0..n-1"),
+    (lambda c: c["dphub"].update(num_units=131), "dphub block holds key(s) outside"),
+    (lambda c: c.update(initializer_range=float("nan")), "initializer_range is not a number"),
+])
+def test_refuses_text_or_statistics_in_config_json(model, hub_env, capsys, edit, expected):
+    cfg = json.loads((model / "config.json").read_text())
+    edit(cfg)
+    (model / "config.json").write_text(json.dumps(cfg))
+    _refused(model, hub_env, capsys, expected)
+
+
 def test_refuses_symlink(model, hub_env, capsys):
     (model / "notes.txt").symlink_to("/etc/hostname")
     _refused(model, hub_env, capsys, "notes.txt is a symbolic link")
@@ -356,9 +371,10 @@ def test_expected_tensors_match_what_the_tagger_saves(tiny_tagger_dir):
     """The layout the gate derives from config.json is exactly what TaggerModel.save writes."""
     from safetensors import safe_open
 
-    from dphub.hub.gate import _header_layout_problems, expected_tensors
+    from dphub.hub.gate import _header_layout_problems, config_problems, expected_tensors
 
     assert _header_layout_problems(tiny_tagger_dir / "model.safetensors") == []
+    assert config_problems(json.loads((tiny_tagger_dir / "config.json").read_text())) == []
 
     with safe_open(str(tiny_tagger_dir / "model.safetensors"), framework="pt") as fh:
         saved = {k: (fh.get_slice(k).get_dtype(), tuple(fh.get_slice(k).get_shape()))

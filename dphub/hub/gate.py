@@ -355,7 +355,68 @@ def check_config(model_dir: Path) -> dict[str, Any]:
     if "auto_map" in config or any(p.suffix == ".py" for p in model_dir.rglob("*.py")):
         raise _refuse(model_dir, "the model ships custom code (auto_map / *.py); dphub never "
                                  "runs remote code")
+    problems = config_problems(config)
+    if problems:
+        raise _refuse(model_dir, problems[0])
     return config
+
+
+#: A config value that is a token, not text: no spaces, at most 100 characters.
+_TOKEN = re.compile(r"^[A-Za-z0-9_.:/@+-]{0,100}$")
+_CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_TAG = re.compile(r"^(O|[BIES]-[A-Za-z][A-Za-z_-]{0,31})$")
+#: Keys of config.json's ``dphub`` block (what ``TaggerModel.config_dict`` writes).
+DPHUB_CONFIG_KEYS = frozenset({"head", "label_schema", "max_length", "stride", "format_version",
+                               "base_model"})
+
+
+def _config_scalar(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str) and bool(_TOKEN.match(value))
+
+
+def config_problems(config: dict[str, Any]) -> list[str]:
+    """config.json carries a model configuration, not text: scalar tokens only, BIOES tag names,
+    an allow-listed ``dphub`` block. (Its free-form keys would otherwise be a channel past the
+    guarantee; the weights check then binds the numbers to the tensors.)"""
+    out: list[str] = []
+    for key, value in config.items():
+        if not _CONFIG_KEY.match(str(key)):
+            out.append("config.json has a key that is not an identifier")
+        elif key in ("id2label", "label2id", "dphub", "architectures"):
+            continue
+        elif not _config_scalar(value):
+            out.append(f"config.json {key} is not a number or a short token (configuration "
+                       "values only)")
+    id2label = config.get("id2label")
+    label2id = config.get("label2id")
+    if not isinstance(id2label, dict) or not id2label:
+        out.append("config.json has no id2label")
+    else:
+        keys_ok = sorted(map(str, id2label)) == sorted(str(i) for i in range(len(id2label)))
+        tags_ok = all(isinstance(v, str) and _TAG.match(v) for v in id2label.values())
+        if not keys_ok or not tags_ok:
+            out.append("config.json id2label must map 0..n-1 to BIOES tag names (O, B-NAME, ...)")
+        elif label2id is not None and label2id != {v: int(k) for k, v in id2label.items()}:
+            out.append("config.json label2id is not the inverse of id2label")
+    arch = config.get("architectures")
+    if arch is not None and (not isinstance(arch, list) or len(arch) > 1
+                             or not all(_config_scalar(a) for a in arch)):
+        out.append("config.json architectures must list one model class")
+    block = config.get("dphub")
+    if not isinstance(block, dict):
+        out.append("config.json has no 'dphub' block")
+    else:
+        extra = set(block) - DPHUB_CONFIG_KEYS
+        if extra:
+            out.append(f"config.json dphub block holds key(s) outside the allow-list: "
+                       f"{_key_list(extra)}")
+        if not all(_config_scalar(v) for v in block.values()):
+            out.append("config.json dphub block values must be numbers or short tokens")
+    return out
 
 
 def check_shareable(model_dir: Path) -> CardSummary:
