@@ -883,6 +883,20 @@ def validate_meta(
         raise CardError(_join(problems))
 
 
+def body_is_rendered(card: ModelCard) -> bool:
+    """The card's Markdown body is exactly what dphub renders from its front matter.
+
+    The body is never hand-written: free text there would leave with the model outside every
+    check (trainer prose belongs in the front matter's ``card_text``, which the schema bounds).
+    Line endings and trailing whitespace do not count.
+    """
+
+    def norm(text: str) -> str:
+        return text.replace("\r\n", "\n").replace("\r", "\n").rstrip()
+
+    return norm(card.body) == norm(_body(_with_defaults(card.meta)))
+
+
 def validate_card(
     path: Path, *, require_private: bool = False, check_accounting: bool = True,
     check_files: bool = True,

@@ -180,6 +180,18 @@ def test_refuses_text_or_statistics_in_config_json(model, hub_env, capsys, edit,
     _refused(model, hub_env, capsys, expected)
 
 
+def test_refuses_free_text_added_to_the_card_body(model, hub_env, capsys):
+    with open(model / "README.md", "a", encoding="utf-8") as fh:
+        fh.write("\nTrained on 131 cardiology patients of ward 7 (exact).\n")
+    _refused(model, hub_env, capsys, "README.md's body is not what dphub renders")
+
+
+def test_card_body_line_endings_do_not_matter(model):
+    text = (model / "README.md").read_text(encoding="utf-8")
+    (model / "README.md").write_bytes(text.replace("\n", "\r\n").encode())
+    check_publishable(model)
+
+
 def test_refuses_symlink(model, hub_env, capsys):
     (model / "notes.txt").symlink_to("/etc/hostname")
     _refused(model, hub_env, capsys, "notes.txt is a symbolic link")

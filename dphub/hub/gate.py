@@ -217,6 +217,21 @@ def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> d
     return meta
 
 
+def check_card_body(model_dir: Path) -> None:
+    """The README body must be dphub's rendering of the front matter (no free text leaves)."""
+    from dphub.card import body_is_rendered, load_card
+
+    try:
+        card = load_card(model_dir)
+    except CardError as e:
+        raise _refuse(model_dir, f"model card: {e.message}") from None
+    if not body_is_rendered(card):
+        raise _refuse(model_dir, "README.md's body is not what dphub renders from the card's "
+                                 "front matter; free text may not leave in the body (put the "
+                                 "trainer's prose in card_text and re-render the card with "
+                                 "dphub.card.write_card)")
+
+
 def _card_validator() -> Callable[..., Any] | None:
     """``dphub.card.validate_card`` (schema + accounting recomputation), if installed.
 
@@ -334,6 +349,7 @@ def check_publishable(model_dir: str | Path,
         check_files(model_dir, files)
         check_config(model_dir)
         meta = check_card(model_dir, validate)
+        check_card_body(model_dir)
         check_training_config(model_dir, meta)
         check_tokenizer(model_dir, meta)
         # Tokenizer files were just proven identical to public ones: their words are not ours.
