@@ -802,8 +802,9 @@ def accounting_problems(dp: Mapping[str, Any]) -> list[str]:
     * the claimed ε may lie at most ``accounting.CLAIM_RTOL`` (0.1 %) below Opacus's
       recomputation with the card's own accountant (an 8.0 -> 7.62 edit, or a 1 % scaling, fails);
     * the recorded dp-accounting ε must equal its recomputation within ``RECORD_RTOL``;
-    * the claim may lie at most ``CROSS_CHECK_RTOL`` (1 %) + ``CROSS_CHECK_ATOL`` below
-      dp-accounting's ε (the two libraries' measured disagreement, see ``accounting``).
+    * the claim may lie at most ``CROSS_CHECK_RTOL`` (1 %) below dp-accounting's ε (Opacus's
+      PRV is never below PLD on the measured grid; RDP↔RDP within 0.83 % for ε ≲ 12, see
+      ``accounting``).
     """
     key = (
         str(dp["accountant"]),
@@ -834,12 +835,11 @@ def accounting_problems(dp: Mapping[str, Any]) -> list[str]:
             f"({cc['method']}) gives {independent:.6g} for {fields} "
             f"(tolerance {_pct(accounting.RECORD_RTOL)})"
         )
-    slack = accounting.CROSS_CHECK_ATOL / max(independent, 1e-12)
-    if accounting.below(claimed, independent, accounting.CROSS_CHECK_RTOL + slack):
+    if accounting.below(claimed, independent, accounting.CROSS_CHECK_RTOL):
         problems.append(
             f"differential_privacy.epsilon: claims {claimed:.6g} but dp-accounting "
             f"({cc['method']}) gives {independent:.6g} for {fields} (cross-library tolerance "
-            f"{_pct(accounting.CROSS_CHECK_RTOL)} + {accounting.CROSS_CHECK_ATOL:g})"
+            f"{_pct(accounting.CROSS_CHECK_RTOL)})"
         )
     return problems
 

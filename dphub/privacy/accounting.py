@@ -30,13 +30,17 @@ RECORD_RTOL = 1e-3
 #: Tolerance between Opacus and dp-accounting for the same mechanism family. Measured over
 #: q ∈ {0.01, 0.05, 0.12, 0.3, 1}, σ ∈ {0.55, 0.8, 1, 2, 5}, T ∈ {10, 100, 1000}, δ = 1e-5:
 #: Opacus's PRV is never below dp-accounting's PLD; it lies above it by its own ``eps_error``
-#: (≈ 0.010–0.017 absolute), i.e. ≤ 0.4 % relative for ε ≥ 2.5 but up to 56 % at ε ≈ 0.03, hence
-#: the absolute term. RDP↔RDP agree within 0.01 % in most cells; where σ is small and runs are
-#: long dp-accounting drops the fractional orders it cannot evaluate and is looser (Opacus up to
-#: 0.8 % below it for ε ≈ 10, 2–50 % below for ε ≥ 30): a claim below it by more than this is
-#: refused, which refuses such RDP cards rather than passing an under-claim.
+#: (≈ 0.010–0.017 absolute), i.e. ≤ 0.4 % relative for ε ≥ 2.5 but up to 56 % at ε ≈ 0.03 (so a
+#: *symmetric* agreement needs an absolute term, :data:`CROSS_CHECK_ATOL`). RDP↔RDP agree within
+#: 0.01 % in most cells; where σ is small and runs are long dp-accounting drops the fractional
+#: orders it cannot evaluate and is looser (Opacus up to 0.83 % below it for ε ≈ 10, 1.7–50 %
+#: below for ε ≥ 30); at σ = 5, q = 0.01 it is tighter (orders up to 512; Opacus up to 120 %
+#: above at ε ≈ 0.1). Card validation refuses a claim more than this below dp-accounting's ε,
+#: which refuses those ε ≥ 30 RDP cards rather than passing an under-claim.
 CROSS_CHECK_RTOL = 0.01
-#: Absolute slack of the library agreement (twice PRV's default ``eps_error`` of 0.01).
+#: Absolute slack of :attr:`CrossCheck.agrees` (symmetric): twice PRV's default ``eps_error``
+#: of 0.01, which dominates the PRV↔PLD difference at small ε. Card validation does not use it:
+#: there only a claim *below* dp-accounting counts, and PRV never is.
 CROSS_CHECK_ATOL = 0.02
 
 
