@@ -531,6 +531,24 @@ def test_card_next_to_weights_is_checked_against_them(tmp_path: Path, dp: dict[s
     C.validate_card(model, check_files=False)  # the card alone is still well-formed
 
 
+def test_non_private_model_dir_validates_with_its_files(tmp_path: Path) -> None:
+    import json
+
+    from hub_fixtures import make_model_dir, training_config
+
+    model = make_model_dir(tmp_path / "m")
+    meta = C.card_meta(C.non_private_block(steps=10, epochs=1.0), dict(DATASET),
+                       base_model="sentence-transformers/all-MiniLM-L6-v2")
+    C.write_card(model, meta)
+    cfg = training_config({"private": False})
+    (model / "training_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    assert C.validate_card(model).private is False
+    cfg["no_dp"] = False
+    (model / "training_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    with pytest.raises(CardError, match="does not say no_dp: true but the card is not private"):
+        C.validate_card(model)
+
+
 # --------------------------------------------------------------------------- bounded YAML (16.4)
 
 BILLION_LAUGHS = """---

@@ -524,7 +524,12 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
                    "single numbers or short strings (hyper-parameters only)")
     if not isinstance(dp, dict) or legacy:
         return out  # an old config has no accounting fields to compare: its format is the news
-    if cfg.get("no_dp") is not False and dp.get("private") is True:
+    if dp.get("private") is not True:
+        if cfg.get("no_dp") is not True:
+            out.append("training_config.json does not say no_dp: true but the card is not "
+                       "private: the card does not belong to this training run")
+        return out  # a baseline has no accounting fields to bind (and is never published)
+    if cfg.get("no_dp") is not False:
         what = "says no_dp: true (trained without DP)" if cfg.get("no_dp") is True else \
             "does not say no_dp: false"
         out.append(f"training_config.json {what} but the card claims a private model: "
