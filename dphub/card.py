@@ -867,6 +867,9 @@ def meta_problems(
             "differential_privacy.private: the model was trained without differential privacy "
             "(private: false); only private models may be published"
         ]
+    if dp["private"] and (dp.get("secure_rng") is True) != (dp.get("mechanism_rng") == "csprng"):
+        return ["differential_privacy.mechanism_rng: secure_rng and mechanism_rng disagree "
+                "(secure mode draws every noise sample from a CSPRNG: mechanism_rng csprng)"]
     if check_accounting and dp["private"]:
         return accounting_problems(dp)
     return []

@@ -448,6 +448,19 @@ def test_recorded_cross_check_scaled_fails(prv_dp: dict[str, Any], factor: float
         C.validate_meta(meta)
 
 
+@pytest.mark.parametrize("secure, rng, ok", [(False, "os-seeded", True), (True, "csprng", True),
+                                             (True, "os-seeded", False),
+                                             (False, "csprng", False)])
+def test_secure_rng_and_mechanism_rng_agree(dp, secure, rng, ok) -> None:
+    block = {**copy.deepcopy(dp), "secure_rng": secure, "mechanism_rng": rng}
+    meta = C.card_meta(block, dict(DATASET), base_model="org/base")
+    if ok:
+        C.validate_meta(meta)
+    else:
+        with pytest.raises(CardError, match="secure_rng and mechanism_rng disagree"):
+            C.validate_meta(meta)
+
+
 def test_tolerances_are_tight() -> None:
     from dphub.privacy import accounting
 
