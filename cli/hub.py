@@ -34,7 +34,9 @@ def _hub(hub: str | None) -> str | None:
     return str(config.project_path(cfg, str(url)))
 
 
-def _fmt(v: float | None, spec: str = ".3g") -> str:
+def _fmt(v: float | str | None, spec: str = ".3g") -> str:
+    if isinstance(v, str):  # a coarsened count such as "100-199"
+        return v
     return "—" if v is None else format(v, spec)
 
 
@@ -115,22 +117,22 @@ def pull_cmd(
     hub: str | None = typer.Option(None, "--hub", help=HUB_HELP, show_default=HUB_DEFAULT),
     max_epsilon: float | None = typer.Option(
         None, "--max-epsilon", parser=positive_float, metavar=FLOAT,
-        show_default="dphub.toml [hub] max_epsilon, else no limit",
+        show_default="dphub.toml [hub] max_epsilon, else the default policy's 10",
         help="Refuse a model whose ε is larger.",
     ),
     require_unit: str | None = typer.Option(
-        None, "--require-unit", show_default="dphub.toml [hub] require_unit, else any",
+        None, "--require-unit", show_default="dphub.toml [hub] require_unit, else patient",
         help="Require a privacy unit at least this coarse (sequence < note < patient).",
     ),
 ) -> None:
-    """Download a model, verify hashes, card and policy, and register it locally."""
+    """Download a model, verify hashes, card, weights and ε policy, and register it locally."""
     from dphub.hub.ops import pull
 
-    if max_epsilon is None or require_unit is None:
-        cfg = config.load_project_config()  # the project's ε policy for pulls
-        max_epsilon = max_epsilon if max_epsilon is not None else config.get(
-            cfg, "hub", "max_epsilon")
-        require_unit = require_unit or config.get(cfg, "hub", "require_unit")
+    cfg = config.load_project_config()  # the project's ε policy for pulls
+    if max_epsilon is None:
+        max_epsilon = config.get(cfg, "hub", "max_epsilon")
+    if require_unit is None:
+        require_unit = config.get(cfg, "hub", "require_unit")
     e = pull(spec, hub=_hub(hub), max_epsilon=max_epsilon, require_unit=require_unit)
     typer.echo(f"pulled {e.name}@{e.revision} (epsilon={_fmt(e.epsilon)}, delta={_fmt(e.delta)}, "
                f"unit={e.unit}) -> {e.path}")
@@ -198,6 +200,37 @@ def list_cmd(
     from dphub.hub.ops import list_models
 
     _console().print(_table(list_models(hub=_hub(hub)), "hub models"))
+
+
+@hub_app.command("policy")
+def policy_cmd(
+    max_epsilon: float | None = typer.Option(
+        None, "--max-epsilon", parser=positive_float, metavar=FLOAT, show_default="unchanged",
+        help="Largest ε the hub accepts (the default policy's is 10)."),
+    min_unit: str | None = typer.Option(
+        None, "--min-unit", show_default="unchanged",
+        help="Weakest privacy unit the hub accepts: patient, note or sequence "
+             "(patient > note > sequence; the default policy's is patient)."),
+    reset: bool = typer.Option(False, "--reset", help="Back to the default policy."),
+    hub: str | None = typer.Option(None, "--hub", help=HUB_HELP, show_default=HUB_DEFAULT),
+) -> None:
+    """Show or set the hub's ε policy, which `dphub publish` enforces.
+
+    A local hub keeps it in dphub-policy.json in its root; for an http(s):// or hf:// hub it is a
+    client-side setting of this machine.
+    """
+    from dphub.hub.common import default_hub
+    from dphub.hub.policy import DEFAULT_POLICY, load_hub_policy, save_hub_policy
+
+    where = _hub(hub) or default_hub()
+    current = load_hub_policy(where)
+    if reset or max_epsilon is not None or min_unit is not None:
+        base = DEFAULT_POLICY if reset else current
+        current = base.with_overrides(max_epsilon=max_epsilon, min_unit=min_unit)
+        path = save_hub_policy(where, current)
+        typer.echo(f"policy of {where}: {current.describe()} (saved to {path})")
+        return
+    typer.echo(f"policy of {where}: {current.describe()}")
 
 
 @hub_app.command("serve")

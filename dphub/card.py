@@ -812,6 +812,96 @@ def write_card(model_dir: Path, meta: dict, *, check_accounting: bool = True) ->
 
 # --------------------------------------------------------------------------- loading
 
+#: A README larger than this is refused before it is parsed (cards are a few kB).
+MAX_CARD_BYTES = 1_000_000
+#: Front matter larger than this is refused before YAML sees it.
+MAX_FRONT_MATTER_BYTES = 256_000
+#: Deepest nesting of YAML collections a card may use (dphub's cards use 5).
+MAX_YAML_DEPTH = 32
+#: The front-matter block as Hugging Face's RepoCard finds it (``---`` lines around YAML).
+_YAML_BLOCK = re.compile(r"^(\s*---(?:\r\n|\r|\n))([\S\s]*?)((?:\r\n|\r|\n)---[ \t]*(\r\n|\n|$))")
+
+
+class _YamlRefused(yaml.YAMLError):
+    """A YAML construct cards may not use; ``mark`` says where."""
+
+    def __init__(self, what: str, mark: Any) -> None:
+        super().__init__(what)
+        self.what = what
+        self.problem_mark = mark
+
+
+class _PlainYamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without anchors/aliases and with a nesting limit.
+
+    Safe loading constructs no Python objects, but it still expands aliases: a 1 kB
+    "billion laughs" card references one list 9 levels deep and grows to gigabytes in whatever
+    walks it (ModelCardData, JSON Schema, ``_plain``). Cards are written by dphub and need
+    neither anchors nor deep nesting, so both are refused while composing, before anything grows.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _YamlRefused("a YAML alias", event.start_mark)
+        if getattr(event, "anchor", None) is not None:
+            raise _YamlRefused("a YAML anchor", event.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _YamlRefused(f"nesting deeper than {MAX_YAML_DEPTH} levels",
+                                   event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def load_front_matter_yaml(block: str, *, where: str) -> dict[str, Any]:
+    """Parse a card's YAML front matter with limits (size, no aliases/anchors, nesting depth).
+
+    Every card reader goes through here (``card show|validate``, publish, pull, hub listings), so
+    a hostile card costs at most a 256 kB parse. Error messages give a line, never content.
+    """
+    if len(block) > MAX_FRONT_MATTER_BYTES or len(block.encode("utf-8", "replace")) > \
+            MAX_FRONT_MATTER_BYTES:
+        raise CardError(f"{where}: front matter is larger than {MAX_FRONT_MATTER_BYTES // 1000} kB; "
+                        "dphub cards are a few kB")
+    try:
+        data = yaml.load(block, Loader=_PlainYamlLoader)  # noqa: S506 - safe loader subclass
+    except _YamlRefused as e:
+        line = e.problem_mark.line + 2 if e.problem_mark is not None else None
+        raise CardError(
+            f"{where}: front matter uses {e.what}" + (f" at line {line}" if line else "")
+            + "; cards must be plain YAML (aliases and anchors can expand without bound)"
+        ) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 2}, column {mark.column + 1}" if mark else ""
+        raise CardError(f"{where}: front matter is not valid YAML{at}") from None
+    except (ValueError, OverflowError, RecursionError, MemoryError) as e:
+        raise CardError(f"{where}: front matter cannot be read ({type(e).__name__})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CardError(f"{where}: front matter is not a mapping")
+    return data
+
+
+def split_front_matter(text: str, *, where: str) -> tuple[dict[str, Any], str]:
+    """(front-matter dict, Markdown body) of README text, parsed with the limits above."""
+    if len(text) > MAX_CARD_BYTES:
+        raise CardError(f"{where}: model card is larger than {MAX_CARD_BYTES // 1_000_000} MB")
+    if not re.match(r"\s*---(\r\n|\r|\n)", text):
+        raise CardError(f"{where}: no YAML front matter (the card must start with '---')")
+    m = _YAML_BLOCK.search(text)
+    if not m:
+        raise CardError(f"{where}: front matter is not closed by a '---' line")
+    return load_front_matter_yaml(m.group(2), where=where), text[m.end():]
+
 
 def _card_path(path: Path) -> Path:
     path = Path(path)
@@ -819,24 +909,35 @@ def _card_path(path: Path) -> Path:
 
 
 def parse_card(text: str, *, where: str = "model card") -> ModelCard:
-    """Split README text into front matter (via ``huggingface_hub.ModelCard``) and body."""
-    from huggingface_hub import ModelCard as HfModelCard
+    """Split README text into front matter and body; the front matter goes through
+    ``huggingface_hub.ModelCardData`` (as the Hub reads it) after the limited YAML parse."""
+    from huggingface_hub import ModelCardData
 
-    if not re.match(r"\s*---(\r\n|\r|\n)", text):
-        raise CardError(f"{where}: no YAML front matter (the card must start with '---')")
+    data, body = split_front_matter(text, where=where)
     try:
-        hf = HfModelCard(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 2}, column {mark.column + 1}" if mark else ""
-        raise CardError(f"{where}: front matter is not valid YAML{at}") from None
-    except (ValueError, TypeError) as e:
+        hf = ModelCardData(**data)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise CardError(
             f"{where}: front matter cannot be read ({type(e).__name__}: malformed "
             "model-index or a non-mapping block)"
         ) from None
-    meta = _plain(hf.data.to_dict())
-    return ModelCard(meta=meta, body=hf.text)
+    meta = _plain(hf.to_dict())
+    return ModelCard(meta=meta, body=body)
+
+
+def read_card_text(card_path: Path) -> str:
+    """The README's text, refused above :data:`MAX_CARD_BYTES` before it is read whole."""
+    try:
+        with open(card_path, "rb") as fh:
+            raw = fh.read(MAX_CARD_BYTES + 1)
+    except OSError as e:
+        raise CardError(f"{card_path}: cannot read the model card ({e.strerror})") from None
+    if len(raw) > MAX_CARD_BYTES:
+        raise CardError(f"{card_path}: model card is larger than {MAX_CARD_BYTES // 1_000_000} MB")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise CardError(f"{card_path}: model card is not UTF-8 text") from None
 
 
 def load_card(path: Path) -> ModelCard:
@@ -844,16 +945,28 @@ def load_card(path: Path) -> ModelCard:
     card_path = _card_path(Path(path))
     if not card_path.is_file():
         raise CardError(f"{card_path}: no model card found")
-    try:
-        text = card_path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise CardError(f"{card_path}: model card is not UTF-8 text") from None
-    card = parse_card(text, where=str(card_path))
+    card = parse_card(read_card_text(card_path), where=str(card_path))
     card.path = card_path
     return card
 
 
 # --------------------------------------------------------------------------- validation
+
+#: At most this many problems are listed in one validation message (then "and N more").
+MAX_PROBLEMS = 16
+#: The pattern of coarsened counts (``dataset`` block, ``num_units``), as in the schema.
+COUNT_RANGE_PATTERN = r"^(0|[1-9][0-9]*-[1-9][0-9]*)$"
+#: Why fields that cards written before the hardened guarantee lack are required.
+_LEGACY_REQUIRED = {
+    "weights_sha256": "the card does not bind the weights (SHA-256 of model.safetensors, "
+                      "recorded at training time)",
+    "mechanism_rng": "the card does not say how the DP noise and sampling were drawn "
+                     "(os-seeded or csprng)",
+}
+_LEGACY_HINT = ("this card predates the hardened guarantee format: retrain with this dphub "
+                "version or re-card")
+_COUNT_HINT = ("counts must be coarsened ranges such as '100-199' (retrain with this dphub "
+               "version or re-card)")
 
 
 @functools.lru_cache(maxsize=1)
@@ -868,8 +981,30 @@ def _validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema())
 
 
+@functools.lru_cache(maxsize=1)
+def _schema_names() -> frozenset[str]:
+    """Every property name the schema defines: the only keys an error path may show."""
+    names: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            props = node.get("properties")
+            if isinstance(props, dict):
+                names.update(props)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema())
+    return frozenset(names)
+
+
 def _error_path(err: ValidationError) -> str:
-    parts = [str(p) for p in err.absolute_path]
+    # keys of free maps (phi_per_category, note_types) come from the data: never shown
+    parts = [str(p) if isinstance(p, int) or p in _schema_names() else "<key>"
+             for p in err.absolute_path]
     if err.validator == "required":
         missing = re.match(r"'([^']+)'", err.message)
         if missing:
@@ -877,16 +1012,32 @@ def _error_path(err: ValidationError) -> str:
     return ".".join(parts) or "<front matter>"
 
 
+def _is_exact_count(err: ValidationError) -> bool:
+    """An integer where the schema wants a coarsened count range."""
+    inst = err.instance
+    return (
+        err.validator == "type"
+        and isinstance(err.schema, Mapping)
+        and err.schema.get("pattern") == COUNT_RANGE_PATTERN
+        and isinstance(inst, int | float)
+        and not isinstance(inst, bool)
+    )
+
+
 def _error_message(err: ValidationError) -> str:
     """The validator's message, without echoing string/container values (could be note text)."""
     inst = err.instance
     if err.validator == "required":
-        return "required field is missing"
+        missing = re.match(r"'([^']+)'", err.message)
+        why = _LEGACY_REQUIRED.get(missing.group(1)) if missing else None
+        return "required field is missing" + (f" ({why})" if why else "")
     if err.validator == "additionalProperties":
         extra = sorted(set(inst) - set(err.schema.get("properties", {}))) if isinstance(
             inst, dict) else []
         shown = ", ".join(k if _SAFE_KEY.match(str(k)) else "<non-identifier key>" for k in extra)
         return f"field(s) not allowed here: {shown}"
+    if _is_exact_count(err):
+        return "is an exact count, published outside the guarantee"
     if inst is None or isinstance(inst, (bool, int, float)):
         return err.message
     kind = type(inst).__name__
@@ -905,14 +1056,54 @@ def _error_message(err: ValidationError) -> str:
         return f"expected {err.validator_value}, got {kind}"
     if err.validator == "contains":
         return f"must contain {err.validator_value.get('const', 'a required item')!r}"
+    if err.validator == "maxLength":
+        return f"text longer than {err.validator_value} characters (value not shown)"
     return f"{kind} value fails '{err.validator}' (value not shown)"
 
 
+def _format_error(err: ValidationError) -> str:
+    path, message = _error_path(err), _error_message(err)
+    if _is_exact_count(err):
+        return f"{path} {message}"
+    return f"{path}: {message}"
+
+
+def _schema_problems(meta: Any) -> list[str]:
+    """Every schema violation as ``<path>: <message>``, the most relevant one first.
+
+    An old card typically misses several things at once (weights hash, RNG mode, coarsened
+    counts); listing them all tells its owner what to fix in one run instead of one per run.
+    """
+    validator = _validator()
+    best = best_match(validator.iter_errors(meta))
+    if best is None:
+        return []
+    problems = [_format_error(best)]
+    for err in validator.iter_errors(meta):
+        line = _format_error(best_match([err]) or err)
+        if line not in problems:
+            problems.append(line)
+    exact = any(" is an exact count" in p for p in problems)
+    legacy = exact or any(
+        f"differential_privacy.{k}: required" in p for p in problems for k in _LEGACY_REQUIRED
+    ) or any("expected_logical_batch" in p for p in problems)
+    if exact:
+        problems.append(_COUNT_HINT)
+    elif legacy:
+        problems.append(_LEGACY_HINT)
+    return problems
+
+
 def _schema_error(meta: Any) -> str | None:
-    err = best_match(_validator().iter_errors(meta))
-    if err is None:
-        return None
-    return f"{_error_path(err)}: {_error_message(err)}"
+    """The schema problems of ``meta`` as one line (None if it conforms)."""
+    problems = _schema_problems(meta)
+    return _join(problems) if problems else None
+
+
+def _join(problems: list[str]) -> str:
+    shown = problems[:MAX_PROBLEMS]
+    more = len(problems) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
 
 
 @functools.lru_cache(maxsize=256)
@@ -931,18 +1122,19 @@ def _epsilon_independent(method: str, q: float, sigma: float, steps: int, delta:
         absl.setLevel(level)
 
 
-def _too_small(claimed: float, reference: float) -> bool:
-    if math.isinf(reference):
-        return not math.isinf(claimed)
-    return (reference - claimed) > accounting.CROSS_CHECK_RTOL * max(reference, 1e-12)
+def _pct(rtol: float) -> str:
+    return f"{rtol * 100:g}%"
 
 
-def verify_accounting(dp: Mapping[str, Any]) -> None:
-    """Recompute ε from the recorded fields; raise :class:`CardError` on a smaller claim.
+def accounting_problems(dp: Mapping[str, Any]) -> list[str]:
+    """Recompute ε from the recorded fields; every way the card under-claims, as messages.
 
-    The claimed ε must not be below the Opacus recomputation nor below the dp-accounting one by
-    more than ``accounting.CROSS_CHECK_RTOL`` (relative); the recorded cross-check ε must agree
-    with its recomputation within the same tolerance.
+    * the claimed ε may lie at most ``accounting.CLAIM_RTOL`` (0.1 %) below Opacus's
+      recomputation with the card's own accountant (an 8.0 -> 7.62 edit, or a 1 % scaling, fails);
+    * the recorded dp-accounting ε must equal its recomputation within ``RECORD_RTOL``;
+    * the claim may lie at most ``CROSS_CHECK_RTOL`` (1 %) below dp-accounting's ε (Opacus's
+      PRV is never below PLD on the measured grid; RDP↔RDP within 0.83 % for ε ≲ 12, see
+      ``accounting``).
     """
     key = (
         str(dp["accountant"]),
@@ -956,61 +1148,112 @@ def verify_accounting(dp: Mapping[str, Any]) -> None:
         primary = _epsilon_opacus(*key)
         independent = _epsilon_independent(str(cc["method"]), *key[1:])
     except DphubError as e:
-        raise CardError(f"differential_privacy: accounting fields are inconsistent ({e})") from None
+        return [f"differential_privacy: accounting fields are inconsistent ({e})"]
     claimed = float(dp["epsilon"])
-    fields = (
-        f"{key[0]}, q={key[1]:g}, sigma={key[2]:g}, steps={key[3]}, delta={key[4]:g}"
-    )
-    rtol = f"{accounting.CROSS_CHECK_RTOL:.0%}"
-    if _too_small(claimed, primary):
-        raise CardError(
-            f"differential_privacy.epsilon: claims {claimed:.4g} but the recorded accounting "
-            f"({fields}) gives {primary:.4g} (tolerance {rtol})"
+    fields = f"{key[0]}, q={key[1]:g}, sigma={key[2]:g}, steps={key[3]}, delta={key[4]:g}"
+    problems = []
+    if accounting.below(claimed, primary, accounting.CLAIM_RTOL):
+        problems.append(
+            f"differential_privacy.epsilon: claims {claimed:.6g} but the recorded accounting "
+            f"({fields}) gives {primary:.6g} with Opacus; a claim more than "
+            f"{_pct(accounting.CLAIM_RTOL)} below it is refused"
         )
     recorded = float(cc["epsilon"])
-    if math.isinf(independent) != math.isinf(recorded) or (
-        not math.isinf(independent)
-        and abs(recorded - independent) > accounting.CROSS_CHECK_RTOL * max(independent, 1e-12)
-    ):
-        raise CardError(
-            f"differential_privacy.cross_check.epsilon: records {recorded:.4g} but dp-accounting "
-            f"({cc['method']}) gives {independent:.4g} for {fields} (tolerance {rtol})"
+    if not accounting.agree(recorded, independent, accounting.RECORD_RTOL):
+        problems.append(
+            f"differential_privacy.cross_check.epsilon: records {recorded:.6g} but dp-accounting "
+            f"({cc['method']}) gives {independent:.6g} for {fields} "
+            f"(tolerance {_pct(accounting.RECORD_RTOL)})"
         )
-    if _too_small(claimed, independent):
-        raise CardError(
-            f"differential_privacy.epsilon: claims {claimed:.4g} but dp-accounting "
-            f"({cc['method']}) gives {independent:.4g} for {fields} (tolerance {rtol})"
+    if accounting.below(claimed, independent, accounting.CROSS_CHECK_RTOL):
+        problems.append(
+            f"differential_privacy.epsilon: claims {claimed:.6g} but dp-accounting "
+            f"({cc['method']}) gives {independent:.6g} for {fields} (cross-library tolerance "
+            f"{_pct(accounting.CROSS_CHECK_RTOL)})"
         )
+    return problems
+
+
+def verify_accounting(dp: Mapping[str, Any]) -> None:
+    """Raise :class:`CardError` if the card's ε is below what its own fields imply
+    (see :func:`accounting_problems`)."""
+    problems = accounting_problems(dp)
+    if problems:
+        raise CardError(_join(problems))
+
+
+def meta_problems(
+    meta: Mapping[str, Any], *, require_private: bool = False, check_accounting: bool = True
+) -> list[str]:
+    """Everything wrong with a front-matter dict (schema first, then the guarantee)."""
+    problems = _schema_problems(meta)
+    if problems:
+        return problems
+    dp = meta["differential_privacy"]
+    if dp["private"] and not math.isfinite(dp["epsilon"]):
+        return ["differential_privacy.epsilon: a private model needs a finite epsilon"]
+    if require_private and not dp["private"]:
+        return [
+            "differential_privacy.private: the model was trained without differential privacy "
+            "(private: false); only private models may be published"
+        ]
+    if dp["private"] and (dp.get("secure_rng") is True) != (dp.get("mechanism_rng") == "csprng"):
+        return ["differential_privacy.mechanism_rng: secure_rng and mechanism_rng disagree "
+                "(secure mode draws every noise sample from a CSPRNG: mechanism_rng csprng)"]
+    if check_accounting and dp["private"]:
+        return accounting_problems(dp)
+    return []
 
 
 def validate_meta(
     meta: Mapping[str, Any], *, require_private: bool = False, check_accounting: bool = True
 ) -> None:
-    """Validate a front-matter dict; raise :class:`CardError` with ``<path>: <message>``."""
-    problem = _schema_error(meta)
-    if problem:
-        raise CardError(problem)
-    dp = meta["differential_privacy"]
-    if dp["private"] and not math.isfinite(dp["epsilon"]):
-        raise CardError("differential_privacy.epsilon: a private model needs a finite epsilon")
-    if require_private and not dp["private"]:
-        raise CardError(
-            "differential_privacy.private: the model was trained without differential privacy "
-            "(private: false); only private models may be published"
-        )
-    if check_accounting and dp["private"]:
-        verify_accounting(dp)
+    """Validate a front-matter dict; raise :class:`CardError` listing every problem
+    (``<path>: <message>``, joined by ``; `` on one line)."""
+    problems = meta_problems(meta, require_private=require_private,
+                             check_accounting=check_accounting)
+    if problems:
+        raise CardError(_join(problems))
+
+
+def body_is_rendered(card: ModelCard) -> bool:
+    """The card's Markdown body is exactly what dphub renders from its front matter.
+
+    The body is never hand-written: free text there would leave with the model outside every
+    check (trainer prose belongs in the front matter's ``card_text``, which the schema bounds).
+    Line endings and trailing whitespace do not count.
+    """
+
+    def norm(text: str) -> str:
+        return text.replace("\r\n", "\n").replace("\r", "\n").rstrip()
+
+    return norm(card.body) == norm(_body(_with_defaults(card.meta)))
 
 
 def validate_card(
-    path: Path, *, require_private: bool = False, check_accounting: bool = True
+    path: Path, *, require_private: bool = False, check_accounting: bool = True,
+    check_files: bool = True,
 ) -> ModelCard:
     """Load and validate the card of ``path`` (a model dir or README.md); return it.
 
-    Raises :class:`CardError` with a one-line ``<schema path>: <message>``.
+    When the card sits in a model directory (next to ``model.safetensors`` or
+    ``training_config.json``) and ``check_files`` is true, the directory is checked against the
+    card as the publish gate does: only allow-listed files and training-config keys, the weights'
+    SHA-256 and tensor layout, and the training config's accounting fields equal to the card's.
+    Raises :class:`CardError` with every problem on one line.
     """
     card = load_card(path)
-    validate_meta(card.meta, require_private=require_private, check_accounting=check_accounting)
+    problems = meta_problems(card.meta, require_private=require_private,
+                             check_accounting=check_accounting)
+    model_dir = card.path.parent if card.path is not None else None
+    if check_files and model_dir is not None and any(
+        (model_dir / n).is_file() for n in ("model.safetensors", "training_config.json")
+    ):
+        from dphub.hub.gate import model_dir_problems
+
+        problems += [p for p in model_dir_problems(model_dir, card.meta) if p not in problems]
+    if problems:
+        raise CardError(_join(problems))
     return card
 
 

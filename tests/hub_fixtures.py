@@ -2,12 +2,16 @@
 
 ``make_model_dir`` writes what ``dphub train`` would: a tiny random BertForTokenClassification in
 safetensors with CRF transition tensors added, config.json with the BIOES labels and the ``dphub``
-block, the embedded MiniLM tokenizer files byte for byte, training_config.json and a model card
-whose front matter follows docs/architecture.md. Refusal tests then break exactly one thing.
+block, the embedded MiniLM tokenizer files byte for byte, an allow-listed training_config.json
+(format 2) repeating the card's accounting fields, and a model card whose front matter follows
+docs/architecture.md (weights_sha256 of the weights, mechanism_rng, coarsened counts). Refusal
+tests then break exactly one thing.
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
 import shutil
 from pathlib import Path
@@ -17,19 +21,82 @@ import pytest
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 LABELS = ("O", "B-NAME", "I-NAME", "E-NAME", "S-NAME", "B-DATE", "I-DATE", "E-DATE", "S-DATE")
+#: weights_sha256 of a card not yet bound to weights; ``write_card`` fills in the real hash.
+UNBOUND_SHA = "0" * 64
 
 
-def card_meta(*, noise: float = 0.8, n_steps: int = 300, q: float = 0.12, unit: str = "patient",
+def coarsen(n: int) -> str:
+    """dphub.card.coarsen_count when the trainer's half has landed, else the same 1-2-5 bins."""
+    try:
+        from dphub.card import coarsen_count
+    except ImportError:
+        pass
+    else:
+        return coarsen_count(n)
+    if n <= 0:
+        return "0"
+    lo = 1
+    while True:
+        for step in (1, 2, 5):
+            start = step * lo
+            end = (2 if step == 1 else 5 if step == 2 else 10) * lo - 1
+            if start <= n <= end:
+                return f"{start}-{end}"
+        lo *= 10
+
+
+def coarse_dataset(dataset: dict[str, Any]) -> dict[str, Any]:
+    """A dataset block with exact counts replaced by their coarsened ranges."""
+    out = dict(dataset)
+    for k in ("patients", "notes", "sequences", "phi_phrases"):
+        if isinstance(out.get(k), int):
+            out[k] = coarsen(out[k])
+    for k in ("phi_per_category", "note_types"):
+        if isinstance(out.get(k), dict):
+            out[k] = {key: coarsen(v) if isinstance(v, int) else v for key, v in out[k].items()}
+    return out
+
+
+def private_dp_block(**fields: Any) -> dict[str, Any]:
+    """``dphub.card.dp_block`` in the new card contract, whichever signature it has.
+
+    Arguments the installed ``dp_block`` does not take are dropped; the result is then brought to
+    the contract: ``weights_sha256`` (unbound placeholder), ``mechanism_rng`` ``os-seeded``,
+    ``num_units`` coarsened, no ``expected_logical_batch``.
+    """
+    from dphub.card import dp_block
+
+    fields.setdefault("weights_sha256", UNBOUND_SHA)
+    fields.setdefault("mechanism_rng", "os-seeded")
+    params = inspect.signature(dp_block).parameters
+    for name, default in (("expected_logical_batch", 1.0), ("num_units", 100)):
+        if name in params and params[name].default is inspect.Parameter.empty:
+            fields.setdefault(name, default)
+    dp = dp_block(**{k: v for k, v in fields.items() if k in params})
+    dp.pop("expected_logical_batch", None)
+    if isinstance(dp.get("num_units"), int):
+        dp["num_units"] = coarsen(dp["num_units"])
+    dp.setdefault("weights_sha256", fields["weights_sha256"])
+    dp.setdefault("mechanism_rng", fields["mechanism_rng"])
+    return dp
+
+
+DATASET = {"patients": 131, "notes": 1913, "sequences": 4000, "phi_phrases": 42,
+           "phi_per_category": {"NAME": 12, "DATE": 30}, "note_types": {"nursing": 1913},
+           "language": "en", "label_schema": "hipaa"}
+
+
+def card_meta(*, noise: float = 1.0, n_steps: int = 100, q: float = 0.12, unit: str = "patient",
               **dp_overrides: Any) -> dict[str, Any]:
     """Front matter of a valid private card built with dphub.card (ε computed from σ, T, q).
 
+    The default (σ 1.0, 100 steps, q 0.12) gives ε ≈ 8.5, inside the default hub policy.
     ``dp_overrides`` then replace differential_privacy keys (a value of ``...`` deletes the key),
     which is how refusal tests break one thing.
     """
     from dphub.card import card_meta as build_meta
-    from dphub.card import dp_block
 
-    dp = dp_block(
+    dp = private_dp_block(
         accountant="prv", sample_rate=q, noise_multiplier=noise,
         steps=n_steps, delta=1e-5, privacy_unit=unit, max_grad_norm=1.0,
         epochs=n_steps * q, expected_logical_batch=16, max_examples_per_unit=64,
@@ -40,16 +107,58 @@ def card_meta(*, noise: float = 0.8, n_steps: int = 300, q: float = 0.12, unit: 
             dp.pop(k, None)
         else:
             dp[k] = v
-    dataset = {"patients": 131, "notes": 1913, "sequences": 4000, "phi_phrases": 42,
-               "phi_per_category": {"NAME": 12, "DATE": 30}, "note_types": {"nursing": 1913},
-               "language": "en", "label_schema": "hipaa"}
-    return build_meta(dp, dataset, base_model="sentence-transformers/all-MiniLM-L6-v2")
+    return build_meta(dp, coarse_dataset(DATASET),
+                      base_model="sentence-transformers/all-MiniLM-L6-v2")
 
 
-def write_card(model_dir: Path, meta: dict[str, Any]) -> None:
-    """README.md rendered by dphub.card.build_card (not validated: tests write bad cards too)."""
+def training_config(dp: dict[str, Any], **hyper: Any) -> dict[str, Any]:
+    """``training_config.json`` of the new contract, repeating the card's accounting fields."""
+    private = dp.get("private") is True
+    return {
+        "format_version": 2,
+        "dphub_training": {"lr": 5e-4, "epochs": 3, "seed": 0, "head": "crf", **hyper},
+        "base_model": "sentence-transformers/all-MiniLM-L6-v2",
+        "init_from": None,
+        "no_dp": not private,
+        "privacy_unit": dp.get("privacy_unit"),
+        "accountant": dp.get("accountant"),
+        "steps": dp.get("steps"),
+        "sample_rate": dp.get("sample_rate"),
+        "noise_multiplier": dp.get("noise_multiplier"),
+        "delta": dp.get("delta"),
+        "epsilon": dp.get("epsilon"),
+    }
+
+
+def set_hyperparams(model_dir: Path, **hyper: Any) -> None:
+    """Change allow-listed hyper-parameters of a model's training_config.json (a new revision)."""
+    path = model_dir / "training_config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg["dphub_training"].update(hyper)
+    path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+
+
+def write_card(model_dir: Path, meta: dict[str, Any], *, sync: bool = True) -> None:
+    """README.md rendered by dphub.card.build_card (not validated: tests write bad cards too).
+
+    With ``sync`` (default) the card is bound to the directory as ``dphub train`` would bind it:
+    an unbound ``weights_sha256`` becomes model.safetensors' hash and training_config.json is
+    rewritten to repeat the card's accounting fields (its hyper-parameters are kept).
+    """
     from dphub.card import build_card
+    from dphub.hub.common import file_sha256
 
+    meta = copy.deepcopy(meta)
+    dp = meta.get("differential_privacy")
+    weights = model_dir / "model.safetensors"
+    if sync and isinstance(dp, dict) and weights.is_file():
+        if dp.get("weights_sha256") == UNBOUND_SHA:
+            dp["weights_sha256"] = file_sha256(weights)
+        cfg_path = model_dir / "training_config.json"
+        hyper = {}
+        if cfg_path.is_file():
+            hyper = json.loads(cfg_path.read_text(encoding="utf-8")).get("dphub_training", {})
+        cfg_path.write_text(json.dumps(training_config(dp, **hyper), indent=2), encoding="utf-8")
     (model_dir / "README.md").write_text(build_card(meta), encoding="utf-8")
 
 
@@ -86,7 +195,7 @@ def make_model_dir(path: Path, *, seed: int = 0, card: dict[str, Any] | None = N
     for name in TOKENIZER_FILES:
         shutil.copyfile(src / name, path / name)
     (path / "training_config.json").write_text(
-        json.dumps({"lr": 5e-4, "epochs": 3, "seed": seed, "head": "crf"}, indent=2),
+        json.dumps({"dphub_training": {"lr": 5e-4, "epochs": 3, "seed": seed, "head": "crf"}}),
         encoding="utf-8")
     write_card(path, card if card is not None else card_meta(**dp_overrides))
     return path
@@ -107,6 +216,10 @@ def copy_model(template: Path, dest: Path) -> Path:
 def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     """A fresh local hub and dphub home under tmp_path, set as DPHUB_HUB / DPHUB_HOME."""
     hub, home = tmp_path / "hub", tmp_path / "home"
+    # the test hub's owner accepts every unit (tests publish note- and sequence-level models);
+    # the default policy itself is tested in test_hub_policy.py
+    hub.mkdir()
+    (hub / "dphub-policy.json").write_text('{"max_epsilon": 10, "min_unit": "sequence"}')
     monkeypatch.setenv("DPHUB_HUB", str(hub))
     monkeypatch.setenv("DPHUB_HOME", str(home))
     monkeypatch.chdir(tmp_path)

@@ -7,7 +7,7 @@ import threading
 import zlib
 
 import pytest
-from hub_fixtures import card_meta, copy_model, write_card
+from hub_fixtures import card_meta, copy_model, set_hyperparams, write_card
 
 from dphub.errors import HubError, PullRefused
 from dphub.hub import ops
@@ -47,7 +47,7 @@ def test_publish_search_pull_round_trip(model, hub_env):
 def test_second_publish_is_a_new_revision_and_old_one_stays_pullable(model, hub_env):
     old, s1 = ops.publish(model, "acme/deid", tag="v1")
     write_card(model, card_meta(noise=1.5))
-    (model / "training_config.json").write_text(json.dumps({"lr": 1e-3}))
+    set_hyperparams(model, lr=1e-3)
     new, s2 = ops.publish(model, "acme/deid", message="retrain with more noise")
     assert new != old and s2.epsilon < s1.epsilon
     revs = ops.info("acme/deid")
@@ -58,7 +58,8 @@ def test_second_publish_is_a_new_revision_and_old_one_stays_pullable(model, hub_
     pinned = ops.pull(f"acme/deid@{old}")
     tagged = ops.pull("acme/deid@v1")
     assert latest.revision == new and pinned.revision == old == tagged.revision
-    assert json.loads((pinned.path / "training_config.json").read_text())["epochs"] == 3
+    assert json.loads((pinned.path / "training_config.json").read_text())["dphub_training"][
+        "epochs"] == 3
     assert Registry().get("acme/deid", old[:8]).path == pinned.path
     assert Registry().get("acme/deid", "v1").revision == old
 
@@ -131,7 +132,7 @@ def test_interrupted_publish_leaves_previous_commit(model, hub_env, monkeypatch)
         return real_git(self, repo_dir, *args, **kw)
 
     monkeypatch.setattr(LocalHub, "_git", crash_at_ref_update)
-    (model / "training_config.json").write_text("{}")
+    set_hyperparams(model, lr=0.5)
     with pytest.raises(KeyboardInterrupt):
         ops.publish(model, "acme/deid", tag="v2")
     monkeypatch.setattr(LocalHub, "_git", real_git)
@@ -144,7 +145,7 @@ def test_interrupted_publish_leaves_previous_commit(model, hub_env, monkeypatch)
 
 def test_concurrent_publishers_are_serialized(model, hub_env, tmp_path):
     second = copy_model(model, tmp_path / "model2")
-    (second / "training_config.json").write_text('{"lr": 0.01}')
+    set_hyperparams(second, lr=0.01)
     errors: list[BaseException] = []
 
     def run(d):

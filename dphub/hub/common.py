@@ -17,8 +17,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import yaml
-
 from dphub.errors import CardError, HubError
 
 #: One component of a repo id: what the Hugging Face Hub accepts, minus anything path-like.
@@ -121,33 +119,29 @@ FRONT_MATTER_RE = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|
 
 
 def parse_front_matter(text: str, *, where: str) -> dict[str, Any]:
-    """The YAML front matter of a model card (README.md) as a dict."""
+    """The YAML front matter of a model card (README.md) as a dict.
+
+    Parsed by :func:`dphub.card.load_front_matter_yaml`: size-capped, no YAML aliases or anchors
+    (a billion-laughs card would otherwise grow to gigabytes in a hub listing or a pull).
+    """
+    from dphub.card import MAX_CARD_BYTES, load_front_matter_yaml
+
+    if len(text) > MAX_CARD_BYTES:
+        raise CardError(f"{where}: model card is larger than {MAX_CARD_BYTES // 1_000_000} MB")
     m = FRONT_MATTER_RE.match(text)
     if not m:
         raise CardError(f"{where}: model card has no YAML front matter")
-    try:
-        data = yaml.safe_load(m.group(1))
-    except yaml.YAMLError as e:
-        line = getattr(getattr(e, "problem_mark", None), "line", None)
-        raise CardError(
-            f"{where}: front matter is not valid YAML"
-            + (f" (line {line + 2})" if line is not None else "")
-        ) from None
-    if not isinstance(data, dict):
-        raise CardError(f"{where}: front matter is not a mapping")
-    return data
+    return load_front_matter_yaml(m.group(1), where=where)
 
 
 def read_card_meta(model_dir: Path) -> dict[str, Any]:
-    """Front matter of ``<model_dir>/README.md``."""
+    """Front matter of ``<model_dir>/README.md`` (size-capped before it is read)."""
+    from dphub.card import read_card_text
+
     readme = Path(model_dir) / "README.md"
     if not readme.is_file():
         raise CardError(f"{readme}: model card (README.md) is missing")
-    try:
-        text = readme.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        raise CardError(f"{readme}: cannot read the model card as UTF-8") from None
-    return parse_front_matter(text, where=str(readme))
+    return parse_front_matter(read_card_text(readme), where=str(readme))
 
 
 def _number(value: Any) -> float | None:
@@ -157,6 +151,20 @@ def _number(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def _count(value: Any) -> int | str | None:
+    """A dataset count: an exact int (old cards) or a coarsened range string such as '100-199'."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _RANGE_RE.match(value):
+        return value
+    return None
+
+
+_RANGE_RE = re.compile(r"^(0|[1-9][0-9]{0,17}-[1-9][0-9]{0,17})$")
 
 
 def _eval_f1(meta: dict[str, Any]) -> float | None:
@@ -268,8 +276,8 @@ class CardSummary:
     private: bool
     base_model: str | None
     labels: tuple[str, ...]
-    patients: int | None
-    notes: int | None
+    patients: int | str | None
+    notes: int | str | None
     language: tuple[str, ...]
     f1: float | None
     verified: bool = False
@@ -306,8 +314,8 @@ class CardSummary:
             private=dp.get("private") is True and eps is not None and math.isfinite(eps),
             base_model=meta.get("base_model") if isinstance(meta.get("base_model"), str) else None,
             labels=tuple(sorted(str(k) for k in phi)) if isinstance(phi, dict) else (),
-            patients=ds.get("patients") if isinstance(ds.get("patients"), int) else None,
-            notes=ds.get("notes") if isinstance(ds.get("notes"), int) else None,
+            patients=_count(ds.get("patients")),
+            notes=_count(ds.get("notes")),
             language=tuple(str(x) for x in lang),
             f1=_eval_f1(meta),
         )

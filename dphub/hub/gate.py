@@ -6,11 +6,21 @@ more than the DP guarantee covers), tokenizer files identical to the public base
 tokenizer trained on the notes would leak their vocabulary outside the DP guarantee), and no local
 paths or user names. Each refusal is one :class:`~dphub.errors.PublishRefused` naming the file,
 never quoting its content.
+
+Only accounted outputs leave: the directory may hold nothing but the allow-listed files
+(:data:`PUBLISHED_FILES`), ``training_config.json`` nothing but hyper-parameters
+(:data:`TRAINING_CONFIG_KEYS`, :data:`TRAINING_HYPERPARAM_KEYS`: no loss curve, no unit count,
+no mechanism seed), and the weights exactly the tensors ``config.json`` implies (a spare tensor is
+a channel the DP guarantee does not cover). Weights and card are bound: the card's
+``weights_sha256`` is the weights' hash and the training config repeats the card's accounting
+fields, so a DP run's README copied next to ``--no-dp`` weights is refused. Pull repeats the
+checks that protect the puller (:func:`check_shareable`).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import getpass
 import json
 import math
@@ -22,6 +32,26 @@ from typing import Any
 
 from dphub.errors import CardError, DphubError, PublishRefused
 from dphub.hub.common import DP_TAG, PRIVACY_UNITS, CardSummary, file_sha256, read_card_meta
+
+#: Top-level keys ``training_config.json`` may hold (format 2, written by ``dphub train``).
+TRAINING_CONFIG_KEYS = frozenset({
+    "format_version", "dphub_training", "base_model", "init_from", "no_dp", "privacy_unit",
+    "accountant", "steps", "sample_rate", "noise_multiplier", "delta", "epsilon",
+})
+#: Keys of its ``dphub_training`` block: hyper-parameters only. ``seed`` is the initialisation
+#: seed; the mechanism's randomness never comes from it and is never written anywhere.
+TRAINING_HYPERPARAM_KEYS = frozenset({
+    "format", "noise", "target_epsilon", "delta", "epochs", "batch_size", "max_physical_batch",
+    "max_grad_norm", "lr", "privacy_unit", "max_examples_per_unit", "accountant", "head",
+    "train_layers", "lora_rank", "recall_weight", "label_schema", "max_epsilon", "seed",
+    "secure_rng", "warm_start", "no_dp", "max_length", "stride", "checkpoint_every",
+})
+TRAINING_CONFIG_FORMAT = 2
+#: Card ``differential_privacy`` fields that ``training_config.json`` must repeat exactly.
+BOUND_FIELDS = ("noise_multiplier", "sample_rate", "steps", "delta", "privacy_unit")
+MAX_TRAINING_CONFIG_BYTES = 65536
+#: Largest encoder a config may describe before its skeleton is built (layers).
+MAX_LAYERS = 64
 
 #: Files that may hold pickled Python objects (arbitrary code on load).
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt", "*.joblib")
@@ -36,7 +66,14 @@ TOKENIZER_FILES = (
     "added_tokens.json", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
     "tokenizer.model",
 )
-REQUIRED_FILES = ("README.md", "config.json", "model.safetensors")
+REQUIRED_FILES = ("README.md", "config.json", "model.safetensors", "training_config.json")
+#: Every file a published model directory may contain.
+PUBLISHED_FILES = (
+    "model.safetensors", "config.json", "README.md", "training_config.json", *TOKENIZER_FILES,
+)
+#: Files a pulled directory may hold besides: a Hugging Face hub adds ``.gitattributes`` to every
+#: repo it creates (a publisher never needs to send one, so publish refuses it: free text).
+PULLED_FILES = (*PUBLISHED_FILES, ".gitattributes")
 #: DP block fields without which the guarantee cannot be recomputed or understood.
 ACCOUNTING_FIELDS = (
     "private", "epsilon", "delta", "privacy_unit", "accountant", "noise_multiplier",
@@ -95,8 +132,10 @@ def _npy_is_object(head: bytes) -> bool:
     return head.startswith(b"\x93NUMPY") and (b"'|O'" in head or b"'O'" in head)
 
 
-def check_files(model_dir: Path, files: list[Path]) -> None:
-    """Refuse pickles and optimizer/checkpoint state; require the files a model needs."""
+def check_files(model_dir: Path, files: list[Path],
+                allowed: tuple[str, ...] = PUBLISHED_FILES) -> None:
+    """Refuse pickles and optimizer/checkpoint state and every file not in ``allowed``; require
+    the files a model needs."""
     for name in REQUIRED_FILES:
         if not (model_dir / name).is_file():
             raise _refuse(model_dir, f"{name} is missing")
@@ -113,6 +152,30 @@ def check_files(model_dir: Path, files: list[Path]) -> None:
                                      "guarantee does not cover")
         if _looks_pickled(f):
             raise _refuse(model_dir, f"{rel} contains pickled objects")
+    problems = unlisted_file_problems(model_dir, files, allowed)
+    if problems:
+        raise _refuse(model_dir, problems[0])
+
+
+def unlisted_file_problems(model_dir: Path, files: list[Path],
+                           allowed: tuple[str, ...] = PUBLISHED_FILES) -> list[str]:
+    """One message per file outside ``allowed`` (anything else is unaccounted)."""
+    out = []
+    for f in files:
+        rel = f.relative_to(model_dir).as_posix()
+        if rel not in allowed:
+            out.append(f"{_safe_name(rel)} is not a file dphub publishes (allowed: weights, "
+                       "config.json, tokenizer files, README.md, training_config.json); only "
+                       "accounted outputs may leave")
+    return out
+
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@/+-]{1,200}$")
+
+
+def _safe_name(name: str) -> str:
+    """A file or tensor name fit for a message (hostile names could carry text)."""
+    return name if _SAFE_NAME.match(name) else "<a name with unusual characters>"
 
 
 def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> dict[str, Any]:
@@ -154,13 +217,31 @@ def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> d
     return meta
 
 
+def check_card_body(model_dir: Path) -> None:
+    """The README body must be dphub's rendering of the front matter (no free text leaves)."""
+    from dphub.card import body_is_rendered, load_card
+
+    try:
+        card = load_card(model_dir)
+    except CardError as e:
+        raise _refuse(model_dir, f"model card: {e.message}") from None
+    if not body_is_rendered(card):
+        raise _refuse(model_dir, "README.md's body is not what dphub renders from the card's "
+                                 "front matter; free text may not leave in the body (put the "
+                                 "trainer's prose in card_text and re-render the card with "
+                                 "dphub.card.write_card)")
+
+
 def _card_validator() -> Callable[..., Any] | None:
-    """``dphub.card.validate_card`` (schema + accounting recomputation), if installed."""
+    """``dphub.card.validate_card`` (schema + accounting recomputation), if installed.
+
+    The directory checks ``validate_card`` can add are the gate's own, run separately here.
+    """
     try:
         from dphub.card import validate_card
     except ImportError:
         return None
-    return validate_card
+    return functools.partial(validate_card, check_files=False)
 
 
 def resolve_base_tokenizer_dir(base_model: str | None) -> Path | None:
@@ -268,9 +349,12 @@ def check_publishable(model_dir: str | Path,
         check_files(model_dir, files)
         check_config(model_dir)
         meta = check_card(model_dir, validate)
+        check_card_body(model_dir)
+        check_training_config(model_dir, meta)
         check_tokenizer(model_dir, meta)
         # Tokenizer files were just proven identical to public ones: their words are not ours.
         check_private_strings(model_dir, files, skip=set(TOKENIZER_FILES))
+        check_weights(model_dir, meta)
     except GateViolation as e:
         raise PublishRefused(f"refusing to publish {model_dir}: {e.message}") from None
     return CardSummary.from_meta(meta)
@@ -287,17 +371,373 @@ def check_config(model_dir: Path) -> dict[str, Any]:
     if "auto_map" in config or any(p.suffix == ".py" for p in model_dir.rglob("*.py")):
         raise _refuse(model_dir, "the model ships custom code (auto_map / *.py); dphub never "
                                  "runs remote code")
+    problems = config_problems(config)
+    if problems:
+        raise _refuse(model_dir, problems[0])
     return config
+
+
+#: A config value that is a token, not text: no spaces, at most 100 characters.
+_TOKEN = re.compile(r"^[A-Za-z0-9_.:/@+-]{0,100}$")
+_CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_TAG = re.compile(r"^(O|[BIES]-[A-Za-z][A-Za-z_-]{0,31})$")
+#: Keys of config.json's ``dphub`` block (what ``TaggerModel.config_dict`` writes).
+DPHUB_CONFIG_KEYS = frozenset({"head", "label_schema", "max_length", "stride", "format_version",
+                               "base_model"})
+
+
+def _config_scalar(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str) and bool(_TOKEN.match(value))
+
+
+def config_problems(config: dict[str, Any]) -> list[str]:
+    """config.json carries a model configuration, not text: scalar tokens only, BIOES tag names,
+    an allow-listed ``dphub`` block. (Its free-form keys would otherwise be a channel past the
+    guarantee; the weights check then binds the numbers to the tensors.)"""
+    out: list[str] = []
+    for key, value in config.items():
+        if not _CONFIG_KEY.match(str(key)):
+            out.append("config.json has a key that is not an identifier")
+        elif key in ("id2label", "label2id", "dphub", "architectures"):
+            continue
+        elif not _config_scalar(value):
+            out.append(f"config.json {key} is not a number or a short token (configuration "
+                       "values only)")
+    id2label = config.get("id2label")
+    label2id = config.get("label2id")
+    if not isinstance(id2label, dict) or not id2label:
+        out.append("config.json has no id2label")
+    else:
+        keys_ok = sorted(map(str, id2label)) == sorted(str(i) for i in range(len(id2label)))
+        tags_ok = all(isinstance(v, str) and _TAG.match(v) for v in id2label.values())
+        if not keys_ok or not tags_ok:
+            out.append("config.json id2label must map 0..n-1 to BIOES tag names (O, B-NAME, ...)")
+        elif label2id is not None and label2id != {v: int(k) for k, v in id2label.items()}:
+            out.append("config.json label2id is not the inverse of id2label")
+    arch = config.get("architectures")
+    if arch is not None and (not isinstance(arch, list) or len(arch) > 1
+                             or not all(_config_scalar(a) for a in arch)):
+        out.append("config.json architectures must list one model class")
+    block = config.get("dphub")
+    if not isinstance(block, dict):
+        out.append("config.json has no 'dphub' block")
+    else:
+        extra = set(block) - DPHUB_CONFIG_KEYS
+        if extra:
+            out.append(f"config.json dphub block holds key(s) outside the allow-list: "
+                       f"{_key_list(extra)}")
+        if not all(_config_scalar(v) for v in block.values()):
+            out.append("config.json dphub block values must be numbers or short tokens")
+    return out
 
 
 def check_shareable(model_dir: Path) -> CardSummary:
     """The checks a puller repeats on a downloaded model (raises :class:`GateViolation`).
 
     The tokenizer and private-string checks are the publisher's duty; the puller verifies what
-    protects *it*: safetensors only, no code, a valid private card with its accounting fields.
+    protects *it*: safetensors only, no code, a valid private card with its accounting fields,
+    only allow-listed files and training-config keys, and weights that are exactly the tensors
+    the config implies and the ones the card's hash names.
     """
     files = _files(model_dir)
-    check_files(model_dir, files)
+    check_files(model_dir, files, PULLED_FILES)
     check_config(model_dir)
     meta = check_card(model_dir)
+    check_training_config(model_dir, meta)
+    check_weights(model_dir, meta)
     return CardSummary.from_meta(meta)
+
+
+# --------------------------------------------------------------------------- training config
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def read_training_config(model_dir: Path) -> dict[str, Any]:
+    """``training_config.json`` as a dict (size-capped; NaN/Infinity refused)."""
+    path = model_dir / "training_config.json"
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_TRAINING_CONFIG_BYTES + 1)
+    except OSError:
+        raise _refuse(model_dir, "training_config.json cannot be read") from None
+    if len(raw) > MAX_TRAINING_CONFIG_BYTES:
+        raise _refuse(model_dir, "training_config.json is larger than 64 kB; it may hold "
+                                 "hyper-parameters only")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError):
+        raise _refuse(model_dir, "training_config.json is not valid JSON (finite numbers "
+                                 "only)") from None
+    if not isinstance(data, dict):
+        raise _refuse(model_dir, "training_config.json is not a JSON object")
+    return data
+
+
+def _key_list(keys: Any) -> str:
+    return ", ".join(k if _SAFE_NAME.match(str(k)) else "<unusual key>" for k in sorted(keys))
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float) or (
+        isinstance(value, str) and len(value) <= 200)
+
+
+def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
+    """Allow-listed keys, scalar hyper-parameters, and the card's accounting fields repeated.
+
+    A loss curve, a unit count or any other statistic of the private data is not covered by the
+    guarantee; the training config carries hyper-parameters and the accounting inputs only.
+    """
+    try:
+        cfg = read_training_config(model_dir)
+    except GateViolation as e:
+        return [e.message]
+    out: list[str] = []
+    extra = set(cfg) - TRAINING_CONFIG_KEYS
+    if extra:
+        out.append(f"training_config.json holds key(s) outside the allow-list: "
+                   f"{_key_list(extra)} (only hyper-parameters and accounting inputs may be "
+                   "published; loss curves stay in the private run log)")
+    legacy = cfg.get("format_version") != TRAINING_CONFIG_FORMAT
+    if legacy:
+        out.append(f"training_config.json format_version must be {TRAINING_CONFIG_FORMAT} "
+                   "(written before the hardened guarantee: retrain with this dphub version)")
+    hyper = cfg.get("dphub_training", {})
+    if not isinstance(hyper, dict):
+        out.append("training_config.json dphub_training must be an object of hyper-parameters")
+        hyper = {}
+    extra = set(hyper) - TRAINING_HYPERPARAM_KEYS
+    if extra:
+        out.append(f"training_config.json dphub_training holds key(s) outside the allow-list: "
+                   f"{_key_list(extra)}")
+    not_scalar = [k for k, v in [*cfg.items(), *hyper.items()]
+                  if k != "dphub_training" and not _scalar(v)]
+    if not_scalar:
+        out.append(f"training_config.json value(s) of {_key_list(set(not_scalar))} are not "
+                   "single numbers or short strings (hyper-parameters only)")
+    if not isinstance(dp, dict) or legacy:
+        return out  # an old config has no accounting fields to compare: its format is the news
+    if dp.get("private") is not True:
+        if cfg.get("no_dp") is not True:
+            out.append("training_config.json does not say no_dp: true but the card is not "
+                       "private: the card does not belong to this training run")
+        return out  # a baseline has no accounting fields to bind (and is never published)
+    if cfg.get("no_dp") is not False:
+        what = "says no_dp: true (trained without DP)" if cfg.get("no_dp") is True else \
+            "does not say no_dp: false"
+        out.append(f"training_config.json {what} but the card claims a private model: "
+                   "the card does not belong to these weights")
+    differ = [key for key in BOUND_FIELDS if not _same(cfg.get(key), dp.get(key))]
+    if differ:
+        out.append(f"training_config.json {', '.join(differ)} "
+                   f"differ{'s' if len(differ) == 1 else ''} from the card's differential_privacy "
+                   "field(s): the card does not describe this training run")
+    if "accountant" in cfg and cfg.get("accountant") != dp.get("accountant"):
+        out.append("training_config.json accountant differs from the card's")
+    eps_cfg, eps_card = cfg.get("epsilon"), dp.get("epsilon")
+    if _number(eps_cfg) and _number(eps_card):
+        from dphub.privacy.accounting import CLAIM_RTOL, below
+
+        if below(float(eps_card), float(eps_cfg), CLAIM_RTOL):
+            out.append("the card's epsilon is below the epsilon training_config.json recorded")
+    return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if _number(a) and _number(b):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+    return a == b and a is not None
+
+
+# --------------------------------------------------------------------------- weights
+
+_DTYPES = {
+    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
+    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}
+#: Buffers the tagger's loader tolerates being absent (transformers versions differ).
+_OPTIONAL_SUFFIXES = ("position_ids", "token_type_ids")
+
+
+def expected_tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (safetensors dtype, shape) of every tensor ``config.json`` implies.
+
+    The skeleton is built the way :meth:`dphub.tagger.TaggerModel.load` builds it (the encoder
+    from the config, pooler dropped, a linear emission layer over the BIOES tags, the CRF), on
+    PyTorch's meta device: shapes and dtypes without allocating or reading any weight.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from dphub.tagger import _quiet_transformers
+
+    raw = check_config(model_dir)
+    block = raw.get("dphub")
+    if not isinstance(block, dict) or block.get("head") not in ("crf", "softmax"):
+        raise _refuse(model_dir, "config.json has no valid 'dphub' block (head crf|softmax)")
+    id2label = raw.get("id2label")
+    if not isinstance(id2label, dict) or not id2label:
+        raise _refuse(model_dir, "config.json has no id2label")
+    layers = raw.get("num_hidden_layers", 0)
+    if not isinstance(layers, int) or not 0 < layers <= MAX_LAYERS:
+        raise _refuse(model_dir, f"config.json num_hidden_layers must be 1..{MAX_LAYERS}")
+    n_tags = len(id2label)
+    try:
+        with _quiet_transformers(), torch.device("meta"):
+            config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+            try:
+                encoder = AutoModel.from_config(config, add_pooling_layer=False)
+            except TypeError:
+                encoder = AutoModel.from_config(config)
+    except GateViolation:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure: the config describes no known model
+        raise _refuse(model_dir, f"config.json does not describe a model transformers can build "
+                                 f"({type(e).__name__})") from None
+    prefix = getattr(encoder, "base_model_prefix", "bert") or "bert"
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, t in encoder.state_dict().items():
+        if name.startswith("pooler."):
+            continue
+        out[f"{prefix}.{name}"] = (_DTYPES.get(str(t.dtype).removeprefix("torch."), "?"),
+                                   tuple(t.shape))
+    hidden = int(config.hidden_size)
+    out["classifier.weight"] = ("F32", (n_tags, hidden))
+    out["classifier.bias"] = ("F32", (n_tags,))
+    if block["head"] == "crf":
+        out["crf.start_transitions"] = ("F32", (n_tags,))
+        out["crf.end_transitions"] = ("F32", (n_tags,))
+        out["crf.transitions"] = ("F32", (n_tags, n_tags))
+    return out
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(_safe_name(n) for n in names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def weights_problems(model_dir: Path, dp: Any = None) -> list[str]:
+    """The weights file is a readable safetensors file holding exactly the tensors the config
+    implies (names, shapes, dtypes), with no free-form header metadata, and its SHA-256 is the
+    card's ``weights_sha256``. The header is read with ``safetensors.safe_open`` (never pickle).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = model_dir / "model.safetensors"
+    if not path.is_file():
+        return ["model.safetensors is missing"]
+    out: list[str] = []
+    if isinstance(dp, dict) and dp.get("private") is True:
+        want = dp.get("weights_sha256")
+        if isinstance(want, str) and file_sha256(path) != want:
+            out.append("model.safetensors does not match the card's weights_sha256: the card "
+                       "was written for other weights")
+    if path.stat().st_size < 8:
+        return [*out, "model.safetensors is empty or truncated (not a safetensors file)"]
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            found = {k: (fh.get_slice(k).get_dtype(), tuple(fh.get_slice(k).get_shape()))
+                     for k in fh.keys()}  # noqa: SIM118 - safe_open is not iterable
+    except (SafetensorError, OSError, ValueError):
+        return [*out, "model.safetensors is truncated or not a safetensors file"]
+    if set(meta) - {"format"} or meta.get("format", "pt") != "pt":
+        out.append("model.safetensors header metadata may only hold format: pt (free-form "
+                   "metadata is not covered by the guarantee)")
+    out += _header_layout_problems(path)
+    try:
+        want_tensors = expected_tensors(model_dir)
+    except GateViolation as e:
+        return [*out, e.message]
+    extra = sorted(set(found) - set(want_tensors))
+    missing = sorted(k for k in set(want_tensors) - set(found)
+                     if not k.endswith(_OPTIONAL_SUFFIXES))
+    if extra:
+        out.append(f"model.safetensors holds tensor(s) config.json does not imply: "
+                   f"{_names(extra)} (a tensor outside the model is outside the guarantee)")
+    if missing:
+        out.append(f"model.safetensors lacks tensor(s) config.json implies: {_names(missing)}")
+    for name in sorted(set(found) & set(want_tensors)):
+        (dtype, shape), (want_dtype, want_shape) = found[name], want_tensors[name]
+        if shape != want_shape:
+            out.append(f"model.safetensors tensor {_safe_name(name)} has shape {_shape(shape)}, "
+                       f"config.json implies {_shape(want_shape)}")
+        elif dtype != want_dtype:
+            out.append(f"model.safetensors tensor {_safe_name(name)} is {dtype}, config.json "
+                       f"implies {want_dtype}")
+    return out
+
+
+def _header_layout_problems(path: Path) -> list[str]:
+    """The raw header holds nothing safetensors would ignore: per tensor exactly ``dtype``,
+    ``shape``, ``data_offsets``, and at most the 7 spaces of alignment padding. ``safe_open``
+    accepts extra fields and any padding, which could carry text past the layout check."""
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        if n > 100_000_000:
+            return ["model.safetensors header is implausibly large"]
+        raw = fh.read(n)
+    try:
+        text = raw.decode("utf-8")
+        header = json.loads(text)
+    except (UnicodeDecodeError, ValueError):
+        return ["model.safetensors header is not valid JSON"]
+    if len(text) - len(text.rstrip(" ")) > 7 or text.rstrip(" ") != text.strip():
+        return ["model.safetensors header carries padding beyond the 8-byte alignment"]
+    if not isinstance(header, dict):
+        return ["model.safetensors header is not a JSON object"]
+    odd = sorted(k for k, v in header.items() if k != "__metadata__" and (
+        not isinstance(v, dict) or set(v) != {"dtype", "shape", "data_offsets"}))
+    if odd:
+        return [f"model.safetensors header entries of {_names(odd)} hold fields other than "
+                "dtype, shape, data_offsets"]
+    return []
+
+
+def check_weights(model_dir: Path, meta: dict[str, Any]) -> None:
+    """Raise :class:`GateViolation` on the first weights problem (:func:`weights_problems`)."""
+    problems = weights_problems(model_dir, meta.get("differential_privacy"))
+    if problems:
+        raise _refuse(model_dir, problems[0])
+
+
+def check_training_config(model_dir: Path, meta: dict[str, Any]) -> None:
+    """Raise :class:`GateViolation` on the first training-config problem."""
+    problems = training_config_problems(model_dir, meta.get("differential_privacy"))
+    if problems:
+        raise _refuse(model_dir, problems[0])
+
+
+def model_dir_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
+    """Every gate problem of the files next to a card (for ``dphub card validate``)."""
+    model_dir = Path(model_dir)
+    dp = meta.get("differential_privacy") if isinstance(meta, dict) else None
+    try:
+        files = _files(model_dir)
+    except GateViolation as e:
+        return [e.message]
+    out = unlisted_file_problems(model_dir, files, PULLED_FILES)  # pulled dirs validate too
+    if (model_dir / "training_config.json").is_file():
+        out += training_config_problems(model_dir, dp)
+    else:
+        out.append("training_config.json is missing")
+    if (model_dir / "config.json").is_file():
+        out += weights_problems(model_dir, dp)
+    else:
+        out.append("config.json is missing")
+    return out

@@ -7,15 +7,15 @@ anything else (or ``file://``) a local git hub directory.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
-from dphub.errors import HubError, PullRefused
+from dphub.errors import PublishRefused, PullRefused
 from dphub.hub.common import (
-    PRIVACY_UNITS,
     CardSummary,
     RepoRevision,
     check_repo_id,
@@ -23,6 +23,15 @@ from dphub.hub.common import (
     parse_repo_spec,
 )
 from dphub.hub.gate import GateViolation, check_publishable, check_shareable
+from dphub.hub.policy import (
+    DEFAULT_POLICY,
+    Policy,
+    check_max_epsilon,
+    check_unit,
+    load_hub_policy,
+    policy_hint,
+    policy_violation,
+)
 from dphub.hub.registry import Entry, Registry
 
 
@@ -56,9 +65,19 @@ def open_hub(hub: str | None = None, *, api: Any = None) -> Backend:
 def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
             message: str | None = None, tag: str | None = None,
             api: Any = None) -> tuple[str, CardSummary]:
-    """Gate, then commit ``model_dir`` as a new revision of ``repo_id``; returns (sha, summary)."""
+    """Gate, then the hub's ε policy, then commit ``model_dir`` as a new revision of ``repo_id``.
+
+    Returns (sha, summary). The policy refusal is one line naming what exceeds it and how a hub
+    owner changes it (:mod:`dphub.hub.policy`).
+    """
     check_repo_id(repo_id)
     summary = check_publishable(model_dir)
+    hub = hub or default_hub()
+    policy = load_hub_policy(hub)
+    why = policy_violation(summary.epsilon, summary.unit, policy)
+    if why:
+        raise PublishRefused(f"refusing to publish {model_dir}: {why} (hub policy: "
+                             f"{policy.describe()}); {policy_hint(hub)}")
     backend = open_hub(hub, api=api)
     msg = message or (f"Publish {Path(model_dir).name} (epsilon={summary.epsilon:g}, "
                       f"delta={summary.delta:g}, unit={summary.unit})")
@@ -66,37 +85,52 @@ def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
     return sha, summary
 
 
-_UNIT_STRENGTH = {"sequence": 0, "note": 1, "patient": 2}
+def pull_policy(*, max_epsilon: float | None = None, require_unit: str | None = None,
+                policy: Policy | None = None) -> Policy:
+    """The policy a pull applies: ``policy`` (default :data:`DEFAULT_POLICY`, ε ≤ 10 per patient)
+    with the puller's overrides. NaN/inf and unknown units raise ConfigError (exit 2): a NaN cap
+    compares false with every ε and would accept any model."""
+    base = policy or DEFAULT_POLICY
+    eps = None if max_epsilon is None else check_max_epsilon(max_epsilon, what="--max-epsilon")
+    unit = None if require_unit is None else check_unit(require_unit, what="--require-unit")
+    return base.with_overrides(max_epsilon=eps, min_unit=unit)
 
 
-def check_policy(summary: CardSummary, *, max_epsilon: float | None,
-                 require_unit: str | None) -> None:
+def check_policy(summary: CardSummary, *, max_epsilon: float | None = None,
+                 require_unit: str | None = None, policy: Policy | None = None) -> None:
     """Puller policy: ε cap, and a privacy unit at least as coarse as required.
 
     Units are ordered sequence < note < patient: a patient-level guarantee also protects each
     note, so ``--require-unit note`` accepts a patient-level model.
     """
-    if max_epsilon is not None and (summary.epsilon is None or summary.epsilon > max_epsilon):
-        raise GateViolation(f"epsilon {summary.epsilon} exceeds --max-epsilon {max_epsilon:g}")
-    if require_unit is not None:
-        if require_unit not in _UNIT_STRENGTH:
-            raise HubError(f"--require-unit must be one of {', '.join(PRIVACY_UNITS)}")
-        if _UNIT_STRENGTH.get(summary.unit or "", -1) < _UNIT_STRENGTH[require_unit]:
-            raise GateViolation(f"privacy unit {summary.unit} is weaker than the required "
-                                f"{require_unit}")
+    eff = pull_policy(max_epsilon=max_epsilon, require_unit=require_unit, policy=policy)
+    why = policy_violation(summary.epsilon, summary.unit, eff)
+    if why is None:
+        return
+    default = " (the default pull policy; override with --max-epsilon / --require-unit or " \
+              "[hub] max_epsilon / require_unit in dphub.toml)"
+    eps = summary.epsilon
+    if eps is not None and math.isfinite(eps) and eps > eff.max_epsilon:
+        raise GateViolation(f"epsilon {eps:.4g} exceeds --max-epsilon {eff.max_epsilon:g}"
+                            + ("" if max_epsilon is not None else default))
+    if eps is not None and math.isfinite(eps):
+        raise GateViolation(f"privacy unit {summary.unit} is weaker than the required "
+                            f"{eff.min_unit}" + ("" if require_unit is not None else default))
+    raise GateViolation(why)
 
 
 def pull(spec: str, *, hub: str | None = None, max_epsilon: float | None = None,
          require_unit: str | None = None, registry: Registry | None = None,
-         api: Any = None) -> Entry:
-    """Download ``org/name[@rev]``, verify hashes, card and policy, then register it.
+         api: Any = None, policy: Policy | None = None) -> Entry:
+    """Download ``org/name[@rev]``, verify hashes, card, weights and policy, then register it.
 
-    The download goes to a staging directory inside the registry root and is renamed into place
-    only after every check passed, so an interrupted or refused pull leaves nothing registered.
+    The policy is ``policy`` (default: :data:`~dphub.hub.policy.DEFAULT_POLICY`) with
+    ``max_epsilon`` / ``require_unit`` overriding its fields. The download goes to a staging
+    directory inside the registry root and is renamed into place only after every check passed,
+    so an interrupted or refused pull leaves nothing registered.
     """
     repo_id, revision = parse_repo_spec(spec)
-    if require_unit is not None and require_unit not in _UNIT_STRENGTH:
-        raise HubError(f"--require-unit must be one of {', '.join(PRIVACY_UNITS)}")
+    pull_policy(max_epsilon=max_epsilon, require_unit=require_unit, policy=policy)  # fail early
     backend = open_hub(hub, api=api)
     reg = registry or Registry()
     sha = backend.resolve(repo_id, revision)
@@ -111,7 +145,8 @@ def pull(spec: str, *, hub: str | None = None, max_epsilon: float | None = None,
             raise PullRefused(f"{e.message}; nothing was registered") from None
         try:
             summary = check_shareable(files)
-            check_policy(summary, max_epsilon=max_epsilon, require_unit=require_unit)
+            check_policy(summary, max_epsilon=max_epsilon, require_unit=require_unit,
+                         policy=policy)
         except GateViolation as e:
             raise PullRefused(f"refusing {where}: {e.message}; nothing was registered") from None
         target = reg.model_dir(repo_id, sha)
@@ -133,7 +168,12 @@ def pull(spec: str, *, hub: str | None = None, max_epsilon: float | None = None,
 def search(*, hub: str | None = None, max_epsilon: float | None = None, unit: str | None = None,
            label: str | None = None, language: str | None = None,
            api: Any = None) -> list[RepoRevision]:
-    """Latest revision of each hub model whose card matches every given filter."""
+    """Latest revision of each hub model whose card matches every given filter.
+
+    A NaN ``max_epsilon`` would compare false with every ε and list everything: refused.
+    """
+    if max_epsilon is not None:
+        check_max_epsilon(max_epsilon, what="--max-epsilon")
     rows = open_hub(hub, api=api).latest()
     return [r for r in rows if r.summary.matches(max_epsilon=max_epsilon, unit=unit, label=label,
                                                  language=language)]
@@ -149,4 +189,4 @@ def list_models(*, hub: str | None = None, api: Any = None) -> list[RepoRevision
 
 
 __all__ = ["Backend", "check_policy", "info", "list_models", "open_hub", "publish",
-           "pull", "search"]
+           "pull", "pull_policy", "search"]
