@@ -205,7 +205,7 @@ def list_cmd(
 @hub_app.command("policy")
 def policy_cmd(
     max_epsilon: float | None = typer.Option(
-        None, "--max-epsilon", parser=positive_float, metavar=FLOAT, show_default="unchanged",
+        None, "--max-epsilon", show_default="unchanged",
         help="Largest ε the hub accepts (the default policy's is 10)."),
     min_unit: str | None = typer.Option(
         None, "--min-unit", show_default="unchanged",

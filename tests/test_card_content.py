@@ -113,11 +113,23 @@ def test_evaluation_section_after_add_evaluation(tmp_path: Path) -> None:
 def test_evaluate_write_card_fills_the_section(tmp_path: Path, tiny_tagger_dir: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """The normal flow: `dphub evaluate --model DIR --gold NOTES --write-card`."""
+    import json
+
     from dphub import formats, synth
+    from dphub.hub.common import file_sha256
 
     model = tmp_path / "model"
     shutil.copytree(tiny_tagger_dir, model)
-    C.write_card(model, _meta())
+    meta = _meta()
+    dp = meta["differential_privacy"]
+    dp["weights_sha256"] = file_sha256(model / "model.safetensors")
+    (model / "training_config.json").write_text(json.dumps({
+        "format_version": 2, "dphub_training": {}, "base_model": "org/base", "init_from": None,
+        "no_dp": False, **{k: dp[k] for k in ("privacy_unit", "accountant", "steps",
+                                               "sample_rate", "noise_multiplier", "delta",
+                                               "epsilon")},
+    }))
+    C.write_card(model, meta)
     gold = tmp_path / "heldout.jsonl"
     formats.write(synth.generate(3, seed=5), gold, "jsonl")
     rc = main(["evaluate", "--model", str(model), "--gold", str(gold), "--write-card", "--json"])

@@ -141,9 +141,9 @@ def test_pull_applies_the_project_epsilon_policy(
 ) -> None:
     model = copy_model(model_template, hub_env["tmp"] / "model")
     assert main(["publish", str(model), "--repo", "acme/deid"]) == 0
-    (hub_env["tmp"] / "dphub.toml").write_text("[hub]\nmax_epsilon = 10\n")
+    (hub_env["tmp"] / "dphub.toml").write_text("[hub]\nmax_epsilon = 5\n")
     capsys.readouterr()
-    assert main(["pull", "acme/deid"]) == 2  # the model's ε is 23.6
+    assert main(["pull", "acme/deid"]) == 2  # the model's ε is 8.51
     assert "refusing acme/deid@" in capsys.readouterr().err
     (hub_env["tmp"] / "dphub.toml").write_text('[hub]\nrequire_unit = "patient"\n')
     assert main(["pull", "acme/deid"]) == 0

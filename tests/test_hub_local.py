@@ -184,7 +184,7 @@ def test_unsafe_listing_names_are_refused(name):
 
 
 def test_unknown_repo_and_revision(model, hub_env):
-    hub_env["hub"].mkdir()
+    hub_env["hub"].mkdir(exist_ok=True)
     with pytest.raises(HubError, match="repo acme/none not found"):
         ops.pull("acme/none")
     ops.publish(model, "acme/deid")

@@ -154,8 +154,11 @@ class LocalHub:
                            "check --hub, [hub] url in dphub.toml or $DPHUB_HUB")
         if not os.access(self.root, os.R_OK | os.X_OK):
             raise HubError(f"hub {self.name} cannot be read (permission denied)")
+        from dphub.hub.policy import POLICY_FILE
+
         if not (self.root / "models").is_dir() and any(
-            not entry.name.startswith(".") for entry in self.root.iterdir()
+            not entry.name.startswith(".") and entry.name != POLICY_FILE
+            for entry in self.root.iterdir()
         ):
             # e.g. `--hub models/site`: publishing would write git repos into a model directory
             raise HubError(f"{self.name} is not a dphub hub (no models/ directory, and not "

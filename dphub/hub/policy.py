@@ -162,7 +162,10 @@ def load_hub_policy(hub: str) -> Policy:
             raise ConfigError(f"{path}: expected a JSON object of endpoint -> policy")
         entry = data.get(_endpoint_key(hub))
         return DEFAULT_POLICY if entry is None else Policy.from_json(entry, where=str(path))
-    path = local_hub_root(hub) / POLICY_FILE
+    root = local_hub_root(hub)
+    if not root.is_dir():  # missing, or a file: the hub's own check names that properly
+        return DEFAULT_POLICY
+    path = root / POLICY_FILE
     data = _read_json(path, str(path))
     return DEFAULT_POLICY if data is None else Policy.from_json(data, where=str(path))
 
