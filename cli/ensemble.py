@@ -46,10 +46,9 @@ def add_cmd(
     """Add a member, pinning its revision (registry sha or weights digest)."""
     from dphub.ensemble.manifest import Manifest, entry_from_spec
 
-    manifest = Manifest.load(manifest_path, missing_ok=True)
-    entry = entry_from_spec(spec, name=name, threshold=threshold)
-    manifest.add(entry)
-    manifest.save(manifest_path)
+    entry = entry_from_spec(spec, name=name, threshold=threshold)  # hashing weights: unlocked
+    with Manifest.editing(manifest_path, missing_ok=True) as manifest:
+        manifest.add(entry)
     typer.echo(f"added {entry.name} ({entry.kind}"
                + (f", revision {entry.revision}" if entry.revision else "") + f") to {manifest_path}")
 
@@ -59,9 +58,8 @@ def remove_cmd(name: str = typer.Argument(..., help="Member name."), manifest_pa
     """Remove a member."""
     from dphub.ensemble.manifest import Manifest
 
-    manifest = Manifest.load(manifest_path)
-    manifest.remove(name)
-    manifest.save(manifest_path)
+    with Manifest.editing(manifest_path) as manifest:
+        manifest.remove(name)
     typer.echo(f"removed {name} from {manifest_path}")
 
 
@@ -152,7 +150,9 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
         report = run_deid(input_path, out, ensemble, mode=mode, key=key, fmt=fmt,
                           batch_size=batch_size, resume=resume, audit_text=audit_text)
     msg = f"{report.done} note(s) de-identified into {out}"
-    if report.skipped:
+    if report.already_complete:
+        msg = f"the run in {out} is already complete ({report.skipped} note(s)); nothing to do"
+    elif report.skipped:
         msg += f", {report.skipped} already done"
     typer.echo(msg)
     for err in report.errors:

@@ -51,7 +51,9 @@ _SPECS: tuple[FormatSpec, ...] = (PHYSIONET, DEIDPL, BRAT, I2B2, JSONL, CONLL, T
 #: Registered formats by name.
 FORMATS: dict[str, FormatSpec] = {spec.name: spec for spec in _SPECS}
 
-__all__ = ["FORMATS", "FormatSpec", "count", "detect_format", "get_format", "read", "write"]
+__all__ = [
+    "FORMATS", "FormatSpec", "count", "detect_format", "get_format", "read", "read_each", "write",
+]
 
 
 def get_format(name: str) -> FormatSpec:
@@ -115,6 +117,60 @@ def _checked(notes: Iterator[Note], path: Path, fmt: str) -> Iterator[Note]:
         yield note
     if not seen:
         raise FormatError(f"{path}: no notes found (format {fmt})")
+
+
+def read_each(path: str | os.PathLike[str], format: str | None = None, **options: Any
+              ) -> Iterator[tuple[str, Note | None, str | None]]:
+    """``(key, note, None)`` per readable note and ``(key, None, error)`` per unreadable one.
+
+    Why: a de-identification run over a corpus must not stop at one malformed note (a bad
+    ``.ann``, an undecodable ``.txt``). The one-file-per-note formats (brat, i2b2, text) parse each
+    note on its own, so a bad note costs only itself; in the stream formats (PhysioNet, CoNLL,
+    JSONL) the first error ends the stream, reported as one failure after the notes read so far.
+    Errors are the readers' PHI-free :class:`FormatError` messages; keys are note ids (or, for an
+    orphan or stream error, the file name).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FormatError(f"{path}: no such file or directory")
+    fmt = format or detect_format(path)
+    spec = get_format(fmt)
+    _bind(spec.read, (path,), options, fmt)
+    seen: set[str] = set()
+    if spec.read_each is not None and path.is_dir():
+        for key, load in spec.read_each(path, **options):
+            try:
+                note = load()
+            except InputError as e:
+                yield key, None, e.message
+                continue
+            except OSError as e:
+                yield key, None, f"{key}: cannot read ({e.strerror or type(e).__name__})"
+                continue
+            if note.id in seen:
+                raise FormatError(f"{path}: duplicate note id {note.id!r}")
+            seen.add(note.id)
+            yield note.id, note, None
+        return
+    notes = spec.read(path, **options)
+    last = None
+    while True:
+        try:
+            note = next(notes)
+        except StopIteration:
+            break
+        except InputError as e:
+            after = f" after note {last!r}" if last is not None else ""
+            yield f"{path.name}{after}", None, f"{e.message} (the rest of {path.name} was not read)"
+            return
+        except OSError as e:
+            yield path.name, None, f"{path.name}: cannot read ({e.strerror or type(e).__name__})"
+            return
+        if note.id in seen:
+            raise FormatError(f"{path}: duplicate note id {note.id!r}")
+        seen.add(note.id)
+        last = note.id
+        yield note.id, note, None
 
 
 def count(path: str | os.PathLike[str], format: str | None = None, **options: Any) -> int:
