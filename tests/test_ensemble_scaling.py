@@ -144,3 +144,27 @@ def test_city_regex_matches_the_flat_one_on_notes() -> None:
                            enumerate(cities[::7]))
     got = [m.span() for m in rules._phrase_res["CITY"].finditer(text)]
     assert got == [m.span() for m in flat.finditer(text)] and len(got) > 100
+
+
+def test_surrogates_are_drawn_once_per_distinct_mention(monkeypatch) -> None:
+    """A long note repeats its names and dates; each distinct (label, text) is drawn once."""
+    from dphub.notes import Note
+    from dphub.render import SurrogateRenderer
+
+    text = "DR. QUIMBLEY SAW MR. ZORVAN ON 10/12/2003. " * 200
+    spans = []
+    for k in range(200):
+        o = k * 43
+        spans += [Span(o + 4, o + 12, "DOCTOR"), Span(o + 21, o + 27, "PATIENT"),
+                  Span(o + 31, o + 41, "DATE")]
+    calls: list[str] = []
+    real = SurrogateRenderer.surrogate
+
+    def counting(self, ctx, span, core):  # type: ignore[no-untyped-def]
+        calls.append(core)
+        return real(self, ctx, span, core)
+
+    monkeypatch.setattr(SurrogateRenderer, "surrogate", counting)
+    out = SurrogateRenderer(key=b"k" * 32).render(Note(id="n", text=text, patient_id="p"), spans)
+    assert len(calls) == 3
+    assert "QUIMBLEY" not in out and out == out[: len(out) // 200] * 200  # consistent
