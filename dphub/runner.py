@@ -87,14 +87,12 @@ class WorkItem:
 
 
 def _short_name(part: str) -> str:
-    """A file name component within :data:`MAX_NAME_BYTES`, unique by a digest when shortened."""
-    if len(part.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES:
+    """A file name component within :data:`MAX_NAME_BYTES`, kept unique by a digest when cut."""
+    raw = part.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_NAME_BYTES:
         return part
-    digest = hashlib.sha256(part.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    keep = part
-    while len(keep.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES - 17:
-        keep = keep[: max(1, len(keep) // 2 if len(keep) > 2 * MAX_NAME_BYTES else len(keep) - 8)]
-    return f"{keep}-{digest}"
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return raw[: MAX_NAME_BYTES - 17].decode("utf-8", "ignore") + "-" + digest
 
 
 def _safe_stem(note_id: str) -> str:
@@ -462,6 +460,8 @@ def run_deid(
     }
     created_out = not dst.exists()
     dst.mkdir(parents=True, exist_ok=True)
+    if created_out:
+        os.chmod(dst, 0o700)  # it will hold de-identified notes: private like its files
     run_dir = dst / RUN_DIR
     created_run = not run_dir.exists()
     _private_dir(run_dir)
@@ -552,6 +552,10 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
         for suffix, content in renderer.files(note, spans).items():
             target = dst / f"{it.stem}{suffix}"
             try:
+                if not target.parent.is_dir():  # mirrored sub-directories: 0700 like OUT
+                    for d in reversed([target.parent, *target.parent.parents]):
+                        if d != dst and dst in d.parents and not d.is_dir():
+                            d.mkdir(mode=0o700, exist_ok=True)
                 atomic_write_text(target, content)
                 wrote.append(True)
             except OSError as e:

@@ -83,6 +83,12 @@ def test_run_state_holds_no_note_text_and_is_private(tmp_path: Path) -> None:
         if p.is_file():
             assert _mode(p) == 0o600, p.name
     assert _mode(out / "audit.jsonl") == 0o600 and _mode(out / "n0.txt") == 0o600
+    assert _mode(out) == 0o700
+    sub = tmp_path / "nested"
+    (src / "a" / "b").mkdir(parents=True)
+    (src / "a" / "b" / "x.txt").write_text("DR. SMITH", encoding="utf-8")
+    run_deid(src, sub, _rules())
+    assert _mode(sub / "a") == 0o700 and _mode(sub / "a" / "b") == 0o700
     # fixed and resumed: the run completes and keeps no journal and no part files
     (src / "broken.txt").write_text("DR. SMITH", encoding="utf-8")
     assert run_deid(src, out, _rules(), audit_text=True, resume=True).exit_code == 0
@@ -332,3 +338,21 @@ def test_run_that_failed_before_any_output_does_not_block_a_retry(tmp_path: Path
     assert not out.exists()
     rep = run_deid(src, out, _rules(), mode="tag")  # other settings: not "started with different"
     assert rep.exit_code == 0 and rep.done == 2
+
+
+def test_read_each_isolates_files_and_reports_a_broken_stream(tmp_path: Path) -> None:
+    from dphub import formats
+
+    d = tmp_path / "txt"
+    d.mkdir()
+    for name, text in (("a", "DR. SMITH"), ("b", ""), ("c", "ON 10/12/2003")):
+        (d / f"{name}.txt").write_text(text, encoding="utf-8")
+    got = list(formats.read_each(d, format="text"))
+    assert [(k, n is not None) for k, n, _ in got] == [("a", True), ("b", False), ("c", True)]
+    assert "empty" in got[1][2]
+    jl = tmp_path / "c.jsonl"
+    jl.write_text('{"id": "a", "text": "DR. SMITH"}\n{"id": "b"}\n{"id": "c", "text": "x"}\n',
+                  encoding="utf-8")
+    got = list(formats.read_each(jl, format="jsonl"))
+    assert got[0][0] == "a" and got[1][1] is None and len(got) == 2
+    assert "after note 'a'" in got[1][0] and "not read" in got[1][2]

@@ -126,7 +126,8 @@ def read_each(path: str | os.PathLike[str], format: str | None = None, **options
     Why: a de-identification run over a corpus must not stop at one malformed note (a bad
     ``.ann``, an undecodable ``.txt``). The one-file-per-note formats (brat, i2b2, text) parse each
     note on its own, so a bad note costs only itself; in the stream formats (PhysioNet, CoNLL,
-    JSONL) the first error ends the stream, reported as one failure after the notes read so far.
+    JSONL) the first error ends the stream, reported as one failure after the notes read so far
+    (an error before the first note refuses the corpus, as :func:`read` does).
     Errors are the readers' PHI-free :class:`FormatError` messages; keys are note ids (or, for an
     orphan or stream error, the file name).
     """
@@ -137,8 +138,10 @@ def read_each(path: str | os.PathLike[str], format: str | None = None, **options
     spec = get_format(fmt)
     _bind(spec.read, (path,), options, fmt)
     seen: set[str] = set()
+    any_item = False
     if spec.read_each is not None and path.is_dir():
         for key, load in spec.read_each(path, **options):
+            any_item = True
             try:
                 note = load()
             except InputError as e:
@@ -151,6 +154,8 @@ def read_each(path: str | os.PathLike[str], format: str | None = None, **options
                 raise FormatError(f"{path}: duplicate note id {note.id!r}")
             seen.add(note.id)
             yield note.id, note, None
+        if not any_item:
+            raise FormatError(f"{path}: no notes found (format {fmt})")
         return
     notes = spec.read(path, **options)
     last = None
@@ -160,17 +165,18 @@ def read_each(path: str | os.PathLike[str], format: str | None = None, **options
         except StopIteration:
             break
         except InputError as e:
-            after = f" after note {last!r}" if last is not None else ""
-            yield f"{path.name}{after}", None, f"{e.message} (the rest of {path.name} was not read)"
-            return
-        except OSError as e:
-            yield path.name, None, f"{path.name}: cannot read ({e.strerror or type(e).__name__})"
+            if last is None:
+                raise  # nothing readable at all: the corpus is refused as a whole
+            yield (f"{path.name} after note {last!r}", None,
+                   f"{e.message} (the rest of {path.name} was not read)")
             return
         if note.id in seen:
             raise FormatError(f"{path}: duplicate note id {note.id!r}")
         seen.add(note.id)
         last = note.id
         yield note.id, note, None
+    if last is None:
+        raise FormatError(f"{path}: no notes found (format {fmt})")
 
 
 def count(path: str | os.PathLike[str], format: str | None = None, **options: Any) -> int:
