@@ -74,6 +74,10 @@ MAX_NAME_BYTES = 180
 _RUN_LEVEL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
 
 
+class OutputError(DphubError):
+    """OUT cannot take more files (full disk, quota, read-only): the run stops, resumable."""
+
+
 # ---------------------------------------------------------------------------- input
 @dataclass
 class WorkItem:
@@ -407,9 +411,9 @@ def _read_params(path: Path) -> dict[str, Any] | None:
 def _check_settings(root: Path, before: dict[str, Any], now: dict[str, Any]) -> None:
     """A resumed run must use the same input, mode, key and ensemble, or outputs would mix."""
     now = json.loads(json.dumps(now))
-    if before == now:
-        return
     changed = sorted(k for k in set(now) | set(before) if before.get(k) != now.get(k))
+    if not changed:  # (a setting an older run state lacks counts as unset)
+        return
     if "key" in changed:
         raise ConfigError(f"{root}: was started with a different --key-file (the key fingerprints "
                           "differ); resume with the same key, or start over in another --out")
@@ -560,8 +564,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 wrote.append(True)
             except OSError as e:
                 if e.errno in _RUN_LEVEL_ERRNOS:
-                    raise DphubError(f"{dst}: cannot write outputs ({_os_reason(e)}); fix that "
-                                     "and continue with --resume") from None
+                    raise OutputError(f"{dst}: cannot write outputs ({_os_reason(e)}); fix that "
+                                      "and continue with --resume") from None
                 raise InputError(f"cannot write its output file ({_os_reason(e)})") from None
 
     def process(batch: list[WorkItem]) -> None:
@@ -594,9 +598,9 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 msg = e.message if e.message.startswith(it.key) else f"{it.key}: {e.message}"
                 entries.append({"key": it.key, "index": it.index, "status": "failed",
                                 "error": msg})
+            except OutputError:
+                raise  # the whole output is unwritable: stop, resumable
             except DphubError as e:
-                if e.message.startswith(str(dst)):
-                    raise
                 entries.append({"key": it.key, "index": it.index, "status": "failed",
                                 "error": f"{it.key}: {e.message}"})
         if contents:  # the part first: a journal line never points at a missing part
@@ -640,6 +644,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     rows = []
     for e in finished:
         c = parts.get(e.get("part", ""), {}).get(e["key"])
+        if c is None and "audit" in e:  # a journal line written by an older dphub
+            c = {"audit": e["audit"], "record": e.get("record")}
         if c is None:
             raise ConfigError(f"{dst}: run state is incomplete ({e['key']} has no part record); "
                               "start over in another --out")

@@ -356,3 +356,35 @@ def test_read_each_isolates_files_and_reports_a_broken_stream(tmp_path: Path) ->
     got = list(formats.read_each(jl, format="jsonl"))
     assert got[0][0] == "a" and got[1][1] is None and len(got) == 2
     assert "after note 'a'" in got[1][0] and "not read" in got[1][2]
+
+
+def test_resume_of_a_run_started_by_the_previous_format(tmp_path: Path) -> None:
+    """Run state written before this change (flat run.json, audits inside the journal) resumes."""
+    src = tmp_path / "in"
+    _notes(src, 3)
+    (src / "broken.txt").write_bytes(b"\xff")
+    out = tmp_path / "out"
+    assert run_deid(src, out, _rules()).failed == ["broken.txt"]
+    run = out / RUN_DIR
+    params = json.loads((run / "run.json").read_text())["settings"]
+    del params["key"]
+    (run / "run.json").write_text(json.dumps(params))
+    parts = {}
+    for f in (run / "parts").iterdir():
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            parts[rec["key"]] = rec["audit"]
+    old = []
+    for line in (run / "journal.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e.pop("part", None):
+            e["audit"] = parts[e["key"]]
+        old.append(json.dumps(e))
+    (run / "journal.jsonl").write_text("\n".join(old) + "\n")
+    import shutil
+
+    shutil.rmtree(run / "parts")
+    (src / "broken.txt").write_text("DR. SMITH", encoding="utf-8")
+    rep = run_deid(src, out, _rules(), resume=True)
+    assert rep.exit_code == 0 and rep.skipped == 3 and rep.done == 1
+    assert len((out / "audit.jsonl").read_text().splitlines()) == 4
