@@ -610,7 +610,7 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
 
     # stream the input: only one batch of notes is in memory at a time
     batch: list[WorkItem] = []
-    for it in iter_input(src, fmt):
+    for it in map(_printable_key, iter_input(src, fmt)):
         if it.key in seen_keys:
             raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
         seen_keys.add(it.key)
@@ -658,8 +658,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     for key in keys:
         e = journal.entries.get(key)
         if e is None or e["status"] != "done":
-            report.failed.append(key)
-            report.errors.append((e or {}).get("error") or f"{key}: not processed")
+            report.failed.append(_escaped(key))
+            report.errors.append(_escaped((e or {}).get("error") or f"{key}: not processed"))
     report.done = len(finished) - report.skipped
     if not report.failed:  # nothing left to resume: keep only the completion marker
         atomic_write_text(params_path, json.dumps(
@@ -668,6 +668,29 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
         (run_dir / JOURNAL).unlink(missing_ok=True)
         shutil.rmtree(parts_dir, ignore_errors=True)
     return report
+
+
+def _printable_key(it: WorkItem) -> WorkItem:
+    """A note whose key or id cannot be encoded (POSIX hands an undecodable file name over with
+    lone surrogates) cannot be printed, journaled or audited: it fails alone, under an escaped
+    key."""
+    try:
+        it.key.encode("utf-8")
+        if it.note is not None:
+            it.note.id.encode("utf-8")
+        return it
+    except UnicodeEncodeError:
+        pass
+    try:  # the file name's own bytes, shown as \xNN
+        key = it.key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        key = _escaped(it.key)
+    return WorkItem(key, it.index, None, f"{key}: the file name is not valid UTF-8; rename it")
+
+
+def _escaped(s: str) -> str:
+    """``s`` printable as UTF-8 (lone surrogates from odd file names shown as escapes)."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _describe_ensemble(ensemble: Any) -> Any:

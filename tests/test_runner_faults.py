@@ -388,3 +388,15 @@ def test_resume_of_a_run_started_by_the_previous_format(tmp_path: Path) -> None:
     rep = run_deid(src, out, _rules(), resume=True)
     assert rep.exit_code == 0 and rep.skipped == 3 and rep.done == 1
     assert len((out / "audit.jsonl").read_text().splitlines()) == 4
+
+
+def test_file_name_that_is_not_utf8_fails_alone(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in"
+    _notes(src, 2)
+    with open(os.path.join(os.fsencode(src), b"odd\xff.txt"), "wb") as fh:
+        fh.write(b"DR. SMITH")
+    code = main(["deid", str(src), "--model", "rules:default", "--out", str(tmp_path / "out")])
+    assert code == EXIT_SOME_FAILED
+    assert "odd\\xff.txt" in capsys.readouterr().err
+    assert len((tmp_path / "out" / "audit.jsonl").read_text().splitlines()) == 2
