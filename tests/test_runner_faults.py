@@ -322,10 +322,15 @@ def test_fifo_and_symlink_loop_are_named(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="symbolic link loop"):
         run_deid(a, tmp_path / "o", _rules())
     assert not (tmp_path / "o").exists()
+    from dphub import formats
     from dphub.formats._base import read_text
 
     with pytest.raises(InputError, match="FIFO"):
         read_text(fifo)
+    with pytest.raises(InputError, match="FIFO"):
+        list(formats.read(fifo))
+    with pytest.raises(InputError, match="symbolic link loop"):
+        formats.detect_format(a)
 
 
 def test_run_that_failed_before_any_output_does_not_block_a_retry(tmp_path: Path) -> None:

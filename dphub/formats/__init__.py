@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError, FormatError, InputError
-from dphub.formats._base import FormatSpec
+from dphub.formats._base import FormatSpec, not_a_file_reason
 from dphub.formats.brat import BRAT
 from dphub.formats.conll import CONLL
 from dphub.formats.i2b2 import I2B2
@@ -56,6 +56,17 @@ __all__ = [
 ]
 
 
+def _check_readable(path: Path) -> None:
+    """A directory or a regular file, or a FormatError saying what the path is instead.
+
+    A FIFO would block a reader forever and a symbolic link loop "does not exist" to
+    ``Path.exists``; both deserve their own words (issue 16).
+    """
+    if not (path.is_dir() or path.is_file()):
+        reason = not_a_file_reason(path)
+        raise FormatError(f"{path}: {'no such file or directory' if reason == 'no such file' else reason}")
+
+
 def get_format(name: str) -> FormatSpec:
     """The registered format ``name``; ConfigError listing the known ones otherwise."""
     try:
@@ -69,8 +80,7 @@ def get_format(name: str) -> FormatSpec:
 def detect_format(path: str | os.PathLike[str]) -> str:
     """Guess a path's format from its suffix or, for a directory, the files it holds."""
     path = Path(path)
-    if not path.exists():
-        raise FormatError(f"{path}: no such file or directory")
+    _check_readable(path)
     for spec in _SPECS:
         if spec.sniff(path):
             return spec.name
@@ -100,8 +110,7 @@ def read(path: str | os.PathLike[str], format: str | None = None, **options: Any
     the first bad record (earlier notes have been yielded).
     """
     path = Path(path)
-    if not path.exists():
-        raise FormatError(f"{path}: no such file or directory")
+    _check_readable(path)
     fmt = format or detect_format(path)
     spec = get_format(fmt)
     _bind(spec.read, (path,), options, fmt)
@@ -132,8 +141,7 @@ def read_each(path: str | os.PathLike[str], format: str | None = None, **options
     orphan or stream error, the file name).
     """
     path = Path(path)
-    if not path.exists():
-        raise FormatError(f"{path}: no such file or directory")
+    _check_readable(path)
     fmt = format or detect_format(path)
     spec = get_format(fmt)
     _bind(spec.read, (path,), options, fmt)
