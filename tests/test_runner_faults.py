@@ -405,3 +405,17 @@ def test_file_name_that_is_not_utf8_fails_alone(tmp_path: Path,
     assert code == EXIT_SOME_FAILED
     assert "odd\\xff.txt" in capsys.readouterr().err
     assert len((tmp_path / "out" / "audit.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_of_a_complete_run_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in"
+    _notes(src, 2)
+    out = str(tmp_path / "out")
+    assert main(["deid", str(src), "--model", "rules:default", "--out", out]) == 0
+    capsys.readouterr()
+    assert main(["deid", str(src), "--model", "rules:default", "--out", out, "--resume"]) == 0
+    assert "already complete" in capsys.readouterr().out
+    assert main(["deid", str(src), "--model", "rules:default", "--out", out, "--resume",
+                 "--mode", "redact"]) == 2
+    err = capsys.readouterr().err
+    assert "different settings (mode)" in err and "another --out" in err
