@@ -481,6 +481,12 @@ def run_deid(
         return _locked_run(src, dst, ensemble, renderer, settings, fmt=fmt,
                            batch_size=batch_size, resume=resume, audit_text=audit_text,
                            progress=progress, wrote=wrote)
+    except OSError as e:
+        if e.errno not in _RUN_LEVEL_ERRNOS:
+            raise
+        # a full disk while writing run state or the assembled files: stop, resumable
+        raise OutputError(f"{dst}: cannot write ({_os_reason(e)}); fix that and continue with "
+                          "--resume") from None
     except BaseException:
         if not wrote:
             _discard_unused_state(dst, created_out=created_out, created_run=created_run)

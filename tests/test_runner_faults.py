@@ -419,3 +419,29 @@ def test_resume_of_a_complete_run_says_so(tmp_path: Path, capsys: pytest.Capture
                  "--mode", "redact"]) == 2
     err = capsys.readouterr().err
     assert "different settings (mode)" in err and "another --out" in err
+
+
+@pytest.mark.parametrize("victim", ["n2.txt", "audit.jsonl"])
+def test_full_disk_stops_the_run_resumably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           victim: str) -> None:
+    import dphub.runner as runner
+
+    src = tmp_path / "in"
+    _notes(src)
+    real = runner.atomic_write_text
+
+    def write(path: Path, text: str) -> None:
+        if Path(path).name == victim:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(runner, "atomic_write_text", write)
+    with pytest.raises(runner.OutputError, match="No space left"):
+        run_deid(src, tmp_path / "out", _rules(), batch_size=1)
+    monkeypatch.setattr(runner, "atomic_write_text", real)
+    rep = run_deid(src, tmp_path / "out", _rules(), batch_size=1, resume=True)
+    assert rep.exit_code == 0 and rep.skipped + rep.done == 4
+    ref = tmp_path / "ref"
+    run_deid(src, ref, _rules())
+    assert {k: v for k, v in _tree(tmp_path / "out").items() if RUN_DIR not in k} == \
+        {k: v for k, v in _tree(ref).items() if RUN_DIR not in k}
