@@ -218,7 +218,7 @@ def deid_top_cmd(
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
-    from dphub.ensemble.manifest import MemberEntry, card_privacy
+    from dphub.ensemble.manifest import MemberEntry, card_privacy, weights_digest
 
     if model.startswith("rules:"):
         slot = member_from_entry(MemberEntry(model, "rules", threshold=threshold))
@@ -236,7 +236,9 @@ def deid_top_cmd(
         member = ModelMember.load(p, batch_size=batch_size)
         if int8:
             member.quantize_int8()
-        slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"))
+        # the weights digest as revision: a resumed run refuses other weights (outputs would mix)
+        slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
+                    weights_digest(p))
     return _run(input_path, out, Ensemble([slot]), mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
                 fmt=fmt)

@@ -445,3 +445,21 @@ def test_full_disk_stops_the_run_resumably(tmp_path: Path, monkeypatch: pytest.M
     run_deid(src, ref, _rules())
     assert {k: v for k, v in _tree(tmp_path / "out").items() if RUN_DIR not in k} == \
         {k: v for k, v in _tree(ref).items() if RUN_DIR not in k}
+
+
+def test_resume_with_retrained_weights_is_refused(model_template: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from hub_fixtures import make_model_dir
+
+    model = copy_model(model_template, tmp_path / "model")
+    src = tmp_path / "in"
+    _notes(src, 2)
+    (src / "broken.txt").write_bytes(b"\xff")
+    out = str(tmp_path / "out")
+    args = ["deid", str(src), "--model", str(model), "--out", out]
+    assert main(args) == EXIT_SOME_FAILED
+    other = make_model_dir(tmp_path / "other", seed=7)
+    (model / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    assert "different settings (ensemble)" in capsys.readouterr().err
