@@ -7,6 +7,7 @@ random span sets must give identical results, and a multi-megabyte note must fin
 from __future__ import annotations
 
 import re
+import signal
 import time
 from typing import Any
 
@@ -109,11 +110,21 @@ def test_multi_megabyte_note_is_fast() -> None:
     base = "\n\n".join(n.text for n in synth.generate(40, seed=7))
     text = (base + "\n\n") * max(1, 2_500_000 // (len(base) + 2))
     rules = RuleMember()
-    t0 = time.perf_counter()
-    spans = rules.spans(text)
-    shifted = [Span(s.start + 1, s.end, s.label, 0.5) for s in spans if s.end > s.start + 1]
-    merged = aggregate({"rules": spans, "other": shifted}, "any")
-    elapsed = time.perf_counter() - t0
+
+    def too_slow(*_: object) -> None:  # the quadratic code would run for the better part of an hour
+        raise TimeoutError("rules + aggregation on a 2.5 MB note took over 90 s")
+
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(90)
+    try:
+        t0 = time.perf_counter()
+        spans = rules.spans(text)
+        shifted = [Span(s.start + 1, s.end, s.label, 0.5) for s in spans if s.end > s.start + 1]
+        merged = aggregate({"rules": spans, "other": shifted}, "any")
+        elapsed = time.perf_counter() - t0
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
     assert len(spans) > 10_000 and merged
     assert elapsed < 60, f"{len(text)} characters took {elapsed:.1f} s"
 
