@@ -23,8 +23,11 @@ half-written output or a note written twice is a privacy and correctness problem
   resumed run's outputs are byte-identical to an uninterrupted run's, with no note missing or
   duplicated. A run that ends with every note done removes the journal and the parts and keeps
   only ``run.json`` marked complete (settings, note count), so a later ``--resume`` says "already
-  complete"; a run that failed before writing anything removes its state, so a retry with other
-  settings is not blocked.
+  complete"; a run that ends with failed notes keeps its state for ``--resume`` (part files may
+  hold removed text with ``audit_text`` and rendered JSONL records: 0600 in a 0700 directory); a
+  run that failed before writing anything removes its state, so a retry with other settings is
+  not blocked. A full disk (or quota, or read-only OUT) stops the run with
+  :class:`OutputError`; ``--resume`` continues it.
 * ``OUT`` must not be the input, lie inside it or contain it; ``--resume`` needs an earlier run
   of the same settings in ``OUT``.
 * ``OUT/audit.jsonl``: per note, in input order, the spans removed (offsets, label, score) and
