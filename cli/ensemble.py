@@ -53,10 +53,9 @@ def add_cmd(
     """Add a member, pinning its revision (registry sha or weights digest)."""
     from dphub.ensemble.manifest import Manifest, entry_from_spec
 
-    manifest = Manifest.load(manifest_path, missing_ok=True)
-    entry = entry_from_spec(spec, name=name, threshold=threshold)
-    manifest.add(entry)
-    manifest.save(manifest_path)
+    entry = entry_from_spec(spec, name=name, threshold=threshold)  # hashing weights: unlocked
+    with Manifest.editing(manifest_path, missing_ok=True) as manifest:
+        manifest.add(entry)
     typer.echo(f"added {entry.name} ({entry.kind}"
                + (f", revision {entry.revision}" if entry.revision else "") + f") to {manifest_path}")
 
@@ -69,9 +68,8 @@ def remove_cmd(
     """Remove a member."""
     from dphub.ensemble.manifest import Manifest
 
-    manifest = Manifest.load(manifest_path)
-    manifest.remove(name)
-    manifest.save(manifest_path)
+    with Manifest.editing(manifest_path) as manifest:
+        manifest.remove(name)
     typer.echo(f"removed {name} from {manifest_path}")
 
 
@@ -168,7 +166,9 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
                           batch_size=batch_size, resume=resume, audit_text=audit_text,
                           progress=reporter.count_callback("deid", "notes"))
     msg = f"{report.done} note(s) de-identified into {out}"
-    if report.skipped:
+    if report.already_complete:
+        msg = f"the run in {out} is already complete ({report.skipped} note(s)); nothing to do"
+    elif report.skipped:
         msg += f", {report.skipped} already done"
     typer.echo(msg)
     for err in report.errors:
@@ -269,7 +269,7 @@ def deid_top_cmd(
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
-    from dphub.ensemble.manifest import MemberEntry, card_privacy
+    from dphub.ensemble.manifest import MemberEntry, card_privacy, weights_digest
 
     out = _resolve_out(input_path, out, resume)
     if model.startswith("rules:"):
@@ -288,7 +288,9 @@ def deid_top_cmd(
         member = ModelMember.load(p, batch_size=batch_size)
         if int8:
             member.quantize_int8()
-        slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"))
+        # the weights digest as revision: a resumed run refuses other weights (outputs would mix)
+        slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
+                    weights_digest(p))
     return _run(input_path, out, Ensemble([slot]), mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
                 fmt=fmt)

@@ -12,15 +12,29 @@ half-written output or a note written twice is a privacy and correctness problem
   ``OUT/<input name>`` with the records in input order (``{"id", "text"}``, or ``{"id", "spans"}``
   in spans mode), assembled atomically when the run finishes. Every file is written to a temp file
   and renamed (:mod:`dphub.io`).
-* A journal (``OUT/.dphub-run/journal.jsonl``, fsynced after each batch) records each finished or
-  failed note with its audit record (and, for JSONL output, its output record). ``resume=True``
-  skips finished notes and retries failed ones; a torn last journal line (SIGKILL mid-write) is
-  dropped. Because rendering is deterministic (surrogates are keyed), a resumed run's outputs are
-  byte-identical to an uninterrupted run's, with no note missing or duplicated.
+* Run state lives in ``OUT/.dphub-run/`` (0700; every file in it 0600), under a lock so two runs
+  never write into one OUT. The journal (``journal.jsonl``, fsynced after each batch) records only
+  keys, positions, status and PHI-free errors: no note text, no spans. What a finished note
+  contributes to the assembled files (its audit record, and for JSONL output its rendered record)
+  goes to a per-batch part file (``parts/*.jsonl``, 0600) written atomically before the journal
+  line. ``resume=True`` skips finished notes and retries failed ones; a torn last journal line
+  (SIGKILL mid-write) is dropped. Because rendering is deterministic (surrogates are keyed, and the
+  run records a fingerprint of the key, never the key, so a resume with another key is refused), a
+  resumed run's outputs are byte-identical to an uninterrupted run's, with no note missing or
+  duplicated. A run that ends with every note done removes the journal and the parts and keeps
+  only ``run.json`` marked complete (settings, note count), so a later ``--resume`` says "already
+  complete"; a run that ends with failed notes keeps its state for ``--resume`` (part files may
+  hold removed text with ``audit_text`` and rendered JSONL records: 0600 in a 0700 directory); a
+  run that failed before writing anything removes its state, so a retry with other settings is
+  not blocked. A full disk (or quota, or read-only OUT) stops the run with
+  :class:`OutputError`; ``--resume`` continues it.
+* ``OUT`` must not be the input, lie inside it or contain it; ``--resume`` needs an earlier run
+  of the same settings in ``OUT``.
 * ``OUT/audit.jsonl``: per note, in input order, the spans removed (offsets, label, score) and
   the members that voted; no text unless ``audit_text``.
-* A note that fails (undecodable bytes, a malformed record, a render error) is reported by its
-  key (relative path or line number) and skipped; the run goes on. The CLI exits with
+* A note that fails (unreadable or undecodable file, a malformed record or ``.ann``, a lone
+  surrogate, an output name the file system refuses, a render error) is reported by its key
+  (relative path, line number or note id) and skipped; the run goes on. The CLI exits with
   :data:`EXIT_SOME_FAILED` (3) when any note failed.
 
 Messages name files, line numbers and note ids, never text.
@@ -28,13 +42,21 @@ Messages name files, line numbers and note ids, never text.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import json
 import os
 import re
+import shutil
+import stat
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from dphub.errors import ConfigError, DphubError, InputError
 from dphub.io import DiskFullError, atomic_write_text
@@ -44,8 +66,19 @@ EXIT_SOME_FAILED = 3
 RUN_DIR = ".dphub-run"
 JOURNAL = "journal.jsonl"
 PARAMS = "run.json"
+PARTS = "parts"
+LOCK = "lock"
 AUDIT = "audit.jsonl"
 MODES = ("tag", "redact", "surrogate", "spans", "brat")
+#: Longest output file name component (bytes) before it is shortened with a digest; file systems
+#: refuse names over 255 bytes, and the atomic writer adds a prefix and a suffix.
+MAX_NAME_BYTES = 180
+#: Write errors that concern the whole output (not one note): the run stops, resumable.
+_RUN_LEVEL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
+
+
+class OutputError(DphubError):
+    """OUT cannot take more files (full disk, quota, read-only): the run stops, resumable."""
 
 
 # ---------------------------------------------------------------------------- input
@@ -60,11 +93,24 @@ class WorkItem:
     stem: str | None = None  # output path without suffix, relative to OUT
 
 
+def _short_name(part: str) -> str:
+    """A file name component within :data:`MAX_NAME_BYTES`, kept unique by a digest when cut."""
+    raw = part.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_NAME_BYTES:
+        return part
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return raw[: MAX_NAME_BYTES - 17].decode("utf-8", "ignore") + "-" + digest
+
+
 def _safe_stem(note_id: str) -> str:
-    """A relative output path for a note id (no absolute paths, no ``..``)."""
+    """A relative output path for a note id (no absolute paths, no ``..``, no overlong names)."""
     parts = [p for p in re.split(r"[\\/]+", note_id) if p not in ("", ".", "..")]
-    parts = [re.sub(r"[^\w.@+-]", "_", p) for p in parts]
+    parts = [_short_name(re.sub(r"[^\w.@+-]", "_", p)) for p in parts]
     return "/".join(parts) or "note"
+
+
+def _os_reason(e: OSError) -> str:
+    return e.strerror or type(e).__name__
 
 
 def _iter_txt_dir(root: Path) -> Iterator[WorkItem]:
@@ -72,7 +118,11 @@ def _iter_txt_dir(root: Path) -> Iterator[WorkItem]:
     for i, f in enumerate(files):
         rel = f.relative_to(root).as_posix()
         stem = rel[: -len(".txt")]
-        data = f.read_bytes()
+        try:
+            data = f.read_bytes()
+        except OSError as e:  # permissions, a vanished file, an I/O error: this note alone
+            yield WorkItem(rel, i, None, f"{rel}: cannot read ({_os_reason(e)})", stem)
+            continue
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -81,6 +131,15 @@ def _iter_txt_dir(root: Path) -> Iterator[WorkItem]:
         if text.startswith("\ufeff"):
             text = text[1:]
         yield WorkItem(rel, i, Note(id=stem, text=text), None, stem)
+
+
+def _encodable(obj: Any) -> bool:
+    """Whether a decoded JSON value can be written back as UTF-8 (no lone surrogates)."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _iter_jsonl(path: Path) -> Iterator[WorkItem]:
@@ -99,25 +158,34 @@ def _iter_jsonl(path: Path) -> Iterator[WorkItem]:
                 yield WorkItem(key, i, None, f"{path.name} line {lineno}: not valid JSON "
                                f"(column {e.colno})")
                 continue
+            except RecursionError:
+                yield WorkItem(key, i, None, f"{path.name} line {lineno}: JSON nested too deeply")
+                continue
             if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
                 yield WorkItem(key, i, None, f"{path.name} line {lineno}: record needs a 'text' string")
                 continue
-            note_id = rec.get("id") or (rec.get("meta") or {}).get("note_id") or str(lineno)
+            if not _encodable(rec):
+                # json.loads accepts "\ud800"; no UTF-8 output can hold it
+                yield WorkItem(key, i, None, f"{path.name} line {lineno}: holds a lone surrogate "
+                               "escape (\\ud800-\\udfff), which is not valid Unicode text")
+                continue
+            meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
+            note_id = rec.get("id") or meta.get("note_id") or str(lineno)
+            metadata = rec.get("metadata") if isinstance(rec.get("metadata"), dict) else {}
+            patient = rec.get("patient_id")
             note = Note(id=str(note_id), text=rec["text"],
-                        patient_id=rec.get("patient_id"), metadata=rec.get("metadata") or {})
+                        patient_id=None if patient is None else str(patient), metadata=metadata)
             yield WorkItem(key, i, note, None, _safe_stem(str(note_id)))
 
 
 def _iter_format(path: Path, fmt: str | None) -> Iterator[WorkItem]:
-    try:
-        from dphub import formats
-    except ImportError:  # pragma: no cover - formats always ships
-        raise ConfigError("corpus formats are not available in this installation") from None
-    read = getattr(formats, "read", None)
-    if read is None:
-        raise ConfigError(f"{path}: cannot read this input (formats.read is not available)")
-    for i, note in enumerate(read(path, format=fmt)):
-        yield WorkItem(note.id, i, note, None, _safe_stem(note.id))
+    from dphub import formats
+
+    for i, (key, note, error) in enumerate(formats.read_each(path, format=fmt)):
+        if note is None:
+            yield WorkItem(key, i, None, error, None)
+        else:
+            yield WorkItem(note.id, i, note, None, _safe_stem(note.id))
 
 
 def input_layout(path: Path, fmt: str | None) -> str:
@@ -142,9 +210,31 @@ def _count_input(path: Path, layout: str) -> int | None:
     return None
 
 
+def check_input(path: Path) -> None:
+    """Refuse an input that is not a readable directory or regular file, saying what it is.
+
+    ``Path.exists`` answers False for a symbolic link loop, and a FIFO "exists" but would block
+    the reader forever: both used to end as "input not found" (or a hang).
+    """
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputError(f"{path}: symbolic link loop") from None
+        if e.errno == errno.ENOENT:
+            what = "broken symbolic link" if os.path.lexists(path) else "input not found"
+            raise InputError(f"{path}: {what}") from None
+        raise InputError(f"{path}: cannot read ({_os_reason(e)})") from None
+    mode = st.st_mode
+    if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+        return
+    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
+    raise InputError(f"{path}: not a regular file or directory ({kind})")
+
+
 def iter_input(path: Path, fmt: str | None = None) -> Iterator[WorkItem]:
-    if not path.exists():
-        raise InputError(f"{path}: input not found")
+    check_input(path)
     layout = input_layout(path, fmt)
     if layout == "txt":
         return _iter_txt_dir(path)
@@ -190,10 +280,28 @@ class Renderer:
         return {"id": note.id, "text": out}
 
 
-# ---------------------------------------------------------------------------- journal
+def key_fingerprint(key: bytes | None) -> str | None:
+    """A digest that tells two surrogate keys apart without revealing either (None: no key).
+
+    Why: surrogates are keyed, so a run resumed with another key mixes two mappings in one output.
+    The fingerprint is a salted SHA-256 of the key, truncated: enough to compare, useless to
+    recover a key of the required length.
+    """
+    if key is None:
+        return None
+    return hashlib.sha256(b"dphub surrogate key fingerprint\x00" + key).hexdigest()[:24]
+
+
+# ---------------------------------------------------------------------------- run state
+def _private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) and make it 0700: run state may describe PHI."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
 @dataclass
 class Journal:
-    """Append-only record of finished/failed notes; tolerant of a torn last line."""
+    """Append-only record of finished/failed notes (keys and status only); tolerates a torn line."""
 
     path: Path
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -213,9 +321,9 @@ class Journal:
                     break  # torn write: everything after it is gone
                 good.append(line)
                 j.entries[e["key"]] = e
-            atomic_write_text(path, "".join(g + "\n" for g in good))
+            atomic_write_text(path, "".join(g + "\n" for g in good))  # 0600 (mkstemp)
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _private_dir(path.parent)
         return j
 
     def done(self, key: str) -> bool:
@@ -224,12 +332,28 @@ class Journal:
     def append(self, entries: Sequence[dict[str, Any]]) -> None:
         if not entries:
             return
-        with open(self.path, "a", encoding="utf-8") as fh:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as fh:
             for e in entries:
                 fh.write(json.dumps(e, sort_keys=True) + "\n")
                 self.entries[e["key"]] = e
             fh.flush()
             os.fsync(fh.fileno())
+
+
+def _load_parts(parts_dir: Path, names: set[str]) -> dict[str, dict[str, Any]]:
+    """key -> {"audit", "record"?} from the part files the journal names."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(names):
+        f = parts_dir / name
+        if not f.is_file():
+            raise ConfigError(f"{parts_dir.parent.parent}: run state is incomplete (a part file "
+                              "is missing); start over in another --out")
+        for line in f.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            out.setdefault(name, {})[rec["key"]] = rec
+    return out
 
 
 # ---------------------------------------------------------------------------- the run
@@ -241,6 +365,7 @@ class RunReport:
     failed: list[str] = field(default_factory=list)  # keys (paths / line numbers), PHI-free
     errors: list[str] = field(default_factory=list)  # PHI-free messages
     out: Path | None = None
+    already_complete: bool = False  # --resume of a run that had finished every note
 
     @property
     def exit_code(self) -> int:
@@ -255,6 +380,56 @@ def _audit_record(item: WorkItem, merged: Sequence[Any], note: Note, audit_text:
             d["text"] = note.text[d["start"] : d["end"]]
         spans.append(d)
     return {"key": item.key, "id": note.id, "spans": spans}
+
+
+def _check_paths(src: Path, dst: Path) -> None:
+    """OUT is never the input, inside it, or around it: a run must not be able to touch its input."""
+    src_r, dst_r = src.resolve(), dst.resolve()
+    if dst_r == src_r:
+        raise ConfigError(f"{dst}: the output must not be the input")
+    if src.is_dir() and src_r in dst_r.parents:
+        raise ConfigError(f"{dst}: the output must not be inside the input")
+    if dst_r in src_r.parents:
+        raise ConfigError(f"{dst}: the output must not contain the input (choose a directory "
+                          "beside it)")
+    if dst.exists() and not dst.is_dir():
+        raise ConfigError(f"{dst}: --out must be a directory")
+
+
+def _read_params(path: Path) -> dict[str, Any] | None:
+    """The run state file (``{"settings", "status", "notes"}``); None when absent or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if "settings" not in data:  # written by an older dphub: the settings themselves
+        data = {"settings": data, "status": "running"}
+    return data
+
+
+def _check_settings(root: Path, before: dict[str, Any], now: dict[str, Any]) -> None:
+    """A resumed run must use the same input, mode, key and ensemble, or outputs would mix."""
+    now = json.loads(json.dumps(now))
+    changed = sorted(k for k in set(now) | set(before) if before.get(k) != now.get(k))
+    if not changed:  # (a setting an older run state lacks counts as unset)
+        return
+    if "key" in changed:
+        raise ConfigError(f"{root}: was started with a different --key-file (the key fingerprints "
+                          "differ); resume with the same key, or start over in another --out")
+    raise ConfigError(f"{root}: was started with different settings ({', '.join(changed)}); "
+                      f"resume with the same ones, or start over in another --out (or remove "
+                      f"{root})")
+
+
+def _remove_stale_temps(root: Path) -> None:
+    """Delete temp files a killed run left behind (``dphub.io`` names them ``.<name>.*.tmp``)."""
+    for p in root.rglob(".*.tmp"):
+        if p.is_file() and re.fullmatch(r"\..+\.[^.]+\.tmp", p.name):
+            p.unlink(missing_ok=True)
 
 
 def run_deid(
@@ -277,26 +452,107 @@ def run_deid(
     """
     src = Path(input_path)
     dst = Path(out)
-    if not src.exists():
-        raise InputError(f"{src}: input not found")
-    src_r, dst_r = src.resolve(), dst.resolve()
-    if dst_r == src_r or (src.is_dir() and src_r in dst_r.parents):
-        raise ConfigError(f"{dst}: the output must not be inside the input")
+    check_input(src)
+    _check_paths(src, dst)
     if batch_size < 1:
         raise ConfigError(f"batch size must be at least 1 (got {batch_size})")
     renderer = Renderer(mode, key, **(render_options or {}))
-    layout = input_layout(src, fmt)
-    jsonl_out = layout == "jsonl" and mode != "brat"
-    if dst.exists() and not dst.is_dir():
-        raise ConfigError(f"{dst}: --out must be a directory")
-    if dst.exists() and not resume and any(p.name != RUN_DIR for p in dst.iterdir()):
-        raise ConfigError(f"{dst}: output directory is not empty (use --resume to continue a run)")
-    dst.mkdir(parents=True, exist_ok=True)
-    journal = Journal.open(dst / RUN_DIR / JOURNAL, resume=resume)
-    _check_run_params(dst / RUN_DIR / PARAMS, {
-        "input": str(src_r), "format": fmt, "mode": mode, "audit_text": audit_text,
+    if resume and not (dst / RUN_DIR / PARAMS).is_file():
+        raise ConfigError(f"{dst}: no earlier run to resume here (no {RUN_DIR}/{PARAMS}); drop "
+                          "--resume to start a new run into an empty or new directory")
+    settings = {
+        "input": str(src.resolve()), "format": fmt, "mode": mode, "audit_text": audit_text,
         "render_options": render_options or {}, "ensemble": _describe_ensemble(ensemble),
-    })
+        "key": key_fingerprint(key),
+    }
+    created_out = not dst.exists()
+    dst.mkdir(parents=True, exist_ok=True)
+    if created_out:
+        os.chmod(dst, 0o700)  # it will hold de-identified notes: private like its files
+    run_dir = dst / RUN_DIR
+    created_run = not run_dir.exists()
+    _private_dir(run_dir)
+    # one run per OUT: a second one fails at once instead of writing the same files
+    lock = FileLock(str(run_dir / LOCK), timeout=0, mode=0o600)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ConfigError(f"{dst}: another dphub run is writing into this directory; wait for it "
+                          "to finish, or choose another --out") from None
+    wrote: list[bool] = []  # becomes non-empty once this run has written an output file
+    try:
+        return _locked_run(src, dst, ensemble, renderer, settings, fmt=fmt,
+                           batch_size=batch_size, resume=resume, audit_text=audit_text,
+                           progress=progress, wrote=wrote)
+    except OSError as e:
+        if e.errno not in _RUN_LEVEL_ERRNOS:
+            raise
+        # a full disk while writing run state or the assembled files: stop, resumable
+        raise OutputError(f"{dst}: cannot write ({_os_reason(e)}); fix that and continue with "
+                          "--resume") from None
+    except BaseException:
+        if not wrote:
+            _discard_unused_state(dst, created_out=created_out, created_run=created_run)
+        raise
+    finally:
+        lock.release()
+
+
+def _discard_unused_state(dst: Path, *, created_out: bool, created_run: bool) -> None:
+    """After a run that ended before finishing any note and wrote no output: remove its state.
+
+    Why: a leftover ``run.json`` made the retry (often with corrected settings) fail with
+    "started with different settings" although there was nothing to resume. State of an earlier
+    run that finished notes is never touched; what the refused run created is removed.
+    """
+    run_dir = dst / RUN_DIR
+    try:
+        journal = run_dir / JOURNAL
+        has_entries = journal.is_file() and bool(journal.read_text(encoding="utf-8").strip())
+        params = _read_params(run_dir / PARAMS)
+    except OSError:
+        return
+    if has_entries or (params is not None and params.get("status") == "complete"):
+        return
+    if params is not None and not created_run and any(p.name != RUN_DIR for p in dst.iterdir()):
+        return  # an earlier run's state beside outputs it wrote (killed before its journal line)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if created_out:
+        with contextlib.suppress(OSError):
+            dst.rmdir()  # only when empty
+
+
+def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
+                settings: dict[str, Any], *, fmt: str | None, batch_size: int, resume: bool,
+                audit_text: bool, progress: Callable[[int, int], None] | None,
+                wrote: list[bool]) -> RunReport:
+    """The run proper, under the lock (see :func:`run_deid`)."""
+    run_dir = dst / RUN_DIR
+    params_path = run_dir / PARAMS
+    params = _read_params(params_path)
+    if resume:
+        if params is None:
+            raise ConfigError(f"{dst}: no earlier run to resume here (no {RUN_DIR}/{PARAMS}); "
+                              "drop --resume to start a new run into an empty or new directory")
+        _check_settings(dst, params.get("settings") or {}, settings)
+        if params.get("status") == "complete":
+            n = int(params.get("notes") or 0)
+            return RunReport(total=n, skipped=n, out=dst, already_complete=True)
+    else:
+        if any(p.name != RUN_DIR for p in dst.iterdir()):
+            raise ConfigError(f"{dst}: output directory is not empty (use --resume to continue "
+                              "a run)")
+        if params is not None or (run_dir / JOURNAL).exists():
+            raise ConfigError(f"{dst}: holds an earlier run; pass --resume to continue it, or "
+                              "choose another --out")
+    layout = input_layout(src, fmt)
+    jsonl_out = layout == "jsonl" and renderer.mode != "brat"
+    journal = Journal.open(run_dir / JOURNAL, resume=resume)
+    if params is None:
+        atomic_write_text(params_path, json.dumps({"settings": settings, "status": "running"},
+                                                  indent=2, sort_keys=True) + "\n")
+    parts_dir = run_dir / PARTS
+    _private_dir(parts_dir)
     if resume:
         _remove_stale_temps(dst)
     report = RunReport(total=_count_input(src, layout) or 0, out=dst)
@@ -305,14 +561,32 @@ def run_deid(
     seen_keys: set[str] = set()
     seen_stems: set[str] = set()
 
+    def write_output(it: WorkItem, note: Note, spans: list[Span]) -> None:
+        for suffix, content in renderer.files(note, spans).items():
+            target = dst / f"{it.stem}{suffix}"
+            try:
+                if not target.parent.is_dir():  # mirrored sub-directories: 0700 like OUT
+                    for d in reversed([target.parent, *target.parent.parents]):
+                        if d != dst and dst in d.parents and not d.is_dir():
+                            d.mkdir(mode=0o700, exist_ok=True)
+                atomic_write_text(target, content)
+                wrote.append(True)
+            except OSError as e:
+                if e.errno in _RUN_LEVEL_ERRNOS:
+                    raise OutputError(f"{dst}: cannot write outputs ({_os_reason(e)}); fix that "
+                                      "and continue with --resume") from None
+                raise InputError(f"cannot write its output file ({_os_reason(e)})") from None
+
     def process(batch: list[WorkItem]) -> None:
         entries: list[dict[str, Any]] = []
+        contents: list[dict[str, Any]] = []
         readable = [it for it in batch if it.note is not None]
         for it in batch:
             if it.note is None:
                 entries.append({"key": it.key, "index": it.index, "status": "failed",
                                 "error": it.error})
         results = _deid_isolated(ensemble, readable)
+        part = f"{uuid.uuid4().hex}.jsonl"
         for it, res in zip(readable, results, strict=True):
             note = it.note
             assert note is not None
@@ -320,25 +594,32 @@ def run_deid(
                 if isinstance(res, str):
                     raise InputError(res)
                 spans = [m.to_span() for m in res.merged]
-                entry: dict[str, Any] = {"key": it.key, "index": it.index, "status": "done",
-                                         "audit": _audit_record(it, res.merged, note, audit_text)}
+                content: dict[str, Any] = {"key": it.key,
+                                           "audit": _audit_record(it, res.merged, note, audit_text)}
                 if jsonl_out:
-                    entry["record"] = json.dumps(renderer.jsonl_record(note, spans),
-                                                 ensure_ascii=False, sort_keys=True)
+                    content["record"] = json.dumps(renderer.jsonl_record(note, spans),
+                                                   ensure_ascii=False, sort_keys=True)
                 else:
-                    for suffix, content in renderer.files(note, spans).items():
-                        atomic_write_text(dst / f"{it.stem}{suffix}", content)
-                entries.append(entry)
-            except DiskFullError:
-                raise  # not this note's fault: stop the run (the journal keeps what is done)
+                    write_output(it, note, spans)
+                contents.append(content)
+                entries.append({"key": it.key, "index": it.index, "status": "done", "part": part})
+            except InputError as e:
+                msg = e.message if e.message.startswith(it.key) else f"{it.key}: {e.message}"
+                entries.append({"key": it.key, "index": it.index, "status": "failed",
+                                "error": msg})
+            except (OutputError, DiskFullError):
+                raise  # the whole output is unwritable: stop, resumable
             except DphubError as e:
                 entries.append({"key": it.key, "index": it.index, "status": "failed",
                                 "error": f"{it.key}: {e.message}"})
+        if contents:  # the part first: a journal line never points at a missing part
+            atomic_write_text(parts_dir / part, "".join(
+                json.dumps(c, ensure_ascii=False, sort_keys=True) + "\n" for c in contents))
         journal.append(entries)
 
     # stream the input: only one batch of notes is in memory at a time
     batch: list[WorkItem] = []
-    for it in iter_input(src, fmt):
+    for it in map(_printable_key, iter_input(src, fmt)):
         if it.key in seen_keys:
             raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
         seen_keys.add(it.key)
@@ -364,20 +645,61 @@ def run_deid(
     report.total = len(keys)
     if progress:
         progress(done_count, report.total)
-    # finalize: audit (and JSONL output) from the journal, in input order
-    finished = sorted((e for e in journal.entries.values() if e["status"] == "done"),
+    # finalize: audit (and JSONL output) from the part files, in input order
+    finished = sorted((e for e in journal.entries.values()
+                       if e["status"] == "done" and e["key"] in seen_keys),
                       key=lambda e: e["index"])
-    atomic_write_text(dst / AUDIT, "".join(
-        json.dumps(e["audit"], ensure_ascii=False, sort_keys=True) + "\n" for e in finished))
+    parts = _load_parts(parts_dir, {e["part"] for e in finished if "part" in e})
+    rows = []
+    for e in finished:
+        c = parts.get(e.get("part", ""), {}).get(e["key"])
+        if c is None and "audit" in e:  # a journal line written by an older dphub
+            c = {"audit": e["audit"], "record": e.get("record")}
+        if c is None:
+            raise ConfigError(f"{dst}: run state is incomplete ({e['key']} has no part record); "
+                              "start over in another --out")
+        rows.append(c)
+    wrote.append(True)
+    atomic_write_text(dst / AUDIT, "".join(  # 0600 like every output (it may hold text)
+        json.dumps(c["audit"], ensure_ascii=False, sort_keys=True) + "\n" for c in rows))
     if jsonl_out:
-        atomic_write_text(dst / src.name, "".join(e["record"] + "\n" for e in finished))
+        atomic_write_text(dst / src.name, "".join(c["record"] + "\n" for c in rows))
     for key in keys:
         e = journal.entries.get(key)
         if e is None or e["status"] != "done":
-            report.failed.append(key)
-            report.errors.append((e or {}).get("error") or f"{key}: not processed")
+            report.failed.append(_escaped(key))
+            report.errors.append(_escaped((e or {}).get("error") or f"{key}: not processed"))
     report.done = len(finished) - report.skipped
+    if not report.failed:  # nothing left to resume: keep only the completion marker
+        atomic_write_text(params_path, json.dumps(
+            {"settings": settings, "status": "complete", "notes": report.total},
+            indent=2, sort_keys=True) + "\n")
+        (run_dir / JOURNAL).unlink(missing_ok=True)
+        shutil.rmtree(parts_dir, ignore_errors=True)
     return report
+
+
+def _printable_key(it: WorkItem) -> WorkItem:
+    """A note whose key or id cannot be encoded (POSIX hands an undecodable file name over with
+    lone surrogates) cannot be printed, journaled or audited: it fails alone, under an escaped
+    key."""
+    try:
+        it.key.encode("utf-8")
+        if it.note is not None:
+            it.note.id.encode("utf-8")
+        return it
+    except UnicodeEncodeError:
+        pass
+    try:  # the file name's own bytes, shown as \xNN
+        key = it.key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        key = _escaped(it.key)
+    return WorkItem(key, it.index, None, f"{key}: the file name is not valid UTF-8; rename it")
+
+
+def _escaped(s: str) -> str:
+    """``s`` printable as UTF-8 (lone surrogates from odd file names shown as escapes)."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _describe_ensemble(ensemble: Any) -> Any:
@@ -386,29 +708,6 @@ def _describe_ensemble(ensemble: Any) -> Any:
         return None
     return {"rule": str(getattr(ensemble, "rule", "")),
             "members": [[s.name, s.revision, s.threshold] for s in slots]}
-
-
-def _check_run_params(path: Path, params: dict[str, Any]) -> None:
-    """A resumed run must use the same input, mode and ensemble, or outputs would mix."""
-    if path.is_file():
-        try:
-            before = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:
-            before = None
-        if before is not None and before != json.loads(json.dumps(params)):
-            changed = sorted(k for k in params if before.get(k) != json.loads(json.dumps(params[k])))
-            raise ConfigError(f"{path.parent.parent}: was started with different settings "
-                              f"({', '.join(changed)}); resume with the same ones or use another "
-                              "--out")
-        return
-    atomic_write_text(path, json.dumps(params, indent=2, sort_keys=True) + "\n")
-
-
-def _remove_stale_temps(root: Path) -> None:
-    """Delete temp files a killed run left behind (``dphub.io`` names them ``.<name>.*.tmp``)."""
-    for p in root.rglob(".*.tmp"):
-        if p.is_file() and re.fullmatch(r"\..+\.[^.]+\.tmp", p.name):
-            p.unlink(missing_ok=True)
 
 
 def _deid_isolated(ensemble: Any, items: Sequence[WorkItem]) -> list[Any]:

@@ -117,9 +117,11 @@ def test_kill_and_resume_is_byte_identical(tmp_path: Path, mode: str) -> None:
     proc = _start(src, out, "--mode", mode, "--resume")
     assert proc.wait(timeout=300) == 0
     assert _tree(out) == _tree(ref)
-    entries = [json.loads(x) for x in journal.read_text().splitlines()]
-    done = [e["key"] for e in entries if e["status"] == "done"]
-    assert sorted(done) == sorted(set(done)) and len(done) == 300  # none missing, none twice
+    audit = [json.loads(x)["key"] for x in (out / "audit.jsonl").read_text().splitlines()]
+    assert sorted(audit) == sorted(set(audit)) and len(audit) == 300  # none missing, none twice
+    # a complete run keeps only its completion marker (no journal, no part files)
+    assert sorted(p.name for p in (out / RUN_DIR).iterdir() if p.name != "lock") == ["run.json"]
+    assert json.loads((out / RUN_DIR / "run.json").read_text())["status"] == "complete"
 
 
 def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:

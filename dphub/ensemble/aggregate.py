@@ -16,6 +16,7 @@ comma-joined in ``source`` (the contract :mod:`dphub.render` reads).
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,8 +112,11 @@ def aggregate(
         return []
     # votes per character: +1/-1 events per member over that member's merged coverage
     events: dict[int, int] = {}
+    by_name: dict[str, list[tuple[int, int]]] = {n: [] for n in names}
+    for n, s in spans:
+        by_name[n].append((s.start, s.end))
     for name in names:
-        own = sorted((s.start, s.end) for n, s in spans if n == name)
+        own = sorted(by_name[name])
         merged: list[list[int]] = []
         for a, b in own:
             if merged and a <= merged[-1][1]:
@@ -131,12 +135,25 @@ def aggregate(
         elif votes < rule.k and start is not None:
             regions.append((start, pos))
             start = None
+    # sweep the regions in order over the spans sorted by start; a heap keyed by end drops the
+    # spans that ended before the current region (regions are disjoint and increasing), so each
+    # span enters and leaves once: O(n log n) instead of scanning every span per region
+    by_start = sorted(range(len(spans)), key=lambda i: spans[i][1].start)
+    active: list[tuple[int, int]] = []  # (end, index into spans)
+    nxt = 0
     out: list[MergedSpan] = []
     for ra, rb in regions:
-        inside = sorted(
-            ((n, s) for n, s in spans if s.start < rb and s.end > ra),
-            key=lambda ns: (max(ns[1].start, ra), -ns[1].end),
-        )
+        while nxt < len(by_start) and spans[by_start[nxt]][1].start < rb:
+            i = by_start[nxt]
+            heapq.heappush(active, (spans[i][1].end, i))
+            nxt += 1
+        while active and active[0][0] <= ra:
+            heapq.heappop(active)
+        # the input order breaks ties, as the stable sort over all spans used to
+        inside = [spans[i] for i in sorted(
+            (i for _, i in active),
+            key=lambda i: (max(spans[i][1].start, ra), -spans[i][1].end, i),
+        )]
         # components of strictly overlapping spans (clipped to the region)
         comps: list[list[Any]] = []  # [start, end, members]
         for n, s in inside:

@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
-from dphub.ensemble.manifest import Manifest, MemberEntry, card_privacy, model_dir_of
+from dphub.ensemble.manifest import (
+    Manifest,
+    MemberEntry,
+    card_privacy,
+    model_dir_of,
+    weights_digest,
+)
 from dphub.ensemble.members import Member, ModelMember
 from dphub.ensemble.rules import RuleMember, RuleOptions
 from dphub.ensemble.words import snap_to_words, word_runs
@@ -112,7 +118,9 @@ def owner_slot(model_dir: Path, *, threshold: float | None = None, batch_size: i
                               unit=priv.get("privacy_unit"), batch_size=batch_size)
     if int8:
         member.quantize_int8()
-    return Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"), None)
+    # the weights digest as revision: a resumed run refuses a retrained model (outputs would mix)
+    return Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
+                weights_digest(p))
 
 
 def build_ensemble(

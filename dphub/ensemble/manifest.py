@@ -3,7 +3,9 @@
 Why pin: a de-identification run must be reproducible elsewhere, so a registry member records the
 revision (commit sha) that was pulled, and a directory member records the SHA-256 of its weights
 (``sha256:...``), checked again when the ensemble is loaded. Default file: ``dphub-ensemble.toml``
-in the working directory. Written atomically (:mod:`dphub.io`). Example::
+in the working directory. Written atomically (:mod:`dphub.io`); edits go through
+:meth:`Manifest.editing`, which holds a lock file (``.<manifest>.lock``) around read-modify-write,
+so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
 
     aggregate = "any"
 
@@ -29,14 +31,17 @@ in the working directory. Written atomically (:mod:`dphub.io`). Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+from filelock import FileLock, Timeout
 
 from dphub.errors import ConfigError, DphubError
 from dphub.io import atomic_write_text
@@ -127,6 +132,31 @@ class Manifest:
         agg = str(data.get("aggregate", "any"))
         AggregateRule.parse(agg)
         return cls(members, agg, p)
+
+    @classmethod
+    @contextlib.contextmanager
+    def editing(cls, path: Path | str, *, missing_ok: bool = False,
+                timeout: float = 60.0) -> Iterator[Manifest]:
+        """Load, let the caller change, and save the manifest, all under its lock file.
+
+        Why: two ``ensemble add`` commands that each load, append and save lose one member (six
+        parallel adds kept 1-4). The lock serialises the whole read-modify-write; nothing is
+        saved when the block raises.
+        """
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(p.parent / f".{p.name}.lock"), timeout=timeout, mode=0o600)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise ConfigError(f"{p}: another dphub command is editing this manifest (waited "
+                              f"{timeout:g} s); try again") from None
+        try:
+            manifest = cls.load(p, missing_ok=missing_ok)
+            yield manifest
+            manifest.save(p)
+        finally:
+            lock.release()
 
     def save(self, path: Path | str | None = None) -> Path:
         p = Path(path or self.path or DEFAULT_MANIFEST)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError, FormatError, InputError
-from dphub.formats._base import FormatSpec
+from dphub.formats._base import FormatSpec, not_a_file_reason
 from dphub.formats.brat import BRAT
 from dphub.formats.conll import CONLL
 from dphub.formats.i2b2 import I2B2
@@ -51,7 +51,20 @@ _SPECS: tuple[FormatSpec, ...] = (PHYSIONET, DEIDPL, BRAT, I2B2, JSONL, CONLL, T
 #: Registered formats by name.
 FORMATS: dict[str, FormatSpec] = {spec.name: spec for spec in _SPECS}
 
-__all__ = ["FORMATS", "FormatSpec", "count", "detect_format", "get_format", "read", "write"]
+__all__ = [
+    "FORMATS", "FormatSpec", "count", "detect_format", "get_format", "read", "read_each", "write",
+]
+
+
+def _check_readable(path: Path) -> None:
+    """A directory or a regular file, or a FormatError saying what the path is instead.
+
+    A FIFO would block a reader forever and a symbolic link loop "does not exist" to
+    ``Path.exists``; both deserve their own words (issue 16).
+    """
+    if not (path.is_dir() or path.is_file()):
+        reason = not_a_file_reason(path)
+        raise FormatError(f"{path}: {'no such file or directory' if reason == 'no such file' else reason}")
 
 
 def get_format(name: str) -> FormatSpec:
@@ -67,8 +80,7 @@ def get_format(name: str) -> FormatSpec:
 def detect_format(path: str | os.PathLike[str]) -> str:
     """Guess a path's format from its suffix or, for a directory, the files it holds."""
     path = Path(path)
-    if not path.exists():
-        raise FormatError(f"{path}: no such file or directory")
+    _check_readable(path)
     for spec in _SPECS:
         if spec.sniff(path):
             return spec.name
@@ -98,8 +110,7 @@ def read(path: str | os.PathLike[str], format: str | None = None, **options: Any
     the first bad record (earlier notes have been yielded).
     """
     path = Path(path)
-    if not path.exists():
-        raise FormatError(f"{path}: no such file or directory")
+    _check_readable(path)
     fmt = format or detect_format(path)
     spec = get_format(fmt)
     _bind(spec.read, (path,), options, fmt)
@@ -114,6 +125,65 @@ def _checked(notes: Iterator[Note], path: Path, fmt: str) -> Iterator[Note]:
         seen.add(note.id)
         yield note
     if not seen:
+        raise FormatError(f"{path}: no notes found (format {fmt})")
+
+
+def read_each(path: str | os.PathLike[str], format: str | None = None, **options: Any
+              ) -> Iterator[tuple[str, Note | None, str | None]]:
+    """``(key, note, None)`` per readable note and ``(key, None, error)`` per unreadable one.
+
+    Why: a de-identification run over a corpus must not stop at one malformed note (a bad
+    ``.ann``, an undecodable ``.txt``). The one-file-per-note formats (brat, i2b2, text) parse each
+    note on its own, so a bad note costs only itself; in the stream formats (PhysioNet, CoNLL,
+    JSONL) the first error ends the stream, reported as one failure after the notes read so far
+    (an error before the first note refuses the corpus, as :func:`read` does).
+    Errors are the readers' PHI-free :class:`FormatError` messages; keys are note ids (or, for an
+    orphan or stream error, the file name).
+    """
+    path = Path(path)
+    _check_readable(path)
+    fmt = format or detect_format(path)
+    spec = get_format(fmt)
+    _bind(spec.read, (path,), options, fmt)
+    seen: set[str] = set()
+    any_item = False
+    if spec.read_each is not None and path.is_dir():
+        for key, load in spec.read_each(path, **options):
+            any_item = True
+            try:
+                note = load()
+            except InputError as e:
+                yield key, None, e.message
+                continue
+            except OSError as e:
+                yield key, None, f"{key}: cannot read ({e.strerror or type(e).__name__})"
+                continue
+            if note.id in seen:
+                raise FormatError(f"{path}: duplicate note id {note.id!r}")
+            seen.add(note.id)
+            yield note.id, note, None
+        if not any_item:
+            raise FormatError(f"{path}: no notes found (format {fmt})")
+        return
+    notes = spec.read(path, **options)
+    last = None
+    while True:
+        try:
+            note = next(notes)
+        except StopIteration:
+            break
+        except InputError as e:
+            if last is None:
+                raise  # nothing readable at all: the corpus is refused as a whole
+            yield (f"{path.name} after note {last!r}", None,
+                   f"{e.message} (the rest of {path.name} was not read)")
+            return
+        if note.id in seen:
+            raise FormatError(f"{path}: duplicate note id {note.id!r}")
+        seen.add(note.id)
+        last = note.id
+        yield note.id, note, None
+    if last is None:
         raise FormatError(f"{path}: no notes found (format {fmt})")
 
 

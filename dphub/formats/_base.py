@@ -61,16 +61,48 @@ class FormatSpec:
     sniff: Callable[[Path], bool]
     streaming: bool = True
     suffixes: tuple[str, ...] = field(default_factory=tuple)
+    #: One-file-per-note formats: ``read_each(directory, **options)`` yields ``(key, load)`` per
+    #: note, ``load()`` parsing that note alone (so one bad note fails alone); None otherwise.
+    read_each: Callable[..., Iterator[tuple[str, Callable[[], Note]]]] | None = None
 
 
 # --------------------------------------------------------------------------------------------
 # input
 
 
+def not_a_file_reason(path: Path) -> str:
+    """Why ``path`` cannot be read as a regular file, in words ("no such file" is not always it).
+
+    A FIFO, a socket, a device, a directory or a symbolic link loop each deserve their own name:
+    "no such file" for a path that plainly exists sends the user looking in the wrong place.
+    """
+    import errno
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "symbolic link loop"
+        if e.errno == errno.ENOENT:
+            return "no such file" if not os.path.lexists(path) else "broken symbolic link"
+        return f"cannot read ({e.strerror or 'error'})"
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
+    if stat.S_ISFIFO(mode):
+        return "not a regular file (a named pipe / FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "not a regular file (a socket)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "not a regular file (a device)"
+    return "not a regular file"
+
+
 def require_nonempty_file(path: Path) -> None:
     """Raise a FormatError for a missing, non-regular or zero-byte file."""
     if not path.is_file():
-        raise FormatError(f"{path}: no such file")
+        raise FormatError(f"{path}: {not_a_file_reason(path)}")
     if path.stat().st_size == 0:
         raise FormatError(f"{path}: file is empty")
 
@@ -104,8 +136,11 @@ def iter_lines(path: Path, *, allow_empty: bool = False) -> Iterator[tuple[int, 
 def read_text(path: Path, *, allow_empty: bool = False) -> str:
     """Read a whole file as strict UTF-8, exactly (no newline translation)."""
     if not path.is_file():
-        raise FormatError(f"{path}: no such file")
-    data = path.read_bytes()
+        raise FormatError(f"{path}: {not_a_file_reason(path)}")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
     if not data and not allow_empty:
         raise FormatError(f"{path}: file is empty")
     try:

@@ -17,7 +17,8 @@ keep.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 
 from dphub.errors import FormatError
@@ -99,6 +100,20 @@ def read_brat(path: Path, *, overlaps: str = DEFAULT_OVERLAPS) -> Iterator[Note]
         yield parse_pair(txt, txt.with_suffix(".ann"), note_id, overlaps=overlaps)
 
 
+def each_brat(path: Path, *, overlaps: str = DEFAULT_OVERLAPS
+              ) -> Iterator[tuple[str, Callable[[], Note]]]:
+    """Per note of a brat directory, a loader that parses that note alone (see ``read_each``)."""
+    texts = dict(iter_note_files(path, ".txt"))
+    for note_id, ann in iter_note_files(path, ".ann"):
+        if note_id not in texts:
+            def orphan(ann: Path = ann, note_id: str = note_id) -> Note:
+                raise FormatError(f"{ann}: no matching text file {Path(note_id).name}.txt")
+            yield note_id, orphan
+    for note_id, txt in texts.items():
+        yield note_id, partial(parse_pair, txt, txt.with_suffix(".ann"), note_id,
+                               overlaps=overlaps)
+
+
 def render_ann(note: Note) -> str:
     """The ``.ann`` lines of a note's spans."""
     return "".join(
@@ -128,4 +143,5 @@ BRAT = FormatSpec(
     write=write_brat,
     sniff=sniff_brat,
     suffixes=(".ann",),
+    read_each=each_brat,
 )

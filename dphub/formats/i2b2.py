@@ -28,7 +28,8 @@ sidecar (see :mod:`dphub.formats._base`) overrides that and carries metadata.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 from xml.parsers import expat
@@ -158,6 +159,13 @@ def read_i2b2(path: Path, *, overlaps: str = DEFAULT_OVERLAPS) -> Iterator[Note]
         yield parse_file(path, path.name[: -len(path.suffix) or None], overlaps=overlaps)
 
 
+def each_i2b2(path: Path, *, overlaps: str = DEFAULT_OVERLAPS
+              ) -> Iterator[tuple[str, Callable[[], Note]]]:
+    """Per ``.xml`` under a directory, a loader that parses that note alone (see ``read_each``)."""
+    for note_id, file in iter_note_files(path, ".xml"):
+        yield note_id, partial(parse_file, file, note_id, overlaps=overlaps)
+
+
 def _attr(value: str) -> str:
     """Escape an attribute value so that a parser gives back exactly ``value``."""
     return (
@@ -231,4 +239,5 @@ I2B2 = FormatSpec(
     write=write_i2b2,
     sniff=sniff_i2b2,
     suffixes=(".xml",),
+    read_each=each_i2b2,
 )

@@ -8,7 +8,8 @@ reads that note (id = its stem). Hidden files and directories are skipped. Notes
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 
 from dphub.errors import FormatError
@@ -40,6 +41,12 @@ def read_plain(path: Path) -> Iterator[Note]:
         yield _note(path, path.stem)
 
 
+def each_plain(path: Path) -> Iterator[tuple[str, Callable[[], Note]]]:
+    """Per ``.txt`` under a directory, a loader that reads that note alone (see ``read_each``)."""
+    for note_id, file in iter_note_files(path, ".txt"):
+        yield note_id, partial(_note, file, note_id)
+
+
 def write_plain(notes: Iterable[Note], path: Path, *, overwrite: bool = False) -> int:
     """Write each note's text to ``<id>.txt`` (spans are dropped: the format has none)."""
     return write_note_files(notes, path, format_name="text", overwrite=overwrite)
@@ -58,4 +65,5 @@ TEXT = FormatSpec(
     write=write_plain,
     sniff=sniff_plain,
     suffixes=(".txt",),
+    read_each=each_plain,
 )

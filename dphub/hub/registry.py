@@ -4,13 +4,21 @@ One JSON file, ``<dphub_home>/registry.json``, lists every verified pull (repo, 
 ε, δ, privacy unit, directory); model files live under ``<dphub_home>/models/<org>/<name>/<sha>``.
 Entries are only added after a download was verified and moved into place, and the file is
 rewritten atomically under a lock, so concurrent pulls never lose each other's entries.
+
+Each entry also records the SHA-256 of every file of the pulled directory (``files``), taken when
+it is registered, and :meth:`Registry.get` checks them again before a model is used: the hub
+verified the download, but a byte flipped on disk afterwards (bit rot, an edit, a planted file
+content) would otherwise be loaded silently. Entries registered by an older dphub carry no digests
+and are not checked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +44,8 @@ class Entry:
     path: Path
     requested: str | None = None
     pulled_at: float = field(default_factory=time.time)
+    #: relative file path -> sha256 hex, taken at registration (None: not recorded)
+    files: dict[str, str] | None = field(default=None, compare=False, hash=False)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -77,7 +87,13 @@ class Registry:
             raise HubError(f"{self.file}: registry file is corrupt; fix or remove it") from None
 
     def add(self, entry: Entry) -> Entry:
-        """Record ``entry``, replacing an older record of the same repo and revision."""
+        """Record ``entry``, replacing an older record of the same repo and revision.
+
+        The digests of the entry's files are taken now (the download has just been verified)
+        unless the entry already carries them.
+        """
+        if entry.files is None and Path(entry.path).is_dir():
+            entry = replace(entry, files=file_digests(Path(entry.path)))
         with self._lock():
             entries = [e for e in self._read()
                        if not (e.name == entry.name and e.revision == entry.revision)]
@@ -103,7 +119,50 @@ class Registry:
         if not best.path.is_dir():
             raise HubError(f"model {repo}@{best.revision[:12]} is registered but its directory "
                            f"{best.path} is gone; pull it again")
+        verify_files(best)
         return best
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """SHA-256 of every non-hidden regular file under ``root`` (relative posix path -> hex)."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            f = Path(dirpath, name)
+            if f.is_file():
+                out[f.relative_to(root).as_posix()] = _sha256(f)
+    return out
+
+
+def verify_files(entry: Entry) -> None:
+    """Refuse a pulled model whose files changed since they were registered (exit 2).
+
+    The message names the model and the file, never content.
+    """
+    if not entry.files:
+        return
+    where = f"{entry.name}@{entry.revision[:12]}"
+    for rel, digest in sorted(entry.files.items()):
+        f = Path(entry.path) / rel
+        try:
+            ok = f.is_file() and _sha256(f) == digest
+        except OSError:
+            ok = False
+        if not ok:
+            what = "is missing" if not f.exists() else "does not match the digest recorded at pull"
+            raise HubError(f"model {where}: {rel} {what} (changed or corrupted on disk since it "
+                           f"was pulled); refusing to load it; pull it again")
 
 
 def resolve_model(spec: str, registry: Registry | None = None) -> Path:
