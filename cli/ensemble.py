@@ -364,13 +364,14 @@ def calibrate_cmd(
         typer.echo("WARNING (--force): these thresholds flag much that is not PHI; the output "
                    "will be over-redacted", err=True)
     if not dry_run:
-        for name, t in res.thresholds.items():
-            entry = manifest.get(name)
-            entry.threshold = t
-            entry.label_thresholds = dict(res.label_thresholds.get(name, {}))
-        if aggregate:
-            manifest.aggregate = aggregate
-        manifest.save(manifest_path)
+        # stored under the manifest's lock: a concurrent `ensemble add` must not be lost
+        with Manifest.editing(manifest_path) as current:
+            for name, t in res.thresholds.items():
+                entry = current.get(name)
+                entry.threshold = t
+                entry.label_thresholds = dict(res.label_thresholds.get(name, {}))
+            if aggregate:
+                current.aggregate = aggregate
         typer.echo(f"thresholds stored in {manifest_path}")
 
 

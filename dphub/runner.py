@@ -706,8 +706,14 @@ def _describe_ensemble(ensemble: Any) -> Any:
     slots = getattr(ensemble, "slots", None)
     if slots is None:
         return None
-    return {"rule": str(getattr(ensemble, "rule", "")),
-            "members": [[s.name, s.revision, s.threshold] for s in slots]}
+    members = []
+    for s in slots:
+        row: list[Any] = [s.name, s.revision, s.threshold]
+        per_label = getattr(s, "label_thresholds", None)
+        if per_label:  # calibrated per label: a resumed run must use the same thresholds
+            row.append(dict(sorted(per_label.items())))
+        members.append(row)
+    return {"rule": str(getattr(ensemble, "rule", "")), "members": members}
 
 
 def _deid_isolated(ensemble: Any, items: Sequence[WorkItem]) -> list[Any]:
