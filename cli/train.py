@@ -288,6 +288,30 @@ def train(
             f"unit = {opts.privacy_unit}, {result.steps} steps, σ = {result.noise_multiplier:.3f}"
             f"{extra}"
         )
+        _warn_above_policy(result.epsilon, opts.privacy_unit, cfg)
+
+
+def _warn_above_policy(epsilon: float, unit: str, cfg: dict[str, Any]) -> None:
+    """Say now, not at publish time, when the ε reached is above the hub's policy."""
+    from dphub.errors import DphubError
+    from dphub.hub.common import default_hub
+    from dphub.hub.policy import DEFAULT_POLICY, load_hub_policy, policy_violation
+
+    hub = project.get(cfg, "hub", "url")
+    if hub and "://" not in str(hub):
+        hub = str(project.project_path(cfg, str(hub)))
+    hub = hub or default_hub()
+    try:
+        policy = load_hub_policy(str(hub))
+    except DphubError:
+        policy = DEFAULT_POLICY
+    why = policy_violation(epsilon, unit, policy)
+    if why:
+        typer.echo(
+            f"warning: {why} of the hub {hub} ({policy.describe()}): `dphub publish` will refuse "
+            "this model; train with more noise (--noise) or a lower --target-epsilon",
+            err=True,
+        )
 
 
 def _run_with_progress(training: Any, opts: Any) -> Any:

@@ -171,3 +171,20 @@ def test_init_template_states_the_real_defaults() -> None:
             assert cfg[section][key] == getattr(defaults, field), field
             checked += 1
     assert checked >= 12
+
+
+def test_train_warns_when_epsilon_is_above_the_hub_policy(
+    tmp_path: Path, corpus: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 12.9: `--noise 0.55` gave ε ≈ 96 and nothing said so before publish refused it."""
+    monkeypatch.setenv("DPHUB_HUB", str(tmp_path / "hub"))
+    _project(tmp_path, corpus, tiny_base_model)
+    assert main(["train", "--noise", "0.3", "--epochs", "4"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "exceeds the policy's maximum 10" in err
+    assert "dphub publish` will refuse" in err
+
+    # within the policy: no warning
+    assert main(["train", "--noise", "3", "--epochs", "1", "--out", "quiet", "--force"]) == 0
+    assert "warning" not in capsys.readouterr().err
