@@ -11,7 +11,6 @@ tests then break exactly one thing.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import shutil
 from pathlib import Path
@@ -26,23 +25,10 @@ UNBOUND_SHA = "0" * 64
 
 
 def coarsen(n: int) -> str:
-    """dphub.card.coarsen_count when the trainer's half has landed, else the same 1-2-5 bins."""
-    try:
-        from dphub.card import coarsen_count
-    except ImportError:
-        pass
-    else:
-        return coarsen_count(n)
-    if n <= 0:
-        return "0"
-    lo = 1
-    while True:
-        for step in (1, 2, 5):
-            start = step * lo
-            end = (2 if step == 1 else 5 if step == 2 else 10) * lo - 1
-            if start <= n <= end:
-                return f"{start}-{end}"
-        lo *= 10
+    """The card's 1-2-5 range of a count (``dphub.card.coarsen_count``)."""
+    from dphub.card import coarsen_count
+
+    return coarsen_count(n)
 
 
 def coarse_dataset(dataset: dict[str, Any]) -> dict[str, Any]:
@@ -58,27 +44,14 @@ def coarse_dataset(dataset: dict[str, Any]) -> dict[str, Any]:
 
 
 def private_dp_block(**fields: Any) -> dict[str, Any]:
-    """``dphub.card.dp_block`` in the new card contract, whichever signature it has.
-
-    Arguments the installed ``dp_block`` does not take are dropped; the result is then brought to
-    the contract: ``weights_sha256`` (unbound placeholder), ``mechanism_rng`` ``os-seeded``,
-    ``num_units`` coarsened, no ``expected_logical_batch``.
-    """
+    """``dphub.card.dp_block`` with test defaults: an unbound weights digest (a refusal test binds
+    real weights where it matters) and OS-seeded randomness."""
     from dphub.card import dp_block
 
     fields.setdefault("weights_sha256", UNBOUND_SHA)
     fields.setdefault("mechanism_rng", "os-seeded")
-    params = inspect.signature(dp_block).parameters
-    for name, default in (("expected_logical_batch", 1.0), ("num_units", 100)):
-        if name in params and params[name].default is inspect.Parameter.empty:
-            fields.setdefault(name, default)
-    dp = dp_block(**{k: v for k, v in fields.items() if k in params})
-    dp.pop("expected_logical_batch", None)
-    if isinstance(dp.get("num_units"), int):
-        dp["num_units"] = coarsen(dp["num_units"])
-    dp.setdefault("weights_sha256", fields["weights_sha256"])
-    dp.setdefault("mechanism_rng", fields["mechanism_rng"])
-    return dp
+    fields.setdefault("num_units", 100)
+    return dp_block(**fields)
 
 
 DATASET = {"patients": 131, "notes": 1913, "sequences": 4000, "phi_phrases": 42,
@@ -99,7 +72,7 @@ def card_meta(*, noise: float = 1.0, n_steps: int = 100, q: float = 0.12, unit: 
     dp = private_dp_block(
         accountant="prv", sample_rate=q, noise_multiplier=noise,
         steps=n_steps, delta=1e-5, privacy_unit=unit, max_grad_norm=1.0,
-        epochs=n_steps * q, expected_logical_batch=16, max_examples_per_unit=64,
+        epochs=n_steps * q, max_examples_per_unit=64,
         num_units=131, grad_sample_mode="ghost",
     )
     for k, v in dp_overrides.items():

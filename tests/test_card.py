@@ -41,7 +41,6 @@ def dp() -> dict[str, Any]:
         privacy_unit="patient",
         max_grad_norm=1.0,
         epochs=1.5,
-        expected_logical_batch=4,
         max_examples_per_unit=8,
         num_units=8,
         grad_sample_mode="ghost",
@@ -241,7 +240,7 @@ def test_edited_cross_check_fails(tmp_path: Path, meta: dict[str, Any]) -> None:
 def test_prv_card_validates_against_pld(tmp_path: Path) -> None:
     dp = private_dp_block(accountant="prv", sample_rate=0.5, noise_multiplier=1.0, steps=3,
                           delta=1e-5, privacy_unit="note", max_grad_norm=1.0, epochs=1.5,
-                          expected_logical_batch=4, max_examples_per_unit=4, num_units=8,
+                          max_examples_per_unit=4, num_units=8,
                           grad_sample_mode="hooks")
     assert dp["cross_check"]["method"] == "pld"
     C.write_card(tmp_path, C.card_meta(dp, dict(DATASET), base_model="org/base"))
