@@ -37,6 +37,7 @@ DEFAULT_GRACE = 3.0
 #: Phase names the library reports -> what a user reads.
 PHASE_LABELS: dict[str, str] = {
     "warm-start": "public warm start (first use only; cached afterwards)",
+    "encoder-cache": "encoding the training windows once (frozen encoder)",
     "train": "DP training",
     "deid": "de-identifying",
     "evaluate": "evaluating",
@@ -204,7 +205,8 @@ class ProgressReporter:
                 info.append(f"ε {p.epsilon:.2f}")
             if p.steps_per_second:
                 info.append(f"{p.steps_per_second:.2f} steps/s")
-            self.update(p.phase, p.step, p.total_steps, unit="steps", info=", ".join(info))
+            unit = "windows" if p.phase == "encoder-cache" else "steps"
+            self.update(p.phase, p.step, p.total_steps, unit=unit, info=", ".join(info))
 
         return on_progress
 

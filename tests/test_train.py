@@ -368,3 +368,16 @@ def test_trainer_card_text_goes_to_the_card_not_the_training_config(
     assert "Synthetic ward notes written for this test." in (out / "README.md").read_text()
     cfg = json.loads((out / "training_config.json").read_text())
     assert "card_text" not in cfg["dphub_training"]
+
+
+def test_head_only_run_reports_the_encoder_cache_before_training(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path
+) -> None:
+    """The minutes spent encoding windows before the first DP step are reported (numbers only)."""
+    events: list[T.Progress] = []
+    T.train(_opts(corpus, tiny_base_model, tmp_path / "m", train_layers=0, epochs=1.0),
+            on_progress=events.append)
+    phases = [e.phase for e in events]
+    assert "encoder-cache" in phases and phases.index("encoder-cache") < phases.index("train")
+    cache = [e for e in events if e.phase == "encoder-cache"]
+    assert cache[-1].step == cache[-1].total_steps > 0

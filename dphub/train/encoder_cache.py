@@ -11,6 +11,10 @@ import torch
 
 from dphub.train.data import Example
 from dphub.train.options import TrainOptions
+from dphub.train.results import Progress, ProgressFn
+
+#: Progress phase of the cache build (windows encoded so far of all distinct windows).
+ENCODER_CACHE_PHASE = "encoder-cache"
 
 
 class FrozenEncoderCache(torch.nn.Module):
@@ -24,7 +28,8 @@ class FrozenEncoderCache(torch.nn.Module):
     """
 
     def __init__(self, encoder: torch.nn.Module, windows: Sequence[Sequence[int]],
-                 pad_id: int, batch_size: int = 32) -> None:
+                 pad_id: int, batch_size: int = 32,
+                 on_progress: ProgressFn | None = None) -> None:
         super().__init__()
         self.config = getattr(encoder, "config", None)
         self.table: dict[bytes, torch.Tensor] = {}
@@ -47,6 +52,8 @@ class FrozenEncoderCache(torch.nn.Module):
                 hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
                 for r, (key, w) in enumerate(chunk):
                     self.table[key] = hidden[r, : len(w)].to(torch.float16).clone()
+                if on_progress is not None:  # minutes on CPU for a real corpus: say so
+                    on_progress(Progress(ENCODER_CACHE_PHASE, i + n, len(uniq), None, None, None))
         encoder.train(was_training)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -69,13 +76,14 @@ class FrozenEncoderCache(torch.nn.Module):
 
 @contextlib.contextmanager
 def cached_encoder(model: Any, opts: TrainOptions, examples: Sequence[Example],
-                    pad_id: int) -> Iterator[None]:
+                   pad_id: int, on_progress: ProgressFn | None = None) -> Iterator[None]:
     """Swap a frozen encoder for its feature cache while training (head-only runs)."""
     if opts.train_layers != 0 or opts.lora_rank is not None:
         yield
         return
     real = model.encoder
-    model.encoder = FrozenEncoderCache(real, [e.input_ids for e in examples], pad_id)
+    model.encoder = FrozenEncoderCache(real, [e.input_ids for e in examples], pad_id,
+                                       on_progress=on_progress)
     try:
         yield
     finally:

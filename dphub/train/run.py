@@ -100,7 +100,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
     model.max_length, model.stride = opts.max_length, opts.stride
     model.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    with cached_encoder(model, opts, examples, pad_id):
+    with cached_encoder(model, opts, examples, pad_id, on_progress):
         loop = TrainLoop(opts, plan, model, dataset, tokenizer, on_progress)
         if state is not None:
             loop.restore(state)
