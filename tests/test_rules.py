@@ -115,7 +115,7 @@ def test_min_age_keeps_only_hipaa_ages() -> None:
     [
         # month/year dates and "MONTH of YEAR"
         ("echo 5/84 showed EF 35%", [("5/84", "DATE")]),
-        ("S/P AVR 11/92, MI 3/1993", [("11/92", "DATE"), ("3/1993", "DATE")]),
+        ("S/P AVR 6/81, MI 3/1993", [("6/81", "DATE"), ("3/1993", "DATE")]),
         ("SEEN ONCE IN APRIL OF 1987.", [("APRIL OF 1987", "DATE")]),
         # a relative word, then a word that is no English word
         ("dtr quelpor called", [("quelpor", "RELATIVE")]),
@@ -176,7 +176,7 @@ def test_context_negatives(rules: RuleMember, text: str) -> None:
         # numeric dates joined to a word, ranges, years ending a sentence or after an event
         ("LITHIUM LEVEL-4/7/91. UO-8/12 LOW", [("4/7/91", "DATE"), ("8/12", "DATE")]),
         ("back to Vornakwood.6/14 stable", [("6/14", "DATE")]),
-        ("cultures from 11/3-11/4 pending", [("11/3", "DATE"), ("11/4", "DATE")]),
+        ("cultures from 1/12-1/13 pending", [("1/12", "DATE"), ("1/13", "DATE")]),
         ("PMH: CVA 2006, CABG 1958, 1972. MI 1994.",
          [("2006", "DATE"), ("1958", "DATE"), ("1972", "DATE"), ("1994", "DATE")]),
         ("prostate CA'91, GERD", [("'91", "DATE")]),
@@ -208,7 +208,7 @@ def test_more_positives(rules: RuleMember, text: str, expected: list[tuple[str, 
 @pytest.mark.parametrize(
     "text",
     [
-        "rates pain 4/10, cp 6/10 eased, c/o 7/10 HA",       # pain scores, not dates
+        "rates pain 2/10, cp 6/10 eased, c/o 7/10 HA",       # pain scores, not dates
         "vent ac 450x14x.4/8 peep, wean to 5/5",             # ventilator settings
         "Keep leg straight until 2000. NPO after 2400",      # clock times
         "SON IN LAW PHONED, WILL RETURN",                    # census names that are words

@@ -257,10 +257,10 @@ _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}([/-])\d{1,2}\1(?:1[89]\d\d|20\d\d|\d{2})(?![\d/-]|\s?%)"), check="mdy"),
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{4}([/-])\d{1,2}\1\d{1,2}(?![\d/-])"), check="ymd"),
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/\d{1,2}(?![\d/]|\.\d|\s?%)"), check="md"),
-    # the second date of a range: "11/3-11/4"
+    # the second date of a range: "1/12-1/13"
     _Pattern("DATE", re.compile(r"(?<![\d/])\d{1,2}/\d{1,2}-(\d{1,2}/\d{1,2})(?![\d/]|\.\d|\s?%)"), 1,
              check="md_range"),
-    # month/year: "echo 5/84", "s/p AVR 11/92", "3/1993" (the m/d reading was rejected above)
+    # month/year: "echo 5/84", "s/p AVR 6/81", "3/1993" (the m/d reading was rejected above)
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/(?:\d{2}|(?:19|20)\d\d)(?![\d/]|\.\d|\s?%)"),
              check="my"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
@@ -351,7 +351,7 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
     if check == "md":
         a, b = nums
         if b == 10 and _PAIN_CONTEXT.search(text, max(0, m.start() - 25), m.end() + 25):
-            return False  # a pain score: "4/10 back pain", "cp 6/10"
+            return False  # a pain score: "2/10 back pain", "cp 6/10"
         if (a, b) in _FRACTIONS or (b == 5 and a <= 5):  # fractions, motor strength "4/5"
             return False
         return 1 <= a <= 12 and 1 <= b <= 31
