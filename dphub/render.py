@@ -29,7 +29,7 @@ Policies (documented choices where HIPAA Safe Harbor leaves room):
 * **Dates** are parsed in many forms (``7/22``, ``07/22/2094``, ``7-22-94``, ``2094-07-22``,
   ``Jan 3rd``, ``January 3, 2094``, ``3 Jan 2094``, ``Jan 2094``, ``January``, weekday names,
   years alone) and re-emitted in the same form (zero padding, separators, month-name spelling and
-  case, ordinal suffix, 2- or 4-digit years), as are ranges of two dates (``10/15-10/16``).
+  case, ordinal suffix, 2- or 4-digit years), as are ranges of two dates (``1/12-1/13``).
   A trailing time of day (``7/22/2094 10:30``) is kept.
   Dates without a year are shifted within the leap reference year 2000, so ``2/29`` stays
   valid; a day alone (``20th``) is shifted as a day of January 2000. Month-level dates move by the offset in whole
@@ -429,7 +429,7 @@ def shift_date_text(text: str, offset: int) -> str | None:
         day = shift_date_text(m["date"], offset)
         return None if day is None else day + m["time"]
     m = _RANGE_RE.fullmatch(text)
-    if m is not None:  # "10/15-10/16", "Jan 3 to Jan 5": shift both ends
+    if m is not None:  # "1/12-1/13", "Jan 3 to Jan 5": shift both ends
         left, right = shift_date_text(m["a"], offset), shift_date_text(m["b"], offset)
         if left is not None and right is not None:
             return left + m["sep"] + right
@@ -642,7 +642,7 @@ class SurrogateRenderer(Renderer):
         if method:
             return self._faker_value(ctx, fine, text, method)
         if fine in ("HOSPITAL", "DEPARTMENT") or _FACILITY_RE.search(text):
-            if not _FACILITY_RE.search(text):  # "CALVERT" in "CALVERT hospital": a bare name
+            if not _FACILITY_RE.search(text):  # "VORNAK" in "VORNAK hospital": a bare name
                 return self._faker_value(ctx, fine, text, "last_name")
             fk = _faker(self.locale)
             kinds = ("General Hospital", "Medical Center", "Memorial Hospital", "Clinic")

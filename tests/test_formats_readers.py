@@ -62,8 +62,8 @@ def test_physionet_untyped_deid_and_unlabelled(tmp_path: Path) -> None:
 
 
 def test_same_label_overlap_merges_by_default_and_fails_when_asked(tmp_path: Path) -> None:
-    rec = "START_OF_RECORD=1||||1||||\nFrom Kessler-Adventist Hosp today\n||||END_OF_RECORD\n"
-    phrase = "1 1 5 22 Location Kessler-Adventist\n1 1 13 27 Location Adventist Hosp\n"
+    rec = "START_OF_RECORD=1||||1||||\nFrom Zandrit-Vornakton Hosp today\n||||END_OF_RECORD\n"
+    phrase = "1 1 5 22 Location Zandrit-Vornakton\n1 1 13 27 Location Vornakton Hosp\n"
     d = _phys(tmp_path / "o", rec, phrase=phrase)
     (note,) = formats.read(d)
     assert [(s.start, s.end) for s in note.spans] == [(5, 27)]

@@ -42,12 +42,12 @@ def found(rules: RuleMember, text: str) -> list[tuple[str, str]]:
         ("MR. KOWALCZYK VISITED", [("KOWALCZYK", "NAME")]),
         ("WIFE MARY AND SON JOHN IN", [("MARY", "RELATIVE"), ("JOHN", "RELATIVE")]),
         ("spoke with son mark and dr. kowalczyk", [("mark", "RELATIVE"), ("kowalczyk", "DOCTOR")]),
-        ("JOHN ANDERSON VISITED", [("JOHN", "NAME"), ("ANDERSON", "NAME")]),
+        ("JOHN HAMILTON VISITED", [("JOHN", "NAME"), ("HAMILTON", "NAME")]),
         ("DR. MARK GRANT CALLED", [("MARK", "DOCTOR"), ("GRANT", "DOCTOR")]),
         ("TRANSFER TO BETH ISRAEL DEACONESS MEDICAL CENTER",
          [("BETH ISRAEL DEACONESS MEDICAL CENTER", "HOSPITAL")]),
         ("moved from Mexico to Worcester", [("Mexico", "COUNTRY"), ("Worcester", "CITY")]),
-        ("TRANSFERRED TO KESSLER REHAB", [("KESSLER REHAB", "HOSPITAL")]),
+        ("TRANSFERRED TO PFEIFFER REHAB", [("PFEIFFER REHAB", "HOSPITAL")]),
         ("PT LIVES IN QUIXBURY", [("QUIXBURY", "LOCATION-OTHER")]),  # no list has it
         ("PT LIVES IN MARSHFIELD", [("MARSHFIELD", "CITY")]),  # a GeoNames town
     ],
@@ -114,12 +114,12 @@ def test_min_age_keeps_only_hipaa_ages() -> None:
     ("text", "expected"),
     [
         # month/year dates and "MONTH of YEAR"
-        ("echo 8/87 showed EF 20%", [("8/87", "DATE")]),
-        ("S/P AVR 11/92, MI 3/1993", [("11/92", "DATE"), ("3/1993", "DATE")]),
-        ("IN THIS CASE MARCH OF 1993.", [("MARCH OF 1993", "DATE")]),
+        ("echo 5/84 showed EF 35%", [("5/84", "DATE")]),
+        ("S/P AVR 6/81, MI 3/1993", [("6/81", "DATE"), ("3/1993", "DATE")]),
+        ("SEEN ONCE IN APRIL OF 1987.", [("APRIL OF 1987", "DATE")]),
         # a relative word, then a word that is no English word
         ("dtr quelpor called", [("quelpor", "RELATIVE")]),
-        ("SOCIAL:DAUGHTER-ZANDRIT---301", [("ZANDRIT", "RELATIVE")]),
+        ("SOCIAL:SISTER-ZANDRIT---555", [("ZANDRIT", "RELATIVE")]),
         # "Name Surname (son)"
         ("Quelpor Vornak (son) cell", [("Quelpor", "RELATIVE"), ("Vornak", "RELATIVE")]),
         # an initial and a surname
@@ -132,13 +132,13 @@ def test_min_age_keeps_only_hipaa_ages() -> None:
         ("SPOKE WITH HO VORNAK", [("VORNAK", "DOCTOR")]),
         # places after a transfer verb: a word in no list, or a GeoNames town
         ("transfer to quelpor 6 when bed ready", [("quelpor", "LOCATION-OTHER")]),
-        ("TRANSFERRED TO GH FOR CATH", [("GH", "LOCATION-OTHER")]),
-        ("TAKEN TO LAUREL REGIONAL", [("LAUREL REGIONAL", "HOSPITAL")]),
-        ("son from Pikesville called", [("Pikesville", "CITY")]),
+        ("TRANSFERRED TO VH FOR MRI", [("VH", "LOCATION-OTHER")]),
+        ("TAKEN TO LIBERTY REGIONAL", [("LIBERTY REGIONAL", "HOSPITAL")]),
+        ("son from Kalispell called", [("Kalispell", "CITY")]),
         # hospital initialisms and wards after a preposition
         ("MED FLIGHTED TO BWH FOR CATH", [("BWH", "HOSPITAL")]),
-        ("seen at gbmc; RESP DISTRESS ON QUELPOR 6",
-         [("gbmc", "LOCATION-OTHER"), ("QUELPOR", "LOCATION-OTHER")]),
+        ("seen at cpmc; RESP DISTRESS ON QUELPOR 6",
+         [("cpmc", "LOCATION-OTHER"), ("QUELPOR", "LOCATION-OTHER")]),
     ],
 )
 def test_context_positives(rules: RuleMember, text: str, expected: list[tuple[str, str]]) -> None:
@@ -148,16 +148,16 @@ def test_context_positives(rules: RuleMember, text: str, expected: list[tuple[st
 @pytest.mark.parametrize(
     "text",
     [
-        "DAUGHTER HAS PHONED AND WILL VISIT",       # a function word after a relative word
+        "DAUGHTER HAS LEFT AND WILL RETURN AT NOON",  # a function word after a relative word
         "son visited, wife at bedside",              # English words after relative words
         "GROWING E. COLI AND C. DIFF NEG",           # organisms, not initials + surnames
-        "no further N/V. Droperidol ordered",        # a letter after a slash
-        "diminished on the R. Spo2 >95%",            # a side letter, a word with digits
+        "pt denies N/V. Ondansetron held.",          # a letter after a slash
+        "crackles at the L. Sao2 >93%",              # a side letter, a word with digits
         "S. CAPTOPRIL GIVEN",                        # a section letter before a drug name
         "TRANSFERRED TO MICU, THEN TO OR",           # units and rooms
         "GO TO SLEEP",                               # no place context, English word
-        "MS continues to improve",                   # mental status, not Ms.
-        "Per HO LLL effusion",                       # an abbreviation after a role
+        "MS slowly clearing today",                  # mental status, not Ms.
+        "Per HO RUL infiltrate",                     # an abbreviation after a role
         "PA CATHETER PLACED",                        # pulmonary artery, an English word
         "PS 10/60 AND PEEP 5",                       # ventilator settings, not 10/1960
         "PT ON SIMV 12, MSO4 2MG, FIO2 50%",         # ventilator modes and drugs, not wards
@@ -176,7 +176,7 @@ def test_context_negatives(rules: RuleMember, text: str) -> None:
         # numeric dates joined to a word, ranges, years ending a sentence or after an event
         ("LITHIUM LEVEL-4/7/91. UO-8/12 LOW", [("4/7/91", "DATE"), ("8/12", "DATE")]),
         ("back to Vornakwood.6/14 stable", [("6/14", "DATE")]),
-        ("cultures from 10/15-10/16 pending", [("10/15", "DATE"), ("10/16", "DATE")]),
+        ("cultures from 1/12-1/13 pending", [("1/12", "DATE"), ("1/13", "DATE")]),
         ("PMH: CVA 2006, CABG 1958, 1972. MI 1994.",
          [("2006", "DATE"), ("1958", "DATE"), ("1972", "DATE"), ("1994", "DATE")]),
         ("prostate CA'91, GERD", [("'91", "DATE")]),
@@ -189,7 +189,7 @@ def test_context_negatives(rules: RuleMember, text: str) -> None:
          [("41234", "PHONE"), ("55021", "PHONE"), ("30917", "PHONE")]),
         # institutions: a specific word with qualifiers, a saint's name
         ("WORKS AT QUIXBURY MEMORIAL HOSPITAL, NIGHTS", [("QUIXBURY MEMORIAL HOSPITAL", "HOSPITAL")]),
-        ("SEEN AT UNION MEMORIAL LAST YEAR", [("UNION MEMORIAL", "HOSPITAL")]),
+        ("SEEN AT SYCAMORE MEMORIAL LAST YEAR", [("SYCAMORE MEMORIAL", "HOSPITAL")]),
         ("wants to return to St. Agnes's after weaning", [("St. Agnes's", "HOSPITAL")]),
         ("FOUND DOWN IN ST JOSEPH HOSPITAL", [("ST JOSEPH HOSPITAL", "HOSPITAL")]),
         # names that are also words, written as names; a name found once is found again
@@ -208,12 +208,12 @@ def test_more_positives(rules: RuleMember, text: str, expected: list[tuple[str, 
 @pytest.mark.parametrize(
     "text",
     [
-        "rates pain 3/10, cp 5/10 relieved, c/o 8/10 HA",  # pain scores, not dates
-        "vent ac 500x12x.6/10 peep, wean to 5/5",            # ventilator settings
-        "Lie flat until 2000. NPO after 2400",               # clock times
-        "SON IN LAW VISITED, WILL RETURN",                  # census names that are words
-        "prolonged hospital stay, poss rehab after",         # lower case: no institution
-        "HAD PROLONGED HOSPITAL STAY, FOUND WANDERING HOSPITAL",  # capitals: none either
+        "rates pain 2/10, cp 6/10 eased, c/o 7/10 HA",       # pain scores, not dates
+        "vent ac 450x14x.4/8 peep, wean to 5/5",             # ventilator settings
+        "Keep leg straight until 2000. NPO after 2400",      # clock times
+        "SON IN LAW PHONED, WILL RETURN",                    # census names that are words
+        "lengthy hospital stay, poss rehab after",           # lower case: no institution
+        "HAD LENGTHY HOSPITAL STAY, SEEN WANDERING HOSPITAL HALLS",  # capitals: none either
         "ST ELEVATION IN V2, ST CHANGES, ON ETOH GTT, MECH VENT",
     ],
 )

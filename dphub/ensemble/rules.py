@@ -17,7 +17,7 @@ context (a title such as ``DR.`` / ``MR.`` or an adjacent unambiguous name). In 
 lowercase word is never a dictionary name. Times are not HIPAA identifiers (and PhysioNet gold
 does not mark them), so the time patterns are off unless ``times = true``.
 
-Words in no list ("Kozicki") are names or places only right after strong context: a relative
+Words in no list ("Vornak") are names or places only right after strong context: a relative
 word, an initial, a credential, an abbreviated role, a transfer verb. "In no list" means in none of
 the word lists and not an English word (Webster's 2nd via ``english-words``, see
 :func:`is_english`), so that the context rules do not turn "SON VISITED" into a name.
@@ -71,7 +71,7 @@ class Dictionaries:
     state_abbrs: frozenset[str]
     countries: tuple[str, ...]
     hospital_words: tuple[str, ...]
-    #: every GeoNames town, words included: a place after a place context ("TAKEN TO LAUREL")
+    #: every GeoNames town, words included: a place after a place context ("TAKEN TO LIBERTY")
     place_words: frozenset[str]
 
     @cached_property  # looked up per token: build the union once (a frozen dataclass still
@@ -130,8 +130,8 @@ def dictionaries() -> Dictionaries:
         common=frozenset(common),
         ambiguous=frozenset(ambiguous),
         cities=tuple(sorted({w.lower() for w in _read_list("cities.txt")} | {
-            # a GeoNames town that is also a word ("Mobile", "Union", "Hope") would flag
-            # ordinary words: those count only after a place context ("lives in Union")
+            # a GeoNames town that is also a word ("Mobile", "Sycamore", "Hope") would flag
+            # ordinary words: those count only after a place context ("lives in Sycamore")
             c for c in (w.lower() for w in _read_list("us_cities.txt"))
             if " " in c or not (c in common or c in ambiguous or is_english(c))})),
         place_words=frozenset(w.lower() for w in _read_list("us_cities.txt")),
@@ -257,10 +257,10 @@ _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}([/-])\d{1,2}\1(?:1[89]\d\d|20\d\d|\d{2})(?![\d/-]|\s?%)"), check="mdy"),
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{4}([/-])\d{1,2}\1\d{1,2}(?![\d/-])"), check="ymd"),
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/\d{1,2}(?![\d/]|\.\d|\s?%)"), check="md"),
-    # the second date of a range: "10/15-10/16"
+    # the second date of a range: "1/12-1/13"
     _Pattern("DATE", re.compile(r"(?<![\d/])\d{1,2}/\d{1,2}-(\d{1,2}/\d{1,2})(?![\d/]|\.\d|\s?%)"), 1,
              check="md_range"),
-    # month/year: "echo 8/87", "s/p AVR 11/92", "3/1993" (the m/d reading was rejected above)
+    # month/year: "echo 5/84", "s/p AVR 6/81", "3/1993" (the m/d reading was rejected above)
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/(?:\d{2}|(?:19|20)\d\d)(?![\d/]|\.\d|\s?%)"),
              check="my"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
@@ -334,7 +334,7 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
     if check in ("mdy", "md", "my", "md_range") and _VENT_CONTEXT.search(text, max(0, m.start() - 12), m.start()):
         return False  # ventilator settings: "PS 10/5", "CPAP 5/5"
     if check in ("md", "md_range") and _VENT_AFTER.match(text, m.end()):
-        return False  # "x.6/10 peep"
+        return False  # "x.4/8 peep"
     if check == "mdy":
         a, b = nums[0], nums[1]
         return 1 <= a <= 12 and 1 <= b <= 31
@@ -351,7 +351,7 @@ def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
     if check == "md":
         a, b = nums
         if b == 10 and _PAIN_CONTEXT.search(text, max(0, m.start() - 25), m.end() + 25):
-            return False  # a pain score: "3/10 incisional pain", "cp 5/10"
+            return False  # a pain score: "2/10 back pain", "cp 6/10"
         if (a, b) in _FRACTIONS or (b == 5 and a <= 5):  # fractions, motor strength "4/5"
             return False
         return 1 <= a <= 12 and 1 <= b <= 31
@@ -373,7 +373,7 @@ _STRONG_TITLES = {"dr", "doctor", "mr", "mrs", "ms", "miss", "mx", "prof", "prof
 #: roles after which a dictionary name (even an ambiguous or lower-case one) is a clinician's name
 _CLINICIAN_WORDS = {"np", "rn", "md", "pa", "nurse", "resident", "attending", "fellow", "intern",
                     "per", "pcp", "dr", "doctor", "physician", "surgeon", "ho", "drs", "dr's"}
-#: abbreviated roles after which even a word in no list is taken for a name ("HO SCHWARZ")
+#: abbreviated roles after which even a word in no list is taken for a name ("HO VORNAK")
 _ROLE_ABBREVIATIONS = {"np", "rn", "md", "ho", "dr", "drs", "dr's"}
 #: words after which a dictionary name (even an ambiguous or lower-case one) is a relative's name
 _RELATIVE_WORDS = {"son", "daughter", "dtr", "wife", "husband", "brother", "sister", "mother",
@@ -396,29 +396,29 @@ _RELATIVE_AFTER = re.compile(
     r"nephew|grandson|granddaughter|friend|proxy|hcp|partner|aunt|uncle|cousin)\s*\)",
     re.IGNORECASE,
 )
-#: an initial and a surname: "Z. MILLER", "s. roberto"
+#: an initial and a surname: "Z. PRUITT", "k. pruitt"
 _INITIAL_GAP = re.compile(r"\.\s{1,2}")
-#: letters that open note sections or sides ("S. pt states", "O. ...", "R. Spo2"): such a letter
+#: letters that open note sections or sides ("S. pt states", "O. ...", "L. Sat 97%"): such a letter
 #: before a word that is in no list (often a drug) is not taken for an initial
 _SECTION_LETTERS = set("SOAPIRL")
 #: between the words of a signature: spaces, an initial's period, a hyphen
 _SIGNATURE_GAP = re.compile(r"\s{1,2}|\.\s{0,2}|-")
-#: credentials that end a clinician's signature ("ANTHONY C. KOZICKI, RRT")
+#: credentials that end a clinician's signature ("ZANDRIT Q. VORNAK, RRT")
 _CREDENTIALS = {"rrt", "rn", "rnc", "bsn", "lpn", "crnp", "np", "md", "pa", "msw", "lcsw", "licsw",
                 "ccrn", "cnm", "rph", "pharmd", "rd", "ot", "otr", "slp", "cna"}
 #: role and kin words, never taken for names even where a census list has them ("Sons")
 _NOT_NAMES = _RELATIVE_WORDS | _CLINICIAN_WORDS | _STRONG_TITLES | _CREDENTIALS
 _HOSPITAL_CONNECTORS = {"and", "of", "the", "&"}
 #: words inside institution names that are also ordinary words: they extend a name that has a
-#: specific word ("University of Maryland Hospital", "Quixbury Memorial Hospital") but make none
+#: specific word ("University of Quixbury Hospital", "Quixbury Memorial Hospital") but make none
 _HOSPITAL_QUALIFIERS = {"memorial", "regional", "general", "university", "univ", "community",
                         "county", "medical", "mount", "mt", "children's", "childrens", "veterans",
                         "rehab", "rehabilitation", "st", "saint"}
-#: "St. Mary's", "ST JOSEPH", "Saint Agnes": a saint's name is an institution
+#: "St. Brigid's", "ST JOSEPH", "Saint Agnes": a saint's name is an institution
 _SAINT = re.compile(r"\b(?:St\.?|ST\.?|Saint|SAINT)\s{1,2}([A-Z][a-z]+|[A-Z]{3,})(?:['’]s|['’]S)?\b")
-#: a preposition before a place ("at GH", "to quelpor 2", "ON QUELPOR 6")
+#: a preposition before a place ("at VH", "to quelpor 2", "ON QUELPOR 6")
 _PLACE_PREPOSITION = re.compile(r"(?<![\w/])(?:to|at|from|on|@)\s+(?:the\s+)?", re.IGNORECASE)
-#: hospital initialisms: "MGH", "BWH", "GBMC", "UMMC" (written in capitals)
+#: hospital initialisms: "MGH", "BWH", "CPMC", "UMMC" (written in capitals)
 _HOSPITAL_ACRONYM = re.compile(r"[A-Z]{1,3}(?:H|MC)")
 #: clinical initialisms of the same shape
 _NOT_HOSPITAL_ACRONYMS = {
@@ -715,7 +715,7 @@ class RuleMember:
                           and len(tj.low) > 1
                           and (named(tj) or self._unknown(tj, capitalised(tj) or j == i + 1)))
                 else:  # "MD HO" is a house officer: unambiguous dictionary names, or after
-                    # an abbreviated role ("NP grace", "HO SCHWARZ") a word in no list at all
+                    # an abbreviated role ("NP zandrit", "HO VORNAK") a word in no list at all
                     ok = (_adjacent(text, toks[j - 1], tj) and len(tj.low) > 1
                           and ((named(tj) and not is_common(tj))
                                or (t.low in _ROLE_ABBREVIATIONS and j == i + 1
@@ -735,7 +735,7 @@ class RuleMember:
                 label[k] = "RELATIVE"
                 taken += 1
                 k -= 1
-        for i, t in enumerate(toks[:-1]):  # "Z. MILLER", "s. roberto": an initial and a surname
+        for i, t in enumerate(toks[:-1]):  # "Z. PRUITT", "k. pruitt": an initial and a surname
             nxt = toks[i + 1]
             if (len(t.word) != 1 or not _INITIAL_GAP.fullmatch(text, t.end, nxt.start)
                     or (t.start and text[t.start - 1] not in " \t\n(")
@@ -744,7 +744,7 @@ class RuleMember:
             if (named(nxt) and not is_common(nxt)) or (
                     t.word.upper() not in _SECTION_LETTERS and self._unknown(nxt, True)):
                 is_name[i] = is_name[i + 1] = True
-        for i, t in enumerate(toks):  # "ANTHONY C. KOZICKI, RRT": a signature with a credential
+        for i, t in enumerate(toks):  # "ZANDRIT Q. VORNAK, RRT": a signature with a credential
             if t.low not in _CREDENTIALS or i == 0:
                 continue
             if not re.fullmatch(r",\s{0,3}|\s{1,3}", text[toks[i - 1].end : t.start]):
@@ -778,7 +778,7 @@ class RuleMember:
                     is_name[i] = True
                     label[i] = label[i - 1] if left else label[i + 1]
                     changed = True
-        for i in range(len(toks) - 1):  # the second half of a hyphenated name ("FORMAN-LYONS")
+        for i in range(len(toks) - 1):  # the second half of a hyphenated name ("VORNAK-QUELPOR")
             if (is_name[i] and not is_name[i + 1] and text[toks[i].end : toks[i + 1].start] == "-"
                     and capitalised(toks[i + 1]) and not is_common(toks[i + 1])):
                 is_name[i + 1] = True
@@ -841,7 +841,7 @@ class RuleMember:
             if specific and not mixed_case:
                 # without case every word looks like a name: keep the name from its first word
                 # that is a name, a place or (in capitals) no English word ("BETH ISRAEL
-                # DEACONESS MEDICAL CENTER"); none at all ("PROLONGED HOSPITAL STAY", "poss
+                # DEACONESS MEDICAL CENTER"); none at all ("LENGTHY HOSPITAL STAY", "poss
                 # rehab") is no institution
                 words = [t for t in toks[j + 1 : k] if t.start >= start]
                 strong = [x for x, t in enumerate(words)
@@ -852,7 +852,7 @@ class RuleMember:
                 specific = bool(strong)
                 if strong:
                     x = strong[0]
-                    while x > 0 and words[x - 1].low in _HOSPITAL_QUALIFIERS:  # "ST MARY"
+                    while x > 0 and words[x - 1].low in _HOSPITAL_QUALIFIERS:  # "ST BRIGID"
                         x -= 1
                     start = words[x].start
             if specific:
@@ -868,7 +868,7 @@ class RuleMember:
                    and (len(toks[j].word) > 2 or toks[j].word.isupper() and len(toks[j].word) == 2)
                    and ((mixed_case and capitalised(toks[j])) or self._unknown(toks[j], True)
                         or (not mixed_case and toks[j].low in self._place_words)
-                        or (len(toks[j].word) == 2 and toks[j].word.isupper()))  # "TO GH"
+                        or (len(toks[j].word) == 2 and toks[j].word.isupper()))  # "TO VH"
                    and not is_common(toks[j]) and toks[j].low not in _STRONG_TITLES
                    and (j == first or _adjacent(text, toks[j - 1], toks[j]))):
                 j += 1
@@ -882,7 +882,7 @@ class RuleMember:
             t = toks[k]
             if (_HOSPITAL_ACRONYM.fullmatch(t.word) and t.low not in _NOT_HOSPITAL_ACRONYMS
                     and not is_common(t) and not is_english(t.low)):
-                span(t.start, t.end, "HOSPITAL")  # "TO GH", "AT BWH", "FROM GBMC"
+                span(t.start, t.end, "HOSPITAL")  # "TO VH", "AT BWH", "FROM CPMC"
             elif (self._unknown(t, True) and not t.low.endswith(_DRUG_SUFFIXES)
                   and _UNIT_NUMBER.match(text, t.end)
                   and not _DOSE_VERB.search(text, max(0, m.start() - 12), m.start() + 1)):
