@@ -26,6 +26,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +241,27 @@ class TaggerModel(nn.Module):
             position_ids=position_ids.contiguous(),
         )
         hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
+        return self.head_emissions(hidden)
+
+    def head_emissions(self, hidden: Tensor) -> Tensor:
+        """Tag scores from the encoder's last hidden states (the part that differs between
+        members trained on one shared encoder)."""
         return self.classifier(self.dropout(hidden))
+
+    def encode(self, batch: dict[str, Tensor]) -> Tensor:
+        """The encoder's last hidden states ``[B, L, H]`` of a collated batch (inference)."""
+        length = batch["input_ids"].shape[1]
+        n = batch["input_ids"].shape[0]
+        position_ids = batch.get("position_ids")
+        if position_ids is None:
+            position_ids = torch.arange(length, device=batch["input_ids"].device).expand(n, length)
+        token_type_ids = batch.get("token_type_ids")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(batch["input_ids"])
+        out = self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           token_type_ids=token_type_ids.contiguous(),
+                           position_ids=position_ids.contiguous())
+        return out[0] if isinstance(out, tuple) else out.last_hidden_state
 
     def _batch_emissions(self, batch: dict[str, Tensor]) -> Tensor:
         return self.emissions(*(batch.get(k) for k in ENCODER_INPUTS))
@@ -567,6 +588,30 @@ def crf_marginals(
 # ---------------------------------------------------------------------------------- inference
 
 
+@dataclass
+class EncodedNotes:
+    """Notes tokenized, windowed and run through one encoder: what taggers with the same
+    :attr:`Tagger.encoder_key` share, so that an ensemble of N head-only members costs about
+    one encoder pass per window instead of N."""
+
+    key: tuple[str, str, int, int]
+    batch_size: int
+    tokens: list[Any]
+    windows: list[Any]
+    hidden: list[Tensor | None]  # per window: [window length, hidden size]
+
+
+def _pad_hidden(rows: Sequence[Tensor | None], width: int) -> Tensor:
+    """Stack per-window hidden states into ``[B, width, H]`` (zeros past each window's end)."""
+    real = [r for r in rows if r is not None]
+    out = torch.zeros((len(rows), width, real[0].shape[-1]), dtype=real[0].dtype,
+                      device=real[0].device)
+    for b, r in enumerate(rows):
+        if r is not None:
+            out[b, : r.shape[0]] = r
+    return out
+
+
 class Tagger:
     """Inference wrapper: notes in, per-token scores or character spans out.
 
@@ -597,6 +642,52 @@ class Tagger:
         digest = (hashlib.sha256(tok_json.read_bytes()).hexdigest()[:16]
                   if tok_json is not None and tok_json.is_file() else "unknown")
         self.tokenizer_id = f"{model.base_public_id or 'unknown'}@{digest}"
+        self._encoder_digest: str | None = None
+
+    @property
+    def encoder_digest(self) -> str:
+        """SHA-256 of the encoder's weights (names and bytes), computed once.
+
+        Members trained head-only on one public base share these weights exactly; the ensemble
+        then runs that encoder once per window for all of them (:meth:`encode`).
+        """
+        if self._encoder_digest is None:
+            h = hashlib.sha256()
+            for name, t in sorted(self.model.encoder.state_dict().items()):
+                h.update(name.encode())
+                h.update(str(tuple(t.shape)).encode())
+                h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            self._encoder_digest = h.hexdigest()
+        return self._encoder_digest
+
+    @property
+    def encoder_key(self) -> tuple[str, str, int, int]:
+        """What must match for two taggers to share encoder outputs: tokenizer, encoder weights,
+        and the windowing (max length, stride)."""
+        return (self.tokenizer_id, self.encoder_digest, int(self.model.max_length),
+                int(self.model.stride))
+
+    def encode(self, notes: Sequence[Note], batch_size: int = 16) -> EncodedNotes:
+        """Windows of ``notes`` and the encoder's hidden states for each, to share between
+        taggers with the same :attr:`encoder_key` (see :meth:`token_scores`)."""
+        from dphub import align
+
+        if batch_size < 1:
+            raise ConfigError(f"batch size must be at least 1 (got {batch_size})")
+        notes = list(notes)
+        tokens = align.tokenize(self.tokenizer, [n.text for n in notes])
+        windows = align.make_windows(tokens, self.tokenizer, self.model.max_length,
+                                     self.model.stride)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        hidden: list[Tensor | None] = [None] * len(windows)
+        with torch.inference_mode():
+            for idx in align.bucket_by_length(windows, batch_size):
+                chunk = [windows[i] for i in idx]
+                batch = {k: v.to(self.device) for k, v in align.collate(chunk, pad_id).items()}
+                h = self.model.encode(batch)
+                for r, (i, w) in enumerate(zip(idx, chunk, strict=True)):
+                    hidden[i] = h[r, : len(w.input_ids)].clone()
+        return EncodedNotes(self.encoder_key, batch_size, tokens, windows, hidden)
 
     @classmethod
     def load(cls, model_dir: Path | str, device: str = "cpu") -> Tagger:
@@ -624,7 +715,8 @@ class Tagger:
                     shutil.copyfile(src / extra, Path(model_dir) / extra)
 
     def token_scores(self, notes: Sequence[Note], batch_size: int = 16,
-                     marginals: bool = True) -> list[TokenScores]:
+                     marginals: bool = True,
+                     encoded: EncodedNotes | None = None) -> list[TokenScores]:
         """Per-token PHI probabilities of each note (windows merged; nothing truncated).
 
         ``marginals=True`` (default): ``phi_prob``/``label_probs`` are CRF posterior marginals
@@ -633,6 +725,10 @@ class Tagger:
         (``threshold=None``): it skips forward-backward and ``phi_prob``/``label_probs`` are the
         per-token softmax of the emissions instead (same shape and meaning as probabilities, but
         without the CRF's transition context; they only serve as span scores then).
+
+        ``encoded`` (from :meth:`encode` of a tagger with the same :attr:`encoder_key`, on the same
+        notes and batch size) replaces tokenization and the encoder pass: only this tagger's head
+        and CRF run. The scores are identical to a run without it.
         """
         from dphub import align
 
@@ -641,9 +737,16 @@ class Tagger:
         notes = list(notes)
         if not notes:
             return []
-        tokens = align.tokenize(self.tokenizer, [n.text for n in notes])
-        windows = align.make_windows(tokens, self.tokenizer, self.model.max_length,
-                                     self.model.stride)
+        if encoded is not None and (encoded.key != self.encoder_key
+                                    or encoded.batch_size != batch_size
+                                    or len(encoded.tokens) != len(notes)):
+            raise ModelError("internal: shared encoder outputs of another encoder or batch")
+        if encoded is not None:
+            tokens, windows = encoded.tokens, encoded.windows
+        else:
+            tokens = align.tokenize(self.tokenizer, [n.text for n in notes])
+            windows = align.make_windows(tokens, self.tokenizer, self.model.max_length,
+                                         self.model.stride)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         probs_w: list[np.ndarray | None] = [None] * len(windows)
         dec_w: list[np.ndarray | None] = [None] * len(windows)
@@ -655,7 +758,11 @@ class Tagger:
                 for r, w in enumerate(chunk):
                     valid[r, w.content_slice] = True
                 # float64 forward-backward: marginals over 128 pieces sum to 1 within 1e-12
-                em = self.model._batch_emissions(batch).double()
+                if encoded is None:
+                    em = self.model._batch_emissions(batch).double()
+                else:
+                    em = self.model.head_emissions(_pad_hidden(
+                        [encoded.hidden[i] for i in idx], batch["input_ids"].shape[1])).double()
                 if marginals:
                     marg = self.model._marginals_from_emissions(em, valid).cpu().numpy()
                 else:

@@ -188,14 +188,15 @@ def test_skipping_the_per_unit_aggregation_is_caught(
     import dphub.privacy.units as U
 
     monkeypatch.setattr(U, "aggregate_grad_sample_by_unit", lambda *a, **k: None)
+    # q = 1 (batch 8 >= 4 units): every step samples every unit, never an empty batch
     with pytest.raises(PrivacyError, match="per-sample gradient rows"):
-        T.train(_opts(corpus, tiny_base_model, tmp_path / "m"))
+        T.train(_opts(corpus, tiny_base_model, tmp_path / "m", batch_size=8))
     assert not (tmp_path / "m").exists()
 
     # and with the in-loop check removed too, the clipping recorder above turns red
     monkeypatch.setattr(U, "check_one_gradient_per_unit", lambda *a, **k: None)
     drawn, clipped = _record_clipping(monkeypatch)
-    T.train(_opts(corpus, tiny_base_model, tmp_path / "m2"))
+    T.train(_opts(corpus, tiny_base_model, tmp_path / "m2", batch_size=8))
     assert clipped != drawn
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,8 +84,18 @@ class Ensemble:
         """
         per_note: list[dict[str, list[Span]]] = [{} for _ in notes]
         runs = [word_runs(n.text) for n in notes]
+        shared = shared_encoder_groups(self.slots)
+        encoded: dict[Any, Any] = {}
         for slot in self.slots:
-            for i, spans in enumerate(slot.member.tag(notes, threshold=slot.tag_threshold)):
+            key = shared.get(slot.name)
+            if key is None:
+                tagged = slot.member.tag(notes, threshold=slot.tag_threshold)
+            else:  # members on one encoder: its pass runs once, each applies its own head + CRF
+                if key not in encoded:
+                    encoded[key] = slot.member.encode(notes)
+                tagged = slot.member.tag(notes, threshold=slot.tag_threshold,
+                                         encoded=encoded[key])
+            for i, spans in enumerate(tagged):
                 per_note[i][slot.name] = snap_to_words(notes[i].text, spans, runs[i])
         return per_note
 
@@ -93,6 +104,25 @@ class Ensemble:
             NoteResult(aggregate(by_member, self.rule), by_member)
             for by_member in self.member_spans(notes)
         ]
+
+
+def shared_encoder_groups(slots: Sequence[Slot]) -> dict[str, Any]:
+    """Slot name -> encoder key, for model members whose encoder another member shares.
+
+    Members trained head-only on one public base (the default recipe) have byte-identical
+    encoders (same SHA-256 of the weights), tokenizers and windowing: their encoder pass is the
+    same computation, so the ensemble runs it once. Members alone on their encoder keep their own
+    path (nothing stored between calls).
+    """
+    keys: dict[str, Any] = {}
+    for slot in slots:
+        m = slot.member
+        if isinstance(m, ModelMember) and type(m).token_scores is ModelMember.token_scores:
+            key = m.encoder_key
+            if key is not None:
+                keys[slot.name] = key
+    counts = Counter(keys.values())
+    return {name: key for name, key in keys.items() if counts[key] > 1}
 
 
 def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = False) -> Slot:

@@ -61,9 +61,13 @@ class ModelMember:
     def quantize_int8(self) -> None:
         """Dynamic int8 quantization of the encoder's Linear layers (CPU inference speed-up).
 
-        A lever for throughput; check recall on labelled notes before relying on it.
+        A lever for throughput; check recall on labelled notes before relying on it. The encoder
+        digest is taken first (from the float weights), so quantized members that share an
+        encoder still share its pass.
         """
         import warnings
+
+        _ = getattr(self.tagger, "encoder_digest", None)
 
         import torch
 
@@ -85,11 +89,27 @@ class ModelMember:
     def spans_from(self, scores: Sequence[TokenScores], threshold: float | None) -> list[list[Span]]:
         return [spans_from_scores(ts, threshold, source=self.name) for ts in scores]
 
-    def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]:
+    @property
+    def encoder_key(self) -> tuple[Any, ...] | None:
+        """Members with equal keys (and batch sizes) can share one encoder pass
+        (:meth:`dphub.tagger.Tagger.encode`); None when the tagger cannot say."""
+        key = getattr(self.tagger, "encoder_key", None)
+        return None if key is None else (*key, self.batch_size)
+
+    def encode(self, notes: Sequence[Note]) -> Any:
+        """The encoder outputs this member's tagger would compute, for members sharing them."""
+        return self.tagger.encode(notes, batch_size=self.batch_size)
+
+    def tag(self, notes: Sequence[Note], threshold: float | None = None, *,
+            encoded: Any = None) -> list[list[Span]]:
+        """Spans per note; ``encoded`` (from :meth:`encode` of a member with the same
+        :attr:`encoder_key`) skips this member's own encoder pass."""
         # Viterbi decoding (threshold None) needs no CRF marginals: skip forward-backward, unless
         # a subclass overrides token_scores (e.g. a cache), whose scores must then be used
-        if threshold is None and type(self).token_scores is ModelMember.token_scores:
-            scores = self.tagger.token_scores(notes, batch_size=self.batch_size, marginals=False)
+        if type(self).token_scores is ModelMember.token_scores:
+            extra = {} if encoded is None else {"encoded": encoded}
+            scores = self.tagger.token_scores(notes, batch_size=self.batch_size,
+                                              marginals=threshold is not None, **extra)
         else:
             scores = self.token_scores(notes)
         return self.spans_from(scores, threshold)
