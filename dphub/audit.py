@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dphub.errors import CardError, ConfigError
+from dphub.errors import CardError, ConfigError, PrivacyError
 from dphub.notes import Note, Span
 
 #: ``empirical_audit.method`` in the card.
@@ -62,8 +62,20 @@ SIGNAL = "secret-loss-ratio-vs-alternatives"
 ATTACK_MIN_EPSILON = 0.5
 #: Fractions of the canaries the auditor guesses on (half "in", half "out"); Bonferroni-corrected.
 GUESS_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
-#: Verdicts recorded in the card.
+#: Verdicts of an audit; a ``failed`` one is never written into a card (see :class:`AuditFailed`).
 VERDICTS = ("passed", "failed", "not-private")
+
+
+class AuditFailed(PrivacyError):
+    """The empirical lower bound exceeds the proven ε: the mechanism does not do what it claims.
+
+    A refused operation: nothing is written to ``--out`` (a card claiming an ε the model
+    demonstrably does not have must not exist). ``block`` holds the audit's numbers.
+    """
+
+    def __init__(self, message: str, block: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.block = block
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -509,8 +521,8 @@ def run_audit(opts: Any, audit: AuditOptions, *,
 
     The model is trained into a hidden sibling of ``opts.out`` and moved into place only after
     the audit block is in its card, so ``opts.out`` never holds an unaudited model. Raises
-    :class:`DphubError` subclasses for bad options; a *failed* audit is not an exception here
-    (the block says ``verdict: failed``; the CLI turns it into an error exit).
+    :class:`DphubError` subclasses for bad options, and :class:`AuditFailed` (nothing written)
+    when the empirical bound exceeds the proven ε.
     """
     from dphub import train as training
     from dphub.card import load_card, write_card
@@ -543,6 +555,16 @@ def run_audit(opts: Any, audit: AuditOptions, *,
             result.num_units)
         block = audit_block(scores, canaries, delta=delta, proven_epsilon=result.epsilon,
                             audit=audit)
+        if block["verdict"] == "failed":
+            raise AuditFailed(
+                f"audit FAILED: empirical ε lower bound {block['epsilon_lower_bound']:.3g} "
+                f"exceeds the proven ε {block['proven_epsilon']:.3g} at "
+                f"{block['confidence']:.0%} confidence ({block['correct']} of "
+                f"{block['guesses']} membership guesses right on {len(canaries)} canaries); the "
+                "training mechanism does not deliver its claimed guarantee, so no model was "
+                f"written to {out}",
+                block,
+            )
         meta = load_card(tmp).meta
         meta["empirical_audit"] = block
         write_card(tmp, meta)
@@ -593,7 +615,7 @@ def describe(block: Mapping[str, Any], *, markdown: bool = True) -> str:
     ]
     if verdict == "passed":
         lines.append(f"The audited lower bound does not exceed the proven ε = {proven}.")
-    elif verdict == "failed":
+    elif verdict == "failed":  # only in messages: a failed audit is never written to a card
         lines.append(f"{b}AUDIT FAILED{b}: the audited lower bound exceeds the proven "
                      f"ε = {proven}; the training mechanism does not deliver its claimed "
                      "guarantee.")
@@ -624,8 +646,8 @@ def audit_section(meta: Mapping[str, Any]) -> str:
 def check_audit_block(meta: Mapping[str, Any]) -> None:
     """Refuse a card whose audit failed or contradicts its own numbers (for the publish gate).
 
-    The schema validates the block's shape; this checks what a schema cannot: the verdict
-    agrees with the bound and the proven ε of the same card, and it is not ``failed``.
+    The schema validates the block's shape (and has no ``failed`` verdict); this checks what a
+    schema cannot: the verdict agrees with the bound and the proven ε of the same card.
     """
     block = meta.get("empirical_audit")
     if block is None:

@@ -14,6 +14,7 @@ leakage ≈ 0), where a spurious bound above the proven ε needs an event of pro
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,28 @@ def test_audit_refuses_note_level_units(corpus: Path, tiny_base_model: Path,
     assert not (tmp_path / "m").exists()
 
 
+def test_schema_refuses_a_failed_or_malformed_block() -> None:
+    from dphub.card import validate_meta
+
+    meta = {"tags": ["token-classification", "de-identification", "phi", "differential-privacy",
+                     "dp-sgd"], "library_name": "transformers",
+            "pipeline_tag": "token-classification", "base_model": "org/base", "language": ["en"],
+            "license": "apache-2.0", "differential_privacy": {"private": False, "epsilon": None},
+            "dataset": {"patients": "2-4", "notes": "2-4", "sequences": "5-9",
+                        "phi_per_category": {}, "note_types": {}, "language": "en",
+                        "label_schema": "hipaa"}}
+    canaries = [A.Canary(f"c{i}", [], A.Secret("A", "B", "1", "2"), [], i % 2 == 0)
+                for i in range(4)]
+    scores = [A.CanaryScore(1.0 if c.included else -1.0, 1.0, 1.0, 1.0) for c in canaries]
+    block = A.audit_block(scores, canaries, delta=1e-5, proven_epsilon=None,
+                          audit=A.AuditOptions(canaries=4))
+    validate_meta({**meta, "empirical_audit": block})
+    for bad in ({"verdict": "failed"}, {"secret": "Piano Kettle"}, {"date": "yesterday"},
+                {"epsilon_lower_bound": -1}):
+        with pytest.raises(CardError, match="empirical_audit"):
+            validate_meta({**meta, "empirical_audit": {**block, **bad}})
+
+
 def test_check_audit_block_refuses_failed_or_inconsistent_blocks() -> None:
     block = {"epsilon_lower_bound": 1.0, "proven_epsilon": 0.5, "verdict": "failed"}
     meta = {"differential_privacy": {"private": True, "epsilon": 0.5}, "empirical_audit": block}
@@ -218,7 +241,6 @@ def test_broken_mechanism_is_caught(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Noise off while the card reports σ = 100: the audit's bound beats the claimed ε."""
-    from dphub.card import load_card
     from dphub.cli.main import main
     from dphub.privacy import randomness as R
 
@@ -237,11 +259,12 @@ def test_broken_mechanism_is_caught(
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.startswith("error: audit FAILED") and "Traceback" not in err
-    block = load_card(out).meta["empirical_audit"]
-    assert block["verdict"] == "failed"
-    assert block["epsilon_lower_bound"] > block["proven_epsilon"]
-    with pytest.raises(CardError, match="FAILED"):
-        A.check_audit_block(load_card(out).meta)
+    assert err.count("\n") == 1
+    bound, proven = (float(x) for x in re.findall(r"ε(?: lower bound)? ([0-9.]+)", err)[:2])
+    assert bound > proven
+    # a card claiming an ε the model demonstrably lacks is never written
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if ".audit-" in p.name]
 
 
 def test_weak_non_private_audit_says_so(
