@@ -46,6 +46,7 @@ import math
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -441,6 +442,8 @@ class AuditResult:
     train: Any
     block: dict[str, Any]
     scores: list[CanaryScore] = field(repr=False, default_factory=list)
+    #: wall seconds of the training run and of the audit's own work (scoring the candidates)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -547,8 +550,10 @@ def run_audit(opts: Any, audit: AuditOptions, *,
     tmp = out.parent / f".{out.name}.audit-{os.getpid()}-{secrets.token_hex(3)}"
     run_opts = replace(opts, out=tmp, force=False,
                        checkpoint_dir=opts.checkpoint_dir or training.checkpoint_dir_for(out))
+    t0 = time.monotonic()
     try:
         result = training.train(run_opts, on_progress=on_progress, extra_notes=extra)
+        t1 = time.monotonic()
         losses = secret_losses(tmp, canaries)
         scores = [score(x) for x in losses]
         delta = result.delta if result.delta is not None else training.default_delta(
@@ -573,7 +578,8 @@ def run_audit(opts: Any, audit: AuditOptions, *,
         with contextlib.suppress(OSError):
             shutil.rmtree(tmp)
     result.out_dir = out
-    return AuditResult(result, block, scores)
+    seconds = {"train": round(t1 - t0, 1), "audit": round(time.monotonic() - t1, 1)}
+    return AuditResult(result, block, scores, seconds)
 
 
 def _move_into_place(tmp: Path, out: Path, *, force: bool) -> None:
