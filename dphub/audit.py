@@ -12,9 +12,10 @@ trained model actually reveals about patients it was trained on, from the *same*
    included in training independently with probability ½; the inclusion bits and the secrets
    come from the OS (:mod:`secrets`), never from ``--seed``, so nobody can predict or replay
    them.
-2. **Membership signal.** For each canary the trained model's CRF loss on its notes with the
-   *true* secret is compared with the loss on the same notes with ``R`` random alternative
-   secrets of the same format (the *reference*). The score is the log-ratio
+2. **Membership signal.** For each canary the trained model's loss on the secret's word pieces
+   (``-log`` of the CRF marginal of their gold tags) with the *true* secret is compared with the
+   same loss with ``R`` random alternative secrets of the same format in the same notes (the
+   *reference*). The score is the log-ratio
    ``ln(median(alt)) - ln(true)`` (:func:`score`). Why this signal: it needs only the trained model (no
    shadow or reference training), it cancels everything about a canary that is not its secret
    (template, note length, how hard its context is), and for a canary that was *not* trained on
@@ -211,21 +212,29 @@ class Canary:
 
     def notes(self, secret: Secret | None = None) -> list[Note]:
         """The canary's notes with ``secret`` (default: its own) in every slot."""
+        return [n for n, _ in self.render(secret)]
+
+    def render(self, secret: Secret | None = None) -> list[tuple[Note, list[tuple[int, int]]]]:
+        """Each note with ``secret`` in its slots, and the character ranges of those slots."""
         s = secret or self.secret
         out = []
         for note_id, pieces in self.templates:
             parts: list[str] = []
             spans: list[Span] = []
+            slots: list[tuple[int, int]] = []
             pos = 0
             for text, label, is_slot in pieces:
                 value = s.value(text) if is_slot else text
                 if label is not None:
                     spans.append(Span(pos, pos + len(value), label))
+                if is_slot:
+                    slots.append((pos, pos + len(value)))
                 parts.append(value)
                 pos += len(value)
-            out.append(Note(id=note_id, text="".join(parts), patient_id=self.patient_id,
-                            metadata={"kind": self.kind, "canary": True}, spans=spans,
-                            labelled=True))
+            note = Note(id=note_id, text="".join(parts), patient_id=self.patient_id,
+                        metadata={"kind": self.kind, "canary": True}, spans=spans,
+                        labelled=True)
+            out.append((note, slots))
         return out
 
 
@@ -343,47 +352,70 @@ class CanaryScore:
 
 def secret_losses(model_dir: Path, canaries: Sequence[Canary], *, batch_size: int = 32
                   ) -> list[list[float]]:
-    """Per canary: the model's loss with the true secret, then with each alternative.
+    """Per canary: the model's loss on its secret with the true secret, then each alternative.
 
-    A canary's loss is the CRF negative log-likelihood of its notes' gold tags, summed over
-    windows. Windows that do not contain a secret are the same for every candidate; each
-    distinct window is scored once.
+    The loss is ``-sum log P(gold tag)`` over the word pieces of the secret slots, with P the
+    CRF's posterior marginals (each piece counted once, in the window that owns it). Restricting
+    it to the secret's own pieces matters: changing the secret also shifts the encoder's output
+    at every other position of the window, and a whole-window loss adds that noise (MiniLM,
+    head-only, no DP, 32 canaries: bound 0.07-0.40 with the whole-window CRF loss, 1.23 with
+    this). Windows without a secret piece are never run; identical windows run once.
     """
     import numpy as np
     import torch
     from transformers import AutoTokenizer
 
+    from dphub import align
+    from dphub.labels import get_schema
     from dphub.tagger import ENCODER_INPUTS, TaggerModel
-    from dphub.train import batch_from_examples, encode_notes
+    from dphub.train import Example, batch_from_examples
 
     model = TaggerModel.load(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    schema = get_schema(model.schema)
+    tag_id = {t: i for i, t in enumerate(model.tags)}
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     keys: list[list[list[bytes]]] = []  # canary -> candidate -> window keys
-    windows: dict[bytes, Any] = {}
+    windows: dict[bytes, tuple[Example, list[int]]] = {}
     for c in canaries:
         per_cand = []
         for s in (c.secret, *c.alternatives):
-            exs = encode_notes(c.notes(s), tokenizer, model.tags, model.schema,
-                               max_length=model.max_length, stride=model.stride)
+            rendered = c.render(s)
+            toks = align.tokenize(tokenizer, [n.text for n, _ in rendered])
             ks = []
-            for e in exs:
-                k = (np.asarray(e.input_ids, dtype=np.int64).tobytes() + b"|"
-                     + np.asarray(e.labels, dtype=np.int64).tobytes())
-                windows.setdefault(k, e)
+            for w in align.make_windows(toks, tokenizer, max_length=model.max_length,
+                                        stride=model.stride):
+                note, slots = rendered[w.note_index]
+                nt = toks[w.note_index]
+                a, b = w.owned
+                picked = [w.content_start + i - w.token_start for i in range(a, b)
+                          if any(nt.offsets[i][0] < e and st < nt.offsets[i][1]
+                                 for st, e in slots)]
+                if not picked:
+                    continue
+                tags = [tag_id[t] for t in align.spans_to_tags(nt.offsets, note.spans, schema)]
+                labels = [-100] * len(w.input_ids)
+                labels[w.content_slice] = tags[w.token_start : w.token_end]
+                k = (np.asarray(w.input_ids, dtype=np.int64).tobytes() + b"|"
+                     + np.asarray(labels, dtype=np.int64).tobytes() + b"|"
+                     + np.asarray(picked, dtype=np.int64).tobytes())
+                windows.setdefault(k, (Example("", 0, list(w.input_ids), labels), picked))
                 ks.append(k)
             per_cand.append(ks)
         keys.append(per_cand)
-    items = sorted(windows.items(), key=lambda kv: len(kv[1].input_ids))
+    items = sorted(windows.items(), key=lambda kv: len(kv[1][0].input_ids))
     loss: dict[bytes, float] = {}
     with torch.inference_mode():
         for i in range(0, len(items), batch_size):
             chunk = items[i : i + batch_size]
-            batch = batch_from_examples([e for _, e in chunk], pad_id)
-            inputs = {k: batch[k] for k in ENCODER_INPUTS}
-            per = model.per_sample_loss(inputs, batch["labels"]).double()
-            for (k, _), value in zip(chunk, per.tolist(), strict=True):
-                loss[k] = float(value)
+            batch = batch_from_examples([e for _, (e, _) in chunk], pad_id)
+            labels = batch["labels"]
+            em = model._batch_emissions({k: batch[k] for k in ENCODER_INPUTS}).double()
+            marg = model._marginals_from_emissions(em, labels != -100)
+            gold = marg.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            nll = -torch.log(gold.clamp(min=1e-12))
+            for r, (k, (_, picked)) in enumerate(chunk):
+                loss[k] = float(nll[r, picked].sum())
     return [[sum(loss[k] for k in ks) for ks in per_cand] for per_cand in keys]
 
 
