@@ -136,6 +136,17 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float)
     return lo
 
 
+def max_possible_bound(m: int, delta: float, confidence: float,
+                       fractions: Sequence[float] = GUESS_FRACTIONS) -> float:
+    """The largest bound an audit with ``m`` canaries can report (every guess right).
+
+    One run with few canaries cannot show a large ε: with 64 canaries at 95 % the ceiling is
+    about 2.7, so such an audit can never fail a claim of ε = 8, however broken the mechanism.
+    """
+    each = 1.0 - (1.0 - confidence) / len(fractions)
+    return epsilon_lower_bound(m, m, m, delta, each)
+
+
 @dataclass
 class Bound:
     """The best of the Bonferroni-corrected guess counts: ε lower bound from ``v`` of ``r``."""
@@ -535,6 +546,8 @@ def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, de
         "guesses": bound.guesses,
         "correct": bound.correct,
         "epsilon_lower_bound": round(bound.epsilon, 4),
+        "max_possible_bound": round(max_possible_bound(len(canaries), delta, audit.confidence),
+                                    4),
         "confidence": audit.confidence,
         "delta": float(delta),
         "proven_epsilon": None if proven_epsilon is None else round(float(proven_epsilon), 4),
@@ -651,8 +664,15 @@ def describe(block: Mapping[str, Any], *, markdown: bool = True) -> str:
         f"patients (one-run method of Steinke, Nasr & Jagielski 2023; signal: loss of each "
         f"canary's secret PHI against {exp.get('candidates', 1) - 1} random alternatives).",
     ]
+    ceiling = block.get("max_possible_bound")
     if verdict == "passed":
         lines.append(f"The audited lower bound does not exceed the proven ε = {proven}.")
+        if ceiling is not None and proven is not None and proven > ceiling:
+            lines.append(
+                f"With {can.get('count')} canaries no audit can show more than ε ≥ {ceiling}, "
+                f"so this one could not have failed at ε = {proven}: it checks the mechanism "
+                "only at smaller ε (audit the same recipe with a smaller --target-epsilon)."
+            )
     elif verdict == "failed":  # only in messages: a failed audit is never written to a card
         lines.append(f"{b}AUDIT FAILED{b}: the audited lower bound exceeds the proven "
                      f"ε = {proven}; the training mechanism does not deliver its claimed "

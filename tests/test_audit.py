@@ -95,6 +95,8 @@ def test_one_run_bound_uses_scores_not_bits_and_pays_for_its_choices() -> None:
     # the best of three guess counts is valid at 95% only because each was run at 1 - 0.05/3
     assert best.epsilon == pytest.approx(A.epsilon_lower_bound(m, m, m, 0.0, 1 - 0.05 / 3))
     assert best.epsilon < A.epsilon_lower_bound(m, m, m, 0.0, 0.95)
+    assert A.max_possible_bound(m, 0.0, 0.95) == pytest.approx(best.epsilon)
+    assert 2.5 < A.max_possible_bound(64, 1e-5, 0.95) < 3.0  # why ε = 8 cannot fail an audit
     # scores unrelated to membership: no bound
     rng = np.random.default_rng(0)
     assert A.one_run_bound(list(rng.normal(size=m)), included, 1e-5, 0.95).epsilon < 0.5
@@ -223,6 +225,7 @@ def test_non_private_run_beats_a_high_noise_dp_run(
     A.check_audit_block(card.meta)
     assert "## Empirical privacy audit" in card.body and "lower bound, not a proof" in card.body
     assert "proven ε still holds for every real patient" in card.body
+    assert dp.block["max_possible_bound"] > dp.train.epsilon  # this audit could have failed
     # the dataset block describes the real corpus, not the canaries
     assert card.meta["dataset"]["patients"] == "2-4"
     assert not any(p.name.startswith(".dp.audit") for p in tmp_path.iterdir())
@@ -283,3 +286,16 @@ def test_weak_non_private_audit_says_so(
     assert code == 0, captured.err
     assert "audit too weak to mean anything" in captured.err
     assert "lower bound, not a proof" in captured.out
+
+
+def test_describe_says_when_an_audit_could_not_have_failed() -> None:
+    canaries = [A.Canary(f"c{i}", [], A.Secret("A", "B", "1", "2"), [], i % 2 == 0)
+                for i in range(64)]
+    scores = [A.CanaryScore(0.0, 1.0, 8.0, 1.0) for _ in canaries]
+    block = A.audit_block(scores, canaries, delta=1e-5, proven_epsilon=8.0,
+                          audit=A.AuditOptions())
+    assert block["verdict"] == "passed" and block["max_possible_bound"] < 3
+    text = A.describe(block, markdown=False)
+    assert "could not have failed at ε = 8.0" in text and "lower bound, not a proof" in text
+    low = A.audit_block(scores, canaries, delta=1e-5, proven_epsilon=1.0, audit=A.AuditOptions())
+    assert "could not have failed" not in A.describe(low)
