@@ -59,9 +59,9 @@ def audit(
 ) -> None:
     """Train with synthetic canary patients and report an empirical ε lower bound.
 
-    The bound (one-run method of Steinke, Nasr & Jagielski 2023) is a LOWER bound, not a proof:
-    it is written into the card beside the proven ε. Run the same command with --no-dp to check
-    that the attack works on this data (its bound must be clearly positive).
+    The bound (one-run method, Steinke, Nasr & Jagielski 2023) goes into the card.
+
+    It is a LOWER bound, not a proof. Check the attack with the same command and --no-dp.
     """
     flags = {k: v for k, v in locals().items() if k not in (
         "canaries", "canary_notes", "canary_kind", "canary_note_chars", "candidates",

@@ -299,3 +299,33 @@ def test_describe_says_when_an_audit_could_not_have_failed() -> None:
     assert "could not have failed at ε = 8.0" in text and "lower bound, not a proof" in text
     low = A.audit_block(scores, canaries, delta=1e-5, proven_epsilon=1.0, audit=A.AuditOptions())
     assert "could not have failed" not in A.describe(low)
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--canaries", "1"], "--canaries must be at least 2"),
+    (["--confidence", "1.5"], "--confidence must be in"),
+    (["--canary-kind", "poem"], "--canary-kind must be"),
+])
+def test_bad_audit_options_are_one_line_errors(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    args: list[str], match: str,
+) -> None:
+    from dphub.cli.main import main
+
+    code = main(["audit", str(corpus), "--out", str(tmp_path / "m"), "--base-model",
+                 str(tiny_base_model), "--warm-start", "none", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and match in err and err.count("\n") == 1
+    assert not (tmp_path / "m").exists()
+
+
+def test_missing_data_is_refused_and_leaves_nothing(
+    tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dphub.cli.main import main
+
+    code = main(["audit", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "m"),
+                 "--base-model", str(tiny_base_model), "--warm-start", "none"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "no such file" in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "cache") == []
