@@ -13,8 +13,10 @@ leakage ≈ 0), where a spurious bound above the proven ε needs an event of pro
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -231,11 +233,26 @@ def test_non_private_run_beats_a_high_noise_dp_run(
     assert not any(p.name.startswith(".dp.audit") for p in tmp_path.iterdir())
     assert load_card(tmp_path / "nodp").meta["empirical_audit"]["proven_epsilon"] is None
 
+    # the publish gate validates the block when present (through the card schema)
+    from dphub.card import CARD_FILE, build_card
+    from dphub.hub.gate import GateViolation, check_card
+
+    check_card(tmp_path / "dp")
+    bad = tmp_path / "dp-bad"
+    shutil.copytree(tmp_path / "dp", bad)
+    meta = load_card(bad).meta
+    meta["empirical_audit"]["verdict"] = "failed"
+    (bad / CARD_FILE).write_text(build_card(meta), encoding="utf-8")
+    with pytest.raises(GateViolation, match="empirical_audit.verdict"):
+        check_card(bad)
+
     capsys.readouterr()
     assert main(["card", "show", str(tmp_path / "dp")]) == 0
     shown = capsys.readouterr().out
     assert "EMPIRICAL AUDIT (a lower bound, not a proof)" in shown
     assert f"ε ≥ {dp.epsilon_lower_bound:.4g}" in shown and "proven ε = " in shown
+    assert main(["card", "show", "--json", str(tmp_path / "dp")]) == 0
+    assert json.loads(capsys.readouterr().out)["empirical_audit"] == dp.block
 
 
 @pytest.mark.slow
