@@ -5,8 +5,8 @@ trained model actually reveals about patients it was trained on, from the *same*
 (Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023):
 
 1. **Canaries.** ``m`` synthetic canary patients, each with a unique random secret — a name made
-   of two random whole-word vocabulary pieces (rare in clinical text, one word piece each, so
-   the model can memorise them), a random 7-digit MRN and a random date of birth — written into
+   of two random whole-word vocabulary pieces (one word piece each, so the model can memorise
+   them), a random 7-digit MRN and a random date of birth — written into
    realistic :mod:`dphub.synth` notes (every patient mention and record number of the note
    becomes the canary's, and a ``Name / MRN / DOB`` header line is added). Each canary is
    included in training independently with probability ½; the inclusion bits and the secrets
@@ -15,9 +15,8 @@ trained model actually reveals about patients it was trained on, from the *same*
 2. **Membership signal.** For each canary the trained model's loss on the secret's word pieces
    (``-log`` of the CRF marginal of their gold tags) with the *true* secret is compared with the
    same loss with ``R`` random alternative secrets of the same format in the same notes (the
-   *reference*). The score is the log-ratio
-   ``ln(median(alt)) - ln(true)`` (:func:`score`). Why this signal: it needs only the trained model (no
-   shadow or reference training), it cancels everything about a canary that is not its secret
+   *reference*). The score is the log-ratio ``ln(median(alt)) - ln(true)`` (:func:`score`).
+   Why this signal: it needs only the trained model (no shadow or reference training), it cancels everything about a canary that is not its secret
    (template, note length, how hard its context is), and for a canary that was *not* trained on
    the true secret is exchangeable with the alternatives, so its score has a known null
    distribution: whatever separates included canaries from excluded ones is memorisation of
@@ -26,7 +25,8 @@ trained model actually reveals about patients it was trained on, from the *same*
    abstains on the rest. If training is (ε, δ)-DP, the number of correct guesses is stochastically
    dominated as in the paper's Theorem 5.2 (:func:`p_value`); the audit reports the largest ε
    that this rejects at the given confidence (:func:`epsilon_lower_bound`). A few guess counts
-   are tried, with a Bonferroni correction, so the choice costs no validity.
+   are tried, with a Bonferroni correction, so the choice costs no validity. ``m`` canaries can
+   show at most :func:`max_possible_bound` (≈ 2.7 for 64): larger claims cannot fail an audit.
 4. **Exposure** (Carlini et al., "The Secret Sharer", USENIX Security 2019): the rank of the true
    secret among the ``R + 1`` candidates by loss; ``exposure = log2(R + 1) - log2(rank)`` (the
    sampling estimate of the paper's exposure; at most ``log2(R + 1)`` bits).
