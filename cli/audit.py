@@ -106,7 +106,8 @@ class _Audit:
         self.auditing, self.aopts = auditing, aopts
 
     def train(self, opts: object, on_progress: object = None) -> object:
-        return self.auditing.run_audit(opts, self.aopts, on_progress=on_progress)  # type: ignore[attr-defined]
+        run = self.auditing.run_audit  # type: ignore[attr-defined]
+        return run(opts, self.aopts, on_progress=on_progress)
 
 
 def register(app: typer.Typer) -> None:

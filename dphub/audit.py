@@ -18,9 +18,10 @@ trained model actually reveals about patients it was trained on, from the *same*
    *reference*). The score is the log-ratio ``ln(median(alt)) - ln(true)`` (:func:`score`).
    Why this signal: it needs only the trained model (no shadow or reference training), it
    cancels everything about a canary that is not its secret (template, note length, how hard its
-   context is), and for a canary that was *not* trained on the true secret is exchangeable with the alternatives, so its score has a known null
-   distribution: whatever separates included canaries from excluded ones is memorisation of
-   the secret itself. The same computation gives the exposure (below).
+   context is), and for a canary that was *not* trained on the true secret is exchangeable
+   with the alternatives, so its score has a known null distribution: whatever separates
+   included canaries from excluded ones is memorisation of the secret itself. The same
+   computation gives the exposure (below).
 3. **Bound.** The auditor guesses "in" for the highest scores and "out" for the lowest, and
    abstains on the rest. If training is (ε, δ)-DP, the number of correct guesses is stochastically
    dominated as in the paper's Theorem 5.2 (:func:`p_value`); the audit reports the largest ε
