@@ -68,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--confidence", type=float, default=0.95)
     args, rest = ap.parse_known_args(argv)
     torch.set_num_threads(args.threads)
-    extra = {rest[i].lstrip("-").replace("-", "_"): _coerce(rest[i + 1])
-             for i in range(0, len(rest), 2)}
+    extra = {}
+    for i in range(0, len(rest), 2):
+        key = rest[i].lstrip("-").replace("-", "_")
+        # "none" is a value of --warm-start, not a null
+        extra[key] = rest[i + 1] if key == "warm_start" else _coerce(rest[i + 1])
 
     from dphub import audit as A
     from dphub import formats
