@@ -70,6 +70,7 @@ def show(
     card = load_card(_resolve(target))
     summary = dp_summary(card)
     if as_json:
+        summary["empirical_audit"] = card.meta.get("empirical_audit")
         typer.echo(json.dumps(summary, indent=2, sort_keys=True))
         return
     table = Table(title="model card", show_header=False)
@@ -89,6 +90,23 @@ def show(
         value = texts.get(key) if isinstance(texts, dict) else None
         if isinstance(value, str) and value.strip():
             typer.echo(f"\n{key.replace('_', ' ').upper()} (from the trainer)\n{value.strip()}")
+    _print_audit(card, console)
+
+
+def _print_audit(card: Any, console: Any) -> None:
+    """The card's empirical audit beside the proven ε (nothing when the card has none)."""
+    block = card.meta.get("empirical_audit")
+    if not isinstance(block, dict):
+        return
+    from dphub.audit import describe
+
+    heading = "EMPIRICAL AUDIT (a lower bound, not a proof)"
+    if block.get("verdict") == "failed":
+        heading = "EMPIRICAL AUDIT: FAILED"
+    console.print(f"\n[bold]{heading}[/bold]", markup=True)
+    typer.echo(f"proven ε = {_fmt(card.epsilon)}; audited lower bound "
+               f"ε ≥ {_fmt(block.get('epsilon_lower_bound'))}")
+    typer.echo(describe(block, markdown=False))
 
 
 @card_app.command("validate")

@@ -762,9 +762,16 @@ def _body(meta: Mapping[str, Any]) -> str:
         dp_table=_table((title, dp.get(key)) for key, title in _DP_ROWS if key in dp)
         + _lineage_rows(dp),
         data_table=_table((title, data.get(key)) for key, title in _DATA_ROWS if key in data),
-        evaluation=_evaluation_section(meta),
+        evaluation=_evaluation_section(meta) + _audit_section(meta),
         glossary=_glossary_section(labels),
     )
+
+
+def _audit_section(meta: Mapping[str, Any]) -> str:
+    """The ``empirical_audit`` block in words (:mod:`dphub.audit`); '' when there is none."""
+    from dphub.audit import audit_section
+
+    return audit_section(meta)
 
 
 def _lineage_rows(dp: Mapping[str, Any]) -> str:

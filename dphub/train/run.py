@@ -8,11 +8,13 @@ import math
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from dphub.errors import ConfigError, InputError, PrivacyError
+from dphub.notes import Note
 from dphub.train.checkpoints import (
     LEGACY_CHECKPOINT_FILE,
     checkpoint_dir_for,
@@ -33,11 +35,16 @@ from dphub.train.sources import initial_model
 log = logging.getLogger(__name__)
 
 
-def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> TrainResult:
+def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
+          extra_notes: Sequence[Note] = ()) -> TrainResult:
     """Train a tagger with DP-SGD (or without, for ``no_dp`` baselines) and write its directory.
 
     Returns what was done (steps, ε, δ, σ, q). Raises :class:`DphubError` subclasses for bad
     input or options; nothing is written to ``opts.out`` unless training completes.
+
+    ``extra_notes`` are public synthetic notes trained on beside the corpus (the canary patients
+    of :mod:`dphub.audit`): they are units like any other (so the accounting covers them), but
+    the card's ``dataset`` block describes the real corpus only.
     """
     opts.validate()
     out = Path(opts.out)  # type: ignore[arg-type]
@@ -61,7 +68,8 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
     t0 = time.monotonic()
     torch.manual_seed(opts.seed)
     notes = load_training_notes(opts)
-    check_patient_ids(notes, opts.privacy_unit)
+    train_notes = [*notes, *extra_notes]
+    check_patient_ids(train_notes, opts.privacy_unit)
     src = initial_model(opts, on_progress)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?",
                         src.base_public_id):
@@ -77,7 +85,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
 
     tokenizer = AutoTokenizer.from_pretrained(src.tokenizer_dir)
     examples = encode_notes(
-        notes, tokenizer, model.tags, opts.label_schema, max_length=opts.max_length,
+        train_notes, tokenizer, model.tags, opts.label_schema, max_length=opts.max_length,
         stride=opts.stride, unit=opts.privacy_unit,
     )
     if not examples:
@@ -110,6 +118,9 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
     if loop.step != plan.steps:  # pragma: no cover - invariant
         raise PrivacyError(f"internal: took {loop.step} steps, planned {plan.steps}")
 
+    # windows of the real corpus (extra units are small: never capped by max_examples_per_unit)
+    real_windows = max(0, dataset.num_windows
+                       - sum(1 for e in examples if e.note_index >= len(notes)))
     epsilon = None
     if loop.engine is not None:
         # the ε the training accountant tracked; the card adds the dp-accounting cross-check
@@ -117,7 +128,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None) -> Train
     model.eval()
     meta = write_model_dir(
         out, model, src, opts, plan, loop.step, epsilon,
-        lambda sha: build_meta(opts, plan, src, notes, dataset.num_windows, loop.step, epsilon,
+        lambda sha: build_meta(opts, plan, src, notes, real_windows, loop.step, epsilon,
                                weights_sha256=sha),
     )
     write_run_log(run_log_path(ckpt_dir), {

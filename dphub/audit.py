@@ -1,0 +1,729 @@
+"""Empirical privacy audit: canary patients, a membership signal, and a one-run ε lower bound.
+
+A proven ε protects only if the code that claims it is right. This module measures how much a
+trained model actually reveals about patients it was trained on, from the *same* training run
+(Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023):
+
+1. **Canaries.** ``m`` synthetic canary patients, each with a unique random secret — a name made
+   of two random whole-word vocabulary pieces (one word piece each, so the model can memorise
+   them), a random 7-digit MRN and a random date of birth — written into
+   realistic :mod:`dphub.synth` notes (every patient mention and record number of the note
+   becomes the canary's, and a ``Name / MRN / DOB`` header line is added). Each canary is
+   included in training independently with probability ½; the inclusion bits and the secrets
+   come from the OS (:mod:`secrets`), never from ``--seed``, so nobody can predict or replay
+   them.
+2. **Membership signal.** For each canary the trained model's loss on the secret's word pieces
+   (``-log`` of the CRF marginal of their gold tags) with the *true* secret is compared with the
+   same loss with ``R`` random alternative secrets of the same format in the same notes (the
+   *reference*). The score is the log-ratio ``ln(median(alt)) - ln(true)`` (:func:`score`).
+   Why this signal: it needs only the trained model (no shadow or reference training), it
+   cancels everything about a canary that is not its secret (template, note length, how hard its
+   context is), and for a canary that was *not* trained on the true secret is exchangeable
+   with the alternatives, so its score has a known null distribution: whatever separates
+   included canaries from excluded ones is memorisation of the secret itself. The same
+   computation gives the exposure (below).
+3. **Bound.** The auditor guesses "in" for the highest scores and "out" for the lowest, and
+   abstains on the rest. If training is (ε, δ)-DP, the number of correct guesses is stochastically
+   dominated as in the paper's Theorem 5.2 (:func:`p_value`); the audit reports the largest ε
+   that this rejects at the given confidence (:func:`epsilon_lower_bound`). A few guess counts
+   are tried, with a Bonferroni correction, so the choice costs no validity. ``m`` canaries can
+   show at most :func:`max_possible_bound` (≈ 2.7 for 64): larger claims cannot fail an audit.
+4. **Exposure** (Carlini et al., "The Secret Sharer", USENIX Security 2019): the rank of the true
+   secret among the ``R + 1`` candidates by loss; ``exposure = log2(R + 1) - log2(rank)`` (the
+   sampling estimate of the paper's exposure; at most ``log2(R + 1)`` bits).
+
+An audit is a **lower bound, not a proof**: a small bound may mean a weak attack, not a strong
+guarantee; a bound above the proven ε means the mechanism does not do what its card claims.
+Canary patients are public synthetic data: a model trained with them still carries its proven
+ε for the real patients (the canaries are extra units under the same accounting).
+
+Nothing here prints or exits; canary notes are synthetic, and real notes are never copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dphub.errors import CardError, ConfigError, PrivacyError
+from dphub.notes import Note, Span
+
+#: ``empirical_audit.method`` in the card.
+METHOD = "one-run-steinke-nasr-jagielski-2023"
+#: ``empirical_audit.signal`` in the card.
+SIGNAL = "secret-loss-ratio-vs-alternatives"
+#: A non-private audit must reach at least this bound for the attack to count as working.
+ATTACK_MIN_EPSILON = 0.5
+#: Fractions of the canaries the auditor guesses on (half "in", half "out"); Bonferroni-corrected.
+GUESS_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
+#: Verdicts of an audit; a ``failed`` one is never written into a card (see :class:`AuditFailed`).
+VERDICTS = ("passed", "failed", "not-private")
+
+
+class AuditFailed(PrivacyError):
+    """The empirical lower bound exceeds the proven ε: the mechanism does not do what it claims.
+
+    A refused operation: nothing is written to ``--out`` (a card claiming an ε the model
+    demonstrably does not have must not exist). ``block`` holds the audit's numbers.
+    """
+
+    def __init__(self, message: str, block: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.block = block
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+# --------------------------------------------------------------------------------------------
+# the one-run bound
+# --------------------------------------------------------------------------------------------
+
+
+def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """P[at least ``v`` of ``r`` guesses correct] for an (ε, δ)-DP mechanism (Theorem 5.2).
+
+    ``m`` canaries, each included with probability ½; the auditor makes ``r`` guesses (abstains
+    on ``m - r``). With ``q = e^ε / (1 + e^ε)`` (the accuracy of ε-randomized response) the
+    tail is ``P[Binomial(r, q) >= v] + 2 m δ · max_{1<=i<=v} P[v - i <= Binomial(r, q) < v] / i``.
+    """
+    if not 0 <= v <= r <= m:
+        raise ConfigError(f"audit counts must satisfy 0 <= v <= r <= m (got v={v}, r={r}, m={m})")
+    if epsilon < 0 or not 0 <= delta <= 1:
+        raise ConfigError("audit needs epsilon >= 0 and 0 <= delta <= 1")
+    import numpy as np
+    from scipy.special import expit
+    from scipy.stats import binom
+
+    q = float(expit(epsilon))
+    tail = float(binom.sf(v - 1, r, q))  # P[Binomial(r, q) >= v]
+    if delta > 0 and v > 0:
+        below = binom.pmf(np.arange(v - 1, -1, -1), r, q)  # P[B = v-1], P[B = v-2], ..., P[B = 0]
+        alpha = float(np.max(np.cumsum(below) / np.arange(1, v + 1)))
+        tail += 2.0 * m * delta * alpha
+    return min(tail, 1.0)
+
+
+def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float) -> float:
+    """The largest ε that ``v`` correct out of ``r`` guesses rejects at ``confidence``.
+
+    ``p_value`` grows with ε, so this is a bisection for ``p_value(ε) = 1 - confidence``;
+    0 when even ε = 0 is not rejected.
+    """
+    if not 0 < confidence < 1:
+        raise ConfigError(f"audit confidence must be in (0, 1), got {confidence}")
+    beta = 1.0 - confidence
+    if p_value(m, r, v, 0.0, delta) > beta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while p_value(m, r, v, hi, delta) <= beta:
+        lo, hi = hi, hi * 2
+        if hi > 1e3:  # pragma: no cover - only with absurd m
+            return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if p_value(m, r, v, mid, delta) <= beta:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def max_possible_bound(m: int, delta: float, confidence: float,
+                       fractions: Sequence[float] = GUESS_FRACTIONS) -> float:
+    """The largest bound an audit with ``m`` canaries can report (every guess right).
+
+    One run with few canaries cannot show a large ε: with 64 canaries at 95 % the ceiling is
+    about 2.7, so such an audit can never fail a claim of ε = 8, however broken the mechanism.
+    """
+    each = 1.0 - (1.0 - confidence) / len(fractions)
+    return epsilon_lower_bound(m, m, m, delta, each)
+
+
+@dataclass
+class Bound:
+    """The best of the Bonferroni-corrected guess counts: ε lower bound from ``v`` of ``r``."""
+
+    epsilon: float
+    guesses: int
+    correct: int
+    confidence: float
+
+
+def one_run_bound(scores: Sequence[float], included: Sequence[bool], delta: float,
+                  confidence: float, fractions: Sequence[float] = GUESS_FRACTIONS) -> Bound:
+    """Guess "in" for the highest scores and "out" for the lowest; return the best bound.
+
+    For each fraction ``f`` the auditor guesses on ``round(f m)`` canaries (half the highest
+    scores "in", the rest the lowest scores "out") and computes the bound at confidence
+    ``1 - (1 - confidence) / len(fractions)``: the union bound makes the best of them valid at
+    ``confidence``. Guesses depend on the scores only, never on the inclusion bits.
+    """
+    m = len(scores)
+    if m != len(included) or m == 0:
+        raise ConfigError("audit needs one inclusion bit per canary score, and canaries")
+    order = sorted(range(m), key=lambda i: scores[i], reverse=True)
+    each = 1.0 - (1.0 - confidence) / len(fractions)
+    best = Bound(0.0, 0, 0, confidence)
+    for f in fractions:
+        r = max(1, min(m, round(f * m)))
+        k_in = (r + 1) // 2
+        guess_in, guess_out = order[:k_in], order[m - (r - k_in):] if r > k_in else []
+        v = sum(bool(included[i]) for i in guess_in) + sum(not included[i] for i in guess_out)
+        eps = epsilon_lower_bound(m, r, v, delta, each)
+        if eps > best.epsilon or best.guesses == 0:
+            best = Bound(eps, r, v, confidence)
+    return best
+
+
+# --------------------------------------------------------------------------------------------
+# canaries
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Secret:
+    """One canary's secret PHI: a two-word name, a medical record number, a date of birth."""
+
+    first: str
+    last: str
+    mrn: str
+    dob: str
+
+    def value(self, slot: str) -> str:
+        return {"name": f"{self.first} {self.last}", "mrn": self.mrn, "dob": self.dob}[slot]
+
+
+#: (slot, label) of each secret slot; labels are i2b2 names that every label schema maps.
+_SLOT_LABELS = {"name": "PATIENT", "mrn": "MEDICALRECORD", "dob": "DATE"}
+#: Gold labels of synth notes that are replaced by the canary's secret.
+_REPLACED = {"PATIENT": "name", "MEDICALRECORD": "mrn"}
+
+#: A piece of a canary note: fixed text (label None), fixed PHI (label), or a secret slot.
+_Piece = tuple[str, str | None, bool]
+
+
+@dataclass
+class Canary:
+    """A canary patient: note templates with secret slots, its secret and its alternatives."""
+
+    patient_id: str
+    templates: list[tuple[str, list[_Piece]]]  # (note id, pieces)
+    secret: Secret
+    alternatives: list[Secret]
+    included: bool
+    kind: str = "nursing"
+
+    def notes(self, secret: Secret | None = None) -> list[Note]:
+        """The canary's notes with ``secret`` (default: its own) in every slot."""
+        return [n for n, _ in self.render(secret)]
+
+    def render(self, secret: Secret | None = None) -> list[tuple[Note, list[tuple[int, int]]]]:
+        """Each note with ``secret`` in its slots, and the character ranges of those slots."""
+        s = secret or self.secret
+        out = []
+        for note_id, pieces in self.templates:
+            parts: list[str] = []
+            spans: list[Span] = []
+            slots: list[tuple[int, int]] = []
+            pos = 0
+            for text, label, is_slot in pieces:
+                value = s.value(text) if is_slot else text
+                if label is not None:
+                    spans.append(Span(pos, pos + len(value), label))
+                if is_slot:
+                    slots.append((pos, pos + len(value)))
+                parts.append(value)
+                pos += len(value)
+            note = Note(id=note_id, text="".join(parts), patient_id=self.patient_id,
+                        metadata={"kind": self.kind, "canary": True}, spans=spans,
+                        labelled=True)
+            out.append((note, slots))
+        return out
+
+
+def _template(note: Note, max_chars: int | None = None) -> list[_Piece]:
+    """Pieces of a synth note: the header slots, then its text with patient names and record
+    numbers turned into slots (other PHI stays as generated). ``max_chars`` cuts the note body
+    short (never inside a PHI span): shorter canaries make small audits cheaper."""
+    text, spans = note.text, sorted(note.spans, key=lambda s: s.start)
+    if max_chars is not None and len(text) > max_chars:
+        cut = max_chars
+        for sp in spans:
+            if sp.start < cut < sp.end:
+                cut = sp.start
+        text, spans = text[:cut], [sp for sp in spans if sp.end <= cut]
+    pieces: list[_Piece] = [("Name: ", None, False), ("name", _SLOT_LABELS["name"], True),
+                            ("  MRN: ", None, False), ("mrn", _SLOT_LABELS["mrn"], True),
+                            ("  DOB: ", None, False), ("dob", _SLOT_LABELS["dob"], True),
+                            ("\n", None, False)]
+    pos = 0
+    for span in spans:
+        if span.start < pos:  # overlapping gold (synth never makes it): keep the first
+            continue
+        if span.start > pos:
+            pieces.append((text[pos:span.start], None, False))
+        slot = _REPLACED.get(span.label)
+        if slot is not None:
+            pieces.append((slot, _SLOT_LABELS[slot], True))
+        else:
+            pieces.append((text[span.start:span.end], span.label, False))
+        pos = span.end
+    if pos < len(text):
+        pieces.append((text[pos:], None, False))
+    return pieces
+
+
+def name_pool(tokenizer: Any) -> list[str]:
+    """Capitalised whole-word vocabulary pieces (6-12 ASCII letters): each is one word piece.
+
+    One piece per name word makes a canary's secret a distinct token the model can memorise;
+    random letter strings would split into pieces shared by every canary, blurring the signal.
+    """
+    vocab = tokenizer.get_vocab()
+    words = sorted(w for w in vocab if 6 <= len(w) <= 12 and w.isascii() and w.isalpha()
+                   and w.islower())
+    if len(words) < 100:
+        raise ConfigError("the tokenizer's vocabulary has too few whole words for canary names")
+    return [w.capitalize() for w in words]
+
+
+def _random_secret(rng: secrets.SystemRandom, pool: Sequence[str], used: set[str]) -> Secret:
+    while True:
+        first, last = rng.choice(pool), rng.choice(pool)
+        if first != last and first not in used and last not in used:
+            used.update((first, last))
+            break
+    mrn = "".join(rng.choice("0123456789") for _ in range(7))
+    mrn = str(rng.randint(1, 9)) + mrn[1:]
+    day = dt.date(1920, 1, 1) + dt.timedelta(days=rng.randrange(365 * 85))
+    return Secret(first, last, mrn, f"{day.month}/{day.day}/{day.year}")
+
+
+def make_canaries(m: int, pool: Sequence[str], *, notes_per_canary: int = 2,
+                  alternatives: int = 15, kind: str = "nursing",
+                  max_note_chars: int | None = None) -> list[Canary]:
+    """``m`` canary patients; secrets, alternatives and inclusion bits drawn from the OS.
+
+    Secrets and alternatives never share a name word, so an alternative is never another
+    canary's (possibly trained) secret.
+    """
+    from dphub import synth
+
+    if m < 2:
+        raise ConfigError(f"--canaries must be at least 2, got {m}")
+    if notes_per_canary < 1:
+        raise ConfigError(f"--canary-notes must be at least 1, got {notes_per_canary}")
+    if alternatives < 1:
+        raise ConfigError(f"--candidates must be at least 1, got {alternatives}")
+    if 2 * m * (alternatives + 1) > len(pool) // 2:
+        raise ConfigError(
+            f"{m} canaries x {alternatives + 1} candidates need more distinct names than the "
+            f"vocabulary offers ({len(pool)} words); lower --canaries or --candidates"
+        )
+    rng = secrets.SystemRandom()
+    run = secrets.token_hex(4)
+    # realistic note bodies: a fresh synth seed per run (the template text is public anyway)
+    base = synth.generate(m * notes_per_canary, kind=kind, seed=secrets.randbits(31), patients=m)
+    used: set[str] = set()
+    canaries: list[Canary] = []
+    for i in range(m):
+        pid = f"dphub-canary-{run}-{i:03d}"
+        mine = base[i::m][:notes_per_canary]
+        templates = [(f"{pid}-n{j + 1}", _template(n, max_note_chars))
+                     for j, n in enumerate(mine)]
+        secret = _random_secret(rng, pool, used)
+        canaries.append(Canary(pid, templates, secret, [], bool(secrets.randbits(1)), kind))
+    for c in canaries:
+        c.alternatives = [_random_secret(rng, pool, used) for _ in range(alternatives)]
+    return canaries
+
+
+# --------------------------------------------------------------------------------------------
+# scoring
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CanaryScore:
+    """Membership score, loss of the true secret, and its rank/exposure among candidates."""
+
+    score: float
+    true_loss: float
+    rank: float
+    exposure: float
+
+
+def secret_losses(model_dir: Path, canaries: Sequence[Canary], *, batch_size: int = 32
+                  ) -> list[list[float]]:
+    """Per canary: the model's loss on its secret with the true secret, then each alternative.
+
+    The loss is ``-sum log P(gold tag)`` over the word pieces of the secret slots, with P the
+    CRF's posterior marginals (each piece counted once, in the window that owns it). Restricting
+    it to the secret's own pieces matters: changing the secret also shifts the encoder's output
+    at every other position of the window, and a whole-window loss adds that noise (MiniLM,
+    head-only, no DP, 32 canaries: bound 0.07-0.40 with the whole-window CRF loss, 1.23 with
+    this). Windows without a secret piece are never run; identical windows run once.
+    """
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    from dphub import align
+    from dphub.labels import get_schema
+    from dphub.tagger import ENCODER_INPUTS, TaggerModel
+    from dphub.train import Example, batch_from_examples
+
+    model = TaggerModel.load(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    schema = get_schema(model.schema)
+    tag_id = {t: i for i, t in enumerate(model.tags)}
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    keys: list[list[list[bytes]]] = []  # canary -> candidate -> window keys
+    windows: dict[bytes, tuple[Example, list[int]]] = {}
+    for c in canaries:
+        per_cand = []
+        for s in (c.secret, *c.alternatives):
+            rendered = c.render(s)
+            toks = align.tokenize(tokenizer, [n.text for n, _ in rendered])
+            ks = []
+            for w in align.make_windows(toks, tokenizer, max_length=model.max_length,
+                                        stride=model.stride):
+                note, slots = rendered[w.note_index]
+                nt = toks[w.note_index]
+                a, b = w.owned
+                picked = [w.content_start + i - w.token_start for i in range(a, b)
+                          if any(nt.offsets[i][0] < e and st < nt.offsets[i][1]
+                                 for st, e in slots)]
+                if not picked:
+                    continue
+                tags = [tag_id[t] for t in align.spans_to_tags(nt.offsets, note.spans, schema)]
+                labels = [-100] * len(w.input_ids)
+                labels[w.content_slice] = tags[w.token_start : w.token_end]
+                k = (np.asarray(w.input_ids, dtype=np.int64).tobytes() + b"|"
+                     + np.asarray(labels, dtype=np.int64).tobytes() + b"|"
+                     + np.asarray(picked, dtype=np.int64).tobytes())
+                windows.setdefault(k, (Example("", 0, list(w.input_ids), labels), picked))
+                ks.append(k)
+            per_cand.append(ks)
+        keys.append(per_cand)
+    items = sorted(windows.items(), key=lambda kv: len(kv[1][0].input_ids))
+    loss: dict[bytes, float] = {}
+    with torch.inference_mode():
+        for i in range(0, len(items), batch_size):
+            chunk = items[i : i + batch_size]
+            batch = batch_from_examples([e for _, (e, _) in chunk], pad_id)
+            labels = batch["labels"]
+            em = model._batch_emissions({k: batch[k] for k in ENCODER_INPUTS}).double()
+            marg = model._marginals_from_emissions(em, labels != -100)
+            gold = marg.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            nll = -torch.log(gold.clamp(min=1e-12))
+            for r, (k, (_, picked)) in enumerate(chunk):
+                loss[k] = float(nll[r, picked].sum())
+    return [[sum(loss[k] for k in ks) for ks in per_cand] for per_cand in keys]
+
+
+def score(losses: Sequence[float]) -> CanaryScore:
+    """Membership score and Secret-Sharer exposure from ``[true, alt_1, ..., alt_R]`` losses.
+
+    The score is ``ln(median(alt)) - ln(true)``: positive when the model finds the true secret
+    more PHI-like than random secrets of the same format in the same notes. A log-ratio rather
+    than a difference because a canary whose context is hard has larger losses for every
+    candidate; the median rather than a mean and a per-canary spread because with a few
+    alternatives one outlier would otherwise swing the score (on tiny models this separated
+    included from excluded canaries markedly better than a z-score).
+    """
+    import numpy as np
+
+    true, alt = float(losses[0]), np.asarray(losses[1:], dtype=np.float64)
+    tiny = 1e-9
+    s = math.log(max(float(np.median(alt)), tiny)) - math.log(max(true, tiny))
+    rank = 1.0 + float(np.sum(alt < true)) + 0.5 * float(np.sum(alt == true))
+    exposure = math.log2(alt.size + 1) - math.log2(rank)
+    return CanaryScore(s, true, rank, exposure)
+
+
+# --------------------------------------------------------------------------------------------
+# the audit run
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AuditOptions:
+    """What ``dphub audit`` adds to the training options."""
+
+    canaries: int = 64
+    notes_per_canary: int = 2
+    candidates: int = 15
+    confidence: float = 0.95
+    kind: str = "nursing"
+    #: cut canary note bodies to this many characters (None: whole synth notes)
+    max_note_chars: int | None = None
+
+    def validate(self) -> None:
+        if not 0.5 <= self.confidence < 1:
+            raise ConfigError(f"--confidence must be in [0.5, 1), got {self.confidence}")
+        if self.kind not in ("nursing", "discharge"):
+            raise ConfigError(f"--canary-kind must be nursing or discharge, got {self.kind!r}")
+        if self.canaries < 2:
+            raise ConfigError(f"--canaries must be at least 2, got {self.canaries}")
+        if self.max_note_chars is not None and self.max_note_chars < 0:
+            raise ConfigError(f"--canary-note-chars must be >= 0, got {self.max_note_chars}")
+
+
+@dataclass
+class AuditResult:
+    """What an audit found; ``block`` is the card's ``empirical_audit``."""
+
+    train: Any
+    block: dict[str, Any]
+    scores: list[CanaryScore] = field(repr=False, default_factory=list)
+    #: wall seconds of the training run and of the audit's own work (scoring the candidates)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return str(self.block["verdict"])
+
+    @property
+    def epsilon_lower_bound(self) -> float:
+        return float(self.block["epsilon_lower_bound"])
+
+    @property
+    def attack_works(self) -> bool:
+        """Only meaningful for non-private runs: did the attack reach a clearly positive bound?"""
+        return self.epsilon_lower_bound >= ATTACK_MIN_EPSILON
+
+
+def _tokenizer_for(opts: Any) -> Any:
+    """The tokenizer the run will use (the base model's, or the ``--init-from`` model's)."""
+    from transformers import AutoTokenizer
+
+    if opts.init_from:
+        p = Path(str(opts.init_from)).expanduser()
+        if not p.is_dir():
+            from dphub.hub.registry import resolve_model
+
+            p = Path(resolve_model(str(opts.init_from)))
+        return AutoTokenizer.from_pretrained(p)
+    from dphub.encoders import resolve_base_model
+
+    loadable, public_id = resolve_base_model(opts.base_model)
+    if isinstance(loadable, str):
+        raise ConfigError(f"base model {public_id!r} is not a local directory; pass --base-model")
+    return AutoTokenizer.from_pretrained(loadable)
+
+
+def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, delta: float,
+                proven_epsilon: float | None, audit: AuditOptions,
+                today: dt.date | None = None) -> dict[str, Any]:
+    """The card's ``empirical_audit`` block (numbers and fixed names only; no canary secrets)."""
+    included = [c.included for c in canaries]
+    bound = one_run_bound([s.score for s in scores], included, delta, audit.confidence)
+    inc = [s.exposure for s, c in zip(scores, canaries, strict=True) if c.included]
+    exc = [s.exposure for s, c in zip(scores, canaries, strict=True) if not c.included]
+    if proven_epsilon is None:
+        verdict = "not-private"
+    else:
+        verdict = "failed" if bound.epsilon > proven_epsilon else "passed"
+
+    def mean(xs: Sequence[float]) -> float | None:
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    return {
+        "method": METHOD,
+        "signal": SIGNAL,
+        "canaries": {"count": len(canaries), "included": sum(included),
+                     "notes_per_canary": audit.notes_per_canary, "inclusion_probability": 0.5,
+                     "note_kind": audit.kind, "synthetic": True},
+        "guesses": bound.guesses,
+        "correct": bound.correct,
+        "epsilon_lower_bound": round(bound.epsilon, 4),
+        "max_possible_bound": round(max_possible_bound(len(canaries), delta, audit.confidence),
+                                    4),
+        "confidence": audit.confidence,
+        "delta": float(delta),
+        "proven_epsilon": None if proven_epsilon is None else round(float(proven_epsilon), 4),
+        "verdict": verdict,
+        "exposure": {
+            "candidates": audit.candidates + 1,
+            "max_bits": round(math.log2(audit.candidates + 1), 4),
+            "mean_included": mean(inc),
+            "mean_excluded": mean(exc),
+            "max_included": round(max(inc), 4) if inc else None,
+        },
+        "date": (today or dt.datetime.now(dt.UTC).date()).isoformat(),
+    }
+
+
+def run_audit(opts: Any, audit: AuditOptions, *,
+              on_progress: Callable[[Any], None] | None = None) -> AuditResult:
+    """Train as ``dphub train`` would, with canary patients added; audit; write the model dir.
+
+    The model is trained into a hidden sibling of ``opts.out`` and moved into place only after
+    the audit block is in its card, so ``opts.out`` never holds an unaudited model. Raises
+    :class:`DphubError` subclasses for bad options, and :class:`AuditFailed` (nothing written)
+    when the empirical bound exceeds the proven ε.
+    """
+    from dphub import train as training
+    from dphub.card import load_card, write_card
+
+    audit.validate()
+    opts.validate()
+    if opts.privacy_unit != "patient":
+        raise ConfigError(
+            "dphub audit inserts canary *patients*: it audits patient-level guarantees only "
+            f"(got --privacy-unit {opts.privacy_unit})"
+        )
+    if opts.resume:
+        raise ConfigError("dphub audit cannot --resume (the canaries are fresh on every run)")
+    out = Path(opts.out)
+    training.check_output_dir(out, Path(opts.data), force=opts.force)
+    pool = name_pool(_tokenizer_for(opts))
+    canaries = make_canaries(audit.canaries, pool, notes_per_canary=audit.notes_per_canary,
+                             alternatives=audit.candidates, kind=audit.kind,
+                             max_note_chars=audit.max_note_chars)
+    extra = [n for c in canaries if c.included for n in c.notes()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.audit-{os.getpid()}-{secrets.token_hex(3)}"
+    run_opts = replace(opts, out=tmp, force=False,
+                       checkpoint_dir=opts.checkpoint_dir or training.checkpoint_dir_for(out))
+    t0 = time.monotonic()
+    try:
+        result = training.train(run_opts, on_progress=on_progress, extra_notes=extra)
+        t1 = time.monotonic()
+        losses = secret_losses(tmp, canaries)
+        scores = [score(x) for x in losses]
+        delta = result.delta if result.delta is not None else training.default_delta(
+            result.num_units)
+        block = audit_block(scores, canaries, delta=delta, proven_epsilon=result.epsilon,
+                            audit=audit)
+        if block["verdict"] == "failed":
+            raise AuditFailed(
+                f"audit FAILED: empirical ε lower bound {block['epsilon_lower_bound']:.3g} "
+                f"exceeds the proven ε {block['proven_epsilon']:.3g} at "
+                f"{block['confidence']:.0%} confidence ({block['correct']} of "
+                f"{block['guesses']} membership guesses right on {len(canaries)} canaries); the "
+                "training mechanism does not deliver its claimed guarantee, so no model was "
+                f"written to {out}",
+                block,
+            )
+        meta = load_card(tmp).meta
+        meta["empirical_audit"] = block
+        write_card(tmp, meta)
+        _move_into_place(tmp, out, force=opts.force)
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp)
+    result.out_dir = out
+    seconds = {"train": round(t1 - t0, 1), "audit": round(time.monotonic() - t1, 1)}
+    return AuditResult(result, block, scores, seconds)
+
+
+def _move_into_place(tmp: Path, out: Path, *, force: bool) -> None:
+    """Rename the finished directory to ``out`` (replacing a previous model dir with --force)."""
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ConfigError(f"{out}: output directory exists and is not empty (use --force)")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+
+
+# --------------------------------------------------------------------------------------------
+# card text and checks
+# --------------------------------------------------------------------------------------------
+
+
+def describe(block: Mapping[str, Any], *, markdown: bool = True) -> str:
+    """Plain-language summary of an ``empirical_audit`` block (what the card body and
+    ``dphub card show`` print)."""
+    b = "**" if markdown else ""
+    can = block.get("canaries") or {}
+    exp = block.get("exposure") or {}
+    bound = block.get("epsilon_lower_bound")
+    proven = block.get("proven_epsilon")
+    conf = block.get("confidence")
+    verdict = block.get("verdict")
+    lines = [
+        f"Empirical audit ({block.get('date')}): {b}ε ≥ {bound}{b} at {conf:.0%} confidence "
+        f"(δ = {block.get('delta'):.2g}), from {block.get('correct')} correct of "
+        f"{block.get('guesses')} membership guesses on {can.get('count')} synthetic canary "
+        f"patients (one-run method of Steinke, Nasr & Jagielski 2023; signal: loss of each "
+        f"canary's secret PHI against {exp.get('candidates', 1) - 1} random alternatives).",
+    ]
+    ceiling = block.get("max_possible_bound")
+    if verdict == "passed":
+        lines.append(f"The audited lower bound does not exceed the proven ε = {proven}.")
+        if ceiling is not None and proven is not None and proven > ceiling:
+            lines.append(
+                f"With {can.get('count')} canaries no audit can show more than ε ≥ {ceiling}, "
+                f"so this one could not have failed at ε = {proven}: it checks the mechanism "
+                "only at smaller ε (audit the same recipe with a smaller --target-epsilon)."
+            )
+    elif verdict == "failed":  # only in messages: a failed audit is never written to a card
+        lines.append(f"{b}AUDIT FAILED{b}: the audited lower bound exceeds the proven "
+                     f"ε = {proven}; the training mechanism does not deliver its claimed "
+                     "guarantee.")
+    else:
+        lines.append("The model is not private; the audit measures how much the attack "
+                     "recovers without DP.")
+    lines.append(
+        f"Exposure of the canaries' secrets (Secret Sharer, max {exp.get('max_bits')} bits): "
+        f"mean {exp.get('mean_included')} bits for included canaries, "
+        f"{exp.get('mean_excluded')} bits for excluded ones."
+    )
+    lines.append(
+        "An audit is a lower bound, not a proof: a small bound can mean a weak attack; only "
+        "the proven ε is a guarantee. The canaries are public synthetic patients added to "
+        "training; the proven ε still holds for every real patient."
+    )
+    return "\n".join(lines)
+
+
+def audit_section(meta: Mapping[str, Any]) -> str:
+    """The card body's ``## Empirical privacy audit`` section ('' when the card has none)."""
+    block = meta.get("empirical_audit")
+    if not isinstance(block, Mapping):
+        return ""
+    return "\n## Empirical privacy audit\n\n" + describe(block).replace("\n", "\n\n") + "\n"
+
+
+def check_audit_block(meta: Mapping[str, Any]) -> None:
+    """Refuse a card whose audit failed or contradicts its own numbers (for the publish gate).
+
+    The schema validates the block's shape (and has no ``failed`` verdict); this checks what a
+    schema cannot: the verdict agrees with the bound and the proven ε of the same card.
+    """
+    block = meta.get("empirical_audit")
+    if block is None:
+        return
+    dp = meta.get("differential_privacy") or {}
+    proven = dp.get("epsilon") if dp.get("private") else None
+    recorded = block.get("proven_epsilon")
+    if (proven is None) != (recorded is None) or (
+        proven is not None and abs(float(proven) - float(recorded)) > 1e-3 * max(1.0, proven)
+    ):
+        raise CardError("empirical_audit.proven_epsilon: does not match differential_privacy")
+    expected = ("not-private" if proven is None else
+                "failed" if float(block["epsilon_lower_bound"]) > float(proven) else "passed")
+    if block.get("verdict") != expected:
+        raise CardError(f"empirical_audit.verdict: the numbers say {expected!r}")
+    if expected == "failed":
+        raise CardError(
+            "empirical_audit: the audit FAILED (its ε lower bound exceeds the proven ε); "
+            "the mechanism does not deliver its guarantee"
+        )

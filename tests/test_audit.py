@@ -1,0 +1,348 @@
+"""The empirical privacy audit: the one-run bound's arithmetic, canaries, and three training runs.
+
+The end-to-end tests train the session's tiny BERT head-only (cached encoder) on 4 synthetic
+notes plus 32 short canary patients. Head-only training of a 32-wide model still memorises the
+canaries' one-piece name words within ~40 full-batch steps at lr 0.1 without DP, which is what
+makes the attack strong enough to tell a broken mechanism from a working one.
+
+The statistical assertions hold with high probability, not always: the canaries and inclusion
+bits come from the OS on purpose. The DP assertions run at σ = 100 (proven ε ≈ 0.3, actual
+leakage ≈ 0), where a spurious bound above the proven ε needs an event of probability well below
+1%.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dphub import audit as A
+from dphub import formats, synth
+from dphub import train as T
+from dphub.errors import CardError, ConfigError
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    monkeypatch.setenv("DPHUB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # the CLI records the last model in ./.dphub/
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    notes = synth.generate(4, kind="nursing", seed=3, patients=2)
+    path = tmp_path_factory.mktemp("corpus") / "train.jsonl"
+    formats.write(notes, path, "jsonl")
+    return path
+
+
+def _opts(corpus: Path, base: Path, out: Path, **kw) -> T.TrainOptions:
+    o = dict(data=corpus, out=out, base_model=str(base), warm_start="none", epochs=40.0,
+             batch_size=1000, max_physical_batch=64, accountant="rdp", max_length=48, stride=8,
+             lr=0.1, train_layers=0, recall_weight=0.0, noise=100.0)
+    o.update(kw)
+    return T.TrainOptions(**o)
+
+
+AUDIT = A.AuditOptions(canaries=32, notes_per_canary=2, candidates=15, max_note_chars=200)
+
+
+# ---------------------------------------------------------------- the bound's arithmetic
+
+
+def test_p_value_matches_hand_computed_cases() -> None:
+    # ε = 0: q = 1/2. r = v = 10, δ = 0: P[Bin(10, 1/2) >= 10] = 2^-10
+    assert A.p_value(20, 10, 10, 0.0, 0.0) == pytest.approx(2.0 ** -10)
+    # r = 4, v = 3, ε = ln 3 (q = 3/4): P[B >= 3] = 4 (3/4)^3 (1/4) + (3/4)^4 = 189/256
+    assert A.p_value(4, 4, 3, math.log(3), 0.0) == pytest.approx(189 / 256)
+    # with δ: m = 10, r = v = 2, ε = 0, δ = 0.01. P[B = 2] = 1/4; alpha = max(P[B = 1] / 1,
+    # P[0 <= B < 2] / 2) = max(1/2, 3/8) = 1/2; p = 1/4 + 2 * 10 * 0.01 * 1/2 = 0.35
+    assert A.p_value(10, 2, 2, 0.0, 0.01) == pytest.approx(0.35)
+    # no guesses, nothing to reject
+    assert A.p_value(10, 0, 0, 1.0, 1e-5) == 1.0
+    with pytest.raises(ConfigError):
+        A.p_value(5, 6, 1, 1.0, 0.0)
+
+
+def test_epsilon_lower_bound_solves_the_tail_equation() -> None:
+    # r = v = 10, δ = 0, 95%: q^10 = 0.05 -> q = 0.05^(1/10), ε = ln(q / (1 - q))
+    q = 0.05 ** 0.1
+    assert A.epsilon_lower_bound(10, 10, 10, 0.0, 0.95) == pytest.approx(math.log(q / (1 - q)),
+                                                                         abs=1e-6)
+    # half right is what ε = 0 predicts: no bound
+    assert A.epsilon_lower_bound(100, 100, 50, 1e-5, 0.95) == 0.0
+    # more correct guesses, higher bound; more confidence, lower bound; δ only lowers it
+    assert A.epsilon_lower_bound(64, 32, 32, 0, 0.95) > A.epsilon_lower_bound(64, 32, 30, 0, 0.95)
+    assert A.epsilon_lower_bound(64, 32, 32, 0, 0.99) < A.epsilon_lower_bound(64, 32, 32, 0, 0.95)
+    assert A.epsilon_lower_bound(64, 32, 32, 1e-3, 0.95) < A.epsilon_lower_bound(64, 32, 32, 0,
+                                                                                 0.95)
+
+
+def test_one_run_bound_uses_scores_not_bits_and_pays_for_its_choices() -> None:
+    m = 32
+    included = [i % 2 == 0 for i in range(m)]
+    perfect = [1.0 if b else -1.0 for b in included]
+    best = A.one_run_bound(perfect, included, 0.0, 0.95)
+    assert best.correct == best.guesses == m
+    # the best of three guess counts is valid at 95% only because each was run at 1 - 0.05/3
+    assert best.epsilon == pytest.approx(A.epsilon_lower_bound(m, m, m, 0.0, 1 - 0.05 / 3))
+    assert best.epsilon < A.epsilon_lower_bound(m, m, m, 0.0, 0.95)
+    assert A.max_possible_bound(m, 0.0, 0.95) == pytest.approx(best.epsilon)
+    assert 2.5 < A.max_possible_bound(64, 1e-5, 0.95) < 3.0  # why ε = 8 cannot fail an audit
+    # scores unrelated to membership: no bound
+    rng = np.random.default_rng(0)
+    assert A.one_run_bound(list(rng.normal(size=m)), included, 1e-5, 0.95).epsilon < 0.5
+    # guessing exactly wrong: no bound
+    assert A.one_run_bound([-s for s in perfect], included, 1e-5, 0.95).epsilon == 0.0
+
+
+def test_score_rank_and_exposure() -> None:
+    s = A.score([1.0, 2.0, 4.0, 3.0])  # the true secret has the lowest loss of 4 candidates
+    assert s.rank == 1 and s.exposure == pytest.approx(2.0)
+    assert s.score == pytest.approx(math.log(3.0))
+    s = A.score([5.0, 2.0, 4.0, 3.0])  # the highest: no exposure
+    assert s.rank == 4 and s.exposure == pytest.approx(0.0) and s.score < 0
+
+
+# ---------------------------------------------------------------- canaries
+
+
+def test_canaries_carry_their_secret_and_are_drawn_from_the_os(tiny_base_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    pool = A.name_pool(AutoTokenizer.from_pretrained(tiny_base_model))
+    a = A.make_canaries(8, pool, notes_per_canary=2, alternatives=3, max_note_chars=200)
+    b = A.make_canaries(8, pool, notes_per_canary=2, alternatives=3, max_note_chars=200)
+    # fresh secrets every call (no seed can replay them)
+    assert {c.secret for c in a}.isdisjoint({c.secret for c in b})
+    words = [w for c in a for s in (c.secret, *c.alternatives) for w in (s.first, s.last)]
+    assert len(words) == len(set(words)), "an alternative must never be another canary's secret"
+    for c in a:
+        notes = c.notes()
+        assert len(notes) == 2 and all(n.patient_id == c.patient_id for n in notes)
+        for n in notes:
+            labels = {(n.text[s.start:s.end], s.label) for s in n.spans}
+            assert (f"{c.secret.first} {c.secret.last}", "PATIENT") in labels
+            assert (c.secret.mrn, "MEDICALRECORD") in labels and (c.secret.dob, "DATE") in labels
+        # an alternative changes only the secret
+        alt = c.notes(c.alternatives[0])[0]
+        assert c.secret.first not in alt.text and len(alt.spans) == len(notes[0].spans)
+
+
+def test_inclusion_bits_come_from_secrets(monkeypatch: pytest.MonkeyPatch,
+                                          tiny_base_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    pool = A.name_pool(AutoTokenizer.from_pretrained(tiny_base_model))
+    calls = []
+    real = A.secrets.randbits
+
+    def spy(k: int) -> int:
+        calls.append(k)
+        return real(k)
+
+    monkeypatch.setattr(A.secrets, "randbits", spy)
+    A.make_canaries(6, pool, notes_per_canary=1, alternatives=2)
+    assert calls.count(1) == 6
+
+
+def test_audit_refuses_note_level_units(corpus: Path, tiny_base_model: Path,
+                                        tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="patient-level"):
+        A.run_audit(_opts(corpus, tiny_base_model, tmp_path / "m", privacy_unit="note"), AUDIT)
+    assert not (tmp_path / "m").exists()
+
+
+def test_schema_refuses_a_failed_or_malformed_block() -> None:
+    from dphub.card import validate_meta
+
+    meta = {"tags": ["token-classification", "de-identification", "phi", "differential-privacy",
+                     "dp-sgd"], "library_name": "transformers",
+            "pipeline_tag": "token-classification", "base_model": "org/base", "language": ["en"],
+            "license": "apache-2.0", "differential_privacy": {"private": False, "epsilon": None},
+            "dataset": {"patients": "2-4", "notes": "2-4", "sequences": "5-9",
+                        "phi_per_category": {}, "note_types": {}, "language": "en",
+                        "label_schema": "hipaa"}}
+    canaries = [A.Canary(f"c{i}", [], A.Secret("A", "B", "1", "2"), [], i % 2 == 0)
+                for i in range(4)]
+    scores = [A.CanaryScore(1.0 if c.included else -1.0, 1.0, 1.0, 1.0) for c in canaries]
+    block = A.audit_block(scores, canaries, delta=1e-5, proven_epsilon=None,
+                          audit=A.AuditOptions(canaries=4))
+    validate_meta({**meta, "empirical_audit": block})
+    for bad in ({"verdict": "failed"}, {"secret": "Piano Kettle"}, {"date": "yesterday"},
+                {"epsilon_lower_bound": -1}):
+        with pytest.raises(CardError, match="empirical_audit"):
+            validate_meta({**meta, "empirical_audit": {**block, **bad}})
+
+
+def test_check_audit_block_refuses_failed_or_inconsistent_blocks() -> None:
+    block = {"epsilon_lower_bound": 1.0, "proven_epsilon": 0.5, "verdict": "failed"}
+    meta = {"differential_privacy": {"private": True, "epsilon": 0.5}, "empirical_audit": block}
+    with pytest.raises(CardError, match="FAILED"):
+        A.check_audit_block(meta)
+    block["verdict"] = "passed"
+    with pytest.raises(CardError, match="verdict"):
+        A.check_audit_block(meta)
+    block["epsilon_lower_bound"] = 0.1
+    A.check_audit_block(meta)
+    A.check_audit_block({"differential_privacy": {"private": True, "epsilon": 0.5}})
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_non_private_run_beats_a_high_noise_dp_run(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dphub.card import load_card, validate_card
+    from dphub.cli.main import main
+
+    base = A.run_audit(_opts(corpus, tiny_base_model, tmp_path / "nodp", no_dp=True,
+                             noise=None), AUDIT)
+    dp = A.run_audit(_opts(corpus, tiny_base_model, tmp_path / "dp"), AUDIT)
+
+    assert base.verdict == "not-private" and dp.verdict == "passed"
+    assert base.epsilon_lower_bound > 0.3, base.block  # the attack works without DP
+    assert base.epsilon_lower_bound > dp.epsilon_lower_bound
+    # the proven ε of a correct DP run is never beaten
+    assert dp.block["proven_epsilon"] == pytest.approx(dp.train.epsilon, abs=1e-3)
+    assert dp.epsilon_lower_bound <= dp.train.epsilon
+    # without DP the included canaries' secrets are exposed, the excluded ones are not
+    assert base.block["exposure"]["mean_included"] > base.block["exposure"]["mean_excluded"] + 1
+
+    # the card carries the block, validated by the schema and the gate's check
+    card = validate_card(tmp_path / "dp", require_private=True)
+    assert card.meta["empirical_audit"] == dp.block
+    A.check_audit_block(card.meta)
+    assert "## Empirical privacy audit" in card.body and "lower bound, not a proof" in card.body
+    assert "proven ε still holds for every real patient" in card.body
+    assert dp.block["max_possible_bound"] > dp.train.epsilon  # this audit could have failed
+    # the dataset block describes the real corpus, not the canaries
+    assert card.meta["dataset"]["patients"] == "2-4"
+    assert not any(p.name.startswith(".dp.audit") for p in tmp_path.iterdir())
+    assert load_card(tmp_path / "nodp").meta["empirical_audit"]["proven_epsilon"] is None
+
+    # the publish gate validates the block when present (through the card schema)
+    from dphub.card import CARD_FILE, build_card
+    from dphub.hub.gate import GateViolation, check_card
+
+    check_card(tmp_path / "dp")
+    bad = tmp_path / "dp-bad"
+    shutil.copytree(tmp_path / "dp", bad)
+    meta = load_card(bad).meta
+    meta["empirical_audit"]["verdict"] = "failed"
+    (bad / CARD_FILE).write_text(build_card(meta), encoding="utf-8")
+    with pytest.raises(GateViolation, match="empirical_audit.verdict"):
+        check_card(bad)
+
+    capsys.readouterr()
+    assert main(["card", "show", str(tmp_path / "dp")]) == 0
+    shown = capsys.readouterr().out
+    assert "EMPIRICAL AUDIT (a lower bound, not a proof)" in shown
+    assert f"ε ≥ {dp.epsilon_lower_bound:.4g}" in shown and "proven ε = " in shown
+    assert main(["card", "show", "--json", str(tmp_path / "dp")]) == 0
+    assert json.loads(capsys.readouterr().out)["empirical_audit"] == dp.block
+
+
+@pytest.mark.slow
+def test_broken_mechanism_is_caught(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Noise off while the card reports σ = 100: the audit's bound beats the claimed ε."""
+    from dphub.cli.main import main
+    from dphub.privacy import randomness as R
+
+    def no_noise(self, shape, std, dtype=torch.float32, device="cpu"):  # noqa: ANN001
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    monkeypatch.setattr(R.MechanismRandomness, "normal", no_noise)
+    out = tmp_path / "broken"
+    code = main([
+        "audit", str(corpus), "--out", str(out), "--base-model", str(tiny_base_model),
+        "--warm-start", "none", "--epochs", "40", "--batch-size", "1000",
+        "--max-physical-batch", "64", "--accountant", "rdp", "--lr", "0.1",
+        "--train-layers", "0", "--recall-weight", "0", "--noise", "100",
+        "--canaries", "32", "--canary-notes", "2", "--canary-note-chars", "200",
+    ])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: audit FAILED") and "Traceback" not in err
+    assert err.count("\n") == 1
+    bound, proven = (float(x) for x in re.findall(r"ε(?: lower bound)? ([0-9.]+)", err)[:2])
+    assert bound > proven
+    # a card claiming an ε the model demonstrably lacks is never written
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if ".audit-" in p.name]
+
+
+def test_weak_non_private_audit_says_so(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One step at a tiny learning rate memorises nothing: the command says the audit is weak."""
+    from dphub.cli.main import main
+
+    code = main([
+        "audit", str(corpus), "--out", str(tmp_path / "weak"), "--base-model",
+        str(tiny_base_model), "--warm-start", "none", "--epochs", "1", "--batch-size", "1000",
+        "--lr", "1e-7", "--train-layers", "0", "--no-dp", "--canaries", "8",
+        "--canary-notes", "1", "--canary-note-chars", "80", "--candidates", "3",
+    ])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "audit too weak to mean anything" in captured.err
+    assert "lower bound, not a proof" in captured.out
+
+
+def test_describe_says_when_an_audit_could_not_have_failed() -> None:
+    canaries = [A.Canary(f"c{i}", [], A.Secret("A", "B", "1", "2"), [], i % 2 == 0)
+                for i in range(64)]
+    scores = [A.CanaryScore(0.0, 1.0, 8.0, 1.0) for _ in canaries]
+    block = A.audit_block(scores, canaries, delta=1e-5, proven_epsilon=8.0,
+                          audit=A.AuditOptions())
+    assert block["verdict"] == "passed" and block["max_possible_bound"] < 3
+    text = A.describe(block, markdown=False)
+    assert "could not have failed at ε = 8.0" in text and "lower bound, not a proof" in text
+    low = A.audit_block(scores, canaries, delta=1e-5, proven_epsilon=1.0, audit=A.AuditOptions())
+    assert "could not have failed" not in A.describe(low)
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--canaries", "1"], "--canaries must be at least 2"),
+    (["--confidence", "1.5"], "--confidence must be in"),
+    (["--canary-kind", "poem"], "--canary-kind must be"),
+])
+def test_bad_audit_options_are_one_line_errors(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    args: list[str], match: str,
+) -> None:
+    from dphub.cli.main import main
+
+    code = main(["audit", str(corpus), "--out", str(tmp_path / "m"), "--base-model",
+                 str(tiny_base_model), "--warm-start", "none", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and match in err and err.count("\n") == 1
+    assert not (tmp_path / "m").exists()
+
+
+def test_missing_data_is_refused_and_leaves_nothing(
+    tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dphub.cli.main import main
+
+    code = main(["audit", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "m"),
+                 "--base-model", str(tiny_base_model), "--warm-start", "none"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "no such file" in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "cache") == []
