@@ -16,46 +16,54 @@ from pathlib import Path
 import typer
 
 from dphub import config as project
+from dphub.cli import train as T
+from dphub.cli.options import apply_threads, threads_option
 
 
 def audit(
-    data: Path | None = typer.Argument(None, help="Labelled notes (file or directory)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Model directory to write."),
-    canaries: int = typer.Option(64, "--canaries", help="Canary patients (each in with p = 1/2)."),
-    canary_notes: int = typer.Option(2, "--canary-notes", help="Notes per canary patient."),
-    canary_kind: str = typer.Option("nursing", "--canary-kind", help="nursing|discharge"),
+    data: Path | None = T.DATA_OPT,
+    out: Path | None = T.OUT_OPT,
+    canaries: int = typer.Option(
+        64, "--canaries", help="Canary patients (each included with probability 1/2)."),
+    canary_notes: int = typer.Option(2, "--canary-notes", min=1,
+                                     help="Notes per canary patient."),
+    canary_kind: str = typer.Option("nursing", "--canary-kind",
+                                    help="Kind of canary notes: nursing | discharge."),
     canary_note_chars: int | None = typer.Option(
-        None, "--canary-note-chars", help="Cut canary notes to this many characters."),
+        None, "--canary-note-chars", min=1, show_default="whole notes",
+        help="Cut canary notes to this many characters."),
     candidates: int = typer.Option(
-        15, "--candidates", help="Random alternative secrets per canary (the reference)."),
-    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the ε bound."),
-    format: str | None = typer.Option(None, "--format", help="Input format (default: detect)."),
-    base_model: str | None = typer.Option(None, "--base-model", help="Base encoder path or id."),
-    noise: float | None = typer.Option(None, "--noise", help="Noise multiplier σ."),
-    target_epsilon: float | None = typer.Option(None, "--target-epsilon", help="Target ε."),
-    delta: float | None = typer.Option(None, "--delta", help="δ (default min(1e-5, 1/(10N)))."),
-    epochs: float | None = typer.Option(None, "--epochs"),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Expected units per step."),
-    max_physical_batch: int | None = typer.Option(None, "--max-physical-batch"),
-    max_grad_norm: float | None = typer.Option(None, "--max-grad-norm"),
-    lr: float | None = typer.Option(None, "--lr"),
-    max_examples_per_unit: int | None = typer.Option(None, "--max-examples-per-unit"),
-    accountant: str | None = typer.Option(None, "--accountant", help="prv|rdp"),
-    head: str | None = typer.Option(None, "--head", help="crf|softmax"),
-    train_layers: int | None = typer.Option(None, "--train-layers"),
-    lora_rank: int | None = typer.Option(None, "--lora-rank"),
-    recall_weight: float | None = typer.Option(None, "--recall-weight", help="δp."),
-    label_schema: str | None = typer.Option(None, "--label-schema"),
-    max_epsilon: float | None = typer.Option(None, "--max-epsilon"),
-    seed: int | None = typer.Option(None, "--seed", help="Initialisation only: never the "
-                                    "canaries, their inclusion or the DP noise."),
-    secure_rng: bool | None = typer.Option(None, "--secure-rng/--no-secure-rng"),
-    init_from: str | None = typer.Option(None, "--init-from", help="Pulled model or directory."),
-    warm_start: str | None = typer.Option(None, "--warm-start", help="synth|none"),
+        15, "--candidates", min=1,
+        help="Random alternative secrets per canary (the attack's reference)."),
+    confidence: float = typer.Option(
+        0.95, "--confidence", help="Confidence of the ε lower bound (0 < c < 1)."),
+    format: str | None = T.FORMAT_OPT,
+    base_model: str | None = T.BASE_MODEL_OPT,
+    noise: float | None = T.NOISE_OPT,
+    target_epsilon: float | None = T.TARGET_EPSILON_OPT,
+    delta: float | None = T.DELTA_OPT,
+    epochs: float | None = T.EPOCHS_OPT,
+    batch_size: int | None = T.BATCH_SIZE_OPT,
+    max_physical_batch: int | None = T.MAX_PHYSICAL_BATCH_OPT,
+    max_grad_norm: float | None = T.MAX_GRAD_NORM_OPT,
+    lr: float | None = T.LR_OPT,
+    max_examples_per_unit: int | None = T.MAX_EXAMPLES_PER_UNIT_OPT,
+    accountant: str | None = T.ACCOUNTANT_OPT,
+    head: str | None = T.HEAD_OPT,
+    train_layers: int | None = T.TRAIN_LAYERS_OPT,
+    lora_rank: int | None = T.LORA_RANK_OPT,
+    recall_weight: float | None = T.RECALL_WEIGHT_OPT,
+    label_schema: str | None = T.LABEL_SCHEMA_OPT,
+    max_epsilon: float | None = T.MAX_EPSILON_OPT,
+    seed: int | None = T.SEED_OPT,
+    secure_rng: bool | None = T.SECURE_RNG_OPT,
+    init_from: str | None = T.INIT_FROM_OPT,
+    warm_start: str | None = T.WARM_START_OPT,
     no_dp: bool = typer.Option(False, "--no-dp", help="Non-private run: checks the attack works."),
-    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every"),
-    checkpoint_dir: Path | None = typer.Option(None, "--checkpoint-dir"),
-    force: bool = typer.Option(False, "--force", help="Replace an existing model directory."),
+    checkpoint_every: int | None = T.CHECKPOINT_EVERY_OPT,
+    checkpoint_dir: Path | None = T.CHECKPOINT_DIR_OPT,
+    force: bool = T.FORCE_OPT,
+    threads: int | None = threads_option(),
 ) -> None:
     """Train with synthetic canary patients and report an empirical ε lower bound.
 
@@ -63,9 +71,10 @@ def audit(
 
     It is a LOWER bound, not a proof. Check the attack with the same command and --no-dp.
     """
+    apply_threads(threads)
     flags = {k: v for k, v in locals().items() if k not in (
         "canaries", "canary_notes", "canary_kind", "canary_note_chars", "candidates",
-        "confidence")}
+        "confidence", "threads")}
     from dphub import audit as auditing
     from dphub import train as training
     from dphub.cli.train import _merge, _run_with_progress

@@ -144,117 +144,156 @@ def _merge(flags: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def train(
-    data: Path | None = typer.Argument(
+# Options of `dphub train`, shared with `dphub audit` (one declaration, one help text).
+DATA_OPT = typer.Argument(
         None, metavar="DATA", show_default="dphub.toml [data] path",
         help="Labelled notes (file or directory).",
-    ),
-    out: Path | None = typer.Option(
+    )
+OUT_OPT = typer.Option(
         None, "--out", "-o", show_default="dphub.toml [output] dir",
         help="Model directory to write.",
-    ),
-    format: str | None = typer.Option(
+    )
+FORMAT_OPT = typer.Option(
         None, "--format", "-f", show_default="detect from the path",
         help="Input format: physionet | deidpl | i2b2 | brat | jsonl | conll.",
-    ),
-    base_model: str | None = typer.Option(
+    )
+BASE_MODEL_OPT = typer.Option(
         None, "--base-model", show_default="embedded all-MiniLM-L6-v2",
         help="Base encoder: 'default' or a local model directory.",
-    ),
-    noise: float | None = typer.Option(
+    )
+NOISE_OPT = typer.Option(
         None, "--noise", parser=positive_float, metavar=FLOAT,
         show_default="from --target-epsilon",
         help="Noise multiplier σ of DP-SGD (give this or --target-epsilon).",
-    ),
-    target_epsilon: float | None = typer.Option(
+    )
+TARGET_EPSILON_OPT = typer.Option(
         None, "--target-epsilon", parser=positive_float, metavar=FLOAT,
         show_default="8 when --noise is not given",
         help="Target ε: the noise multiplier is calibrated to reach it at the end of training.",
-    ),
-    delta: float | None = typer.Option(
+    )
+DELTA_OPT = typer.Option(
         None, "--delta", parser=finite_float(min=0.0, max=1.0, min_open=True, max_open=True),
         metavar=FLOAT, show_default="min(1e-5, 1/(10 N units))",
         help="δ of the (ε, δ) guarantee; must stay below 1/N.",
-    ),
-    epochs: float | None = typer.Option(
+    )
+EPOCHS_OPT = typer.Option(
         None, "--epochs", parser=positive_float, metavar=FLOAT, show_default="32",
         help="Passes over the units (fractional allowed).",
-    ),
-    batch_size: int | None = typer.Option(
+    )
+BATCH_SIZE_OPT = typer.Option(
         None, "--batch-size", min=1, show_default="96",
         help="Expected units per logical step (Poisson sampling rate = batch / units).",
-    ),
-    max_physical_batch: int | None = typer.Option(
+    )
+MAX_PHYSICAL_BATCH_OPT = typer.Option(
         None, "--max-physical-batch", min=1, show_default="16",
         help="Units per forward/backward pass (bounds memory, not the result).",
-    ),
-    max_grad_norm: float | None = typer.Option(
+    )
+MAX_GRAD_NORM_OPT = typer.Option(
         None, "--max-grad-norm", parser=positive_float, metavar=FLOAT, show_default="1.0",
         help="Per-unit clipping bound C of the summed gradient.",
-    ),
-    lr: float | None = typer.Option(
+    )
+LR_OPT = typer.Option(
         None, "--lr", parser=positive_float, metavar=FLOAT, show_default="5e-3",
         help="Learning rate.",
-    ),
-    privacy_unit: str | None = typer.Option(
+    )
+PRIVACY_UNIT_OPT = typer.Option(
         None, "--privacy-unit", show_default="patient",
         help="What ε protects: patient | note | sequence (only patient protects patients).",
-    ),
-    max_examples_per_unit: int | None = typer.Option(
+    )
+MAX_EXAMPLES_PER_UNIT_OPT = typer.Option(
         None, "--max-examples-per-unit", min=1, show_default="64",
-        help="Windows kept per unit (a seeded, data-independent choice).",
-    ),
-    accountant: str | None = typer.Option(
+        help="Windows kept per unit (evenly spaced over the unit's own windows).",
+    )
+ACCOUNTANT_OPT = typer.Option(
         None, "--accountant", show_default="prv", help="Privacy accountant: prv | rdp."
-    ),
-    head: str | None = typer.Option(
+    )
+HEAD_OPT = typer.Option(
         None, "--head", show_default="crf", help="Tagging head: crf | softmax."
-    ),
-    train_layers: int | None = typer.Option(
+    )
+TRAIN_LAYERS_OPT = typer.Option(
         None, "--train-layers", min=0, show_default="0",
         help="Top encoder layers trained under DP (0: only emissions + CRF, encoder frozen).",
-    ),
-    lora_rank: int | None = typer.Option(
+    )
+LORA_RANK_OPT = typer.Option(
         None, "--lora-rank", min=1, show_default="none (full layers)",
         help="Train LoRA adapters of this rank instead of full top layers.",
-    ),
-    recall_weight: float | None = typer.Option(
+    )
+RECALL_WEIGHT_OPT = typer.Option(
         None, "--recall-weight", parser=finite_float(min=0.0), metavar=FLOAT, show_default="3.0",
         help="Recall weighting δp: each sample's loss is scaled by ρ_i = 1 + δp·FNR_i, FNR_i its "
         "own false-negative rate on PHI tokens (0: plain loss).",
-    ),
-    label_schema: str | None = typer.Option(
+    )
+LABEL_SCHEMA_OPT = typer.Option(
         None, "--label-schema", show_default="hipaa", help="Label set: hipaa | i2b2-2014."
-    ),
-    max_epsilon: float | None = typer.Option(
+    )
+MAX_EPSILON_OPT = typer.Option(
         None, "--max-epsilon", parser=positive_float, metavar=FLOAT, show_default="no cap",
         help="Stop before a step that would exceed this ε.",
-    ),
-    seed: int | None = typer.Option(
-        None, "--seed", show_default="0", help="Seed for sampling, noise and initialisation."
-    ),
-    secure_rng: bool | None = typer.Option(
+    )
+SEED_OPT = typer.Option(
+        None, "--seed", show_default="0",
+    help="Seed of initialisation, dropout, the public warm start and --no-dp data order; never "
+    "of the DP noise or sampling (drawn from the operating system)."
+    )
+SECURE_RNG_OPT = typer.Option(
         None, "--secure-rng/--no-secure-rng", show_default="no-secure-rng",
-        help="Cryptographic RNG for sampling and noise (needs torchcsprng).",
-    ),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run."),
-    init_from: str | None = typer.Option(
+        help="Draw every noise and sampling value from the OS CSPRNG (slower; default: a generator "
+    "seeded from the OS for each run).",
+    )
+RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run.")
+INIT_FROM_OPT = typer.Option(
         None, "--init-from", show_default="the warm start",
         help="Start from a pulled model (org/name[@revision]) or a model directory.",
-    ),
-    warm_start: str | None = typer.Option(
+    )
+WARM_START_OPT = typer.Option(
         None, "--warm-start", show_default="synth",
         help="synth (public synthetic notes, costs no ε) | none.",
-    ),
-    no_dp: bool = typer.Option(False, "--no-dp", help="Non-private baseline (not publishable)."),
-    checkpoint_every: int | None = typer.Option(
+    )
+NO_DP_OPT = typer.Option(False, "--no-dp", help="Non-private baseline (not publishable).")
+CHECKPOINT_EVERY_OPT = typer.Option(
         None, "--checkpoint-every", min=1, show_default="10", help="Steps between checkpoints."
-    ),
-    checkpoint_dir: Path | None = typer.Option(
+    )
+CHECKPOINT_DIR_OPT = typer.Option(
         None, "--checkpoint-dir", show_default="<out>/../.<name>.ckpt",
         help="Where checkpoints go (outside the published directory).",
-    ),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+    )
+FORCE_OPT = typer.Option(
+    False, "--force",
+    help="Replace a model directory written by dphub train (never the data or anything else).",
+)
+
+
+def train(
+    data: Path | None = DATA_OPT,
+    out: Path | None = OUT_OPT,
+    format: str | None = FORMAT_OPT,
+    base_model: str | None = BASE_MODEL_OPT,
+    noise: float | None = NOISE_OPT,
+    target_epsilon: float | None = TARGET_EPSILON_OPT,
+    delta: float | None = DELTA_OPT,
+    epochs: float | None = EPOCHS_OPT,
+    batch_size: int | None = BATCH_SIZE_OPT,
+    max_physical_batch: int | None = MAX_PHYSICAL_BATCH_OPT,
+    max_grad_norm: float | None = MAX_GRAD_NORM_OPT,
+    lr: float | None = LR_OPT,
+    privacy_unit: str | None = PRIVACY_UNIT_OPT,
+    max_examples_per_unit: int | None = MAX_EXAMPLES_PER_UNIT_OPT,
+    accountant: str | None = ACCOUNTANT_OPT,
+    head: str | None = HEAD_OPT,
+    train_layers: int | None = TRAIN_LAYERS_OPT,
+    lora_rank: int | None = LORA_RANK_OPT,
+    recall_weight: float | None = RECALL_WEIGHT_OPT,
+    label_schema: str | None = LABEL_SCHEMA_OPT,
+    max_epsilon: float | None = MAX_EPSILON_OPT,
+    seed: int | None = SEED_OPT,
+    secure_rng: bool | None = SECURE_RNG_OPT,
+    resume: bool = RESUME_OPT,
+    init_from: str | None = INIT_FROM_OPT,
+    warm_start: str | None = WARM_START_OPT,
+    no_dp: bool = NO_DP_OPT,
+    checkpoint_every: int | None = CHECKPOINT_EVERY_OPT,
+    checkpoint_dir: Path | None = CHECKPOINT_DIR_OPT,
+    force: bool = FORCE_OPT,
     threads: int | None = threads_option(),
 ) -> None:
     """Train a PHI tagger with DP-SGD and write a model directory with its card.
