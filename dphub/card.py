@@ -1208,7 +1208,17 @@ def meta_problems(
         return ["differential_privacy.mechanism_rng: secure_rng and mechanism_rng disagree "
                 "(secure mode draws every noise sample from a CSPRNG: mechanism_rng csprng)"]
     if check_accounting and dp["private"]:
-        return accounting_problems(dp)
+        problems = accounting_problems(dp)
+        if problems:
+            return problems
+    if meta.get("empirical_audit") is not None:
+        # what the schema cannot check: the audit's verdict agrees with this card's numbers
+        from dphub.audit import check_audit_block
+
+        try:
+            check_audit_block(meta)
+        except CardError as e:
+            return [e.message]
     return []
 
 

@@ -183,6 +183,9 @@ def test_schema_refuses_a_failed_or_malformed_block() -> None:
                 {"epsilon_lower_bound": -1}):
         with pytest.raises(CardError, match="empirical_audit"):
             validate_meta({**meta, "empirical_audit": {**block, **bad}})
+    # a verdict the card's own numbers contradict (schema-valid): card validation refuses it
+    with pytest.raises(CardError, match="empirical_audit.verdict"):
+        validate_meta({**meta, "empirical_audit": {**block, "verdict": "passed"}})
 
 
 def test_check_audit_block_refuses_failed_or_inconsistent_blocks() -> None:
