@@ -156,10 +156,11 @@ class LocalHub:
             raise HubError(f"hub {self.name} cannot be read (permission denied)")
         from dphub.hub.policy import POLICY_FILE
 
-        if not (self.root / "models").is_dir() and any(
-            not entry.name.startswith(".") and entry.name != POLICY_FILE
-            for entry in self.root.iterdir()
-        ):
+        # "models" itself is never counted: a concurrent first publish may create it between
+        # the two looks at the directory
+        foreign = [entry for entry in self.root.iterdir()
+                   if not entry.name.startswith(".") and entry.name not in ("models", POLICY_FILE)]
+        if foreign and not (self.root / "models").is_dir():
             # e.g. `--hub models/site`: publishing would write git repos into a model directory
             raise HubError(f"{self.name} is not a dphub hub (no models/ directory, and not "
                            "empty); give a hub directory, or a new one for publish to create")
