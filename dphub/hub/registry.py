@@ -14,7 +14,6 @@ and are not checked.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -25,7 +24,7 @@ from typing import Any
 from filelock import FileLock
 
 from dphub.errors import HubError
-from dphub.hub.common import dphub_home, parse_repo_spec
+from dphub.hub.common import dphub_home, file_sha256, parse_repo_spec
 from dphub.io import atomic_write_text
 
 REGISTRY_FILE = "registry.json"
@@ -123,14 +122,6 @@ class Registry:
         return best
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def file_digests(root: Path) -> dict[str, str]:
     """SHA-256 of every non-hidden regular file under ``root`` (relative posix path -> hex)."""
     out: dict[str, str] = {}
@@ -141,7 +132,7 @@ def file_digests(root: Path) -> dict[str, str]:
                 continue
             f = Path(dirpath, name)
             if f.is_file():
-                out[f.relative_to(root).as_posix()] = _sha256(f)
+                out[f.relative_to(root).as_posix()] = file_sha256(f)
     return out
 
 
@@ -156,7 +147,7 @@ def verify_files(entry: Entry) -> None:
     for rel, digest in sorted(entry.files.items()):
         f = Path(entry.path) / rel
         try:
-            ok = f.is_file() and _sha256(f) == digest
+            ok = f.is_file() and file_sha256(f) == digest
         except OSError:
             ok = False
         if not ok:
