@@ -12,6 +12,7 @@ anything.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -76,25 +77,22 @@ def audit(
         "canaries", "canary_notes", "canary_kind", "canary_note_chars", "candidates",
         "confidence", "threads")}
     from dphub import audit as auditing
-    from dphub import train as training
-    from dphub.cli.train import _merge, _run_with_progress
 
     cfg = project.load_project_config()
-    merged = _merge(flags, cfg)
-    merged["no_dp"], merged["force"] = no_dp, force
-    if merged.get("base_model") is not None:
-        p = project.project_path(cfg, str(merged["base_model"]))
-        if p is not None and p.is_dir():
-            merged["base_model"] = str(p)
-    for k in ("data", "out", "checkpoint_dir"):
-        if merged.get(k) is not None:
-            merged[k] = Path(merged[k])
-    opts = training.TrainOptions(**merged)
+    opts = T.build_options(flags, cfg, no_dp=no_dp, force=force)
     aopts = auditing.AuditOptions(
         canaries=canaries, notes_per_canary=canary_notes, candidates=candidates,
         confidence=confidence, kind=canary_kind, max_note_chars=canary_note_chars,
     )
-    result = _run_with_progress(_Audit(auditing, aopts), opts)
+    run_and_report(opts, aopts)
+
+
+def run_and_report(opts: Any, aopts: Any) -> None:
+    """Train with canaries, write the model directory with its audit block, print the verdict
+    (``dphub audit`` and ``dphub train --audit``)."""
+    from dphub import audit as auditing
+
+    result = T._run_with_progress(_Audit(auditing, aopts), opts)
     project.record_last_model(result.train.out_dir)
     block = result.block
     typer.echo(f"wrote {result.train.out_dir} (card carries the empirical_audit block)")

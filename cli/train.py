@@ -294,6 +294,11 @@ def train(
     checkpoint_every: int | None = CHECKPOINT_EVERY_OPT,
     checkpoint_dir: Path | None = CHECKPOINT_DIR_OPT,
     force: bool = FORCE_OPT,
+    audit: bool = typer.Option(
+        False, "--audit",
+        help="Also audit the run: train with synthetic canary patients and record an empirical "
+        "ε lower bound in the card (what `dphub audit` does with its defaults).",
+    ),
     threads: int | None = threads_option(),
 ) -> None:
     """Train a PHI tagger with DP-SGD and write a model directory with its card.
@@ -303,19 +308,15 @@ def train(
     from dphub import train as training
 
     apply_threads(threads)
-    flags = {k: v for k, v in locals().items() if k not in ("training", "threads")}
+    flags = {k: v for k, v in locals().items() if k not in ("training", "threads", "audit")}
     cfg = project.load_project_config()
-    merged = _merge(flags, cfg)
-    merged["resume"], merged["no_dp"], merged["force"] = resume, no_dp, force
-    if merged.get("base_model") is not None:
-        bm = str(merged["base_model"])
-        p = project.project_path(cfg, bm)
-        if p is not None and p.is_dir():
-            merged["base_model"] = str(p)
-    for k in ("data", "out", "checkpoint_dir"):
-        if merged.get(k) is not None:
-            merged[k] = Path(merged[k])
-    opts = training.TrainOptions(**merged, card_text=cfg.get("card") or None)
+    opts = build_options(flags, cfg, resume=resume, no_dp=no_dp, force=force)
+    if audit:
+        from dphub.audit import AuditOptions
+        from dphub.cli.audit import run_and_report
+
+        run_and_report(opts, AuditOptions())
+        return
     result = _run_with_progress(training, opts)
     project.record_last_model(result.out_dir)
     if result.epsilon is None:
@@ -328,6 +329,23 @@ def train(
             f"{extra}"
         )
         _warn_above_policy(result.epsilon, opts.privacy_unit, cfg)
+
+
+def build_options(flags: dict[str, Any], cfg: dict[str, Any], **fixed: Any) -> Any:
+    """``TrainOptions`` from command-line flags, ``dphub.toml`` and ``fixed`` values (the
+    switches that are never read from the file): what ``train`` and ``audit`` both run."""
+    from dphub import train as training
+
+    merged = _merge(flags, cfg)
+    merged.update(fixed)
+    if merged.get("base_model") is not None:
+        p = project.project_path(cfg, str(merged["base_model"]))
+        if p is not None and p.is_dir():
+            merged["base_model"] = str(p)
+    for k in ("data", "out", "checkpoint_dir"):
+        if merged.get(k) is not None:
+            merged[k] = Path(merged[k])
+    return training.TrainOptions(**merged, card_text=cfg.get("card") or None)
 
 
 def _warn_above_policy(epsilon: float, unit: str, cfg: dict[str, Any]) -> None:
