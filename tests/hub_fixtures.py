@@ -197,3 +197,20 @@ def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     monkeypatch.setenv("DPHUB_HOME", str(home))
     monkeypatch.chdir(tmp_path)
     return {"hub": hub, "home": home, "tmp": tmp_path}
+
+
+#: A "billion laughs" card: nine anchors, each nine aliases of the last (9**9 strings if expanded).
+ALIAS_BOMB = """---
+a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+differential_privacy: {private: true, epsilon: 1.0}
+---
+body
+"""

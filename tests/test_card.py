@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from faker import Faker
-from hub_fixtures import coarse_dataset, private_dp_block
+from hub_fixtures import ALIAS_BOMB, coarse_dataset, private_dp_block
 
 from dphub import card as C
 from dphub.errors import CardError
@@ -563,19 +563,6 @@ def test_non_private_model_dir_validates_with_its_files(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- bounded YAML (16.4)
 
-BILLION_LAUGHS = """---
-a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
-b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
-c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
-d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
-e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
-f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
-g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
-h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
-i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
----
-body
-"""
 
 
 @pytest.mark.parametrize("command", [None, "validate", "show"])
@@ -584,7 +571,7 @@ def test_billion_laughs_card_is_refused_fast(tmp_path: Path, command: str | None
 
     from dphub.cli.main import main
 
-    (tmp_path / "README.md").write_text(BILLION_LAUGHS, encoding="utf-8")
+    (tmp_path / "README.md").write_text(ALIAS_BOMB, encoding="utf-8")
     t0 = time.perf_counter()
     if command is None:
         with pytest.raises(CardError, match=r"front matter uses a YAML anchor at line 2; cards "
@@ -620,7 +607,7 @@ def test_hub_front_matter_parser_shares_the_limits() -> None:
     from dphub.hub.common import parse_front_matter
 
     with pytest.raises(CardError, match="YAML anchor"):
-        parse_front_matter(BILLION_LAUGHS, where="acme/x")
+        parse_front_matter(ALIAS_BOMB, where="acme/x")
 
 
 # --------------------------------------------------------------------------- card_text (item 7)

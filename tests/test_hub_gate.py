@@ -9,7 +9,7 @@ import pickle
 
 import numpy as np
 import pytest
-from hub_fixtures import card_meta, copy_model, write_card
+from hub_fixtures import ALIAS_BOMB, card_meta, copy_model, write_card
 
 from dphub.cli.main import main
 from dphub.errors import PublishRefused
@@ -265,6 +265,15 @@ def test_allow_lists_are_module_constants():
                                          "training_config.json", "tokenizer.json"}
 
 
+def test_every_training_option_is_either_published_or_hidden():
+    """A new TrainOptions field must be decided on: published hyper-parameter (gate allow-list)
+    or kept out of training_config.json (``public_dict``'s hidden set)."""
+    from dphub.hub import gate
+    from dphub.train import TrainOptions
+
+    assert set(TrainOptions().public_dict()) == gate.TRAINING_HYPERPARAM_KEYS
+
+
 # --------------------------------------------------------------------------- card bound to run
 
 
@@ -434,20 +443,6 @@ def test_pull_refuses_what_the_gate_refuses(model, hub_env, capsys, breakage):
 
 # --------------------------------------------------------------------------- alias bomb (16.4)
 
-BOMB = """---
-a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
-b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
-c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
-d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
-e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
-f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
-g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
-h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
-i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
-differential_privacy: {private: true, epsilon: 1.0}
----
-body
-"""
 
 
 def test_publish_and_pull_refuse_an_alias_bomb_fast(model, hub_env, capsys):
@@ -456,7 +451,7 @@ def test_publish_and_pull_refuse_an_alias_bomb_fast(model, hub_env, capsys):
     from dphub.errors import PullRefused
     from dphub.hub import ops
 
-    (model / "README.md").write_text(BOMB, encoding="utf-8")
+    (model / "README.md").write_text(ALIAS_BOMB, encoding="utf-8")
     t0 = time.perf_counter()
     _refused(model, hub_env, capsys, "uses a YAML anchor")
     assert time.perf_counter() - t0 < 1.0

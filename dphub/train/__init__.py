@@ -53,7 +53,6 @@ from dphub.train.options import (
 )
 from dphub.train.output import (
     TRAINING_CONFIG_FILE,
-    TRAINING_CONFIG_KEYS,
     build_meta,
     check_output_dir,
     is_model_directory,
@@ -65,7 +64,7 @@ from dphub.train.run import train
 
 __all__ = [
     "ACCOUNTANTS", "DEFAULT_TARGET_EPSILON", "HEADS", "LEGACY_CHECKPOINT_FILE", "PRIVACY_UNITS",
-    "TRAINING_CONFIG_FILE", "TRAINING_CONFIG_KEYS", "WARM_STARTS", "Example",
+    "TRAINING_CONFIG_FILE", "WARM_STARTS", "Example",
     "FrozenEncoderCache", "PrivacyPlan", "Progress", "ProgressFn", "TrainOptions", "TrainResult",
     "batch_from_examples", "build_meta", "check_output_dir", "check_patient_ids",
     "checkpoint_dir_for", "default_delta", "encode_notes", "is_model_directory",

@@ -99,23 +99,17 @@ def build_meta(
     return card.with_card_text(meta, opts.card_text or {})
 
 
-#: Top-level keys of the published ``training_config.json`` (hyper-parameters and the values
-#: the card's accounting is recomputed from; nothing measured on the private data).
-
-
-#: Top-level keys of the published ``training_config.json`` (hyper-parameters and the values
-#: the card's accounting is recomputed from; nothing measured on the private data).
-TRAINING_CONFIG_KEYS: tuple[str, ...] = (
-    "format_version", "dphub_training", "base_model", "init_from", "no_dp", "privacy_unit",
-    "accountant", "steps", "sample_rate", "noise_multiplier", "delta", "epsilon",
-)
-
-
 def training_config(opts: TrainOptions, src: ModelSource, plan: PrivacyPlan, steps: int,
                     epsilon: float | None) -> dict[str, Any]:
-    """The published ``training_config.json``: hyper-parameters and the accounted quantities."""
-    cfg = {
-        "format_version": 2,
+    """The published ``training_config.json``: hyper-parameters and the accounted quantities.
+
+    Its keys are the publish gate's allow-list (``dphub.hub.gate.TRAINING_CONFIG_KEYS``,
+    ``TRAINING_HYPERPARAM_KEYS``): the gate owns the contract, training writes to it.
+    """
+    from dphub.hub.gate import TRAINING_CONFIG_FORMAT
+
+    return {
+        "format_version": TRAINING_CONFIG_FORMAT,
         "dphub_training": opts.public_dict(),
         "base_model": src.base_public_id,
         "init_from": _public_init_from(opts.init_from),
@@ -128,8 +122,6 @@ def training_config(opts: TrainOptions, src: ModelSource, plan: PrivacyPlan, ste
         "delta": plan.delta,
         "epsilon": epsilon,
     }
-    assert tuple(cfg) == TRAINING_CONFIG_KEYS
-    return cfg
 
 
 def write_model_dir(
