@@ -11,6 +11,7 @@ check the run fingerprint *before* loading any tensor.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -78,8 +79,6 @@ def save(directory: Path, state: dict[str, Any]) -> None:
     tensors: dict[str, torch.Tensor] = {}
     doc = _flatten(state, "", tensors)
     blob = save(tensors) if tensors else save({"_empty": torch.zeros(0)})
-    import hashlib
-
     with atomic_open(directory / TENSOR_FILE, "wb") as fh:
         fh.write(blob)
     os.chmod(directory / TENSOR_FILE, 0o600)
@@ -110,8 +109,6 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 def load(directory: Path, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """The full state; the tensor file must be the one the manifest names (sha256)."""
-    import hashlib
-
     from safetensors.torch import load as st_load
 
     directory = Path(directory)
@@ -122,9 +119,7 @@ def load(directory: Path, manifest: dict[str, Any] | None = None) -> dict[str, A
         if hashlib.sha256(blob).hexdigest() != manifest.get("tensors_sha256"):
             raise ValueError("tensor file does not match the checkpoint")
         tensors = st_load(blob)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: unreadable checkpoint ({type(e).__name__})") from None
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError, safetensors' own error types
         raise ConfigError(f"{path}: unreadable checkpoint ({type(e).__name__})") from None
     try:
         return _unflatten(manifest["state"], tensors)

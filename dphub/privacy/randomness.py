@@ -43,6 +43,11 @@ _TWO_PI = 2.0 * math.pi
 _U53 = 1.0 / (1 << 53)
 
 
+def dp_mode(secure: bool) -> str:
+    """The mode a DP run draws from (what its card records as ``mechanism_rng``)."""
+    return "csprng" if secure else "os-seeded"
+
+
 class MechanismRandomness:
     """One source of uniforms and Gaussians for a training run (see the module docstring).
 
@@ -69,7 +74,7 @@ class MechanismRandomness:
         """The source a run uses: OS-seeded or CSPRNG under DP, ``seed`` only without DP."""
         if not private:
             return cls("seeded", seed)
-        return cls("csprng" if secure else "os-seeded")
+        return cls(dp_mode(secure))
 
     # ------------------------------------------------------------------ draws
 

@@ -81,7 +81,7 @@ def build_meta(
             **{k: v for k, v in common.items() if v is not None},
         )
     else:
-        from dphub.privacy.randomness import MechanismRandomness
+        from dphub.privacy.randomness import dp_mode
 
         dp = card.dp_block(
             accountant=opts.accountant, sample_rate=plan.sample_rate,
@@ -90,8 +90,7 @@ def build_meta(
             max_grad_norm=opts.max_grad_norm, epochs=epochs,
             max_examples_per_unit=opts.max_examples_per_unit, num_units=plan.num_units,
             grad_sample_mode="hooks", secure_rng=opts.secure_rng, epsilon=epsilon,
-            mechanism_rng=MechanismRandomness.for_run(
-                private=True, secure=opts.secure_rng, seed=0).mode,
+            mechanism_rng=dp_mode(opts.secure_rng),
             weights_sha256=weights_sha256, **common,
         )
     dataset = card.dataset_block(notes, label_schema=opts.label_schema, sequences=n_sequences)
