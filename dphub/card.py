@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
 import re
 from collections import Counter
@@ -1101,12 +1100,6 @@ def _schema_problems(meta: Any) -> list[str]:
     return problems
 
 
-def _schema_error(meta: Any) -> str | None:
-    """The schema problems of ``meta`` as one line (None if it conforms)."""
-    problems = _schema_problems(meta)
-    return _join(problems) if problems else None
-
-
 def _join(problems: list[str]) -> str:
     shown = problems[:MAX_PROBLEMS]
     more = len(problems) - len(shown)
@@ -1120,13 +1113,7 @@ def _epsilon_opacus(accountant: str, q: float, sigma: float, steps: int, delta: 
 
 @functools.lru_cache(maxsize=256)
 def _epsilon_independent(method: str, q: float, sigma: float, steps: int, delta: float) -> float:
-    absl = logging.getLogger("absl")  # dp-accounting logs one warning per skipped RDP order
-    level = absl.level
-    absl.setLevel(logging.ERROR)
-    try:
-        return accounting.epsilon_dp_accounting(method, q, sigma, steps, delta)
-    finally:
-        absl.setLevel(level)
+    return accounting.epsilon_dp_accounting(method, q, sigma, steps, delta)  # absl kept quiet
 
 
 def _pct(rtol: float) -> str:
@@ -1179,14 +1166,6 @@ def accounting_problems(dp: Mapping[str, Any]) -> list[str]:
             f"{_pct(accounting.CROSS_CHECK_RTOL)})"
         )
     return problems
-
-
-def verify_accounting(dp: Mapping[str, Any]) -> None:
-    """Raise :class:`CardError` if the card's ε is below what its own fields imply
-    (see :func:`accounting_problems`)."""
-    problems = accounting_problems(dp)
-    if problems:
-        raise CardError(_join(problems))
 
 
 def meta_problems(

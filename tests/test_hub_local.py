@@ -353,5 +353,5 @@ def test_listing_does_not_expand_a_yaml_alias_bomb(model, hub_env):
     start = time.monotonic()
     (row,) = ops.search()
     assert time.monotonic() - start < 10
-    assert not row.summary.verified and "anchors/aliases" in row.summary.problem
+    assert not row.summary.verified and "YAML anchor" in row.summary.problem
     assert not ops.info("evil/model")[0].summary.verified

@@ -115,23 +115,15 @@ def file_sha256(path: Path) -> str:
 
 
 #: The YAML front matter block at the start of a README (group 1: its text).
-FRONT_MATTER_RE = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.S)
-
-
 def parse_front_matter(text: str, *, where: str) -> dict[str, Any]:
     """The YAML front matter of a model card (README.md) as a dict.
 
-    Parsed by :func:`dphub.card.load_front_matter_yaml`: size-capped, no YAML aliases or anchors
-    (a billion-laughs card would otherwise grow to gigabytes in a hub listing or a pull).
+    :func:`dphub.card.split_front_matter`: size-capped, no YAML aliases or anchors (a
+    billion-laughs card would otherwise grow to gigabytes in a hub listing or a pull).
     """
-    from dphub.card import MAX_CARD_BYTES, load_front_matter_yaml
+    from dphub.card import split_front_matter
 
-    if len(text) > MAX_CARD_BYTES:
-        raise CardError(f"{where}: model card is larger than {MAX_CARD_BYTES // 1_000_000} MB")
-    m = FRONT_MATTER_RE.match(text)
-    if not m:
-        raise CardError(f"{where}: model card has no YAML front matter")
-    return load_front_matter_yaml(m.group(1), where=where)
+    return split_front_matter(text, where=where)[0]
 
 
 def read_card_meta(model_dir: Path) -> dict[str, Any]:

@@ -27,12 +27,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import yaml
 from filelock import FileLock
 
-from dphub.errors import HubError, PullRefused
+from dphub.errors import CardError, HubError, PullRefused
 from dphub.hub.common import (
-    FRONT_MATTER_RE,
     CardSummary,
     RepoRevision,
     check_relative_path,
@@ -57,38 +55,6 @@ _STORE_UNCOMPRESSED = {
     "GIT_CONFIG_KEY_0": "core.looseCompression",
     "GIT_CONFIG_VALUE_0": "0",
 }
-
-
-#: Largest card a listing parses. Real cards are a few kB; the limit keeps a hostile repo from
-#: making ``search`` slow.
-LISTING_CARD_MAX_BYTES = 256 * 1024
-
-
-def _unparsable_card(data: bytes | None) -> str | None:
-    """Why a hub card must not be parsed by a listing (None: go ahead).
-
-    A listing serializes each card (cache key, schema validation), so a YAML alias bomb that
-    ``safe_load`` builds cheaply as shared references would expand there. Cards dphub writes
-    never use anchors or aliases; scanning the front matter's tokens costs linear time.
-    """
-    if data is None:
-        return None
-    if len(data) > LISTING_CARD_MAX_BYTES:
-        return f"model card larger than {LISTING_CARD_MAX_BYTES // 1024} kB; not parsed"
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        return "model card is not UTF-8 text"
-    m = FRONT_MATTER_RE.match(text)
-    if not m:
-        return "model card has no YAML front matter"
-    try:
-        for token in yaml.scan(m.group(1), Loader=yaml.SafeLoader):
-            if isinstance(token, (yaml.AnchorToken, yaml.AliasToken)):
-                return "model card uses YAML anchors/aliases; not parsed"
-    except yaml.YAMLError:
-        return "model card front matter is not valid YAML"
-    return None
 
 
 @dataclass(frozen=True)
@@ -298,19 +264,19 @@ class LocalHub:
         from dphub.card import parse_card
 
         data = self.read_file(repo_id, sha, "README.md")
-        meta: dict = {}
-        validated: dict = {}
-        refused = _unparsable_card(data)
-        if refused:
-            return replace(CardSummary.from_meta({}), problem=refused)
-        if data is not None:
-            where = f"{repo_id}@{sha[:12]}"
-            try:
-                text = data.decode("utf-8-sig")
-                meta = parse_front_matter(text, where=where)
-                validated = parse_card(text, where=where).meta
-            except Exception:  # noqa: BLE001 - an unreadable card lists as unverified
-                pass
+        if data is None:
+            return CardSummary.checked({})
+        where = f"{repo_id}@{sha[:12]}"
+        try:
+            text = data.decode("utf-8-sig")
+            # the card module's bounded parse: size caps, no YAML anchors/aliases (a listing
+            # would otherwise expand an alias bomb that bypassed the gate)
+            meta = parse_front_matter(text, where=where)
+            validated = parse_card(text, where=where).meta
+        except UnicodeDecodeError:
+            return replace(CardSummary.from_meta({}), problem="model card is not UTF-8 text")
+        except CardError as e:
+            return replace(CardSummary.from_meta({}), problem=e.message)
         return CardSummary.checked(meta, validated)
 
     def revisions(self, repo_id: str, max_count: int | None = None) -> list[RepoRevision]:
