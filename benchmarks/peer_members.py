@@ -98,11 +98,11 @@ def _tune_presidio(train, slots, out: dict) -> list[str]:
     steps = [{"kept": sorted(kept), "f1": f1(kept)}]
     while kept:
         best = max(sorted(kept), key=lambda e: f1(kept - {e}))
-        score = f1(kept - {best})
-        if score <= steps[-1]["f1"]:
+        after = f1(kept - {best})
+        if after <= steps[-1]["f1"]:
             break
         kept = kept - {best}
-        steps.append({"dropped": best, "f1": score})
+        steps.append({"dropped": best, "f1": after})
     out["presidio_tuning"] = {"inner_notes": len(inner),
                               "inner_patients": len({n.effective_patient_id for n in inner}),
                               "criterion": "token F1 of rules+presidio (backward elimination)",

@@ -353,6 +353,8 @@ class PresidioMember:
 
     def results(self, notes: Sequence[Note]) -> list[list[tuple[str, int, int, float]]]:
         """Presidio's raw answer per note: ``(entity type, start, end, score)``."""
+        if self.entities is not None and not self.entities:  # Presidio reads [] as "all types"
+            return [[] for _ in notes]
         return [[(str(r.entity_type), int(r.start), int(r.end), float(r.score))
                  for r in self.analyzer.analyze(text=note.text, language="en",
                                                 entities=self.entities)]
