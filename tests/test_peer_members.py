@@ -203,6 +203,17 @@ def test_deidpl_cli_add_deid_and_pin(tool, tmp_path: Path, capsys: pytest.Captur
         covered = {(s["start"], s["end"]) for s in spans}
         for a, b in expected(n):  # whole targets hidden (merged spans may be wider)
             assert any(s <= a and b <= e for s, e in covered), n.id
+    # no perl: refused before any note is read, one line, exit 2
+    with Manifest.editing(m) as manifest:
+        manifest.get("deidpl").options["perl"] = str(tmp_path / "no-perl")
+    capsys.readouterr()
+    assert main(["ensemble", "deid", str(notes), "--out", str(tmp_path / "o2"),
+                 "--ensemble", str(m)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "perl not found" in err
+    assert not (tmp_path / "o2").exists()
+    with Manifest.editing(m) as manifest:
+        manifest.get("deidpl").options["perl"] = str(perl)
     # a changed tool is noticed: the pin covers deid.pl, the config and lists/
     (d / "lists" / "names.txt").write_text("y\n", encoding="utf-8")
     with pytest.raises(PeerToolError, match="changed since they were pinned"):

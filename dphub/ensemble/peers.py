@@ -146,7 +146,9 @@ class DeidPlMember:
         self.renumber_patients = renumber_patients
 
     def check(self) -> None:
-        """Refuse a tool that changed since it was pinned (re-add the member to accept it)."""
+        """Refuse, before any note is read, a missing perl or a tool that changed since it was
+        pinned (re-add the member to accept it)."""
+        self._perl()
         if self.revision and deidpl_digest(self.directory, self.config) != self.revision:
             raise PeerToolError(
                 f"member {self.name!r}: deid.pl, its config or its lists in {self.directory} "
