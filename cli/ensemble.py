@@ -39,7 +39,9 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 def add_cmd(
     spec: str = typer.Argument(
         ..., metavar="SPEC",
-        help="org/name[@revision] (a pulled model), a model directory, or rules:default.",
+        help="org/name[@revision] (a pulled model), a model directory, rules:default, "
+             "deidpl:DIR (deid.pl in DIR, or DIR/FILE.config; needs perl) or presidio:default "
+             "(needs the presidio extra).",
     ),
     threshold: float | None = typer.Option(
         None, "--threshold", parser=unit_interval, metavar=FLOAT, show_default="decode (Viterbi)",
@@ -50,7 +52,7 @@ def add_cmd(
     ),
     manifest_path: Path = ENSEMBLE_OPT,
 ) -> None:
-    """Add a member, pinning its revision (registry sha or weights digest)."""
+    """Add a member, pinning its revision (registry sha, weights or tool digest)."""
     from dphub.ensemble.manifest import Manifest, entry_from_spec
 
     entry = entry_from_spec(spec, name=name, threshold=threshold)  # hashing weights: unlocked
@@ -90,7 +92,8 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
     for m in manifest.members:
         rev = (m.revision or "-")
         t.add_row(m.name, m.kind, rev[:19], _fmt(m.epsilon), m.unit or "-",
-                  "decode" if m.threshold is None and m.kind != "rules" else _fmt(m.threshold))
+                  "decode" if m.threshold is None and m.kind in ("registry", "dir")
+                  else _fmt(m.threshold))
     Console().print(t)
 
 
@@ -248,7 +251,8 @@ def deid_top_cmd(
         ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
     ),
     model: str = typer.Option(
-        ..., "--model", help="A model directory, org/name[@revision], or rules:default."
+        ..., "--model", help="A model directory, org/name[@revision], rules:default, "
+        "deidpl:DIR or presidio:default."
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", show_default="INPUT.deid beside the input",
@@ -274,6 +278,10 @@ def deid_top_cmd(
     out = _resolve_out(input_path, out, resume)
     if model.startswith("rules:"):
         slot = member_from_entry(MemberEntry(model, "rules", threshold=threshold))
+    elif model.startswith(("deidpl:", "presidio:")):
+        from dphub.ensemble.manifest import entry_from_spec
+
+        slot = member_from_entry(entry_from_spec(model, threshold=threshold))
     else:
         p = Path(model).expanduser()
         if not p.is_dir():

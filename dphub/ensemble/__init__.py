@@ -2,6 +2,7 @@
 
 * :mod:`~dphub.ensemble.members`   the member contract, :class:`ModelMember`, :class:`FixedMember`
 * :mod:`~dphub.ensemble.rules`     ``rules:default`` (patterns + permissive dictionaries, ε = 0)
+* :mod:`~dphub.ensemble.peers`     tools the owner has: ``deidpl:DIR`` (deid.pl via perl), ``presidio:default``
 * :mod:`~dphub.ensemble.aggregate` ``any`` / ``k-of-n`` on characters, label choice, voters
 * :mod:`~dphub.ensemble.manifest`  ``dphub-ensemble.toml``: members, pinned revisions, thresholds
 * :mod:`~dphub.ensemble.core`      :class:`Ensemble` (members + rule), Scenario A/B construction

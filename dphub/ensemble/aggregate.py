@@ -9,7 +9,10 @@ agree). Contiguous PHI characters form merged spans, except that spans which onl
 
 A merged span's label is the label of the highest-scoring member span overlapping it; ties go to
 the category earlier in :data:`dphub.labels.CATEGORY_PRECEDENCE` (names leak most), then to the
-member listed first. A span without a score (fixed/gold-like spans) counts as score 1.0: it comes
+member listed first. Labels of category ``OTHER`` come last whatever their score: a tool that
+gives no type (deid.pl's spans are all ``OTHER``) votes to hide, but a typed member's label says
+better *what* is hidden (the tag and the surrogate). The merged score is the highest member score.
+A span without a score (fixed/gold-like spans) counts as score 1.0: it comes
 from a deterministic source. ``voters`` records which members flagged any of its characters; as a :class:`Span` they travel
 comma-joined in ``source`` (the contract :mod:`dphub.render` reads).
 """
@@ -79,6 +82,9 @@ class MergedSpan:
 
 def _score(s: Span) -> float:
     return 1.0 if s.score is None else float(s.score)
+
+
+_UNTYPED = CATEGORY_PRECEDENCE.index("OTHER")
 
 
 def _precedence(label: str) -> int:
@@ -164,10 +170,13 @@ def aggregate(
             else:
                 comps.append([a, b, [(n, s)]])
         for a, b, members in comps:
+            # an untyped vote (OTHER: deid.pl gives no type) never names what a typed one names
             best_name, best = min(
                 members,
-                key=lambda ns: (-_score(ns[1]), _precedence(ns[1].label), order[ns[0]]),
+                key=lambda ns: (_precedence(ns[1].label) == _UNTYPED, -_score(ns[1]),
+                                _precedence(ns[1].label), order[ns[0]]),
             )
             voters = tuple(sorted({n for n, _ in members}, key=order.__getitem__))
-            out.append(MergedSpan(a, b, best.label, _score(best), voters))
+            top = max(_score(s) for _, s in members)
+            out.append(MergedSpan(a, b, best.label, top, voters))
     return out

