@@ -7,7 +7,10 @@ plus the rule member, so scores are real floats that must survive the trip throu
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 
 from dphub.cli.main import main
 from dphub.ensemble.manifest import Manifest
+from dphub.ray_engine import EnsembleRecipe
 from dphub.runner import EXIT_SOME_FAILED, RUN_DIR, run_deid
 from dphub.synth import iter_notes
 
@@ -23,6 +27,7 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def ray_runtime() -> Iterator[Any]:
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers get _KillOnce
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield ray
@@ -73,7 +78,30 @@ class _Stop(Exception):
     """Stands in for a driver killed midway."""
 
 
-def test_ray_run_stopped_midway_and_resumed_equals_an_uninterrupted_one(
+class _DieOnce:
+    """An ensemble whose worker process dies (os._exit) on its first batch while ``marker``
+    exists: a worker killed mid-batch."""
+
+    def __init__(self, ensemble: Any, marker: str) -> None:
+        self.ensemble, self.marker = ensemble, marker
+
+    def deid(self, notes: Any) -> Any:
+        try:
+            os.unlink(self.marker)
+        except FileNotFoundError:
+            return self.ensemble.deid(notes)
+        os._exit(1)
+
+
+@dataclass
+class _KillOnce(EnsembleRecipe):
+    marker: str = ""
+
+    def build(self) -> Any:
+        return _DieOnce(super().build(), self.marker)
+
+
+def test_ray_run_stopped_midway_and_resumed_with_a_killed_worker_equals_a_whole_run(
         ray_runtime: Any, tiny_tagger_dir: Path, tmp_path: Path) -> None:
     from dphub.ray_engine import RayOptions, ray_engine, recipe_from_manifest
 
@@ -98,7 +126,13 @@ def test_ray_run_stopped_midway_and_resumed_equals_an_uninterrupted_one(
                  progress=stop_after_8)
     journal = (out / RUN_DIR / "journal.jsonl").read_text().splitlines()
     assert 8 <= len(journal) < 16  # some notes done, not all
-    rep = run_deid(src, out, ensemble, mode="tag", batch_size=4, engine=engine, resume=True)
+    # the resumed run loses a worker mid-batch: Ray restarts it and retries the batch
+    marker = tmp_path / "kill-a-worker"
+    marker.write_text("")
+    killing = ray_engine(_KillOnce(recipe.members, recipe.aggregate, None, 4, False,
+                                   str(marker)), RayOptions(workers=1))
+    rep = run_deid(src, out, ensemble, mode="tag", batch_size=4, engine=killing, resume=True)
+    assert not marker.exists()  # a worker did die
     assert rep.exit_code == 0 and rep.skipped == len(journal) and rep.done == 16 - len(journal)
     assert _tree(out) == _tree(tmp_path / "whole")
     assert json.loads((out / RUN_DIR / "run.json").read_text())["status"] == "complete"
