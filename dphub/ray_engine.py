@@ -31,9 +31,11 @@ unchanged: it is :func:`dphub.runner.run_deid` with another ``engine``. Only the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +187,19 @@ def _import_ray() -> Any:
     return ray
 
 
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Refuse a ``host:port`` that does not answer, at once: Ray itself retries for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # "auto", ray:// client addresses: Ray resolves and reports them itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ConfigError(f"cannot reach the Ray cluster at {address} "
+                          f"({e.strerror or type(e).__name__}); start it with `ray start --head` "
+                          "or check --address") from None
+
+
 @contextlib.contextmanager
 def ray_session(options: RayOptions) -> Iterator[Any]:
     """Ray, connected: the caller's when already initialised, else local or ``options.address``.
@@ -203,11 +218,17 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
     if options.address is None:  # a local runtime sized for the actors asked for
         kwargs.update(include_dashboard=False,
                       num_cpus=max(os.cpu_count() or 1, options.workers * options.threads))
+    if options.address is not None:
+        _check_reachable(options.address)
     try:
         ray.init(address=options.address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        where = f"the Ray cluster at {options.address}" if options.address else "a local Ray runtime"
-        raise ConfigError(f"cannot start or reach {where} ({type(e).__name__})") from None
+        if options.address is None:
+            raise ConfigError(f"cannot start a local Ray runtime ({type(e).__name__})") from None
+        raise ConfigError(f"cannot connect to the Ray cluster at {options.address} "
+                          f"({type(e).__name__}); a cluster with token authentication needs "
+                          "RAY_AUTH_MODE=token and its token on this machine "
+                          "(docs/scale.md)") from None
     try:
         yield ray
     finally:
@@ -234,9 +255,14 @@ def ray_engine(recipe: EnsembleRecipe, options: RayOptions | None = None) -> Eng
     opts.check()
 
     def run(batches: Iterator[list[WorkItem]]) -> Iterator[tuple[list[WorkItem], list[Any]]]:
+        stream = iter(batches)
+        try:
+            first = next(stream)
+        except StopIteration:  # every note done already: no need for Ray at all
+            return
+        stream = itertools.chain([first], stream)
         with ray_session(opts) as ray:
             _quiet_ray_data()
-            stream = iter(batches)
             while True:
                 window: list[list[WorkItem]] = []
                 stopped: BaseException | None = None
