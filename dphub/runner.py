@@ -30,6 +30,9 @@ half-written output or a note written twice is a privacy and correctness problem
   :class:`OutputError`; ``--resume`` continues it.
 * ``OUT`` must not be the input, lie inside it or contain it; ``--resume`` needs an earlier run
   of the same settings in ``OUT``.
+* The ensemble's work goes through an *engine* (:data:`Engine`): :func:`local_engine` runs it
+  here; :mod:`dphub.ray_engine` runs the same batches on Ray actors. Reading, rendering, writing
+  and the journal stay in this process whatever the engine, so the bytes are the same.
 * ``OUT/audit.jsonl``: per note, in input order, the spans removed (offsets, label, score) and
   the members that voted; no text unless ``audit_text``.
 * A note that fails (unreadable or undecodable file, a malformed record or ``.ann``, a lone

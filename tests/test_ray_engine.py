@@ -56,6 +56,25 @@ def _manifest(tmp_path: Path, tagger: Path) -> Path:
     return m
 
 
+def test_engine_options_are_checked_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs before the module's runtime starts: an --address that does not answer is one error
+    line at once (Ray itself would retry for minutes)."""
+    src = _notes(tmp_path / "in", 1)
+    m = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", "rules:default", "--ensemble", str(m)]) == 0
+    base = ["ensemble", "deid", str(src), "--out", str(tmp_path / "out"), "--ensemble", str(m)]
+    capsys.readouterr()
+    assert main([*base, "--engine", "spark"]) == 2
+    assert main([*base, "--address", "127.0.0.1:1"]) == 2  # needs --engine ray
+    assert not ray.is_initialized()
+    assert main([*base, "--engine", "ray", "--address", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown --engine" in err and "needs --engine ray" in err
+    assert "cannot reach the Ray cluster at 127.0.0.1:1" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_ray_output_equals_single_process_and_a_bad_note_exits_3(
         ray_runtime: Any, tiny_tagger_dir: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
