@@ -307,14 +307,19 @@ def deid_top_cmd(
     audit_text: bool = AUDIT_OPT,
     fmt: str | None = FORMAT_OPT,
     int8: bool = INT8_OPT,
+    engine: str = ENGINE_OPT,
+    address: str | None = ADDRESS_OPT,
+    ray_workers: int = RAY_WORKERS_OPT,
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
     from dphub.ensemble.manifest import MemberEntry, card_privacy, weights_digest
 
     out = _resolve_out(input_path, out, resume)
+    _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
     if model.startswith("rules:"):
-        slot = member_from_entry(MemberEntry(model, "rules", threshold=threshold))
+        entry = MemberEntry(model, "rules", threshold=threshold)
+        slot = member_from_entry(entry)
     else:
         p = Path(model).expanduser()
         if not p.is_dir():
@@ -332,9 +337,18 @@ def deid_top_cmd(
         # the weights digest as revision: a resumed run refuses other weights (outputs would mix)
         slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
                     weights_digest(p))
+        # what a Ray actor loads: the same directory, name and weights (pinned by digest)
+        entry = MemberEntry(p.name, "dir", path=str(p.resolve()), revision=slot.revision,
+                            threshold=threshold)
+
+    def recipe() -> Any:
+        from dphub.ray_engine import EnsembleRecipe
+
+        return EnsembleRecipe([entry.to_dict()], "any", None, batch_size, int8)
+
     return _run(input_path, out, Ensemble([slot]), mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
-                fmt=fmt)
+                fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe))
 
 
 # ---------------------------------------------------------------------------- calibrate/evaluate

@@ -91,6 +91,12 @@ def test_ray_output_equals_single_process_and_a_bad_note_exits_3(
     local, distributed = _tree(tmp_path / "local"), _tree(tmp_path / "ray")
     assert len(local) == 15 and local == distributed  # 14 notes + audit.jsonl, same bytes
     assert '"score"' in local["audit.jsonl"].decode()
+    # the one-model command too
+    top = ["deid", str(src), "--model", str(tiny_tagger_dir), "--threshold", "0.4", "--mode", "tag"]
+    assert main([*top, "--out", str(tmp_path / "top-local")]) == EXIT_SOME_FAILED
+    assert main([*top, "--out", str(tmp_path / "top-ray"), "--engine", "ray",
+                 "--ray-workers", "1"]) == EXIT_SOME_FAILED
+    assert _tree(tmp_path / "top-local") == _tree(tmp_path / "top-ray")
 
 
 class _Stop(Exception):
