@@ -303,10 +303,13 @@ def _run_window(ray: Any, window: list[list[WorkItem]], recipe: EnsembleRecipe,
             nxt += 1
 
     if rows:
-        ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+        n_rows = len(rows)
+        ds = ray.data.from_items(rows, override_num_blocks=n_rows)
+        del rows  # the object store holds them now: one copy of the window's text in the driver
+        ds = ds.map_batches(
             DeidWorker, fn_constructor_kwargs={"recipe": recipe, "threads": opts.threads},
             batch_size=1, batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=min(opts.workers, len(rows))),
+            compute=ray.data.ActorPoolStrategy(size=min(opts.workers, n_rows)),
             num_cpus=opts.threads)
         for row in ds.iter_rows():
             got[int(row["seq"])] = _decode_results(str(row["results"]))

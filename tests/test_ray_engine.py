@@ -23,6 +23,7 @@ from dphub.runner import EXIT_SOME_FAILED, RUN_DIR, run_deid
 from dphub.synth import iter_notes
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Data's own settings
 
 
 @pytest.fixture(scope="module")
