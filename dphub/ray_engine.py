@@ -22,7 +22,8 @@ unchanged: it is :func:`dphub.runner.run_deid` with another ``engine``. Only the
 * What leaves a worker: per note, offsets, labels, scores and member names, or an error message
   built from note ids only; an unexpected exception is reported by its type name only. Note text
   travels only driver -> worker, inside Ray's object store (shared memory, spilled to the Ray
-  temp directory under pressure: see docs/scale.md). Ray is started with the dashboard off,
+  temp directory under pressure: inside a 0700 directory for the local runtime, removed at the end;
+  on a cluster, see docs/scale.md). Ray is started with the dashboard off,
   worker logs not forwarded to the driver, usage statistics off and Ray Data's progress bars off.
 * Nothing read from disk is unpickled by dphub. Ray itself serialises the recipe and the rows it
   moves (plain strings, numbers and dicts) between its processes.
@@ -35,7 +36,9 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,14 +218,21 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
            "RAY_USAGE_STATS_ENABLED": "0"}
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR,
                               "runtime_env": {"env_vars": env}}
+    private_tmp = None
     if options.address is None:  # a local runtime sized for the actors asked for
-        kwargs.update(include_dashboard=False,
+        # Ray's temp dir (/tmp/ray) is world-writable (Ray chmods it 0777) and the object store
+        # spills there (note text) under memory pressure: this runtime's sits inside a 0700
+        # directory, removed at the end
+        private_tmp = tempfile.mkdtemp(prefix="dphub-ray-")
+        kwargs.update(include_dashboard=False, _temp_dir=os.path.join(private_tmp, "r"),
                       num_cpus=max(os.cpu_count() or 1, options.workers * options.threads))
     if options.address is not None:
         _check_reachable(options.address)
     try:
         ray.init(address=options.address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
+        if private_tmp is not None:
+            shutil.rmtree(private_tmp, ignore_errors=True)
         if options.address is None:
             raise ConfigError(f"cannot start a local Ray runtime ({type(e).__name__})") from None
         raise ConfigError(f"cannot connect to the Ray cluster at {options.address} "
@@ -233,6 +243,8 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+        if private_tmp is not None:
+            shutil.rmtree(private_tmp, ignore_errors=True)
 
 
 def _quiet_ray_data() -> None:
