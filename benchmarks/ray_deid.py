@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/ray_deid.py --notes 10000 --workers 2 --threads 1 [--model DIR ...]
-        [--no-rules] [--address HOST:PORT] [--compare-local] [--keep DIR]
+        [--no-rules | --rules-only] [--address HOST:PORT] [--compare-local] [--keep DIR]
 
 Generates ``--notes`` synthetic nursing notes (:mod:`dphub.synth`, public data, no PHI) into a
 JSONL file, builds an ensemble of the ``--model`` taggers (default: one untrained tagger on the
@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--model", action="append", type=Path, default=None)
     ap.add_argument("--no-rules", action="store_true")
+    ap.add_argument("--rules-only", action="store_true", help="no model member (Ray overhead)")
     ap.add_argument("--address", default=None)
     ap.add_argument("--compare-local", action="store_true")
     ap.add_argument("--keep", type=Path, default=None, help="work directory to keep")
@@ -93,7 +94,7 @@ def main() -> None:
     print(f"generated {args.notes} synthetic notes ({chars / 1e6:.1f} MB JSONL) in "
           f"{time.perf_counter() - t0:.1f}s")
 
-    models = args.model
+    models = [] if args.rules_only else args.model
     if models is None:
         from dphub.tagger import TaggerModel
 
