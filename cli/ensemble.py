@@ -147,10 +147,10 @@ def _resolve_out(input_path: Path, out: Path | None, resume: bool) -> Path:
 
 def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
          batch_size: int, workers: int | None, resume: bool, audit_text: bool,
-         fmt: str | None) -> int:
+         fmt: str | None, engine: Any = None) -> int:
     from dphub.runner import run_deid
 
-    if workers is not None:
+    if workers is not None and engine is None:  # with Ray: threads per actor, set there
         if workers < 1:
             raise ConfigError("--workers must be at least 1")
         import torch
@@ -167,7 +167,7 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
     with ProgressReporter() as reporter, disk_full_as_error(out):
         report = run_deid(input_path, out, ensemble, mode=mode, key=key, fmt=fmt,
                           batch_size=batch_size, resume=resume, audit_text=audit_text,
-                          progress=reporter.count_callback("deid", "notes"))
+                          progress=reporter.count_callback("deid", "notes"), engine=engine)
     msg = f"{report.done} note(s) de-identified into {out}"
     if report.already_complete:
         msg = f"the run in {out} is already complete ({report.skipped} note(s)); nothing to do"
@@ -193,7 +193,7 @@ BATCH_OPT = typer.Option(16, "--batch-size", min=1, help="Notes per batch.")
 # `--threads` as everywhere else; `--workers` kept as the old spelling of the same option.
 WORKERS_OPT = typer.Option(
     None, "--threads", "--workers", min=1, show_default="all cores",
-    help="CPU threads for torch (intra-op parallelism).",
+    help="CPU threads for torch (intra-op parallelism); with --engine ray, per actor (default 1).",
 )
 RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run in OUT.")
 AUDIT_OPT = typer.Option(
@@ -208,6 +208,33 @@ AGGREGATE_OPT = typer.Option(
 )
 INT8_OPT = typer.Option(False, "--int8", help="Int8 dynamic quantization of model members "
                         "(faster on CPU; check recall with `ensemble evaluate --int8`).")
+ENGINE_OPT = typer.Option(
+    "local", "--engine",
+    help="local (this process) | ray (Ray Data actors; same output bytes, journal and exit codes).",
+)
+ADDRESS_OPT = typer.Option(
+    None, "--address", show_default="start a local Ray runtime",
+    help="With --engine ray: an existing Ray cluster (host:port, or auto).",
+)
+RAY_WORKERS_OPT = typer.Option(
+    2, "--ray-workers", min=1,
+    help="With --engine ray: actors, each loading the ensemble once (--threads: threads each).",
+)
+
+
+def _ray_engine(engine: str, address: str | None, ray_workers: int, threads: int | None,
+                recipe: Any) -> Any:
+    """The runner's engine for ``--engine``: None for local, a Ray engine from the recipe."""
+    if engine == "local":
+        if address is not None:
+            raise ConfigError("--address needs --engine ray")
+        return None
+    if engine != "ray":
+        raise ConfigError(f"unknown --engine {engine!r}; choose local or ray")
+    from dphub.ray_engine import RayOptions, ray_engine
+
+    return ray_engine(recipe(), RayOptions(address=address, workers=ray_workers,
+                                           threads=threads or 1))
 
 
 @ensemble_app.command("deid")
@@ -233,6 +260,9 @@ def deid_cmd(
     fmt: str | None = FORMAT_OPT,
     int8: bool = INT8_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
+    engine: str = ENGINE_OPT,
+    address: str | None = ADDRESS_OPT,
+    ray_workers: int = RAY_WORKERS_OPT,
 ) -> int:
     """De-identify notes with the ensemble (plus --owner-model); writes OUT/audit.jsonl."""
     from dphub.ensemble.core import build_ensemble
@@ -240,10 +270,21 @@ def deid_cmd(
 
     out = _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
+
+    def recipe() -> Any:  # what each Ray actor builds its copy of the ensemble from
+        from dphub.ray_engine import recipe_from_manifest
+
+        return recipe_from_manifest(manifest, owner_model=owner_model, aggregate_rule=aggregate,
+                                    batch_size=batch_size, int8=int8)
+
+    run_engine = _ray_engine(engine, address, ray_workers, workers, recipe)
+    # built here too with --engine ray: it checks every member before Ray starts, and the run's
+    # settings (what a --resume must match) describe it
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
                               batch_size=batch_size, int8=int8)
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
-                workers=workers, resume=resume, audit_text=audit_text, fmt=fmt)
+                workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
+                engine=run_engine)
 
 
 def deid_top_cmd(
@@ -270,18 +311,24 @@ def deid_top_cmd(
     audit_text: bool = AUDIT_OPT,
     fmt: str | None = FORMAT_OPT,
     int8: bool = INT8_OPT,
+    engine: str = ENGINE_OPT,
+    address: str | None = ADDRESS_OPT,
+    ray_workers: int = RAY_WORKERS_OPT,
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
     from dphub.ensemble.manifest import MemberEntry, card_privacy, weights_digest
 
     out = _resolve_out(input_path, out, resume)
+    _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
     if model.startswith("rules:"):
-        slot = member_from_entry(MemberEntry(model, "rules", threshold=threshold))
+        entry = MemberEntry(model, "rules", threshold=threshold)
+        slot = member_from_entry(entry)
     elif model.startswith(("deidpl:", "presidio:")):
         from dphub.ensemble.manifest import entry_from_spec
 
-        slot = member_from_entry(entry_from_spec(model, threshold=threshold))
+        entry = entry_from_spec(model, threshold=threshold)
+        slot = member_from_entry(entry)
     else:
         p = Path(model).expanduser()
         if not p.is_dir():
@@ -299,9 +346,18 @@ def deid_top_cmd(
         # the weights digest as revision: a resumed run refuses other weights (outputs would mix)
         slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
                     weights_digest(p))
+        # what a Ray actor loads: the same directory, name and weights (pinned by digest)
+        entry = MemberEntry(p.name, "dir", path=str(p.resolve()), revision=slot.revision,
+                            threshold=threshold)
+
+    def recipe() -> Any:
+        from dphub.ray_engine import EnsembleRecipe
+
+        return EnsembleRecipe([entry.to_dict()], "any", None, batch_size, int8)
+
     return _run(input_path, out, Ensemble([slot]), mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
-                fmt=fmt)
+                fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe))
 
 
 # ---------------------------------------------------------------------------- calibrate/evaluate

@@ -30,6 +30,9 @@ half-written output or a note written twice is a privacy and correctness problem
   :class:`OutputError`; ``--resume`` continues it.
 * ``OUT`` must not be the input, lie inside it or contain it; ``--resume`` needs an earlier run
   of the same settings in ``OUT``.
+* The ensemble's work goes through an *engine* (:data:`Engine`): :func:`local_engine` runs it
+  here; :mod:`dphub.ray_engine` runs the same batches on Ray actors. Reading, rendering, writing
+  and the journal stay in this process whatever the engine, so the bytes are the same.
 * ``OUT/audit.jsonl``: per note, in input order, the spans removed (offsets, label, score) and
   the members that voted; no text unless ``audit_text``.
 * A note that fails (unreadable or undecodable file, a malformed record or ``.ann``, a lone
@@ -445,10 +448,15 @@ def run_deid(
     audit_text: bool = False,
     progress: Callable[[int, int], None] | None = None,
     render_options: dict[str, Any] | None = None,
+    engine: Engine | None = None,
 ) -> RunReport:
     """De-identify every note of ``input_path`` into ``out`` with ``ensemble`` (``.deid(notes)``).
 
     ``progress(done, total)`` is called after each batch (the CLI draws a bar from it).
+    ``engine`` computes the ensemble's results for a stream of batches (default
+    :func:`local_engine`, in this process; :mod:`dphub.ray_engine` runs them on Ray). Whatever the
+    engine, reading, rendering, writing and the journal stay here, in the driver, so outputs and
+    run state are the same bytes.
     """
     src = Path(input_path)
     dst = Path(out)
@@ -483,7 +491,7 @@ def run_deid(
     try:
         return _locked_run(src, dst, ensemble, renderer, settings, fmt=fmt,
                            batch_size=batch_size, resume=resume, audit_text=audit_text,
-                           progress=progress, wrote=wrote)
+                           progress=progress, wrote=wrote, engine=engine)
     except OSError as e:
         if e.errno not in _RUN_LEVEL_ERRNOS:
             raise
@@ -525,7 +533,7 @@ def _discard_unused_state(dst: Path, *, created_out: bool, created_run: bool) ->
 def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 settings: dict[str, Any], *, fmt: str | None, batch_size: int, resume: bool,
                 audit_text: bool, progress: Callable[[int, int], None] | None,
-                wrote: list[bool]) -> RunReport:
+                wrote: list[bool], engine: Engine | None = None) -> RunReport:
     """The run proper, under the lock (see :func:`run_deid`)."""
     run_dir = dst / RUN_DIR
     params_path = run_dir / PARAMS
@@ -577,7 +585,7 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                                       "and continue with --resume") from None
                 raise InputError(f"cannot write its output file ({_os_reason(e)})") from None
 
-    def process(batch: list[WorkItem]) -> None:
+    def process(batch: list[WorkItem], results: list[Any]) -> None:
         entries: list[dict[str, Any]] = []
         contents: list[dict[str, Any]] = []
         readable = [it for it in batch if it.note is not None]
@@ -585,7 +593,6 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
             if it.note is None:
                 entries.append({"key": it.key, "index": it.index, "status": "failed",
                                 "error": it.error})
-        results = _deid_isolated(ensemble, readable)
         part = f"{uuid.uuid4().hex}.jsonl"
         for it, res in zip(readable, results, strict=True):
             note = it.note
@@ -617,31 +624,36 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 json.dumps(c, ensure_ascii=False, sort_keys=True) + "\n" for c in contents))
         journal.append(entries)
 
-    # stream the input: only one batch of notes is in memory at a time
-    batch: list[WorkItem] = []
-    for it in map(_printable_key, iter_input(src, fmt)):
-        if it.key in seen_keys:
-            raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
-        seen_keys.add(it.key)
-        keys.append(it.key)
-        if it.stem and not jsonl_out:
-            if it.stem in seen_stems:
-                raise InputError(f"{src}: {it.key} maps to an output file name already used")
-            seen_stems.add(it.stem)
-        if journal.done(it.key):
-            report.skipped += 1
-            done_count += 1
-            continue
-        batch.append(it)
-        if len(batch) >= batch_size:
-            process(batch)
-            done_count += len(batch)
-            batch = []
-            if progress:
-                progress(done_count, max(report.total, done_count))
-    if batch:
-        process(batch)
+    def batches() -> Iterator[list[WorkItem]]:
+        """The pending notes in input order, in batches (streamed: the engine pulls them)."""
+        batch: list[WorkItem] = []
+        for it in map(_printable_key, iter_input(src, fmt)):
+            if it.key in seen_keys:
+                raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
+            seen_keys.add(it.key)
+            keys.append(it.key)
+            if it.stem and not jsonl_out:
+                if it.stem in seen_stems:
+                    raise InputError(f"{src}: {it.key} maps to an output file name already used")
+                seen_stems.add(it.stem)
+            if journal.done(it.key):
+                report.skipped += 1
+                continue
+            batch.append(it)
+            if len(batch) >= batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    # stream the input: the local engine holds one batch of notes at a time
+    run_engine = engine or (lambda stream: local_engine(ensemble, stream))
+    for batch, results in run_engine(batches()):
+        process(batch, results)
         done_count += len(batch)
+        if progress:
+            progress(report.skipped + done_count, max(report.total, report.skipped + done_count))
+    done_count += report.skipped
     report.total = len(keys)
     if progress:
         progress(done_count, report.total)
@@ -714,6 +726,24 @@ def _describe_ensemble(ensemble: Any) -> Any:
             row.append(dict(sorted(per_label.items())))
         members.append(row)
     return {"rule": str(getattr(ensemble, "rule", "")), "members": members}
+
+
+#: An engine maps a stream of batches to ``(batch, results)`` in the same order, one result per
+#: readable item (``it.note is not None``) of the batch: an object with ``merged`` (the
+#: ensemble's :class:`~dphub.ensemble.core.NoteResult`) or a PHI-free error message.
+Engine = Callable[[Iterator[list[WorkItem]]], Iterator[tuple[list[WorkItem], list[Any]]]]
+
+
+def local_engine(ensemble: Any, batches: Iterator[list[WorkItem]]
+                 ) -> Iterator[tuple[list[WorkItem], list[Any]]]:
+    """The single-process engine: each batch through ``ensemble`` here, one at a time."""
+    for batch in batches:
+        yield batch, deid_isolated(ensemble, [it for it in batch if it.note is not None])
+
+
+def deid_isolated(ensemble: Any, items: Sequence[WorkItem]) -> list[Any]:
+    """Public name of :func:`_deid_isolated` (engines on other processes call it per batch)."""
+    return _deid_isolated(ensemble, items)
 
 
 def _deid_isolated(ensemble: Any, items: Sequence[WorkItem]) -> list[Any]:

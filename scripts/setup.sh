@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create ./.venv (if needed) and install dphub with its test extras, CPU-only torch first.
+# Create ./.venv (if needed) and install dphub with its test and ray extras, CPU-only torch first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,4 +13,4 @@ python -m pip install -q "torch==2.13.0"
 # The editable install maps dphub.cli/dphub.cards onto cli/ and cards/ with a meta-path finder;
 # setuptools then prints an informational "Editable installation" notice on every install.
 # It is not a problem of ours to act on, so it is filtered (nothing else is).
-PYTHONWARNINGS="ignore:Editable installation:UserWarning" python -m pip install -q -e ".[test]"
+PYTHONWARNINGS="ignore:Editable installation:UserWarning" python -m pip install -q -e ".[test,ray]"
