@@ -20,7 +20,9 @@ def pretrain(
     train_layers: str | None = typer.Option(
         None, "--train-layers", metavar="K|all", show_default="all",
         help="Top encoder layers trained, or 'all'."),
-    base_model: str | None = T.BASE_MODEL_OPT,
+    base_model: str | None = typer.Option(
+        None, "--base-model", show_default="embedded all-MiniLM-L6-v2",
+        help="Base encoder: 'default' or a local model directory."),
     head: str | None = T.HEAD_OPT,
     label_schema: str | None = T.LABEL_SCHEMA_OPT,
     seed: int = typer.Option(0, "--seed", help="Seed of initialisation and data order."),
