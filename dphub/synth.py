@@ -1284,15 +1284,15 @@ _PHI_RATES: tuple[float, ...] = (0.0, 0.0, 0.03, 0.06, 0.1, 0.15)
 
 _RN_HEADERS = (
     "Nursing Progress Note", "NPN 7a-7p", "NPN 7p-7a", "Nursing note 0700-1900", "Nsg Note",
-    "NURSING PROGRESS NOTE 1900-0700", "Nursing Admission Note", "MICU nursing progress note",
-    "CCU NPN", "CSRU nursing note", "Resp Care note", "Nursing transfer note", "Addendum:",
+    "NSG PROG NOTE 1900-0700", "Nursing Admission Note", "MICU RN note",
+    "CCU NPN", "CSRU nursing note", "Resp Care note", "RN transfer summary", "Late entry:",
     "Events:", "NURSING NOTE: {RDATE}", "Nursing progress note {RDATE} {clock}-{clock}",
 )
 
 #: system -> (PHI-free sentences, sentences with PHI)
 _RN_SYSTEMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Neuro": ((
-        "A&Ox3, MAE, follows commands. ", "alert, oriented x{n}, PERRL 3mm brisk. ",
+        "awake, A&Ox3, obeys commands, moving all extremities. ", "alert, oriented x{n}, PERRL 3mm brisk. ",
         "sedated on {rmed} at {val} mcg/kg/min, RASS -{n}. ", "lethargic, opens eyes to voice. ",
         "moves all ext, strength {frac} upper, {frac} lower. ", "no seizure activity noted. ",
         "c/o pain {frac}, given {rdose} with relief. ", "{rdose} given for agitation at {clock}. ",
@@ -1300,12 +1300,12 @@ _RN_SYSTEMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         "pupils equal, sluggish. ", "pt restless overnight, reoriented frequently. ",
         "intermittently confused, pulling at lines, {look} on. ", "sleeping in naps. ",
     ), (
-        "oriented to self only; knows wife {FAMN} by name. ",
+        "oriented to person only; knows wife {FAMN} by name. ",
         "Dr. {DRN} (neuro) in to eval at {clock}, no new recs. ",
         "neuro checks q1h per Dr. {DRN}. ",
     )),
     "CV": ((
-        "{vitals}. ", "HR {hr} {rhythm}, no ectopy. ", "BP labile {frac} to {frac}, {rmed} gtt titrated. ",
+        "{vitals}. ", "HR {hr} {rhythm}, ectopy none seen. ", "BP labile {frac} to {frac}, {rmed} gtt titrated. ",
         "{rmed} weaned off at {clock}, MAP > 60. ", "{rdose} given for HR > 110. ",
         "{rlab}, repleted with {rdose}. ", "{look} in place, site benign. ",
         "pedal pulses palp, extremities warm and dry. ", "+{n} pitting edema bilat LE. ",
@@ -1329,15 +1329,15 @@ _RN_SYSTEMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     )),
     "GI": ((
         "abd soft, NT/ND, +BS. ", "tolerating {tf} at {n}0 cc/hr via {look}, residuals < {n}0. ",
-        "NPO except meds. ", "no BM this shift, {rdose} given. ", "BM x{n}, guaiac neg. ",
+        "NPO except meds. ", "no stool overnight, {rdose} given. ", "BM x{n}, guaiac neg. ",
         "{look} in place, draining liquid brown stool. ", "FSBS {n}0, covered with {rdose} per SS. ",
         "taking sips, {frac2} of tray. ", "abd distended, firm, hypoactive BS. ", "{rlab}, {rlab}. ",
-        "OGT to LCWS, {n}0 cc bilious out. ", "{rmed} for nausea with good effect. ",
+        "OGT to LCWS, {n}0 cc bilious out. ", "{rmed} given for nausea, effective. ",
     ), (
         "GI fellow Dr. {DRN} to scope {RDATE}. ",
     )),
     "GU": ((
-        "{look} draining clear yellow urine, {io}. ", "{io}. ", "{rdose} given with good response. ",
+        "{look} patent, urine clear and yellow, {io}. ", "{io}. ", "{rdose} given with good response. ",
         "UO marginal, MD aware, {n}00 cc bolus given. ", "{rlab}, {rlab}. ", "voiding qs. ",
         "CVVH running, {io}, no clotting. ", "urine cloudy, UA/UCx sent. ",
     ), (
@@ -1358,24 +1358,24 @@ _RN_SYSTEMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         "bruising to bilat arms. ", "wound care RN saw pt, dsg per recs. ",
     ), ()),
     "Activity": ((
-        "OOB to chair with assist x{n}. ", "bedrest, {epo} position for line. ",
+        "up to chair, assist x{n}. ", "bedrest, {epo} position for line. ",
         "PT worked with pt, amb {n}0 ft with walker. ", "repositioned q2h. ",
     ), ()),
     "Social": ((
-        "no family contact this shift. ", "family updated by team. ", "pt is full code. ",
+        "no family contact this shift. ", "family updated by team. ", "code status: full. ",
         "DNR/DNI per pt wishes. ", "SW following. ", "lives alone, has VNA at home. ",
-        "emotional support given to pt and family. ", "case mgmt aware. ",
+        "pt and family offered emotional support. ", "case mgmt aware. ",
     ), (
-        "wife {FAMN} in to visit, updated by RN. ", "daughter {FAMN} called x{n}, updated. ",
+        "wife {FAMN} visited, RN gave update. ", "daughter {FAMN} called x{n}, updated. ",
         "son ({FAMN}) in this evening, questions answered. ", "pt's HCP is niece {FAMN}. ",
-        "{REL} called at {clock}, will visit tomorrow. ", "{REL} can be reached at {REL_PHONE}. ",
+        "{REL} called at {clock}, will visit tomorrow. ", "{REL} reachable at {REL_PHONE}. ",
         "family mtg with Dr. {DRN} and {REL} {RDATE} at {clock}. ",
-        "spoke with {REL} by phone, aware of transfer. ", "husband {FAMN} here most of day. ",
+        "spoke with {REL} by phone, aware of transfer. ", "husband {FAMN} at bedside all afternoon. ",
         "{FAMN} ({REL_REL}) requests call if any change, # {REL_PHONE}. ",
     )),
     "Dispo": ((
-        "cont ICU care. ", "ok for floor when bed available. ", "screening for rehab. ",
-        "call out to floor pending bed. ", "plan per team. ",
+        "cont ICU care. ", "ok to transfer out once a bed opens. ", "screening for rehab. ",
+        "called out, awaiting floor bed. ", "plan per team. ",
     ), (
         "transfer to {WARD} when bed ready. ", "to return to {OHOSP} {RDATE}. ",
         "screened for {REHAB}, accepted for {RDATE}. ", "came from {WARD} {RDATE} with {dx}. ",
@@ -1385,8 +1385,8 @@ _RN_SYSTEMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 _RN_PLAN = (
     ("cont to monitor. ", "wean {rmed} as tol. ", "f/u am labs. ", "follow {rlab}. ",
-     "cont current plan. ", "support pt and family. ", "pain control. ", "check lytes at {clock}. ",
-     "keep K > 4, Mg > 2. ", "MD to reassess in am. ", "OOB to chair {dow}. ", "{rmed} to start {dow}. "),
+     "cont current plan. ", "family support given. ", "pain control. ", "check lytes at {clock}. ",
+     "keep K > 4, Mg > 2. ", "MD to reassess in am. ", "up in chair {dow}. ", "{rmed} to start {dow}. "),
     ("Dr. {DRN} aware. ", "f/u with Dr. {DRN} re: {dx}. ", "MRI {RDATE}. ",
      "paged Dr. {DRN} at {clock}, awaiting call back. ", "page covering MD at {PAGER} with changes. ",
      "team to call {REL} {RDATE}. ", "possible transfer to {OHOSP}. ", "cath planned {RDATE} {clock}. "),
@@ -1394,7 +1394,7 @@ _RN_PLAN = (
 
 _RN_EVENT_NOTES = (
     ("pt had {n} runs of NSVT at {clock}, asymptomatic. {rlab}, repleted. ",
-     "{rdose} given at {clock} for SBP {bp}. Will cont to monitor. ",
+     "{rdose} given at {clock} for SBP {bp}, monitoring closely. ",
      "pt to {runit} for CT at {clock}, returned w/o incident. ",
      "rapid response called at {clock} for sats {sat}%, placed on NRB, improved. ",
      "line change over wire by {team}, {look} placed, CXR confirms. "),
@@ -1488,10 +1488,10 @@ def _realistic_discharge_note(w: _NoteWriter) -> None:
     for _ in range(rng.randint(2, 5)):
         r(rng.choice((
             "In the ED, initial vitals were {vitals}. ", "{He} received {rdose} and {rdose}. ",
-            "{rlab}, {rlab}, {rlab}. ", "CXR showed {dx}. ", "{He} was started on {rmed} and {rmed}. ",
+            "{rlab}, {rlab}, {rlab}. ", "CXR showed {dx}. ", "{rmed} and {rmed} were begun. ",
             "ECG with {rhythm} at {hr}, {epo} noted. ", "{He} denies chest pain, {epo} sign neg. ",
             "Of note, {he} was recently seen by Dr. {DRN} in clinic. ",
-            "{He} was admitted to the {runit} for further management. ",
+            "Admitted to {runit} for further care and monitoring. ",
         )))
     r("\n\nPast Medical History:\n")
     for _ in range(rng.randint(3, 6)):
