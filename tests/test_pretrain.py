@@ -107,6 +107,13 @@ def test_gate_and_pull_accept_a_public_base(public_base: Path, tmp_path: Path) -
     publish(public_base, "acme/public-base", hub=str(hub))
     entry = pull("acme/public-base", hub=str(hub))
     assert entry.epsilon == 0
+    # `dphub train --base-model acme/public-base` starts from the pulled public base
+    from dphub.train.sources import initial_model
+
+    src = initial_model(T.TrainOptions(base_model="acme/public-base", max_length=64, stride=16),
+                        None)
+    assert src.public_pretraining["model"] == "acme/public-base"
+    assert src.base_public_id == "all-MiniLM-L6-v2" and src.lineage == []
 
 
 def test_gate_refuses_a_public_claim_with_epsilon(public_base: Path, tmp_path: Path) -> None:
