@@ -14,7 +14,7 @@ from dphub.cli.options import apply_threads, threads_option
 def pretrain(
     out: Path = typer.Option(..., "--out", "-o", help="Model directory to write."),
     notes: int | None = typer.Option(
-        None, "--notes", min=1, show_default="2000",
+        None, "--notes", min=1, show_default="500",
         help="Synthetic notes to train on (realistic nursing notes and discharge summaries)."),
     epochs: float | None = typer.Option(None, "--epochs", show_default="2", help="Epochs."),
     train_layers: str | None = typer.Option(
