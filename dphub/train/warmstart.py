@@ -56,7 +56,8 @@ class WarmStartConfig:
     notes: tuple[tuple[str, int], ...] = (("realistic-nursing", 450), ("realistic-discharge", 50))
     synth_seed: int = 0
     #: top encoder layers trained (None: all). All layers: inner-split F1 0.77 vs 0.68 with the
-    #: top 3 (docs/results.md, "Public pretraining"), at about twice the compute per step
+    #: top 3 (docs/results.md, "Public pretraining"), at 1.5x the compute per step (about five
+    #: minutes of one core for the default notes and epochs)
     train_layers: int | None = None
     epochs: float = 2.0
     batch_size: int = 16
