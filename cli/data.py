@@ -30,7 +30,9 @@ data_app = typer.Typer(
 @data_app.command("synth")
 def synth(
     n: int = typer.Option(500, "--n", min=1, help="Number of notes."),
-    kind: str = typer.Option("nursing", "--kind", help="Note kind: nursing | discharge."),
+    kind: str = typer.Option(
+        "nursing", "--kind",
+        help="Note kind: nursing | discharge | realistic-nursing | realistic-discharge."),
     seed: int = typer.Option(0, "--seed", help="Same seed, byte-identical output."),
     patients: int | None = typer.Option(
         None, "--patients", min=1, show_default="a few notes each",

@@ -106,8 +106,9 @@ def publish_cmd(
         if not repo:
             raise ConfigError("no --repo given and no [hub] repo in dphub.toml")
     sha, s = publish(model_dir, repo, hub=_hub(hub), message=message, tag=tag)
-    typer.echo(f"published {repo}@{sha} (epsilon={s.epsilon:.3g}, delta={s.delta:g}, "
-               f"unit={s.unit})" + (f" tagged {tag}" if tag else ""))
+    what = ("public synthetic data only, epsilon=0" if s.public
+            else f"epsilon={s.epsilon:.3g}, delta={s.delta:g}, unit={s.unit}")
+    typer.echo(f"published {repo}@{sha} ({what})" + (f" tagged {tag}" if tag else ""))
 
 
 def pull_cmd(

@@ -98,9 +98,9 @@ def _root(
 
 
 def _register_all() -> None:
-    from dphub.cli import audit, card, data, ensemble, evaluate, hub, train
+    from dphub.cli import audit, card, data, ensemble, evaluate, hub, pretrain, train
 
-    for module in (data, evaluate, train, audit, card, hub, ensemble):
+    for module in (data, evaluate, train, pretrain, audit, card, hub, ensemble):
         module.register(app)
 
 

@@ -159,7 +159,9 @@ FORMAT_OPT = typer.Option(
     )
 BASE_MODEL_OPT = typer.Option(
         None, "--base-model", show_default="embedded all-MiniLM-L6-v2",
-        help="Base encoder: 'default' or a local model directory.",
+        help="Base encoder: 'default' or a local model directory; or a public base model "
+        "written by `dphub pretrain` (a directory, or a pulled org/name): training starts "
+        "from its weights, without the built-in warm start.",
     )
 NOISE_OPT = typer.Option(
         None, "--noise", parser=positive_float, metavar=FLOAT,

@@ -205,6 +205,30 @@ def coarsen_count(n: int) -> str:
         decade *= 10
 
 
+#: ``differential_privacy.training_data`` of a model trained on public synthetic notes only.
+PUBLIC_SYNTHETIC = "public-synthetic"
+
+
+def is_public_model(dp: Any) -> bool:
+    """A card block of a public base model: public synthetic data only, not DP, ε exactly 0.
+
+    Such a model holds nothing private, so the publish gate and pull accept it on this
+    provenance (the JSON Schema ties the three fields together; this is the one predicate).
+    """
+    return (isinstance(dp, Mapping) and dp.get("training_data") == PUBLIC_SYNTHETIC
+            and dp.get("private") is False and dp.get("epsilon") == 0
+            and not isinstance(dp.get("epsilon"), bool))
+
+
+def public_block(**fields: Any) -> dict[str, Any]:
+    """The block of a public base model (``dphub pretrain``): ``private: false``,
+    ``training_data: public-synthetic``, ``epsilon: 0``; extra fields recorded as given."""
+    block: dict[str, Any] = {"private": False, "training_data": PUBLIC_SYNTHETIC, "epsilon": 0}
+    block.update(fields)
+    block.setdefault("library_versions", library_versions())
+    return block
+
+
 def non_private_block(**fields: Any) -> dict[str, Any]:
     """The block of a ``--no-dp`` baseline: ``private: false``, ``epsilon: null``.
 
@@ -383,6 +407,7 @@ def _table(rows: Iterable[tuple[str, Any]]) -> str:
 
 _DP_ROWS: tuple[tuple[str, str], ...] = (
     ("private", "private"),
+    ("training_data", "training data"),
     ("epsilon", "ε"),
     ("delta", "δ"),
     ("privacy_unit", "privacy unit"),
@@ -559,7 +584,7 @@ def _out_of_scope_section(meta: Mapping[str, Any], texts: Mapping[str, str]) -> 
         "Clinical decisions: the model marks text spans, it does not interpret them.",
     ]
     dp = meta.get("differential_privacy") or {}
-    if not dp.get("private"):
+    if not dp.get("private") and not is_public_model(dp):
         defaults.insert(0, "**Sharing the model at all**: it was trained without differential "
                            "privacy.")
     return _with_trainer(texts.get("out_of_scope"), defaults)
@@ -599,6 +624,10 @@ def _limitations_section(meta: Mapping[str, Any], texts: Mapping[str, str]) -> s
             "cost accuracy, most on rare PHI, so expect more missed PHI than from a non-private "
             "model (the smaller ε, the more). Combine it with the rule member and other models."
         )
+    elif is_public_model(dp):
+        defaults.append("Trained on public synthetic notes only: it has seen no real note, so "
+                        "expect it to miss PHI shapes and flag clinical words that real notes "
+                        "use differently; fine-tune it with DP on your notes.")
     else:
         defaults.append("Trained without differential privacy: it may have memorised and may "
                         "reveal PHI of its training notes.")
@@ -743,6 +772,9 @@ def _body(meta: Mapping[str, Any]) -> str:
             f", with differential privacy at ε = {_fmt(dp.get('epsilon'))}, "
             f"δ = {_fmt(dp.get('delta'))} per *{dp.get('privacy_unit', '?')}*"
         )
+    elif is_public_model(dp):
+        headline = (" — **public data only**: trained on public synthetic notes, no private "
+                    "data, no ε spent")
     else:
         headline = " — **NOT PRIVATE: trained without differential privacy**"
     texts = _card_texts(meta)
@@ -1178,7 +1210,7 @@ def meta_problems(
     dp = meta["differential_privacy"]
     if dp["private"] and not math.isfinite(dp["epsilon"]):
         return ["differential_privacy.epsilon: a private model needs a finite epsilon"]
-    if require_private and not dp["private"]:
+    if require_private and not dp["private"] and not is_public_model(dp):
         return [
             "differential_privacy.private: the model was trained without differential privacy "
             "(private: false); only private models may be published"

@@ -37,6 +37,7 @@ DEFAULT_GRACE = 3.0
 #: Phase names the library reports -> what a user reads.
 PHASE_LABELS: dict[str, str] = {
     "warm-start": "public warm start (first use only; cached afterwards)",
+    "pretrain": "public pretraining on synthetic notes (no private data, no ε)",
     "encoder-cache": "encoding the training windows once (frozen encoder)",
     "train": "DP training",
     "deid": "de-identifying",

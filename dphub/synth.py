@@ -962,8 +962,9 @@ _LAYOUTS: dict[str, Callable[[_NoteWriter], None]] = {
 
 
 def _check_args(n: int, kind: str, patients: int | None) -> int:
-    if kind not in KINDS:
-        raise ConfigError(f"unknown synthetic note kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind not in ALL_KINDS:
+        raise ConfigError(f"unknown synthetic note kind {kind!r}; choose one of "
+                          f"{', '.join(ALL_KINDS)}")
     if not isinstance(n, int) or n < 0:
         raise ConfigError(f"number of notes must be a non-negative integer, got {n!r}")
     if patients is None:
@@ -997,6 +998,8 @@ def iter_notes(n: int, kind: str = "nursing", seed: int = 0, patients: int | Non
     counts = _notes_per_patient(n, n_patients, seed, kind)
     fake = Faker("en_US")
     layout = _LAYOUTS[kind]
+    writer = _RealisticWriter if kind in REALISTIC_KINDS else _NoteWriter
+    upper_share = _UPPER_SHARE.get(kind, 0.03)
     width = len(str(n_patients))
     for p, count in enumerate(counts):
         rng = random.Random(f"dphub-synth:{seed}:{kind}:{p}")
@@ -1005,9 +1008,9 @@ def iter_notes(n: int, kind: str = "nursing", seed: int = 0, patients: int | Non
         patient_id = f"synth-{kind}-s{seed}-p{p + 1:0{width}d}"
         day = ident.admit
         for k in range(count):
-            upper = rng.random() < (0.75 if kind == "nursing" else 0.03)
+            upper = rng.random() < upper_share
             b = _NoteBuilder(upper)
-            layout(_NoteWriter(ident, rng, b, kind, day))
+            layout(writer(ident, rng, b, kind, day))
             text, spans = b.build()
             yield Note(
                 id=f"{patient_id}-n{k + 1}",
@@ -1028,3 +1031,508 @@ def generate(n: int, kind: str = "nursing", seed: int = 0, patients: int | None 
     notes or 2 discharge summaries per patient). Same arguments, same notes.
     """
     return list(iter_notes(n, kind=kind, seed=seed, patients=patients))
+
+
+# ============================================================================================
+# Realistic kinds: low PHI density, heavy shorthand, many non-PHI look-alikes (public pretraining)
+# ============================================================================================
+#
+# Why a second family of kinds: a tagger pre-trained on the label-rich ``nursing``/``discharge``
+# notes (one PHI span every ~80 characters, every age labelled) flags far too much on real notes,
+# where PHI is about half a percent of the characters and most capitalised words, numbers,
+# fractions and times are clinical. These kinds write long telegraphic notes in which most
+# sentences carry no PHI but plenty of look-alikes (drug names and doses, lab and vital values,
+# "5/5" strengths, "120/60" pressures, clock times, eponyms, equipment brand names, ward
+# abbreviations), and PHI sits in the contexts where notes really carry it: signatures and
+# initials, family visits and phone calls, transfers, consultants and covering doctors, dates in
+# many shapes next to times, ages over 89 (HIPAA: younger ages are not PHI and are not labelled).
+# Every template below was written for this module from general clinical-writing knowledge.
+
+REALISTIC_KINDS: tuple[str, ...] = ("realistic-nursing", "realistic-discharge")
+ALL_KINDS: tuple[str, ...] = KINDS + REALISTIC_KINDS
+_NOTES_PER_PATIENT.update({"realistic-nursing": 8, "realistic-discharge": 2})
+#: share of notes written all in capitals (realistic nursing: a minority, as in the notes users have)
+_UPPER_SHARE: dict[str, float] = {"nursing": 0.75, "realistic-nursing": 0.35}
+
+_R_MEDS = (
+    "Lopressor", "metoprolol", "Lasix", "furosemide", "Levophed", "levophed", "Neo",
+    "neosynephrine", "vasopressin", "dopamine", "dobutamine", "milrinone", "Propofol", "propofol",
+    "Fentanyl", "fentanyl", "Versed", "midazolam", "Precedex", "Ativan", "lorazepam", "Haldol",
+    "Vanco", "vancomycin", "Zosyn", "Flagyl", "Cipro", "Levaquin", "ceftriaxone", "Unasyn",
+    "Bactrim", "fluconazole", "Protonix", "pantoprazole", "Pepcid", "Reglan", "Zofran", "Colace",
+    "Senna", "Dulcolax", "lactulose", "Kayexalate", "Heparin", "heparin", "Coumadin", "Lovenox",
+    "Plavix", "ASA", "Lipitor", "Captopril", "Hydralazine", "Nitro", "NTG", "Diltiazem",
+    "Amiodarone", "Digoxin", "Insulin", "NPH", "Lantus", "Humalog", "Solumedrol", "Prednisone",
+    "Morphine", "MSO4", "Dilaudid", "Percocet", "Tylenol", "Oxycodone", "Seroquel", "Zyprexa",
+    "Albuterol", "Atrovent", "Combivent", "Xopenex", "Mag", "KCL", "K-Phos", "Calcium gluconate",
+    "NaBicarb", "Bumex", "Diamox", "Mucomyst", "Narcan", "Thiamine", "Folate", "MVI", "Epogen",
+)
+
+_R_LOOKALIKE_WORDS = (
+    "Foley", "Swan", "Swan-Ganz", "Cordis", "Hickman", "PICC", "A-line", "Aline", "Dobhoff",
+    "Pleur-evac", "Hemovac", "JP", "Jackson-Pratt", "Penrose", "Bair Hugger", "Kinair bed",
+    "Roho cushion", "Posey vest", "Miami J collar", "Aspen collar", "Waffle boots",
+    "Tegaderm", "Duoderm", "Mepilex", "Allevyn", "Xeroform", "Aquacel", "Kerlix", "Ace wrap",
+    "Kangaroo pump", "Pneumoboots", "Venodynes", "TEDs", "Yankauer", "Ambu bag", "Passy-Muir valve",
+    "Shiley trach", "Guedel airway", "Cook catheter", "Flexiseal", "Rectal tube", "IABP",
+    "Impella", "Quinton catheter", "Trialysis line", "CVVH", "CRRT", "Bird", "Servo vent",
+)
+
+_R_EPONYMS = (
+    "Cheyne-Stokes", "Kussmaul", "Babinski", "Glasgow", "Trendelenburg", "reverse Trendelenburg",
+    "Fowler's", "semi-Fowler's", "Homan's", "Murphy's", "Chvostek's", "Trousseau's",
+    "Parkinson's", "Alzheimer's", "Crohn's", "Hodgkin's", "Graves'", "Cushing's",
+    "Guillain-Barre", "Wernicke's", "Korsakoff", "Mallory-Weiss", "Bell's palsy",
+    "Wenckebach", "Mobitz", "Barrett's", "Whipple", "Nissen", "Hartmann's", "Roux-en-Y",
+    "Tylenol", "Lou Gehrig's", "Addison's", "Hashimoto's", "Raynaud's", "Sjogren's",
+)
+
+_R_UNITS = (
+    "MICU", "SICU", "CCU", "CSRU", "TSICU", "NICU", "PACU", "ED", "EW", "ER", "OR", "floor",
+    "step down", "tele floor", "cath lab", "IR", "CT", "MRI", "rehab", "OSH", "the unit",
+)
+
+_R_TEAMS = (
+    "MICU team", "CT surgery", "ortho", "neurosurg", "GI", "renal", "ID", "heme/onc", "EP",
+    "cards", "palliative care", "PT", "OT", "speech and swallow", "nutrition", "SW", "case mgmt",
+    "RT", "pharmacy", "wound care RN", "IV team", "night float", "covering resident", "house officer",
+)
+
+_R_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+_R_WARD_WORDS = ("Building", "Pavilion", "Tower", "Wing", "House")
+
+
+class _RealisticWriter(_NoteWriter):
+    """Slots for the realistic kinds: clinical look-alikes (never PHI) and PHI in real contexts."""
+
+    # -- non-PHI look-alikes -------------------------------------------------------------------
+
+    def slot_rmed(self) -> None:
+        self.b.text(self.rng.choice(_R_MEDS))
+
+    def slot_rdose(self) -> None:
+        r = self.rng
+        amount = r.choice((f"{r.choice((0.5, 1, 2, 2.5, 4, 5, 10, 12.5, 20, 25, 40, 50, 80, 100))}",
+                           f"{r.randint(1, 20) * 5}", f"{r.randint(1, 9)}.{r.randint(0, 9)}"))
+        unit = r.choice(("mg", "mg", "mcg", "units", "meq", "gm", "cc", "ml", "mcg/kg/min",
+                         "mg/hr", "units/hr", "mcg/min"))
+        sep = r.choice(("", " "))
+        route = r.choice(("", " IV", " PO", " SC", " IVP", " IVPB", " PR", " SL", " via NGT", " GT"))
+        freq = r.choice(("", "", " x1", " x2", " q6h", " q4h prn", " BID", " TID", " QD", " qhs",
+                         " q8", " q12"))
+        self.b.text(f"{r.choice(_R_MEDS)} {amount}{sep}{unit}{route}{freq}")
+
+    def slot_look(self) -> None:
+        self.b.text(self.rng.choice(_R_LOOKALIKE_WORDS))
+
+    def slot_epo(self) -> None:
+        self.b.text(self.rng.choice(_R_EPONYMS))
+
+    def slot_runit(self) -> None:
+        self.b.text(self.rng.choice(_R_UNITS))
+
+    def slot_team(self) -> None:
+        self.b.text(self.rng.choice(_R_TEAMS))
+
+    def slot_dow(self) -> None:
+        self.b.text(self.rng.choice(_R_DAYS))
+
+    def slot_clock(self) -> None:
+        """A clock time in note styles: 0300, 3am, 15:30, @2200 (times are not PHI)."""
+        r = self.rng
+        h, m = r.randint(0, 23), r.choice((0, 0, 0, 15, 30, 45, 5, 20, 40))
+        self.b.text(r.choice((f"{h:02d}{m:02d}", f"{h:02d}:{m:02d}", f"{h % 12 or 12}{'am' if h < 12 else 'pm'}",
+                              f"{h % 12 or 12}:{m:02d}", f"{h % 12 or 12} {'AM' if h < 12 else 'PM'}",
+                              f"{h:02d}00")))
+
+    def slot_frac(self) -> None:
+        """Slash numbers that are not dates: strengths, pain scores, murmurs, vent settings."""
+        r = self.rng
+        self.b.text(r.choice((
+            f"{r.randint(3, 5)}/5", f"{r.randint(0, 10)}/10", f"{r.randint(1, 4)}/6",
+            f"{r.randint(5, 20)}/5", f"{r.randint(90, 180)}/{r.randint(40, 100)}",
+            f"{r.randint(400, 2500)}/{r.randint(200, 2000)}", "1/2", "1/4", "3/4", "2/3",
+            f"{r.randint(1, 3)}+/{r.randint(1, 3)}+", f"+{r.randint(1, 3)}/+{r.randint(1, 3)}",
+            f"{r.randint(7, 7)}.{r.randint(20, 48)}/{r.randint(28, 60)}/{r.randint(60, 200)}",
+        )))
+
+    def slot_val(self) -> None:
+        """A bare number as notes write them: 45, 1.2, 100.4, x3, 2L, +1.5L."""
+        r = self.rng
+        self.b.text(r.choice((str(r.randint(1, 200)), f"{r.uniform(0, 10):.1f}",
+                              f"{r.uniform(96, 103):.1f}", f"x{r.randint(2, 4)}",
+                              f"{r.randint(1, 6)}L", f"+{r.uniform(0.2, 3):.1f}L",
+                              f"-{r.randint(100, 900)}cc", f"{r.randint(10, 95)}%")))
+
+    def slot_n(self) -> None:
+        """A small count or setting: 1-20, now and then larger."""
+        r = self.rng
+        self.b.text(str(r.randint(1, 20) if r.random() < 0.8 else r.randint(21, 120)))
+
+    def slot_frac2(self) -> None:
+        """A plain fraction ("3/4", "1/2"): shaped like a partial date, never PHI."""
+        self.b.text(self.rng.choice(("1/2", "1/4", "3/4", "2/3", "1/3")))
+
+    def slot_rlab(self) -> None:
+        r = self.rng
+        self.b.text(r.choice((
+            f"K {r.uniform(2.9, 5.9):.1f}", f"K+ {r.uniform(2.9, 5.9):.1f}", f"Bun/Cr {r.randint(8, 90)}/{r.uniform(0.6, 4.5):.1f}",
+            f"Hct {r.uniform(21, 42):.1f}", f"HCT {r.uniform(21, 42):.1f}->{r.uniform(21, 42):.1f}",
+            f"WBC {r.uniform(2, 25):.1f}", f"INR {r.uniform(1, 7):.1f}", f"PTT {r.uniform(22, 110):.1f}",
+            f"Na {r.randint(126, 150)}", f"BS {r.randint(60, 400)}", f"FSBS {r.randint(60, 400)}",
+            f"lactate {r.uniform(0.6, 8):.1f}", f"Mg {r.uniform(1.2, 2.8):.1f}", f"Ca {r.uniform(7, 10.5):.1f}",
+            f"ABG {r.uniform(7.1, 7.5):.2f}/{r.randint(28, 70)}/{r.randint(55, 300)}/{r.randint(15, 35)}",
+            f"CK {r.randint(40, 2000)}", f"trop {r.uniform(0.01, 9):.2f}", f"plt {r.randint(20, 450)}",
+            f"SvO2 {r.randint(50, 80)}", f"CI {r.uniform(1.5, 4):.1f}", f"CVP {r.randint(2, 20)}",
+            f"PAP {r.randint(20, 60)}/{r.randint(8, 30)}", f"wedge {r.randint(8, 30)}",
+        )))
+
+    def slot_vitals(self) -> None:
+        r = self.rng
+        parts = [f"HR {r.randint(55, 130)}{r.choice(('', 's', '-' + str(r.randint(70, 140))))} "
+                 f"{r.choice(_RHYTHMS)}",
+                 f"BP {r.randint(85, 180)}/{r.randint(40, 95)}{r.choice(('', 's', ' (' + str(r.randint(55, 110)) + ')'))}",
+                 f"RR {r.randint(10, 32)}", f"SpO2 {r.randint(88, 100)}%",
+                 f"T {r.uniform(96, 103):.1f}", f"CVP {r.randint(2, 20)}"]
+        r.shuffle(parts)
+        self.b.text(r.choice((", ", " ", "  ")).join(parts[: r.randint(3, 6)]))
+
+    def slot_io(self) -> None:
+        r = self.rng
+        self.b.text(r.choice((
+            f"I/O {r.randint(800, 3500)}/{r.randint(300, 3000)}", f"UO {r.randint(10, 200)}cc/hr",
+            f"u/o {r.randint(15, 150)}-{r.randint(20, 300)}cc/hr", f"LOS {r.choice('+-')}{r.uniform(0.1, 9):.1f}L",
+            f"24hr {r.choice('+-')}{r.randint(100, 4000)}cc", f"neg {r.randint(200, 2000)}cc so far",
+        )))
+
+    def slot_ryear(self) -> None:
+        """A non-PHI number that looks like a year-ish token: pack-years, doses, counts."""
+        r = self.rng
+        self.b.text(r.choice((f"{r.randint(10, 80)} pack-year", f"{r.randint(1000, 2400)} kcal",
+                              f"{r.randint(1000, 3000)} cc", f"{r.randint(1200, 2200)} ml fluid restriction")))
+
+    def slot_young_age(self) -> None:
+        """Ages under 90 are not PHI under HIPAA's Safe Harbor: written, never labelled."""
+        age = self.ident.age if self.ident.age < 90 else self.rng.randint(30, 89)
+        self.b.text(f"{age}{self.rng.choice((' yo', 'yo', ' y/o', ' YO', ' year old', 'M', 'F', ' yr old'))}")
+
+    # -- PHI in real contexts ----------------------------------------------------------------------
+
+    def slot_RAGE(self) -> None:
+        """The patient's age: PHI (AGE) only over 89, as HIPAA defines it."""
+        age = self.ident.age
+        if age <= 89:
+            self.slot_young_age()
+            return
+        if self.chance(0.3):
+            self.b.text(self.rng.choice(("> ", ">", "over ")))
+            self.b.phi("89", "AGE")
+        else:
+            self.b.phi(str(age), "AGE")
+        self.b.text(self.rng.choice((" yo", " y/o", " year old", " YO", "yo")))
+
+    def slot_SIG(self) -> None:
+        """A nurse's signature: full name, first name + initial, initials, with or without RN."""
+        n, r = self.rng.choice(self.ident.nurses), self.rng.random()
+        if r < 0.3:
+            self.b.phi(n.full, "DOCTOR")
+        elif r < 0.5:
+            self.b.phi(f"{n.first[0]}. {n.last}", "DOCTOR")
+        elif r < 0.7:
+            self.b.phi(f"{n.first} {n.last[0]}.", "DOCTOR")
+        elif r < 0.85:
+            self.b.phi(n.initials, "DOCTOR")
+        else:
+            self.b.phi(n.first, "DOCTOR")
+        self.b.text(self.rng.choice((" RN", ", RN", " RN", "", " R.N.", " SN", " RN BSN")))
+
+    def slot_DRN(self) -> None:
+        """A doctor or NP by last name, sometimes full or with an initial."""
+        d, r = self.rng.choice(self.ident.care_team), self.rng.random()
+        if r < 0.65:
+            self._name(d.last, "DOCTOR")
+        elif r < 0.85:
+            self.b.phi(d.full, "DOCTOR")
+        else:
+            self.b.phi(f"{d.first[0]}. {d.last}", "DOCTOR")
+
+    def slot_REL_REL(self) -> None:
+        self.b.text(self.rng.choice(self.ident.relatives).relation)
+
+    def slot_FAMN(self) -> None:
+        """A family member's name only (the template says who)."""
+        rel = self.rng.choice(self.ident.relatives)
+        self._name(rel.person.first if self.chance(0.7) else rel.person.full, "RELATIVE")
+
+    def slot_WARD(self) -> None:
+        """A named ward or building (PHI as a location): "<Name> 4", "<Name> Building"."""
+        r = self.rng
+        name = self.ident.department.split()[0]
+        self.b.phi(r.choice((f"{name} {r.randint(2, 12)}", f"{name} {r.randint(2, 9)}{r.choice(('N', 'S', ' North', ' East'))}",
+                             f"{name} {r.choice(_R_WARD_WORDS)}", name)), "HOSPITAL")
+
+    def slot_RDATE(self) -> None:
+        """A date near the note's day in nursing shapes: 3/4, 03/04, 3-4, 3/4/2091, Jan 3."""
+        d = self.day + dt.timedelta(days=self.rng.randint(-6, 3))
+        self.b.phi(self._date_text(d, "aaaaabblcdfi"), "DATE")
+
+
+#: per-note probability that a sentence slot takes its PHI variant: notes differ a lot in how much
+#: PHI they carry, and most real nursing notes carry one or two PHI phrases or none
+_PHI_RATES: tuple[float, ...] = (0.0, 0.0, 0.03, 0.06, 0.1, 0.15)
+
+_RN_HEADERS = (
+    "Nursing Progress Note", "NPN 7a-7p", "NPN 7p-7a", "Nursing note 0700-1900", "Nsg Note",
+    "NSG PROG NOTE 1900-0700", "Nursing Admission Note", "MICU RN note",
+    "CCU NPN", "CSRU nursing note", "Resp Care note", "RN transfer summary", "Late entry:",
+    "Events:", "NURSING NOTE: {RDATE}", "Nursing progress note {RDATE} {clock}-{clock}",
+)
+
+#: system -> (PHI-free sentences, sentences with PHI)
+_RN_SYSTEMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "Neuro": ((
+        "awake, A&Ox3, obeys commands, moving all extremities. ", "alert, oriented x{n}, PERRL 3mm brisk. ",
+        "sedated on {rmed} at {val} mcg/kg/min, RASS -{n}. ", "lethargic, opens eyes to voice. ",
+        "moves all ext, strength {frac} upper, {frac} lower. ", "no seizure activity noted. ",
+        "c/o pain {frac}, given {rdose} with relief. ", "{rdose} given for agitation at {clock}. ",
+        "CIWA {n}, {rdose} given per scale. ", "{epo} sign neg. ", "GCS {n}. ",
+        "pupils equal, sluggish. ", "pt restless overnight, reoriented frequently. ",
+        "intermittently confused, pulling at lines, {look} on. ", "sleeping in naps. ",
+    ), (
+        "oriented to person only; knows wife {FAMN} by name. ",
+        "Dr. {DRN} (neuro) in to eval at {clock}, no new recs. ",
+        "neuro checks q1h per Dr. {DRN}. ",
+    )),
+    "CV": ((
+        "{vitals}. ", "HR {hr} {rhythm}, ectopy none seen. ", "BP labile {frac} to {frac}, {rmed} gtt titrated. ",
+        "{rmed} weaned off at {clock}, MAP > 60. ", "{rdose} given for HR > 110. ",
+        "{rlab}, repleted with {rdose}. ", "{look} in place, site benign. ",
+        "pedal pulses palp, extremities warm and dry. ", "+{n} pitting edema bilat LE. ",
+        "{rmed} gtt @ {n}00 units/hr, next PTT at {clock}. ", "{epo} block on tele. ",
+        "{rlab}, {rlab}. ", "K repleted, recheck with am labs. ", "{look} dsg changed, site clean. ",
+        "murmur {frac} at LSB. ", "pt in {rhythm} with rate {hr}, {rmed} started. ",
+    ), (
+        "Dr. {DRN} aware of BP {bp}, no new orders. ",
+        "cards fellow Dr. {DRN} saw pt, echo planned for {RDATE}. ",
+        "EP (Dr. {DRN}) to interrogate pacer {RDATE}. ",
+    )),
+    "Resp": ((
+        "LS coarse bilat, dim at bases. ", "LS clear, sats {sat}% on {n} NC. ",
+        "on AC {n}/{n}0/{n}0%/PEEP {n}, RR {n}. ", "weaned to PS {frac}, tol well. ",
+        "sx for sm amt thick tan sputum. ", "{rlab}. ", "CXR this am with ? LLL infiltrate. ",
+        "nebs by RT, {rmed} q4h. ", "face tent 40%, sats {sat}%. ", "trach care done, {look} in place. ",
+        "RR {n}, even and unlabored. ", "{epo} resp pattern while sleeping. ", "IS x{n} with coaching. ",
+        "cough strong, non-productive. ", "remains intubated, ETT 22 at lip. ",
+    ), (
+        "RT {SIG} changed vent circuit. ", "extubation discussed with Dr. {DRN}, plan for am. ",
+    )),
+    "GI": ((
+        "abd soft, NT/ND, +BS. ", "tolerating {tf} at {n}0 cc/hr via {look}, residuals < {n}0. ",
+        "NPO except meds. ", "no stool overnight, {rdose} given. ", "BM x{n}, guaiac neg. ",
+        "{look} in place, draining liquid brown stool. ", "FSBS {n}0, covered with {rdose} per SS. ",
+        "taking sips, {frac2} of tray. ", "abd distended, firm, hypoactive BS. ", "{rlab}, {rlab}. ",
+        "OGT to LCWS, {n}0 cc bilious out. ", "{rmed} given for nausea, effective. ",
+    ), (
+        "GI fellow Dr. {DRN} to scope {RDATE}. ",
+    )),
+    "GU": ((
+        "{look} patent, urine clear and yellow, {io}. ", "{io}. ", "{rdose} given with good response. ",
+        "UO marginal, MD aware, {n}00 cc bolus given. ", "{rlab}, {rlab}. ", "voiding qs. ",
+        "CVVH running, {io}, no clotting. ", "urine cloudy, UA/UCx sent. ",
+    ), (
+        "renal (Dr. {DRN}) following, HD {RDATE}. ",
+    )),
+    "ID": ((
+        "Tmax {temp}, on {rmed} and {rmed}. ", "afebrile, {rlab}. ", "cultures pending. ",
+        "contact precautions for MRSA/VRE. ", "{rmed} level at {clock}. ", "BC x2 sent at {clock}. ",
+    ), (
+        "ID consult called, Dr. {DRN} to see. ", "cultures from {RDATE} with GPC in clusters. ",
+    )),
+    "Endo": ((
+        "FSBS {n}0-{n}0, {rdose}. ", "on {rmed} gtt per protocol. ", "{rlab}. ",
+    ), ()),
+    "Skin": ((
+        "skin intact, turned q2h, {look} on. ", "coccyx stage II, {look} applied. ",
+        "incision C/D/I, staples intact. ", "{look} site w/o redness. ", "heels boggy, {look} on. ",
+        "bruising to bilat arms. ", "wound care RN saw pt, dsg per recs. ",
+    ), ()),
+    "Activity": ((
+        "up to chair, assist x{n}. ", "bedrest, {epo} position for line. ",
+        "PT worked with pt, amb {n}0 ft with walker. ", "repositioned q2h. ",
+    ), ()),
+    "Social": ((
+        "no family contact this shift. ", "family updated by team. ", "code status: full. ",
+        "DNR/DNI per pt wishes. ", "SW following. ", "lives alone, has VNA at home. ",
+        "pt and family offered emotional support. ", "case mgmt aware. ",
+    ), (
+        "wife {FAMN} visited, RN gave update. ", "daughter {FAMN} called x{n}, updated. ",
+        "son ({FAMN}) in this evening, questions answered. ", "pt's HCP is niece {FAMN}. ",
+        "{REL} called at {clock}, will visit tomorrow. ", "{REL} reachable at {REL_PHONE}. ",
+        "family mtg with Dr. {DRN} and {REL} {RDATE} at {clock}. ",
+        "spoke with {REL} by phone, aware of transfer. ", "husband {FAMN} at bedside all afternoon. ",
+        "{FAMN} ({REL_REL}) requests call if any change, # {REL_PHONE}. ",
+    )),
+    "Dispo": ((
+        "cont ICU care. ", "ok to transfer out once a bed opens. ", "screening for rehab. ",
+        "called out, awaiting floor bed. ", "plan per team. ",
+    ), (
+        "transfer to {WARD} when bed ready. ", "to return to {OHOSP} {RDATE}. ",
+        "screened for {REHAB}, accepted for {RDATE}. ", "came from {WARD} {RDATE} with {dx}. ",
+        "transferred from {OHOSP} ED {RDATE}, records with pt. ",
+    )),
+}
+
+_RN_PLAN = (
+    ("cont to monitor. ", "wean {rmed} as tol. ", "f/u am labs. ", "follow {rlab}. ",
+     "cont current plan. ", "family support given. ", "pain control. ", "check lytes at {clock}. ",
+     "keep K > 4, Mg > 2. ", "MD to reassess in am. ", "up in chair {dow}. ", "{rmed} to start {dow}. "),
+    ("Dr. {DRN} aware. ", "f/u with Dr. {DRN} re: {dx}. ", "MRI {RDATE}. ",
+     "paged Dr. {DRN} at {clock}, awaiting call back. ", "page covering MD at {PAGER} with changes. ",
+     "team to call {REL} {RDATE}. ", "possible transfer to {OHOSP}. ", "cath planned {RDATE} {clock}. "),
+)
+
+_RN_EVENT_NOTES = (
+    ("pt had {n} runs of NSVT at {clock}, asymptomatic. {rlab}, repleted. ",
+     "{rdose} given at {clock} for SBP {bp}, monitoring closely. ",
+     "pt to {runit} for CT at {clock}, returned w/o incident. ",
+     "rapid response called at {clock} for sats {sat}%, placed on NRB, improved. ",
+     "line change over wire by {team}, {look} placed, CXR confirms. "),
+    ("Dr. {DRN} notified of HR {hr} at {clock}, {rdose} ordered. ",
+     "pt arrived from {OHOSP} at {clock} via med flight. ",
+     "{REL} called at {clock} and updated on plan. "),
+)
+
+
+def _sentence(w: _NoteWriter, pair: tuple[tuple[str, ...], tuple[str, ...]], phi_rate: float) -> None:
+    clean, with_phi = pair
+    if with_phi and w.rng.random() < phi_rate:
+        w.render(w.rng.choice(with_phi))
+    else:
+        w.render(w.rng.choice(clean))
+
+
+def _realistic_nursing_note(w: _NoteWriter) -> None:
+    """A long telegraphic nursing note; most sentences carry no PHI but many look-alikes."""
+    rng = w.rng
+    phi_rate = rng.choice(_PHI_RATES)  # notes differ a lot in how much PHI
+    nl = rng.choice(("\n", "\n", " ", "\n\n"))
+    if rng.random() < 0.55:
+        w.render(rng.choice(_RN_HEADERS) + nl)
+    if rng.random() < 0.3:
+        opener = rng.choice((
+            "{RAGE} {sex} w/ hx {dx}, {dx} admitted with {dx}. ",
+            "Pt is a {RAGE} {sex} s/p {proc} {RDATE}, hx {dx}. ",
+            "{RAGE} {sex} transferred from {OHOSP} for mgmt of {dx}. ",
+            "{young_age} {sex} with {dx}, here for {proc}. ", "{young_age} admitted with {dx}. ",
+            "Pt admitted to {runit} from {runit} with {dx}, {dx}. ",
+        ))
+        w.render(opener)
+        w.b.text(nl)
+    layout = rng.random()
+    if layout < 0.2:  # short event note
+        for _ in range(rng.randint(1, 3)):
+            _sentence(w, _RN_EVENT_NOTES, phi_rate * 2)
+    elif layout < 0.45:  # D/A/R or O/A/P paragraphs
+        w.render(rng.choice(("O: ", "D: ", "Data: ", "S/O: ")))
+        for key in rng.sample(list(_RN_SYSTEMS), k=rng.randint(3, 6)):
+            for _ in range(rng.randint(1, 3)):
+                _sentence(w, _RN_SYSTEMS[key], phi_rate)
+        w.b.text(nl)
+        w.render(rng.choice(("A: ", "Assessment: ", "A/P: ")) + rng.choice((
+            "stable. ", "hemodynamically stable. ", "cont {dx}, improving. ", "tenuous. ")))
+        w.b.text(nl)
+        w.render(rng.choice(("P: ", "Plan: ", "R: ")))
+        for _ in range(rng.randint(1, 3)):
+            _sentence(w, _RN_PLAN, phi_rate * 1.5)
+    else:  # system by system
+        keys = [k for k in _RN_SYSTEMS if rng.random() < 0.65] or ["Neuro", "CV"]
+        for key in keys:
+            label = key.upper() if rng.random() < 0.3 else key
+            label = {"CV": rng.choice(("CV", "C/V", "Cardiac", "CARDIAC")),
+                     "Resp": rng.choice(("Resp", "RESP", "Pulm", "Respiratory")),
+                     "Social": rng.choice(("Social", "Soc", "Family", "SOCIAL")),
+                     "Dispo": rng.choice(("Dispo", "Dispo", "Plan")),
+                     }.get(key, label)
+            w.render(f"{nl if nl != ' ' else ' '}{label}{rng.choice((': ', ': ', '- ', ' '))}")
+            for _ in range(rng.randint(1, 5)):
+                _sentence(w, _RN_SYSTEMS[key], phi_rate)
+        if rng.random() < 0.5:
+            w.render(f"{nl}Plan: ")
+            for _ in range(rng.randint(1, 3)):
+                _sentence(w, _RN_PLAN, phi_rate)
+    if rng.random() < 0.35:  # signature
+        w.b.text(rng.choice((nl, " ", "\n")))
+        w.render(rng.choice(("{SIG}", "-{SIG}", "{SIG} {RDATE}", "Signed: {SIG}", "{SIG} {clock}")))
+    w.b.text("\n")
+
+
+def _realistic_discharge_note(w: _NoteWriter) -> None:
+    """A sectioned discharge summary; identifiers in the header, long PHI-free clinical body."""
+    rng = w.rng
+    r = w.render
+    r(rng.choice(("Admission Date: {ADMIT}     Discharge Date: {DISCH}\n\n",
+                  "Admission Date:  [{ADMIT}]   Discharge Date: [{DISCH}]\n\n")))
+    if rng.random() < 0.5:
+        r("Date of Birth: {DOB}     Sex: " + w.ident.person.sex + "\n\n")
+    r("Service: " + rng.choice(("MEDICINE", "CSURG", "NEUROLOGY", "MICU", "CARDIOLOGY")) + "\n\n")
+    r("Allergies:\n" + rng.choice(("Patient recorded as having No Known Allergies to Drugs",
+                                   "Penicillins / Sulfa", "Codeine", "NKDA")) + "\n\n")
+    r("Attending: Dr. {DRN}\n\n")
+    r("Chief Complaint:\n" + rng.choice(("dyspnea", "chest pain", "s/p fall", "fever, hypotension",
+                                         "altered mental status", "GI bleed")) + "\n\n")
+    r("History of Present Illness:\n")
+    r(rng.choice(("{RAGE} {sex} with {dx}, {dx} and {dx} who presents with {dx}. ",
+                  "This is a {RAGE} {sex} with hx of {dx} s/p {proc} who was transferred from "
+                  "{OHOSP} with {dx}. ")))
+    for _ in range(rng.randint(2, 5)):
+        r(rng.choice((
+            "In the ED, initial vitals were {vitals}. ", "{He} received {rdose} and {rdose}. ",
+            "{rlab}, {rlab}, {rlab}. ", "CXR showed {dx}. ", "{rmed} and {rmed} were begun. ",
+            "ECG with {rhythm} at {hr}, {epo} noted. ", "{He} denies chest pain, {epo} sign neg. ",
+            "Of note, {he} was recently seen by Dr. {DRN} in clinic. ",
+            "Admitted to {runit} for further care and monitoring. ",
+        )))
+    r("\n\nPast Medical History:\n")
+    for _ in range(rng.randint(3, 6)):
+        r(rng.choice(("- {dx}\n", "- {dx}, on {rmed}\n", "- s/p {proc}\n", "- {epo} disease\n",
+                      "- {dx} dx'd {YEAR}\n")))
+    r("\nSocial History:\n" + rng.choice((
+        "Lives with {REL}. Former smoker, {ryear} history. ", "Lives alone, no ETOH. ",
+        "Lives at {REHAB}. ", "Married, lives with wife. Denies tobacco. ")) + "\n\n")
+    r("Physical Exam:\nVS: {vitals}\nGen: NAD\nHEENT: PERRL, EOMI\nCV: RRR, {frac} SEM\n"
+      "Lungs: CTAB\nAbd: soft, NT/ND, +BS\nExt: {n}+ edema\nNeuro: A&Ox3, strength {frac}\n\n")
+    r("Pertinent Results:\n")
+    for _ in range(rng.randint(2, 4)):
+        r(rng.choice(("{RDATE} {clock} {rlab} {rlab} {rlab}\n", "{rlab} {rlab} {rlab}\n",
+                      "{RDATE} CXR: {dx}.\n", "ECHO: EF {n}5%, {frac} MR.\n")))
+    r("\nBrief Hospital Course:\n")
+    for _ in range(rng.randint(3, 6)):
+        r(rng.choice((
+            "# {dx}: treated with {rmed} and {rmed}, improved. ",
+            "# {dx}: {rmed} held, restarted at {rdose}. ", "# {dx}: {look} placed, {rlab}. ",
+            "# {dx}: continued home {rmed}. ", "# {dx}: {team} consulted, recs followed. ",
+            "# {dx}: Dr. {DRN} from {team} saw pt. ", "# Code: full, confirmed with {REL}. ",
+            "# {dx}: {rmed} changed to {rdose} on {RDATE}. ",
+        )))
+        r("\n")
+    r("\nDischarge Medications:\n")
+    for i in range(rng.randint(3, 8)):
+        r(f"{i + 1}. " + "{rdose}\n")
+    r("\nDischarge Disposition:\n" + rng.choice(("Home", "Home With Service", "Extended Care")) + "\n")
+    if rng.random() < 0.5:
+        r("Facility:\n{REHAB}\n")
+    r("\nDischarge Diagnosis:\n{dx}\n{dx}\n\nDischarge Condition:\nstable\n\n")
+    r("Followup Instructions:\n" + rng.choice((
+        "Follow up with Dr. {DRN} in {n} weeks. Call {PHONE} for appt.\n",
+        "Provider: Dr. {DRN} Date/Time: {FUTURE} {clock}\n", "Follow up with PCP in 1-2 weeks.\n")))
+    if rng.random() < 0.5:
+        r("\n{DR_FULL} MD {n}\n\nCompleted by: {DR_FULL} MD {TODAY} {clock}\n")
+    r("\n")
+
+
+_REALISTIC_LAYOUTS: dict[str, Callable[[_NoteWriter], None]] = {
+    "realistic-nursing": _realistic_nursing_note,
+    "realistic-discharge": _realistic_discharge_note,
+}
+_LAYOUTS.update(_REALISTIC_LAYOUTS)

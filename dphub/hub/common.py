@@ -274,6 +274,8 @@ class CardSummary:
     f1: float | None
     verified: bool = False
     problem: str | None = None
+    #: a public base model (public synthetic notes only, ε 0): no private data to protect
+    public: bool = False
 
     @classmethod
     def checked(cls, meta: dict[str, Any],
@@ -310,6 +312,8 @@ class CardSummary:
             notes=_count(ds.get("notes")),
             language=tuple(str(x) for x in lang),
             f1=_eval_f1(meta),
+            public=dp.get("training_data") == "public-synthetic" and dp.get("private") is False
+            and eps == 0,
         )
 
     def matches(
@@ -326,7 +330,7 @@ class CardSummary:
         ε must not pass a puller's cap in a listing (pull would refuse it anyway).
         """
         if max_epsilon is not None and (
-            not self.verified or not self.private or self.epsilon is None
+            not self.verified or not (self.private or self.public) or self.epsilon is None
             or self.epsilon > max_epsilon
         ):
             return False

@@ -1,7 +1,7 @@
 """The publish gate: what may leave the data owner's machine, checked with no override.
 
 A model directory is published only if it carries a valid, private model card with its accounting
-fields, only safetensors weights (no pickles, no optimizer or trainer state that could memorise
+fields (or a public base model's card: public synthetic notes only, ε 0, ``dphub pretrain``), only safetensors weights (no pickles, no optimizer or trainer state that could memorise
 more than the DP guarantee covers), tokenizer files identical to the public base model's (a
 tokenizer trained on the notes would leak their vocabulary outside the DP guarantee), and no local
 paths or user names. Each refusal is one :class:`~dphub.errors.PublishRefused` naming the file,
@@ -32,6 +32,10 @@ from typing import Any
 
 from dphub.errors import CardError, DphubError, PublishRefused
 from dphub.hub.common import DP_TAG, PRIVACY_UNITS, CardSummary, file_sha256, read_card_meta
+
+#: ``differential_privacy.training_data`` of a public base model (``dphub.card.PUBLIC_SYNTHETIC``;
+#: repeated so the gate's module does not import the card module at import time).
+PUBLIC_SYNTHETIC = "public-synthetic"
 
 #: Top-level keys ``training_config.json`` may hold (format 2, written by ``dphub train``).
 TRAINING_CONFIG_KEYS = frozenset({
@@ -187,6 +191,8 @@ def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> d
     dp = meta.get("differential_privacy")
     if not isinstance(dp, dict):
         raise _refuse(model_dir, "the model card has no differential_privacy block")
+    if dp.get("training_data") == PUBLIC_SYNTHETIC:
+        return _check_public_card(model_dir, meta, validate)
     missing = [k for k in ACCOUNTING_FIELDS if k not in dp or dp[k] is None and k != "epsilon"]
     if missing:
         raise _refuse(model_dir, "the card's differential_privacy block lacks accounting "
@@ -212,6 +218,36 @@ def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> d
     if validate is not None:
         try:
             validate(model_dir, require_private=True)
+        except DphubError as e:
+            raise _refuse(model_dir, f"model card fails validation: {e.message}") from None
+    return meta
+
+
+def _check_public_card(model_dir: Path, meta: dict[str, Any],
+                       validate: Callable[..., Any] | None) -> dict[str, Any]:
+    """A public base model (``dphub pretrain``) is accepted on its provenance: public synthetic
+    notes only, so no private data and no ε; the schema ties ``private: false`` and ``epsilon:
+    0`` to that provenance, and the weights stay bound to the card by their hash."""
+    from dphub.card import is_public_model
+
+    dp = meta["differential_privacy"]
+    if not is_public_model(dp):
+        raise _refuse(model_dir, "the card says training_data: public-synthetic but not "
+                                 "private: false with epsilon 0")
+    if dp.get("lineage"):
+        raise _refuse(model_dir, "a public-synthetic model cannot descend from a private model "
+                                 "(lineage is set)")
+    data = meta.get("dataset")
+    if not isinstance(data, dict) or data.get("name") != "dphub-synth":
+        raise _refuse(model_dir, "a public-synthetic card's dataset must be dphub-synth (the "
+                                 "public generator), not anyone's notes")
+    if DP_TAG not in (meta.get("tags") or []):
+        raise _refuse(model_dir, f"the card's tags must include {DP_TAG!r}")
+    if validate is None:
+        validate = _card_validator()
+    if validate is not None:
+        try:
+            validate(model_dir, require_private=True)  # public-synthetic passes as shareable
         except DphubError as e:
             raise _refuse(model_dir, f"model card fails validation: {e.message}") from None
     return meta
@@ -642,7 +678,8 @@ def weights_problems(model_dir: Path, dp: Any = None) -> list[str]:
     if not path.is_file():
         return ["model.safetensors is missing"]
     out: list[str] = []
-    if isinstance(dp, dict) and dp.get("private") is True:
+    if isinstance(dp, dict) and (dp.get("private") is True
+                                 or dp.get("training_data") == PUBLIC_SYNTHETIC):
         want = dp.get("weights_sha256")
         if isinstance(want, str) and file_sha256(path) != want:
             out.append("model.safetensors does not match the card's weights_sha256: the card "

@@ -74,13 +74,15 @@ def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
     summary = check_publishable(model_dir)
     hub = hub or default_hub()
     policy = load_hub_policy(hub)
-    why = policy_violation(summary.epsilon, summary.unit, policy)
+    why = policy_violation(summary.epsilon, summary.unit, policy, public=summary.public)
     if why:
         raise PublishRefused(f"refusing to publish {model_dir}: {why} (hub policy: "
                              f"{policy.describe()}); {policy_hint(hub)}")
     backend = open_hub(hub, api=api)
-    msg = message or (f"Publish {Path(model_dir).name} (epsilon={summary.epsilon:g}, "
-                      f"delta={summary.delta:g}, unit={summary.unit})")
+    msg = message or (
+        f"Publish {Path(model_dir).name} (public synthetic data only, epsilon=0)" if summary.public
+        else f"Publish {Path(model_dir).name} (epsilon={summary.epsilon:g}, "
+             f"delta={summary.delta:g}, unit={summary.unit})")
     sha = backend.publish(Path(model_dir), repo_id, msg, tag)
     return sha, summary
 
@@ -104,7 +106,7 @@ def check_policy(summary: CardSummary, *, max_epsilon: float | None = None,
     note, so ``--require-unit note`` accepts a patient-level model.
     """
     eff = pull_policy(max_epsilon=max_epsilon, require_unit=require_unit, policy=policy)
-    why = policy_violation(summary.epsilon, summary.unit, eff)
+    why = policy_violation(summary.epsilon, summary.unit, eff, public=summary.public)
     if why is None:
         return
     default = " (the default pull policy; override with --max-epsilon / --require-unit or " \

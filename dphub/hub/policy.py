@@ -103,12 +103,16 @@ DEFAULT_POLICY = Policy()
 
 
 def policy_violation(epsilon: float | None, unit: str | None,
-                     policy: Policy = DEFAULT_POLICY) -> str | None:
+                     policy: Policy = DEFAULT_POLICY, *, public: bool = False) -> str | None:
     """Why a model with this guarantee exceeds ``policy`` (one phrase), or None if it complies.
 
     ``epsilon`` None or non-finite means no DP guarantee at all. Used by publish, pull and (as a
     warning) at the end of ``dphub train``; the caller adds how to change the policy.
+    ``public``: a public base model (public synthetic notes only, ε 0, checked by the gate) has
+    no private data and no privacy unit to compare, so every policy accepts it.
     """
+    if public and epsilon == 0:
+        return None
     if epsilon is None or isinstance(epsilon, bool) or not isinstance(epsilon, int | float) \
             or not math.isfinite(epsilon):
         return f"the model has no finite epsilon (the policy requires {policy.describe()})"

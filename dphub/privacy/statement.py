@@ -72,9 +72,23 @@ def privacy_statement(dp: Mapping[str, Any], *, markdown: bool = True) -> str:
     ``markdown=False`` strips the emphasis markers for terminals. Paragraphs are separated by a
     blank line. Only field values from the block appear; nothing from the data.
     """
-    paras = _non_private(dp) if not dp.get("private") else _private(dp)
+    if dp.get("training_data") == "public-synthetic" and not dp.get("private"):
+        paras = _public(dp)
+    else:
+        paras = _non_private(dp) if not dp.get("private") else _private(dp)
     text = "\n\n".join(paras)
     return text if markdown else text.replace("**", "").replace("*", "")
+
+
+def _public(dp: Mapping[str, Any]) -> list[str]:
+    """A public base model (``dphub pretrain``): nothing private went in, so nothing to protect."""
+    return [
+        "**PUBLIC DATA ONLY.** This model was trained only on public synthetic notes generated "
+        "by dphub (no real patient, no private data), without differential privacy: no epsilon "
+        "was spent (epsilon = 0) and there is no private training data for it to reveal.",
+        "It is a public base for DP fine-tuning (`dphub train --base-model`) or a weak member on "
+        "its own; evaluate it on your own labelled notes before relying on it.",
+    ]
 
 
 def _non_private(dp: Mapping[str, Any]) -> list[str]:

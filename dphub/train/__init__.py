@@ -11,6 +11,7 @@ data           labelled notes -> windows with tag ids -> batches; the per-window
 plan           the privacy plan (q, steps, σ, δ) fixed before the first step
 sources        initial weights: public base + synthetic warm start, or a pulled DP model
 warmstart      the public warm start (synthetic notes, no private data, no ε), built once, cached
+pretrain       ``dphub pretrain``: the same public training written as a shareable public base
 encoder_cache  head-only runs look the frozen encoder's outputs up instead of recomputing them
 loop           the step loop (DP or not), its randomness and its resumable state
 checkpoints    checkpoints (no pickle), the run fingerprint, the private run log

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSo
 
     if opts.init_from:
         return _from_pulled_model(opts)
+    public_base = _from_public_base(opts)
+    if public_base is not None:
+        return public_base
     loadable, public_id = resolve_base_model(opts.base_model)
     if isinstance(loadable, str):
         raise ConfigError(
@@ -49,6 +53,66 @@ def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSo
         return ModelSource(model, public_id, Path(loadable), ws.card_block(seed=opts.seed), [])
     model = TaggerModel.from_base(loadable, schema=opts.label_schema, head=opts.head)
     return ModelSource(model, public_id, Path(loadable), None, [])
+
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+
+
+def _public_base_dir(spec: str | None) -> tuple[Path, str] | None:
+    """(directory, public name) of a ``dphub pretrain`` model named by ``--base-model``, else None.
+
+    A local directory is named by its directory name (never its path); ``org/name[@rev]`` is
+    looked up among pulled models. Anything else is left to :func:`resolve_base_model` (a plain
+    encoder). A DP model given as ``--base-model`` is refused: that is what ``--init-from`` is for.
+    """
+    from dphub.train.pretrain import is_public_base
+
+    if not spec or spec == "default":
+        return None
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        if is_public_base(p):
+            return p, p.name if _REPO_ID.fullmatch(p.name) else "local-public-base"
+        if (p / "README.md").is_file() and (p / "training_config.json").is_file():
+            raise ConfigError(
+                f"--base-model {p.name}: a dphub model that is not a public base (its card does "
+                "not say training_data: public-synthetic); fine-tune a DP model with --init-from"
+            )
+        return None
+    if not _REPO_ID.fullmatch(spec.partition("@")[0]) or "/" not in spec:
+        return None
+    from dphub.errors import DphubError
+    from dphub.hub.registry import resolve_model
+
+    try:
+        src = Path(resolve_model(spec))
+    except DphubError:
+        return None  # not pulled: a plain encoder name, resolved (or refused) as before
+    return (src, spec.partition("@")[0]) if is_public_base(src) else None
+
+
+def _from_public_base(opts: TrainOptions) -> ModelSource | None:
+    """Start from a public base model (``dphub pretrain``): its weights, no warm start; the card
+    records it under ``public_pretraining`` (``model``) and its encoder as ``base_model``."""
+    found = _public_base_dir(opts.base_model)
+    if found is None:
+        return None
+    src, name = found
+    from dphub.card import load_card
+    from dphub.tagger import TaggerModel
+
+    model = TaggerModel.load(src)
+    if model.head != opts.head:
+        raise ConfigError(f"--base-model {name} has head {model.head!r}, not {opts.head!r}")
+    cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    schema = cfg.get("dphub", {}).get("label_schema", opts.label_schema)
+    if schema != opts.label_schema:
+        raise ConfigError(f"--base-model {name} uses label schema {schema!r}, not "
+                          f"{opts.label_schema!r}")
+    meta = load_card(src).meta
+    block = dict(meta["differential_privacy"].get("public_pretraining") or {"enabled": True})
+    block.update({"enabled": True, "data": "dphub-synth", "model": name, "epsilon_cost": 0})
+    return ModelSource(model, str(meta.get("base_model") or name), src, block, [])
 
 
 def _from_pulled_model(opts: TrainOptions) -> ModelSource:
