@@ -82,6 +82,7 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
     manifest = Manifest.load(manifest_path)
     if json_out:
         typer.echo(json.dumps({"aggregate": manifest.aggregate,
+                               **({"runtime": manifest.runtime} if manifest.runtime else {}),
                                "members": [m.to_dict() for m in manifest.members]}, indent=2))
         return
     t = Table(title=f"{manifest_path} (aggregate: {manifest.aggregate})")
@@ -106,7 +107,26 @@ def show_cmd(name: str | None = typer.Argument(None, metavar="NAME", show_defaul
         typer.echo(json.dumps(manifest.get(name).to_dict(), indent=2))
     else:
         typer.echo(json.dumps({"aggregate": manifest.aggregate,
+                               **({"runtime": manifest.runtime} if manifest.runtime else {}),
                                "members": [m.to_dict() for m in manifest.members]}, indent=2))
+
+
+@ensemble_app.command("runtime")
+def runtime_cmd(runtime: str | None = typer.Argument(
+                    None, metavar="RUNTIME", show_default="print the current one",
+                    help="torch | onnx | onnx-int8 (stored in the manifest)."),
+                manifest_path: Path = ENSEMBLE_OPT) -> None:
+    """Show or set the encoder runtime that deid and evaluate use by default."""
+    from dphub.ensemble.manifest import Manifest
+    from dphub.runtime import DEFAULT_RUNTIME, check_runtime
+
+    if runtime is None:
+        typer.echo(Manifest.load(manifest_path).runtime or DEFAULT_RUNTIME)
+        return
+    check_runtime(runtime)
+    with Manifest.editing(manifest_path) as manifest:
+        manifest.runtime = runtime
+    typer.echo(f"runtime {runtime} stored in {manifest_path}")
 
 
 # ---------------------------------------------------------------------------- runs
@@ -203,6 +223,18 @@ AGGREGATE_OPT = typer.Option(
     None, "--aggregate", show_default="the manifest's, else any",
     help="Aggregation: any (a character is PHI if any member flags it) | k-of-n:K.",
 )
+RUNTIME_OPT = typer.Option(
+    None, "--runtime", show_default="the manifest's, else torch",
+    help="Encoder runtime of model members: torch | onnx | onnx-int8 (ONNX graphs are built "
+         "once per encoder and cached).",
+)
+
+
+def _say(msg: str) -> None:
+    """Status lines of slow set-up steps (ONNX export), on stderr; never note text."""
+    typer.echo(msg, err=True)
+
+
 INT8_OPT = typer.Option(False, "--int8", help="Int8 dynamic quantization of model members "
                         "(faster on CPU; check recall with `ensemble evaluate --int8`).")
 
@@ -229,6 +261,7 @@ def deid_cmd(
     audit_text: bool = AUDIT_OPT,
     fmt: str | None = FORMAT_OPT,
     int8: bool = INT8_OPT,
+    runtime: str | None = RUNTIME_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
 ) -> int:
     """De-identify notes with the ensemble (plus --owner-model); writes OUT/audit.jsonl."""
@@ -237,8 +270,10 @@ def deid_cmd(
 
     out = _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
+    if workers is not None:  # before ONNX sessions are made: they take torch's thread count
+        apply_threads(workers)
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
-                              batch_size=batch_size, int8=int8)
+                              batch_size=batch_size, int8=int8, runtime=runtime, progress=_say)
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
                 workers=workers, resume=resume, audit_text=audit_text, fmt=fmt)
 
@@ -266,6 +301,7 @@ def deid_top_cmd(
     audit_text: bool = AUDIT_OPT,
     fmt: str | None = FORMAT_OPT,
     int8: bool = INT8_OPT,
+    runtime: str | None = RUNTIME_OPT,
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
@@ -286,12 +322,22 @@ def deid_top_cmd(
 
         priv = card_privacy(p)
         member = ModelMember.load(p, batch_size=batch_size)
+        if int8 and runtime not in (None, "torch"):
+            raise ConfigError("--int8 and an ONNX --runtime exclude each other; use "
+                              "--runtime onnx-int8")
         if int8:
             member.quantize_int8()
+        if runtime not in (None, "torch"):
+            if workers is not None:
+                apply_threads(workers)
+            member.use_runtime(runtime, progress=_say)
         # the weights digest as revision: a resumed run refuses other weights (outputs would mix)
         slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
                     weights_digest(p))
-    return _run(input_path, out, Ensemble([slot]), mode=mode, key_file=key_file,
+    ensemble = Ensemble([slot])
+    if runtime not in (None, "torch") and not model.startswith("rules:"):
+        ensemble.runtime = runtime
+    return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
                 fmt=fmt)
 
@@ -385,6 +431,7 @@ def evaluate_cmd(
     fmt: str | None = FORMAT_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     int8: bool = INT8_OPT,
+    runtime: str | None = RUNTIME_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
 ) -> None:
@@ -396,7 +443,7 @@ def evaluate_cmd(
     apply_threads(threads)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
-                              int8=int8)
+                              int8=int8, runtime=runtime, progress=_say)
     notes = read_labelled(labelled, fmt)
     if not notes:
         raise InputError(f"{labelled}: no notes")

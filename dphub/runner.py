@@ -713,7 +713,11 @@ def _describe_ensemble(ensemble: Any) -> Any:
         if per_label:  # calibrated per label: a resumed run must use the same thresholds
             row.append(dict(sorted(per_label.items())))
         members.append(row)
-    return {"rule": str(getattr(ensemble, "rule", "")), "members": members}
+    out = {"rule": str(getattr(ensemble, "rule", "")), "members": members}
+    runtime = getattr(ensemble, "runtime", "torch")
+    if runtime != "torch":  # int8 outputs differ: a resume must use the same encoder runtime
+        out["runtime"] = runtime
+    return out
 
 
 def _deid_isolated(ensemble: Any, items: Sequence[WorkItem]) -> list[Any]:
