@@ -271,7 +271,7 @@ def load_encoder(runtime: str, encoder: nn.Module, digest: str, *, threads: int 
         import onnxruntime  # noqa: F401
     except ImportError:
         raise ModelError("the ONNX runtimes need the onnxruntime package "
-                         "(pip install onnxruntime)") from None
+                         "(pip install 'dphub[onnx]')") from None
     if not isinstance(digest, str) or len(digest) != 64 or not all(
             c in "0123456789abcdef" for c in digest):
         raise ModelError("internal: an encoder digest must be 64 hex characters")
