@@ -37,7 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--thresholds", default="none,0.5,0.3")
     ap.add_argument("--stride", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--int8-exclude", default="",
+                    help="comma-separated node-name substrings kept fp32 in the int8 graph "
+                         "(an int8 recipe to try; use its own DPHUB_CACHE_DIR)")
+    ap.add_argument("--int8-per-tensor", action="store_true",
+                    help="per-tensor int8 weight scales (an int8 recipe to try)")
     args = ap.parse_args(argv)
+    from dphub import runtime
+
+    if args.int8_exclude or args.int8_per_tensor:
+        runtime.INT8_RECIPE = {**runtime.INT8_RECIPE,
+                               "exclude": [x for x in args.int8_exclude.split(",") if x],
+                               "per_channel": not args.int8_per_tensor}
     torch.set_num_threads(args.threads)
     from dphub.evaluate import evaluate_spans
     from dphub.scores import spans_from_scores
@@ -69,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(v, dict) and k in ref:
                     v["recall_delta_points"] = round(100 * (v["recall"] - ref[k]["recall"]), 2)
     print(json.dumps({"split": "inner" if args.inner else "test", "notes": len(notes),
-                      "stride": args.stride, "runtimes": rows}, indent=1))
+                      "stride": args.stride, "int8_recipe": runtime.INT8_RECIPE,
+                      "runtimes": rows}, indent=1))
     return 0
 
 
