@@ -378,7 +378,7 @@ def calibrate_cmd(
 
     apply_threads(threads)
     manifest = Manifest.load(manifest_path)
-    ensemble = build_ensemble(manifest, aggregate_rule=aggregate)
+    ensemble = build_ensemble(manifest, aggregate_rule=aggregate, progress=_say)
     notes = read_labelled(labelled, fmt)
     from dphub.progress import ProgressReporter
 
