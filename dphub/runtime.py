@@ -46,9 +46,11 @@ DEFAULT_RUNTIME = "torch"
 CACHE_FORMAT = 1
 OPSET = 17
 #: probe acceptance: fp32 graphs must match PyTorch closely; int8 ones keep the direction of
-#: every hidden vector (quantization noise is measured as cosine similarity, not abs error)
+#: every hidden vector (quantization noise is measured as cosine similarity, not abs error).
+#: Measured per-token minimum: 0.97-0.98 for a model's own int8 graph, 0.65 for another
+#: MiniLM-based encoder's graph.
 FP32_MAX_ABS = 1e-3
-INT8_MIN_COSINE = 0.95
+INT8_MIN_COSINE = 0.9
 _FILES = {"onnx": "encoder.onnx", "onnx-int8": "encoder-int8.onnx"}
 
 
