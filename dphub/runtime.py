@@ -16,9 +16,10 @@ still fails the probe the load is refused with a :class:`~dphub.errors.ModelErro
 are protobuf, nothing is unpickled. Builds are atomic and serialised by a lock file.
 
 Threads: ONNX Runtime gets ``intra_op_num_threads`` = the thread count given (default: torch's
-``get_num_threads()``, i.e. ``--threads``), ``inter_op_num_threads = 1`` and sequential
-execution: a BERT layer is a chain of ops, so parallelism *inside* each matmul is what uses the
-cores; inter-op threads would only compete with them.
+``get_num_threads()``, i.e. ``--threads``), ``inter_op_num_threads = 1``, sequential
+execution and no spin-waiting: a BERT layer is a chain of ops, so parallelism *inside* each
+matmul is what uses the cores; inter-op threads would only compete with them, and spinning
+threads burn the CPU that the other thread (and the other work of the process) needs.
 """
 
 from __future__ import annotations
@@ -194,6 +195,9 @@ def _session(path: Path, threads: int) -> Any:
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3  # errors only: ORT's warnings go to stderr otherwise
+    # idle intra-op threads sleep instead of spinning: with 2 threads on a loaded 2-core machine
+    # spinning cost 27 % more CPU and 22 % more wall time per batch (docs/speed.md)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(str(path), sess_options=opts,
                                     providers=["CPUExecutionProvider"])
