@@ -84,6 +84,7 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
     manifest = Manifest.load(manifest_path)
     if json_out:
         typer.echo(json.dumps({"aggregate": manifest.aggregate,
+                               **({"runtime": manifest.runtime} if manifest.runtime else {}),
                                "members": [m.to_dict() for m in manifest.members]}, indent=2))
         return
     t = Table(title=f"{manifest_path} (aggregate: {manifest.aggregate})")
@@ -109,7 +110,26 @@ def show_cmd(name: str | None = typer.Argument(None, metavar="NAME", show_defaul
         typer.echo(json.dumps(manifest.get(name).to_dict(), indent=2))
     else:
         typer.echo(json.dumps({"aggregate": manifest.aggregate,
+                               **({"runtime": manifest.runtime} if manifest.runtime else {}),
                                "members": [m.to_dict() for m in manifest.members]}, indent=2))
+
+
+@ensemble_app.command("runtime")
+def runtime_cmd(runtime: str | None = typer.Argument(
+                    None, metavar="RUNTIME", show_default="print the current one",
+                    help="torch | onnx | onnx-int8 (stored in the manifest)."),
+                manifest_path: Path = ENSEMBLE_OPT) -> None:
+    """Show or set the encoder runtime that deid and evaluate use by default."""
+    from dphub.ensemble.manifest import Manifest
+    from dphub.runtime import DEFAULT_RUNTIME, check_runtime
+
+    if runtime is None:
+        typer.echo(Manifest.load(manifest_path).runtime or DEFAULT_RUNTIME)
+        return
+    check_runtime(runtime)
+    with Manifest.editing(manifest_path) as manifest:
+        manifest.runtime = runtime
+    typer.echo(f"runtime {runtime} stored in {manifest_path}")
 
 
 # ---------------------------------------------------------------------------- runs
@@ -206,6 +226,18 @@ AGGREGATE_OPT = typer.Option(
     None, "--aggregate", show_default="the manifest's, else any",
     help="Aggregation: any (a character is PHI if any member flags it) | k-of-n:K.",
 )
+RUNTIME_OPT = typer.Option(
+    None, "--runtime", show_default="the manifest's, else torch",
+    help="Encoder runtime of model members: torch | onnx | onnx-int8 (ONNX graphs are built "
+         "once per encoder and cached).",
+)
+
+
+def _say(msg: str) -> None:
+    """Status lines of slow set-up steps (ONNX export), on stderr; never note text."""
+    typer.echo(msg, err=True)
+
+
 INT8_OPT = typer.Option(False, "--int8", help="Int8 dynamic quantization of model members "
                         "(faster on CPU; check recall with `ensemble evaluate --int8`).")
 ENGINE_OPT = typer.Option(
@@ -259,6 +291,7 @@ def deid_cmd(
     audit_text: bool = AUDIT_OPT,
     fmt: str | None = FORMAT_OPT,
     int8: bool = INT8_OPT,
+    runtime: str | None = RUNTIME_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
     engine: str = ENGINE_OPT,
     address: str | None = ADDRESS_OPT,
@@ -270,18 +303,21 @@ def deid_cmd(
 
     out = _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
+    if workers is not None:  # before ONNX sessions are made: they take torch's thread count
+        apply_threads(workers)
 
     def recipe() -> Any:  # what each Ray actor builds its copy of the ensemble from
         from dphub.ray_engine import recipe_from_manifest
 
         return recipe_from_manifest(manifest, owner_model=owner_model, aggregate_rule=aggregate,
-                                    batch_size=batch_size, int8=int8)
+                                    batch_size=batch_size, int8=int8,
+                                    runtime=runtime)
 
     run_engine = _ray_engine(engine, address, ray_workers, workers, recipe)
     # built here too with --engine ray: it checks every member before Ray starts, and the run's
     # settings (what a --resume must match) describe it
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
-                              batch_size=batch_size, int8=int8)
+                              batch_size=batch_size, int8=int8, runtime=runtime, progress=_say)
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
                 workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
                 engine=run_engine)
@@ -311,6 +347,7 @@ def deid_top_cmd(
     audit_text: bool = AUDIT_OPT,
     fmt: str | None = FORMAT_OPT,
     int8: bool = INT8_OPT,
+    runtime: str | None = RUNTIME_OPT,
     engine: str = ENGINE_OPT,
     address: str | None = ADDRESS_OPT,
     ray_workers: int = RAY_WORKERS_OPT,
@@ -341,8 +378,15 @@ def deid_top_cmd(
 
         priv = card_privacy(p)
         member = ModelMember.load(p, batch_size=batch_size)
+        if int8 and runtime not in (None, "torch"):
+            raise ConfigError("--int8 and an ONNX --runtime exclude each other; use "
+                              "--runtime onnx-int8")
         if int8:
             member.quantize_int8()
+        if runtime not in (None, "torch"):
+            if workers is not None:
+                apply_threads(workers)
+            member.use_runtime(runtime, progress=_say)
         # the weights digest as revision: a resumed run refuses other weights (outputs would mix)
         slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
                     weights_digest(p))
@@ -353,9 +397,13 @@ def deid_top_cmd(
     def recipe() -> Any:
         from dphub.ray_engine import EnsembleRecipe
 
-        return EnsembleRecipe([entry.to_dict()], "any", None, batch_size, int8)
+        return EnsembleRecipe([entry.to_dict()], "any", None, batch_size, int8,
+                              ensemble.runtime)
 
-    return _run(input_path, out, Ensemble([slot]), mode=mode, key_file=key_file,
+    ensemble = Ensemble([slot])
+    if runtime not in (None, "torch") and not model.startswith("rules:"):
+        ensemble.runtime = runtime
+    return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
                 fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe))
 
@@ -396,7 +444,7 @@ def calibrate_cmd(
 
     apply_threads(threads)
     manifest = Manifest.load(manifest_path)
-    ensemble = build_ensemble(manifest, aggregate_rule=aggregate)
+    ensemble = build_ensemble(manifest, aggregate_rule=aggregate, progress=_say)
     notes = read_labelled(labelled, fmt)
     from dphub.progress import ProgressReporter
 
@@ -449,6 +497,7 @@ def evaluate_cmd(
     fmt: str | None = FORMAT_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     int8: bool = INT8_OPT,
+    runtime: str | None = RUNTIME_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
 ) -> None:
@@ -460,7 +509,7 @@ def evaluate_cmd(
     apply_threads(threads)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
-                              int8=int8)
+                              int8=int8, runtime=runtime, progress=_say)
     notes = read_labelled(labelled, fmt)
     if not notes:
         raise InputError(f"{labelled}: no notes")

@@ -83,6 +83,9 @@ class EnsembleRecipe:
     owner_model: str | None = None
     batch_size: int = 16
     int8: bool = False
+    #: the encoder runtime (``torch``, ``onnx``, ``onnx-int8``): the driver's, so every actor
+    #: computes what the driver's settings describe
+    runtime: str | None = None
 
     def build(self) -> Any:
         from dphub.ensemble.core import build_ensemble
@@ -92,11 +95,13 @@ class EnsembleRecipe:
                              for d in self.members], self.aggregate)
         return build_ensemble(manifest, owner_model=None if self.owner_model is None
                               else Path(self.owner_model), aggregate_rule=self.aggregate,
-                              batch_size=self.batch_size, int8=self.int8)
+                              batch_size=self.batch_size, int8=self.int8,
+                              runtime=self.runtime)
 
 
 def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_rule: str | None,
-                         batch_size: int, int8: bool) -> EnsembleRecipe:
+                         batch_size: int, int8: bool,
+                         runtime: str | None = None) -> EnsembleRecipe:
     """The recipe of ``build_ensemble(manifest, ...)``, registry members resolved to directories.
 
     Why resolve here: a worker on another node has its own registry (or none); the driver has
@@ -117,7 +122,8 @@ def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_r
     rule = aggregate_rule or (manifest.aggregate if manifest else "any")
     return EnsembleRecipe(members, rule,
                           None if owner_model is None else str(Path(owner_model).resolve()),
-                          batch_size, int8)
+                          batch_size, int8,
+                          runtime or (getattr(manifest, "runtime", None) if manifest else None))
 
 
 # ---------------------------------------------------------------------------- wire format

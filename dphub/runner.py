@@ -62,7 +62,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from dphub.errors import ConfigError, DphubError, InputError
-from dphub.io import DiskFullError, atomic_write_text
+from dphub.io import DiskFullError, atomic_open, atomic_write_text
 from dphub.notes import Note, Span
 
 EXIT_SOME_FAILED = 3
@@ -343,6 +343,23 @@ class Journal:
                 self.entries[e["key"]] = e
             fh.flush()
             os.fsync(fh.fileno())
+
+
+class _PartCache:
+    """Records of the part files, one file held in memory at a time (the last one read)."""
+
+    def __init__(self, parts_dir: Path) -> None:
+        self.parts_dir = parts_dir
+        self.name: str | None = None
+        self.records: dict[str, dict[str, Any]] = {}
+
+    def get(self, name: str, key: str) -> dict[str, Any] | None:
+        if not name:
+            return None
+        if name != self.name:
+            self.records = _load_parts(self.parts_dir, {name}).get(name, {})
+            self.name = name
+        return self.records.get(key)
 
 
 def _load_parts(parts_dir: Path, names: set[str]) -> dict[str, dict[str, Any]]:
@@ -661,21 +678,30 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     finished = sorted((e for e in journal.entries.values()
                        if e["status"] == "done" and e["key"] in seen_keys),
                       key=lambda e: e["index"])
-    parts = _load_parts(parts_dir, {e["part"] for e in finished if "part" in e})
-    rows = []
-    for e in finished:
-        c = parts.get(e.get("part", ""), {}).get(e["key"])
-        if c is None and "audit" in e:  # a journal line written by an older dphub
-            c = {"audit": e["audit"], "record": e.get("record")}
-        if c is None:
-            raise ConfigError(f"{dst}: run state is incomplete ({e['key']} has no part record); "
-                              "start over in another --out")
-        rows.append(c)
+    # streamed: one part file in memory at a time, outputs written line by line (constant
+    # memory in the number of notes; a batch's notes are consecutive, so parts load once each)
+    parts = _PartCache(parts_dir)
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for e in finished:
+            c = parts.get(e.get("part", ""), e["key"])
+            if c is None and "audit" in e:  # a journal line written by an older dphub
+                c = {"audit": e["audit"], "record": e.get("record")}
+            if c is None:
+                raise ConfigError(f"{dst}: run state is incomplete ({e['key']} has no part "
+                                  "record); start over in another --out")
+            yield c
+
+    for _ in rows():  # check every record exists before anything is written
+        pass
     wrote.append(True)
-    atomic_write_text(dst / AUDIT, "".join(  # 0600 like every output (it may hold text)
-        json.dumps(c["audit"], ensure_ascii=False, sort_keys=True) + "\n" for c in rows))
+    with atomic_open(dst / AUDIT, newline="") as fh:  # 0600 like every output (may hold text)
+        for c in rows():
+            fh.write(json.dumps(c["audit"], ensure_ascii=False, sort_keys=True) + "\n")
     if jsonl_out:
-        atomic_write_text(dst / src.name, "".join(c["record"] + "\n" for c in rows))
+        with atomic_open(dst / src.name, newline="") as fh:
+            for c in rows():
+                fh.write(c["record"] + "\n")
     for key in keys:
         e = journal.entries.get(key)
         if e is None or e["status"] != "done":
@@ -725,7 +751,11 @@ def _describe_ensemble(ensemble: Any) -> Any:
         if per_label:  # calibrated per label: a resumed run must use the same thresholds
             row.append(dict(sorted(per_label.items())))
         members.append(row)
-    return {"rule": str(getattr(ensemble, "rule", "")), "members": members}
+    out = {"rule": str(getattr(ensemble, "rule", "")), "members": members}
+    runtime = getattr(ensemble, "runtime", "torch")
+    if runtime != "torch":  # int8 outputs differ: a resume must use the same encoder runtime
+        out["runtime"] = runtime
+    return out
 
 
 #: An engine maps a stream of batches to ``(batch, results)`` in the same order, one result per

@@ -594,7 +594,7 @@ class EncodedNotes:
     :attr:`Tagger.encoder_key` share, so that an ensemble of N head-only members costs about
     one encoder pass per window instead of N."""
 
-    key: tuple[str, str, int, int]
+    key: tuple[str, str, int, int, str]
     batch_size: int
     tokens: list[Any]
     windows: list[Any]
@@ -643,6 +643,9 @@ class Tagger:
                   if tok_json is not None and tok_json.is_file() else "unknown")
         self.tokenizer_id = f"{model.base_public_id or 'unknown'}@{digest}"
         self._encoder_digest: str | None = None
+        #: encoder runtime (:mod:`dphub.runtime`): "torch", or an ONNX one set by use_runtime
+        self.runtime = "torch"
+        self._onnx: Any = None
 
     @property
     def encoder_digest(self) -> str:
@@ -661,11 +664,36 @@ class Tagger:
         return self._encoder_digest
 
     @property
-    def encoder_key(self) -> tuple[str, str, int, int]:
+    def encoder_key(self) -> tuple[str, str, int, int, str]:
         """What must match for two taggers to share encoder outputs: tokenizer, encoder weights,
-        and the windowing (max length, stride)."""
+        the windowing (max length, stride) and the runtime (int8 outputs differ from fp32)."""
         return (self.tokenizer_id, self.encoder_digest, int(self.model.max_length),
-                int(self.model.stride))
+                int(self.model.stride), self.runtime)
+
+    def use_runtime(self, runtime: str, *, threads: int | None = None,
+                    cache: Path | None = None,
+                    progress: Any = None) -> Any:
+        """Run the encoder with ``runtime`` (``torch``, ``onnx``, ``onnx-int8``; see
+        :mod:`dphub.runtime`). ONNX graphs come from the cache keyed by :attr:`encoder_digest`,
+        built on first use (``progress`` gets a status line first). Returns the cache status
+        (None for torch). Heads and CRF always run in PyTorch."""
+        from dphub.runtime import check_runtime, load_encoder
+
+        check_runtime(runtime)
+        if runtime == "torch":
+            self.runtime, self._onnx = "torch", None
+            return None
+        digest = self.encoder_digest  # from the float weights, before anything else changes
+        self._onnx, status = load_encoder(runtime, self.model.encoder, digest, threads=threads,
+                                          cache=cache, progress=progress)
+        self.runtime = runtime
+        return status
+
+    def _encode_batch(self, batch: dict[str, Tensor]) -> Tensor:
+        """Hidden states of a collated batch with this tagger's runtime."""
+        if self._onnx is not None:
+            return self._onnx(batch)
+        return self.model.encode(batch)
 
     def encode(self, notes: Sequence[Note], batch_size: int = 16) -> EncodedNotes:
         """Windows of ``notes`` and the encoder's hidden states for each, to share between
@@ -684,7 +712,7 @@ class Tagger:
             for idx in align.bucket_by_length(windows, batch_size):
                 chunk = [windows[i] for i in idx]
                 batch = {k: v.to(self.device) for k, v in align.collate(chunk, pad_id).items()}
-                h = self.model.encode(batch)
+                h = self._encode_batch(batch)
                 for r, (i, w) in enumerate(zip(idx, chunk, strict=True)):
                     hidden[i] = h[r, : len(w.input_ids)].clone()
         return EncodedNotes(self.encoder_key, batch_size, tokens, windows, hidden)
@@ -741,6 +769,8 @@ class Tagger:
                                     or encoded.batch_size != batch_size
                                     or len(encoded.tokens) != len(notes)):
             raise ModelError("internal: shared encoder outputs of another encoder or batch")
+        if encoded is None and self._onnx is not None:  # the ONNX encoder, then the heads
+            encoded = self.encode(notes, batch_size=batch_size)
         if encoded is not None:
             tokens, windows = encoded.tokens, encoded.windows
         else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,9 @@ class NoteResult:
 
 class Ensemble:
     """Members + rule. ``deid(notes)`` runs every member once per batch and merges on characters."""
+
+    #: the encoder runtime of its model members (:mod:`dphub.runtime`); part of a run's settings
+    runtime: str = "torch"
 
     def __init__(self, slots: Sequence[Slot], rule: AggregateRule | str = "any") -> None:
         if not slots:
@@ -186,14 +189,43 @@ def build_ensemble(
     aggregate_rule: str | None = None,
     batch_size: int = 16,
     int8: bool = False,
+    runtime: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Ensemble:
-    """The ensemble of a manifest (Scenario A), plus the owner's model when given (Scenario B)."""
+    """The ensemble of a manifest (Scenario A), plus the owner's model when given (Scenario B).
+
+    ``runtime`` (``torch``, ``onnx``, ``onnx-int8``; default: the manifest's, else
+    :data:`dphub.runtime.DEFAULT_RUNTIME`) runs every model member's encoder there; ONNX graphs
+    are built on first use (``progress`` gets a line first) and cached by encoder digest.
+    """
+    from dphub.runtime import DEFAULT_RUNTIME, check_runtime
+
+    runtime = check_runtime(runtime or (manifest.runtime if manifest else None)
+                            or DEFAULT_RUNTIME)
+    if int8 and runtime != "torch":
+        raise ConfigError("--int8 (torch dynamic quantization) and an ONNX --runtime exclude "
+                          "each other; use --runtime onnx-int8")
     slots = [member_from_entry(e, batch_size=batch_size, int8=int8)
              for e in (manifest.members if manifest else [])]
     if owner_model is not None:
         slots.append(owner_slot(owner_model, batch_size=batch_size, int8=int8))
     rule = aggregate_rule or (manifest.aggregate if manifest else "any")
-    return Ensemble(slots, rule)
+    ensemble = Ensemble(slots, rule)
+    apply_runtime(ensemble, runtime, progress=progress)
+    return ensemble
+
+
+def apply_runtime(ensemble: Ensemble, runtime: str, *,
+                  progress: Callable[[str], None] | None = None) -> None:
+    """Switch every model member of ``ensemble`` to ``runtime`` (members on one encoder share
+    one ONNX session)."""
+    from dphub.runtime import check_runtime
+
+    check_runtime(runtime)
+    for slot in ensemble.slots:
+        if isinstance(slot.member, ModelMember):
+            slot.member.use_runtime(runtime, progress=progress)
+    ensemble.runtime = runtime
 
 
 def describe(slots: Sequence[Slot]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ in the working directory. Written atomically (:mod:`dphub.io`); edits go through
 so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
 
     aggregate = "any"
+    runtime = "onnx"             # torch | onnx | onnx-int8 (encoder runtime; absent: torch)
 
     [[members]]
     name = "org/ward-tagger"
@@ -125,6 +126,8 @@ class Manifest:
     members: list[MemberEntry] = field(default_factory=list)
     aggregate: str = "any"
     path: Path | None = None
+    #: encoder runtime of model members (:mod:`dphub.runtime`); None: the default
+    runtime: str | None = None
 
     # ------------------------------------------------------------------ file
     @classmethod
@@ -146,7 +149,13 @@ class Manifest:
 
         agg = str(data.get("aggregate", "any"))
         AggregateRule.parse(agg)
-        return cls(members, agg, p)
+        runtime = data.get("runtime")
+        if runtime is not None:
+            from dphub.runtime import RUNTIMES
+
+            if runtime not in RUNTIMES:
+                raise ConfigError(f"{p}: runtime must be one of {', '.join(RUNTIMES)}")
+        return cls(members, agg, p, runtime)
 
     @classmethod
     @contextlib.contextmanager
@@ -175,7 +184,10 @@ class Manifest:
 
     def save(self, path: Path | str | None = None) -> Path:
         p = Path(path or self.path or DEFAULT_MANIFEST)
-        data = {"aggregate": self.aggregate, "members": [m.to_dict() for m in self.members]}
+        data: dict[str, Any] = {"aggregate": self.aggregate}
+        if self.runtime is not None:
+            data["runtime"] = self.runtime
+        data["members"] = [m.to_dict() for m in self.members]
         header = "# dphub ensemble manifest: members, pinned revisions, thresholds\n"
         atomic_write_text(p, header + tomli_w.dumps(data))
         self.path = p

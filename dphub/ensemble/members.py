@@ -79,6 +79,11 @@ class ModelMember:
             self.tagger.model = quantize_dynamic(self.tagger.model, {torch.nn.Linear},
                                                  dtype=torch.qint8)
 
+    def use_runtime(self, runtime: str, *, threads: int | None = None,
+                    progress: Any = None) -> Any:
+        """Run this member's encoder with ``runtime`` (:mod:`dphub.runtime`); heads stay torch."""
+        return self.tagger.use_runtime(runtime, threads=threads, progress=progress)
+
     @property
     def tokenizer_id(self) -> str | None:
         return getattr(self.tagger, "tokenizer_id", None)

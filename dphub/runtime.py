@@ -1,0 +1,360 @@
+"""Encoder runtimes for inference: PyTorch fp32, ONNX Runtime fp32, ONNX Runtime int8.
+
+Why: on CPU the encoder is ~97 % of de-identification time, and ONNX Runtime runs the same
+BERT graph faster than eager PyTorch (fused attention/GELU/LayerNorm kernels; int8 matmuls with
+VNNI). Only the *encoder* is exported; each member's head and CRF stay in PyTorch, so members
+that share an encoder (:attr:`dphub.tagger.Tagger.encoder_key`) still share one ONNX pass.
+
+Cache: ``<cache>/onnx/<encoder digest>/`` (``$DPHUB_CACHE_DIR`` or the platform's user cache
+directory, 0700), keyed by :attr:`~dphub.tagger.Tagger.encoder_digest` (SHA-256 of the encoder
+weights), so every member on one public base shares one file, and the model directory itself
+(pinned by digest in the registry and the manifest) is never touched. ``meta.json`` records the
+SHA-256 of each ``.onnx`` file. Loading checks (1) that digest and (2) that the session reproduces
+the PyTorch encoder on a fixed probe batch (fp32: max abs difference; int8: cosine similarity),
+so a corrupted or swapped file, even with a forged ``meta.json``, is rebuilt; if a fresh build
+still fails the probe the load is refused with a :class:`~dphub.errors.ModelError`. ONNX files
+are protobuf, nothing is unpickled. Builds are atomic and serialised by a lock file.
+
+Threads: ONNX Runtime gets ``intra_op_num_threads`` = the thread count given (default: torch's
+``get_num_threads()``, i.e. ``--threads``), ``inter_op_num_threads = 1``, sequential
+execution and no spin-waiting: a BERT layer is a chain of ops, so parallelism *inside* each
+matmul is what uses the cores; inter-op threads would only compete with them, and spinning
+threads burn the CPU that the other thread (and the other work of the process) needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from dphub.errors import ConfigError, ModelError
+from dphub.io import atomic_write_bytes, atomic_write_text
+
+RUNTIMES: tuple[str, ...] = ("torch", "onnx", "onnx-int8")
+#: what `dphub ensemble deid/evaluate` use when neither the flag nor the manifest names one
+DEFAULT_RUNTIME = "torch"
+CACHE_FORMAT = 1
+OPSET = 17
+#: probe acceptance: fp32 graphs must match PyTorch closely; int8 ones keep the direction of
+#: every hidden vector (quantization noise is measured as cosine similarity, not abs error).
+#: Measured per-token minimum: 0.97-0.98 for a model's own int8 graph, 0.65 for another
+#: MiniLM-based encoder's graph.
+FP32_MAX_ABS = 1e-3
+INT8_MIN_COSINE = 0.9
+_FILES = {"onnx": "encoder.onnx", "onnx-int8": "encoder-int8.onnx"}
+
+
+def check_runtime(name: str) -> str:
+    """``name`` if it is a known runtime, else a :class:`ConfigError` listing them."""
+    if name not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {name!r}; choose one of {', '.join(RUNTIMES)}")
+    return name
+
+
+def cache_root() -> Path:
+    """``$DPHUB_CACHE_DIR/onnx`` or the platform's user cache directory for dphub."""
+    env = os.environ.get("DPHUB_CACHE_DIR")  # the same root as the warm start's cache
+    if env:
+        return Path(env).expanduser() / "onnx"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("dphub")) / "onnx"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+
+
+class _EncoderGraph(nn.Module):
+    """What is exported: ``(input_ids, attention_mask) -> last hidden states``.
+
+    ``token_type_ids`` are zeros and ``position_ids`` ``0..L-1`` on every row, exactly what
+    :func:`dphub.align.collate` builds, so they are constants of the graph, not inputs.
+    """
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                           token_type_ids=torch.zeros_like(input_ids))
+        return out[0] if isinstance(out, tuple) else out.last_hidden_state
+
+
+def _probe_batch(vocab_size: int) -> dict[str, np.ndarray]:
+    """A fixed two-row batch (no text: token ids from a fixed generator), one row padded."""
+    rng = np.random.default_rng(20261123)
+    ids = rng.integers(1000, min(vocab_size, 20000), size=(2, 48), dtype=np.int64)
+    ids[:, 0], ids[0, -1], ids[1, 30] = 101, 102, 102  # [CLS] ... [SEP] (BERT vocabularies)
+    mask = np.ones_like(ids)
+    mask[1, 31:] = 0
+    ids[1, 31:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def export_encoder(encoder: nn.Module, path: Path) -> None:
+    """Export ``encoder`` (fp32, eval) to ONNX at ``path`` (dynamic batch and length), atomically.
+
+    Uses the TorchScript-based exporter (``dynamo=False``): it handles transformers' BERT without
+    extra packages and gives one static graph with dynamic axes.
+    """
+    graph = _EncoderGraph(encoder).eval()
+    probe = _probe_batch(int(getattr(getattr(encoder, "config", None), "vocab_size", 30522)))
+    args = (torch.from_numpy(probe["input_ids"]), torch.from_numpy(probe["attention_mask"]))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.export")
+    try:
+        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+            warnings.simplefilter("ignore")  # tracer and deprecation chatter, not our problem
+            torch.onnx.export(
+                graph, args, str(tmp), input_names=["input_ids", "attention_mask"],
+                output_names=["hidden"], opset_version=OPSET, do_constant_folding=True,
+                dynamic_axes={"input_ids": {0: "batch", 1: "length"},
+                              "attention_mask": {0: "batch", 1: "length"},
+                              "hidden": {0: "batch", 1: "length"}},
+                dynamo=False,
+            )
+        atomic_write_bytes(path, tmp.read_bytes())
+    except ModelError:
+        raise
+    except Exception as e:  # the exporter raises many types; say which step failed
+        raise ModelError(f"cannot export the encoder to ONNX ({type(e).__name__})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+#: how the int8 graph is made (recorded in the cache's meta.json: a change rebuilds the file).
+#: Per-channel weight scales: per-tensor scales lost too much on MiniLM's outlier channels
+#: (probe cosine min 0.83 per tensor vs 0.97 per channel); see docs/results.md for recall.
+INT8_RECIPE: dict[str, Any] = {"weight_type": "QInt8", "per_channel": True,
+                               "op_types": ["MatMul"], "exclude": []}
+
+
+def quantize_int8(src: Path, dst: Path, recipe: dict[str, Any] | None = None) -> None:
+    """Dynamic int8 quantization of the fp32 graph's MatMuls (int8 weights, uint8 activations
+    quantized at run time; ``recipe['exclude']`` names substrings of nodes kept in fp32), written
+    atomically to ``dst``."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    recipe = recipe or INT8_RECIPE
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.quant")
+    try:
+        import onnx
+
+        names = [n.name for n in onnx.load(str(src), load_external_data=False).graph.node]
+        exclude = [n for n in names if any(x in n for x in recipe.get("exclude", []))]
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)  # the quantizer logs advice at WARNING on the root logger
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                quantize_dynamic(str(src), str(tmp),
+                                 weight_type=getattr(QuantType, recipe["weight_type"]),
+                                 per_channel=bool(recipe["per_channel"]),
+                                 op_types_to_quantize=list(recipe["op_types"]),
+                                 nodes_to_exclude=exclude)
+        finally:
+            root.setLevel(level)
+        atomic_write_bytes(dst, tmp.read_bytes())
+    except Exception as e:
+        raise ModelError(f"cannot quantize the ONNX encoder ({type(e).__name__})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _session(path: Path, threads: int) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(1, int(threads))
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3  # errors only: ORT's warnings go to stderr otherwise
+    # idle intra-op threads sleep instead of spinning: with 2 threads on a loaded 2-core machine
+    # spinning cost 27 % more CPU and 22 % more wall time per batch (docs/speed.md)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    try:
+        return ort.InferenceSession(str(path), sess_options=opts,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:  # a corrupt protobuf raises ORT's own exception types
+        raise ModelError(f"{path.name}: not a loadable ONNX file ({type(e).__name__})") from None
+
+
+def _probe_ok(runtime: str, sess: Any, encoder: nn.Module) -> bool:
+    """Does ``sess`` compute what ``encoder`` computes on the fixed probe batch?"""
+    probe = _probe_batch(int(getattr(getattr(encoder, "config", None), "vocab_size", 30522)))
+    try:
+        got = sess.run(None, probe)[0]
+    except Exception:
+        return False
+    with torch.inference_mode():
+        ref = _EncoderGraph(encoder).eval()(torch.from_numpy(probe["input_ids"]),
+                                            torch.from_numpy(probe["attention_mask"])).numpy()
+    if got.shape != ref.shape:
+        return False
+    real = probe["attention_mask"].astype(bool)
+    a, b = got[real].astype(np.float64), ref[real].astype(np.float64)
+    if not np.all(np.isfinite(a)):
+        return False
+    if runtime == "onnx":
+        return float(np.abs(a - b).max()) <= FP32_MAX_ABS
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-12)
+    return float(cos.min()) >= INT8_MIN_COSINE
+
+
+@dataclass
+class CacheStatus:
+    """How :func:`load_encoder` got its session: ``cached`` (verified file), ``built`` (none
+    yet) or ``rebuilt`` (a file failed its digest or the probe and was replaced)."""
+
+    runtime: str
+    path: Path
+    status: str
+
+
+@contextlib.contextmanager
+def _build_lock(d: Path) -> Iterator[None]:
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(d / ".build.lock"), timeout=1800, mode=0o600)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ModelError(f"{d}: another process has been building this ONNX encoder for "
+                         "30 minutes; remove the lock file if it died") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _read_meta(d: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
+        return meta if isinstance(meta, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def load_encoder(runtime: str, encoder: nn.Module, digest: str, *, threads: int | None = None,
+                 cache: Path | None = None,
+                 progress: Callable[[str], None] | None = None) -> tuple[OnnxEncoder, CacheStatus]:
+    """An ONNX Runtime session computing ``encoder`` (digest ``digest``), from the cache or built.
+
+    ``progress`` receives short status lines (no note text) before slow steps (export, int8
+    quantization). Raises :class:`ModelError` when onnxruntime is missing or a fresh build does
+    not reproduce the encoder.
+    """
+    check_runtime(runtime)
+    if runtime == "torch":
+        raise ConfigError("internal: the torch runtime has no ONNX encoder")
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        raise ModelError("the ONNX runtimes need the onnxruntime package "
+                         "(pip install 'dphub[onnx]')") from None
+    if not isinstance(digest, str) or len(digest) != 64 or not all(
+            c in "0123456789abcdef" for c in digest):
+        raise ModelError("internal: an encoder digest must be 64 hex characters")
+    threads = threads or torch.get_num_threads()
+    d = (cache or cache_root()) / digest
+    memo = (str(d), runtime, threads)
+    hit = _LOADED.get(memo)
+    if hit is not None and hit[0] == _stat_sig(hit[1][1].path):
+        return hit[1]  # members on one encoder share one verified session (file unchanged)
+    loaded = _load(runtime, encoder, digest, d, threads, progress)
+    _LOADED[memo] = (_stat_sig(loaded[1].path), loaded)
+    return loaded
+
+
+def _stat_sig(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+#: sessions loaded in this process: (cache dir, runtime, threads) -> (file signature, result)
+_LOADED: dict[tuple[str, str, int], tuple[Any, tuple[OnnxEncoder, CacheStatus]]] = {}
+
+
+def _load(runtime: str, encoder: nn.Module, digest: str, d: Path, threads: int,
+          progress: Callable[[str], None] | None) -> tuple[OnnxEncoder, CacheStatus]:
+    _private_dir(d)
+    target = d / _FILES[runtime]
+    say = progress or (lambda _msg: None)
+    with _build_lock(d):
+        meta = _read_meta(d)
+        files = meta.get("files") if meta.get("encoder_digest") == digest else None
+        files = dict(files) if isinstance(files, dict) else {}
+        if meta.get("int8_recipe") != INT8_RECIPE:  # made another way: not this runtime's file
+            files.pop("onnx-int8", None)
+        status = "built"
+        if target.is_file():
+            if files.get(runtime) == _sha256_file(target):
+                sess = _session(target, threads)
+                if _probe_ok(runtime, sess, encoder):
+                    return OnnxEncoder(sess, runtime), CacheStatus(runtime, target, "cached")
+            status = "rebuilt"
+        fp32 = d / _FILES["onnx"]
+        if runtime == "onnx" or not (fp32.is_file() and files.get("onnx") == _sha256_file(fp32)):
+            say(f"exporting encoder {digest[:12]} to ONNX (once per encoder)")
+            export_encoder(encoder, fp32)
+            files["onnx"] = _sha256_file(fp32)
+        if runtime == "onnx-int8":
+            say(f"quantizing ONNX encoder {digest[:12]} to int8 (once per encoder)")
+            quantize_int8(fp32, target)
+            files["onnx-int8"] = _sha256_file(target)
+        import onnxruntime
+
+        atomic_write_text(d / "meta.json", json.dumps({
+            "format": CACHE_FORMAT, "encoder_digest": digest, "files": files, "opset": OPSET,
+            "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+            "int8_recipe": INT8_RECIPE,
+        }, indent=2, sort_keys=True) + "\n")
+        sess = _session(target, threads)
+        if not _probe_ok(runtime, sess, encoder):
+            raise ModelError(f"the {runtime} encoder built in {d} does not reproduce the PyTorch "
+                             "encoder on the probe batch; use --runtime torch")
+        return OnnxEncoder(sess, runtime), CacheStatus(runtime, target, status)
+
+
+class OnnxEncoder:
+    """Callable like :meth:`dphub.tagger.TaggerModel.encode`: a collated batch in, ``[B, L, H]``
+    float32 hidden states out (a torch tensor sharing the session's output buffer)."""
+
+    def __init__(self, session: Any, runtime: str) -> None:
+        self.session = session
+        self.runtime = runtime
+
+    def __call__(self, batch: dict[str, Tensor]) -> Tensor:
+        feeds = {"input_ids": batch["input_ids"].cpu().numpy().astype(np.int64, copy=False),
+                 "attention_mask": batch["attention_mask"].cpu().numpy().astype(np.int64,
+                                                                                copy=False)}
+        return torch.from_numpy(self.session.run(None, feeds)[0])
