@@ -155,7 +155,7 @@ def test_ray_run_stopped_midway_and_resumed_with_a_killed_worker_equals_a_whole_
     # the resumed run loses a worker mid-batch: Ray restarts it and retries the batch
     marker = tmp_path / "kill-a-worker"
     marker.write_text("")
-    killing = ray_engine(_KillOnce(recipe.members, recipe.aggregate, None, 4, False,
+    killing = ray_engine(_KillOnce(recipe.members, recipe.aggregate, None, 4, False, None,
                                    str(marker)), RayOptions(workers=1))
     rep = run_deid(src, out, ensemble, mode="tag", batch_size=4, engine=killing, resume=True)
     assert not marker.exists()  # a worker did die
