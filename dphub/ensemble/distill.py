@@ -116,6 +116,7 @@ def local_options(opts: TrainOptions, *, dp: bool, explicit: set[str] | None = N
         o.no_dp, o.local_only = False, False
         return o
     o.no_dp, o.local_only = True, True
+    o.noise = o.target_epsilon = o.delta = o.max_epsilon = None  # no mechanism, no budget
     for key, value in LOCAL_DEFAULTS.items():
         if key not in (explicit or set()):
             setattr(o, key, value)
