@@ -180,3 +180,22 @@ def test_cli_bad_input_is_one_error_line(tmp_path: Path, tiny_base_model: Path,
         assert err.startswith("error: ") and err.count("\n") == 1, err
         assert "Zebedee" not in err and "Quarrington" not in err
     assert not (tmp_path / "s2").exists() and not (tmp_path / "s3").exists()
+
+
+def test_cli_train_local_and_dp(notes: list[Note], tiny_base_model: Path, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    labelled = tmp_path / "labelled.jsonl"
+    formats.write(notes, labelled, "jsonl")
+    common = ["--base-model", str(tiny_base_model), "--warm-start", "none", "--epochs", "1",
+              "--threads", "1"]
+    assert main(["ensemble", "train", str(labelled), "--out", str(tmp_path / "own"),
+                 *common]) == 0
+    out = capsys.readouterr().out
+    assert "LOCAL ONLY" in out and f"dphub ensemble add {tmp_path / 'own'}" in out
+    assert load_card(tmp_path / "own").local_only
+    # DP on request: an ordinary DP model with its ε
+    assert main(["ensemble", "train", str(labelled), "--out", str(tmp_path / "own-dp"), "--dp",
+                 "--noise", "1.0", "--batch-size", "2", *common]) == 0
+    assert "ε = " in capsys.readouterr().out
+    card = load_card(tmp_path / "own-dp")
+    assert card.private and not card.local_only and card.dp["training_labels"] == "gold"
