@@ -453,27 +453,16 @@ def render_markdown(result: dict[str, Any]) -> str:
 STUDENTS = (("student", 1, False), ("student-r2", 2, False), ("student-dp", 1, True))
 
 
-def owner_rows(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
-               models: dict[str, dict[str, Any]], sites: list[Any], rules: Any, site1: Any,
-               state: State, clock: Clock, model_slot: Callable[..., Any]) -> list[Row]:
-    """Scenario A+ (students distilled from the ensemble on ``owner-train``'s notes, their labels
-    unused) and B local (the owner's no-DP model on its labels), scored on ``owner-test``.
-
-    The teacher is the three site models + rules under ``any``: without labels nothing can be
-    calibrated, and the community model's card says it was trained on another note type
-    (synthetic discharge summaries), which an owner can see without labels.
-    """
+def owner_trainings(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
+                    teacher: Any, site1_spec: str) -> list[tuple[str, Any, Any, str, str]]:
+    """(name, TrainOptions, fit, table, how) of every owner model: B local first (no teacher
+    needed), then the students distilled from ``teacher`` (None: B local only)."""
     from dataclasses import replace
 
-    from dphub.ensemble.core import Ensemble
     from dphub.ensemble.distill import distill, local_options, train_local
-    from dphub.ensemble.manifest import card_privacy, weights_digest
     from dphub.train import TrainOptions
 
-    test, train_notes = data["owner-test"], data["owner-train"]
-    unlabelled = [replace(n, spans=[], labelled=False) for n in train_notes]  # Scenario A
-    teacher = Ensemble([*sites, rules], "any")
-    teacher_names = [s.name for s in teacher.slots]
+    train_notes = data["owner-train"]
 
     def opts(name: str, dp: bool, **kw: Any) -> Any:
         o = TrainOptions(data=work / "data" / "owner-train.jsonl", out=work / "models" / name,
@@ -484,12 +473,45 @@ def owner_rows(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
             o.batch_size = args.batch_size
         return local_options(o, dp=dp)
 
-    def slot_of(name: str) -> Any:
-        path = work / "models" / name
-        priv = card_privacy(path)
-        return model_slot(name, path, priv.get("epsilon"), priv.get("privacy_unit"),
-                          weights_digest(path))
+    def fit_local(o: Any, progress: Any) -> Any:
+        return train_local(train_notes, o, on_progress=progress).train
 
+    out: list[tuple[str, Any, Any, str, str]] = [
+        ("owner-local", opts("owner-local", False), fit_local, "B local",
+         "no DP, local only; owner-train's gold labels"),
+        ("owner-local-ft", opts("owner-local-ft", False, init_from=site1_spec), fit_local,
+         "B local", "no DP, local only; site-1 → owner-train's gold labels"),
+    ]
+    if teacher is None:
+        return out
+    unlabelled = [replace(n, spans=[], labelled=False) for n in train_notes]  # Scenario A
+    names = ", ".join(s.name for s in teacher.slots)
+    for name, rounds, dp in STUDENTS:
+        def fit(o: Any, progress: Any, rounds: int = rounds) -> Any:
+            return distill(teacher, unlabelled, o, rounds=rounds, batch_size=len(unlabelled),
+                           on_progress=progress).train
+
+        how = (f"{'DP' if dp else 'no DP, local only'}; labels: {names} (any) on owner-train"
+               + (f", {rounds} rounds" if rounds > 1 else ""))
+        out.append((name, opts(name, dp), fit, "A+", how))
+    return out
+
+
+def owner_rows(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
+               models: dict[str, dict[str, Any]], sites: list[Any], rules: Any, site1_spec: str,
+               state: State, clock: Clock, model_slot: Callable[..., Any]) -> list[Row]:
+    """Scenario A+ (students distilled from the ensemble on ``owner-train``'s notes, their labels
+    unused) and B local (the owner's no-DP model on its labels), scored on ``owner-test``.
+
+    The teacher is the three site models + rules under ``any``: without labels nothing can be
+    calibrated, and the community model's card says it was trained on another note type
+    (synthetic discharge summaries), which an owner can see without labels.
+    """
+    from dphub.ensemble.core import Ensemble
+    from dphub.ensemble.manifest import card_privacy, weights_digest
+
+    test = data["owner-test"]
+    teacher = Ensemble([*sites, rules], "any")
     rows: list[Row] = []
     if args.deidpl_output is not None:  # the reference beside the owner's models
         from dphub.evaluate import evaluate_spans, read_predictions
@@ -513,37 +535,17 @@ def owner_rows(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
         rows.append(Row(table, label, "ensemble", names, "rules:default" in names, "any",
                         ens["epsilon"], ens["unit"], headline(ens), note=note))
 
-    for name, rounds, dp in STUDENTS:
-        def fit(o: Any, progress: Any, rounds: int = rounds) -> Any:
-            return distill(teacher, unlabelled, o, rounds=rounds, batch_size=len(unlabelled),
-                           on_progress=progress).train
-
-        models[name] = {"data": "owner-train (ensemble labels)",
-                        **train_or_skip(name, opts(name, dp), state, clock, fit=fit)}
-        student = slot_of(name)
-        how = (f"{'DP' if dp else 'no DP, local only'}; labels: {', '.join(teacher_names)} "
-               f"(any) on owner-train" + (f", {rounds} rounds" if rounds > 1 else ""))
-        add("A+", name, [student], how)
-        add("A+", f"{name} + rules (any)", [student, rules], how)
-        if name == "student":
-            add("A+", f"sites + {name} + rules (any)", [*sites, student, rules], how)
-
-    def fit_local(o: Any, progress: Any) -> Any:
-        return train_local(train_notes, o, on_progress=progress).train
-
-    site_ref = f"{site1.name}@{site1.revision}"
-    for name, kw, how in (
-        ("owner-local", {}, "no DP, local only; owner-train's gold labels"),
-        ("owner-local-ft", {"init_from": site_ref},
-         "no DP, local only; site-1 → owner-train's gold labels"),
-    ):
-        models[name] = {"data": "owner-train",
-                        **train_or_skip(name, opts(name, False, **kw), state, clock,
-                                        fit=fit_local)}
-        own = slot_of(name)
-        add("B local", name, [own], how)
-        add("B local", f"{name} + rules (any)", [own, rules], how)
-        add("B local", f"sites + {name} + rules (any)", [*sites, own, rules], how)
+    for name, opts, fit, table, how in owner_trainings(args, work, data, teacher, site1_spec):
+        models[name] = {"data": "owner-train" + (" (ensemble labels)" if table == "A+" else ""),
+                        **train_or_skip(name, opts, state, clock, fit=fit)}
+        path = work / "models" / name
+        priv = card_privacy(path)
+        own = model_slot(name, path, priv.get("epsilon"), priv.get("privacy_unit"),
+                         weights_digest(path))
+        add(table, name, [own], how)
+        add(table, f"{name} + rules (any)", [own, rules], how)
+        if name in ("owner-local", "owner-local-ft", "student"):
+            add(table, f"sites + {name} + rules (any)", [*sites, own, rules], how)
     return rows
 
 
@@ -801,7 +803,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # ---- Scenario A+ and B local (issue 14): the owner's own models, trained where the notes
     # are, without DP (local only) unless marked DP
     t = time.monotonic()
-    rows += owner_rows(args, work, data, models, sites, rules, site1, state, clock, model_slot)
+    rows += owner_rows(args, work, data, models, sites, rules, f"{site1.name}@{site1.revision}",
+                       state, clock, model_slot)
     clock.record("scenario A+ / B local (trainings + evaluation)", time.monotonic() - t)
     clock.log("Scenario A+ / B local done")
 
