@@ -199,3 +199,16 @@ def test_cli_train_local_and_dp(notes: list[Note], tiny_base_model: Path, tmp_pa
     assert "ε = " in capsys.readouterr().out
     card = load_card(tmp_path / "own-dp")
     assert card.private and not card.local_only and card.dp["training_labels"] == "gold"
+
+
+def test_dp_student_refuses_labels_from_a_member_without_epsilon(tmp_path: Path) -> None:
+    from dphub.ensemble.members import FixedMember
+
+    leaky = Ensemble([Slot(RuleMember("rules:default", RuleOptions()), None, 0.0),
+                      Slot(FixedMember("owner-local", {}), None, None)])
+    opts = local_options(TrainOptions(out=tmp_path / "s"), dp=True)
+    with pytest.raises(ConfigError, match="owner-local have no differential-privacy"):
+        distill(leaky, [Note("n", "text", "p", labelled=False)], opts)
+    with pytest.raises(ConfigError, match="rounds"):
+        distill(_rules(), [Note("n", "text", "p", labelled=False)], opts, rounds=2)
+    assert not (tmp_path / "s").exists()

@@ -17,7 +17,8 @@ only — contains unprotected patient information") and the publish gate refuses
 ``dp=True`` it is an ordinary DP model, publishable with its ε; the pseudo-labels of a patient's
 notes depend only on that patient's notes and on the (public, or ε-accounted) members, so the
 patient-level guarantee covers them. Calibrated thresholds were chosen on the owner's labelled
-notes, though: the card's ``not_covered`` then says so.
+notes, though: the card's ``not_covered`` then says so. A member without ε (another local
+model) or a second round would break that argument, so ``dp=True`` refuses both.
 
 Where text goes: the pseudo-labelled training notes are written to a fresh 0700 directory beside
 the output (files 0600 via :func:`dphub.io.atomic_open`), read by the training, and removed when
@@ -194,6 +195,8 @@ def distill(
         raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     if not notes and not labelled:
         raise InputError("no notes to distil")
+    if not opts.no_dp:
+        _check_dp_teacher(ensemble, rounds)
     out = _check_out(opts.out, opts.force)
     opts = replace(opts, training_labels="gold+ensemble" if labelled else "ensemble")
     teacher = ensemble
@@ -220,6 +223,25 @@ def distill(
         pseudo_spans=round_spans[-1], rounds=rounds, local_only=opts.local_only,
         round_spans=round_spans,
     )
+
+
+def _check_dp_teacher(ensemble: Ensemble, rounds: int) -> None:
+    """A DP student's labels may come only from members that cannot leak other patients.
+
+    A member without ε (a local-only or --no-dp model) carries its training patients into every
+    label it makes, unprotected; a second round's labels come from the first DP student, trained
+    on the same patients, so the two ε would compose while the card states one.
+    """
+    leaky = [s.name for s in ensemble.slots if s.epsilon is None]
+    if leaky:
+        raise ConfigError(
+            f"--dp: member(s) {', '.join(leaky)} have no differential-privacy guarantee; labels "
+            "made with them would carry their training patients into the DP student "
+            "unprotected. Remove them from the ensemble, or train without --dp (local only)"
+        )
+    if rounds > 1:
+        raise ConfigError("--dp with --rounds > 1: every round's student learns from the same "
+                          "patients, so the ε of the rounds would add up; use one round")
 
 
 def _with_student(ensemble: Ensemble, student_dir: Path, r: int) -> Ensemble:
