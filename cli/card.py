@@ -64,7 +64,13 @@ def show(
     from rich.console import Console
     from rich.table import Table
 
-    from dphub.card import CARD_TEXT_FIELDS, CARD_TEXT_KEY, dp_summary, load_card
+    from dphub.card import (
+        CARD_TEXT_FIELDS,
+        CARD_TEXT_KEY,
+        LOCAL_ONLY_STATEMENT,
+        dp_summary,
+        load_card,
+    )
     from dphub.privacy.statement import privacy_statement
 
     card = load_card(_resolve(target))
@@ -80,7 +86,9 @@ def show(
         table.add_row(key, _fmt(value))
     console = Console(highlight=False, soft_wrap=True)
     console.print(table)
-    heading = "PRIVACY" if card.private else "PRIVACY: NOT PRIVATE"
+    heading = "PRIVACY" if card.private else (
+        f"PRIVACY: NOT PRIVATE, {LOCAL_ONLY_STATEMENT.upper()}" if card.local_only
+        else "PRIVACY: NOT PRIVATE")
     console.print(f"\n[bold]{heading}[/bold]", markup=True)
     typer.echo(privacy_statement(card.dp, markdown=False))
     if summary.get("eval_privacy"):
@@ -122,7 +130,7 @@ def validate(
     ),
 ) -> None:
     """Check the card against the DP metadata schema and its own accounting fields."""
-    from dphub.card import dp_summary, validate_card
+    from dphub.card import LOCAL_ONLY_STATEMENT, dp_summary, validate_card
 
     card = validate_card(
         _resolve(target), require_private=require_private, check_accounting=accounting
@@ -130,6 +138,8 @@ def validate(
     s = dp_summary(card)
     if s["private"]:
         what = f"private, epsilon={_fmt(s['epsilon'])}, delta={_fmt(s['delta'])}, unit={s['unit']}"
+    elif s["local_only"]:
+        what = f"NOT PRIVATE, {LOCAL_ONLY_STATEMENT}"
     else:
         what = "NOT PRIVATE (trained without DP)"
     checked = "schema + accounting" if accounting and s["private"] else "schema"

@@ -69,6 +69,10 @@ REQUIRED_TAGS: tuple[str, ...] = (
 #: Metric types written into ``model-index`` by :func:`add_evaluation`.
 EVAL_TASK_NAME = "PHI de-identification"
 
+#: What a local-only card says (``differential_privacy.local_only``: an owner model trained
+#: without DP on its own notes, ``dphub ensemble distill`` / ``ensemble train`` without ``--dp``).
+LOCAL_ONLY_STATEMENT = "local only — contains unprotected patient information"
+
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 
@@ -98,6 +102,11 @@ class ModelCard:
     @property
     def epsilon(self) -> float | None:
         return self.dp.get("epsilon")
+
+    @property
+    def local_only(self) -> bool:
+        """Trained without DP on the owner's own notes: must never leave the machine."""
+        return bool(self.dp.get("local_only"))
 
     def text(self) -> str:
         """The full README text (front matter + body) as it would be written."""
@@ -408,6 +417,8 @@ def _table(rows: Iterable[tuple[str, Any]]) -> str:
 _DP_ROWS: tuple[tuple[str, str], ...] = (
     ("private", "private"),
     ("training_data", "training data"),
+    ("local_only", "local only (never published)"),
+    ("training_labels", "training labels"),
     ("epsilon", "ε"),
     ("delta", "δ"),
     ("privacy_unit", "privacy unit"),
@@ -584,7 +595,11 @@ def _out_of_scope_section(meta: Mapping[str, Any], texts: Mapping[str, str]) -> 
         "Clinical decisions: the model marks text spans, it does not interpret them.",
     ]
     dp = meta.get("differential_privacy") or {}
-    if not dp.get("private") and not is_public_model(dp):
+    if dp.get("local_only"):
+        defaults.insert(0, "**Leaving this machine in any form** (publishing, copying, sending): "
+                           f"{LOCAL_ONLY_STATEMENT}; it was trained without differential "
+                           "privacy on the data owner's own notes.")
+    elif not dp.get("private") and not is_public_model(dp):
         defaults.insert(0, "**Sharing the model at all**: it was trained without differential "
                            "privacy.")
     return _with_trainer(texts.get("out_of_scope"), defaults)
@@ -772,6 +787,9 @@ def _body(meta: Mapping[str, Any]) -> str:
             f", with differential privacy at ε = {_fmt(dp.get('epsilon'))}, "
             f"δ = {_fmt(dp.get('delta'))} per *{dp.get('privacy_unit', '?')}*"
         )
+    elif dp.get("local_only"):
+        headline = (f" — **{LOCAL_ONLY_STATEMENT.upper()}**: trained without differential "
+                    "privacy on the data owner's own notes; keep it on this machine")
     elif is_public_model(dp):
         headline = (" — **public data only**: trained on public synthetic notes, no private "
                     "data, no ε spent")
@@ -1388,6 +1406,8 @@ def dp_summary(card: ModelCard) -> dict[str, Any]:
     return {
         "name": model_name,
         "private": bool(dp.get("private")),
+        "local_only": bool(dp.get("local_only")),
+        "training_labels": dp.get("training_labels"),
         "epsilon": dp.get("epsilon"),
         "delta": dp.get("delta"),
         "unit": dp.get("privacy_unit"),

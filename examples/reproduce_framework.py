@@ -141,11 +141,15 @@ def train_or_skip(
     opts: Any,
     state: State,
     clock: Clock,
+    fit: Callable[[Any, Any], Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``opts`` unless ``opts.out`` already holds a model with a valid card.
 
     An interrupted training (its checkpoint exists) is resumed. Returns the model's privacy
-    summary and training seconds (from this run or the recorded earlier one).
+    summary and training seconds (from this run or the recorded earlier one). ``fit(opts,
+    progress)`` replaces ``dphub.train.train`` (the owner's distillation or local training,
+    :mod:`dphub.ensemble.distill`); it returns a ``TrainResult`` and starts afresh (its labels
+    are made again: an interrupted one's checkpoint is dropped).
     """
     from dphub import checkpoint
     from dphub.card import dp_summary, validate_card
@@ -162,7 +166,12 @@ def train_or_skip(
                              "the directory to train it again") from None
         clock.log(f"{name}: trained earlier, reusing {out.name}")
     else:
-        opts.resume = checkpoint.exists(checkpoint_dir_for(out, opts.checkpoint_dir))
+        ckpt = checkpoint_dir_for(out, opts.checkpoint_dir)
+        if fit is not None and checkpoint.exists(ckpt):
+            import shutil
+
+            shutil.rmtree(ckpt)
+        opts.resume = checkpoint.exists(ckpt)
         clock.log(f"{name}: training{' (resuming)' if opts.resume else ''}")
         last = [time.monotonic()]
 
@@ -173,8 +182,11 @@ def train_or_skip(
                 loss = "" if p.loss is None else f", loss {p.loss:.3f}"
                 clock.log(f"  {name} {p.phase}: step {p.step}/{p.total_steps}{loss}{eps}")
 
-        res = train(opts, on_progress=progress)
-        record[name] = {"seconds": round(res.seconds, 1), "steps": res.steps}
+        t0 = time.monotonic()
+        res = train(opts, on_progress=progress) if fit is None else fit(opts, progress)
+        # a fit's seconds include labelling the notes with the ensemble
+        record[name] = {"seconds": round(res.seconds if fit is None else time.monotonic() - t0, 1),
+                        "steps": res.steps}
         state.save()
         card = validate_card(out, require_private=not opts.no_dp)
     summary = dp_summary(card)
@@ -401,6 +413,24 @@ def render_markdown(result: dict[str, Any]) -> str:
         for r in calibrated:
             th = ", ".join(f"{k} {v:g}" for k, v in r["thresholds"].items())
             lines.append(f"* {r['name']}: {th} — {r['note']}")
+    for table, title, text in (
+        ("A+", "Scenario A+: a student distilled from the ensemble (no owner labels)",
+         "`dphub ensemble distill`: the three site models + rules (`any`) label `owner-train`'s "
+         "notes (its gold labels are not used); a student is trained on those hard labels, "
+         "without DP (local only: its card says it contains unprotected patient information and "
+         "the publish gate refuses it) unless marked DP. Scored on `owner-test`; deid.pl's "
+         "shipped output on the same notes beside them (with `--deidpl-output`)."),
+        ("B local", "Scenario B local: the owner's model without DP",
+         "`dphub ensemble train`: the owner's model on `owner-train`'s gold labels without DP "
+         "(local only), from the warm start or from the pulled site-1 model (`--init-from`)."),
+    ):
+        rows_t = [r for r in result["rows"] if r["table"] == table]
+        if not rows_t:
+            continue
+        lines += ["", f"## {title}", "", text, ""]
+        lines.append(md_table(["model / ensemble", "how", "ε (max)", "unit", *SCORE_HEADER], [
+            [r["name"], r["note"], _eps(r["epsilon"]), r["unit"] or "–", *_score_cells(r)]
+            for r in rows_t], text_columns=2))
     lines += ["", "## Models", ""]
     lines.append(md_table(
         ["model", "data", "patients", "notes", "ε", "δ", "σ", "q", "steps", "train s"],
@@ -417,6 +447,108 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines += ["", f"Run: `{result['command']}`; dphub {result['versions']['dphub']}, torch "
               f"{result['versions']['torch']}, opacus {result['versions']['opacus']}.", ""]
     return "\n".join(lines)
+
+# ------------------------------------------------------------- the owner's own models (issue 14)
+#: (row name, rounds, dp) of the distilled students: teacher = the three site models + rules.
+#: A second round (``("student-r2", 2, False)``) works but is left out: each round is another
+#: local training (~20 minutes on two shared cores), and rounds were not measured.
+STUDENTS = (("student", 1, False), ("student-dp", 1, True))
+
+
+def owner_trainings(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
+                    teacher: Any, site1_spec: str) -> list[tuple[str, Any, Any, str, str]]:
+    """(name, TrainOptions, fit, table, how) of every owner model: B local first (no teacher
+    needed), then the students distilled from ``teacher`` (None: B local only)."""
+    from dataclasses import replace
+
+    from dphub.ensemble.distill import distill, local_options, train_local
+    from dphub.train import TrainOptions
+
+    train_notes = data["owner-train"]
+
+    def opts(name: str, dp: bool, **kw: Any) -> Any:
+        o = TrainOptions(data=work / "data" / "owner-train.jsonl", out=work / "models" / name,
+                         base_model=args.base_model, target_epsilon=args.target_epsilon,
+                         epochs=args.epochs, seed=args.seed, privacy_unit="patient",
+                         warm_start=args.warm_start, **kw)
+        if args.batch_size is not None and dp:
+            o.batch_size = args.batch_size
+        return local_options(o, dp=dp)
+
+    def fit_local(o: Any, progress: Any) -> Any:
+        return train_local(train_notes, o, on_progress=progress).train
+
+    out: list[tuple[str, Any, Any, str, str]] = [
+        ("owner-local", opts("owner-local", False), fit_local, "B local",
+         "no DP, local only; owner-train's gold labels"),
+        ("owner-local-ft", opts("owner-local-ft", False, init_from=site1_spec), fit_local,
+         "B local", "no DP, local only; site-1 → owner-train's gold labels"),
+    ]
+    if teacher is None:
+        return out
+    unlabelled = [replace(n, spans=[], labelled=False) for n in train_notes]  # Scenario A
+    names = ", ".join(s.name for s in teacher.slots)
+    for name, rounds, dp in STUDENTS:
+        def fit(o: Any, progress: Any, rounds: int = rounds) -> Any:
+            return distill(teacher, unlabelled, o, rounds=rounds, batch_size=len(unlabelled),
+                           on_progress=progress).train
+
+        how = (f"{'DP' if dp else 'no DP, local only'}; labels: {names} (any) on owner-train"
+               + (f", {rounds} rounds" if rounds > 1 else ""))
+        out.append((name, opts(name, dp), fit, "A+", how))
+    return out
+
+
+def owner_rows(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
+               models: dict[str, dict[str, Any]], sites: list[Any], rules: Any, site1_spec: str,
+               state: State, clock: Clock, model_slot: Callable[..., Any]) -> list[Row]:
+    """Scenario A+ (students distilled from the ensemble on ``owner-train``'s notes, their labels
+    unused) and B local (the owner's no-DP model on its labels), scored on ``owner-test``.
+
+    The teacher is the three site models + rules under ``any``: without labels nothing can be
+    calibrated, and the community model's card says it was trained on another note type
+    (synthetic discharge summaries), which an owner can see without labels.
+    """
+    from dphub.ensemble.core import Ensemble
+    from dphub.ensemble.manifest import card_privacy, weights_digest
+
+    test = data["owner-test"]
+    teacher = Ensemble([*sites, rules], "any")
+    rows: list[Row] = []
+    if args.deidpl_output is not None:  # the reference beside the owner's models
+        from dphub.evaluate import evaluate_spans, read_predictions
+
+        text = args.corpus / "id.text" if args.corpus.is_dir() else args.corpus
+        pred = read_predictions(args.deidpl_output, format="deidpl", text_path=text)
+        ids = {n.id for n in test}
+        res = evaluate_spans(test, {k: v for k, v in pred.items() if k in ids})
+        rows.append(Row("A+", "deid.pl", "member", ["deid.pl"], False, "rules", None, None,
+                        headline(res.headline()),
+                        note="PhysioNet deid 1.1, its shipped output on the same notes"))
+
+    def add(table: str, label: str, slots: list[Any], note: str) -> None:
+        member_rows, ens = evaluate_slots(slots, test)
+        if len(slots) == 1:
+            r = member_rows[0]
+            rows.append(Row(table, label, "member", [r["name"]], False, "decoded", r["epsilon"],
+                            r["unit"], headline(r), note=note))
+            return
+        names = [s.name for s in slots]
+        rows.append(Row(table, label, "ensemble", names, "rules:default" in names, "any",
+                        ens["epsilon"], ens["unit"], headline(ens), note=note))
+
+    for name, opts, fit, table, how in owner_trainings(args, work, data, teacher, site1_spec):
+        models[name] = {"data": "owner-train" + (" (ensemble labels)" if table == "A+" else ""),
+                        **train_or_skip(name, opts, state, clock, fit=fit)}
+        path = work / "models" / name
+        priv = card_privacy(path)
+        own = model_slot(name, path, priv.get("epsilon"), priv.get("privacy_unit"),
+                         weights_digest(path))
+        add(table, name, [own], how)
+        add(table, f"{name} + rules (any)", [own, rules], how)
+        if name in ("owner-local", "owner-local-ft", "student"):
+            add(table, f"sites + {name} + rules (any)", [*sites, own, rules], how)
+    return rows
 
 
 # ----------------------------------------------------------------------------------- main
@@ -445,6 +577,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rules-min-age", type=int, default=None,
                    help="Ages below this are not flagged by rules:default (default: 90 for "
                         "physionet, whose annotators follow Safe Harbor; else 0).")
+    p.add_argument("--deidpl-output", type=Path, default=None,
+                   help="deid.pl's output (.phi) on CORPUS: scored on owner-test beside the "
+                        "owner's models (a PhysioNet corpus's id.text gives the note texts).")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     p.add_argument("--quick", action="store_true",
                    help="Tiny sizes for smoke tests (1 epoch, no warm start, <= 24 patients).")
@@ -666,6 +801,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ))
     clock.record("scenario B evaluation (calibration included)", time.monotonic() - t)
     clock.log("Scenario B done")
+
+    # ---- Scenario A+ and B local (issue 14): the owner's own models, trained where the notes
+    # are, without DP (local only) unless marked DP
+    t = time.monotonic()
+    rows += owner_rows(args, work, data, models, sites, rules, f"{site1.name}@{site1.revision}",
+                       state, clock, model_slot)
+    clock.record("scenario A+ / B local (trainings + evaluation)", time.monotonic() - t)
+    clock.log("Scenario A+ / B local done")
 
     for name, per_set in infer.items():
         clock.record(f"inference {name} ({len(per_set)} note sets; cached after the first run)",

@@ -139,10 +139,18 @@ def test_reproduce_framework_quick_writes_tables_and_resumes(
                                               "owner-test")) == 16
     assert sum(parts[k]["notes"] for k in parts if k != "community") == 32
     # every model is patient-level DP at ε <= 8
-    assert set(data["models"]) == {"site-1", "site-2", "site-3", "community", "owner",
-                                   "owner-ft"}
-    for m in data["models"].values():
+    dp_models = {"site-1", "site-2", "site-3", "community", "owner", "owner-ft", "student-dp"}
+    local = {"student", "owner-local", "owner-local-ft"}  # issue 14: no DP
+    assert set(data["models"]) == dp_models | local
+    for name in dp_models:
+        m = data["models"][name]
         assert m["unit"] == "patient" and 0 < m["epsilon"] <= 8.0
+    assert all(data["models"][name]["epsilon"] is None for name in local)
+    rows_owner = {r["name"]: r for r in data["rows"] if r["table"] in ("A+", "B local")}
+    assert {"student", "student + rules (any)", "owner-local", "owner-local + rules (any)",
+            "owner-local-ft"} <= set(rows_owner)
+    assert rows_owner["student + rules (any)"]["epsilon"] is None  # a local member: no ε
+    assert "## Scenario A+" in md and "## Scenario B local" in md
     assert data["models"]["owner-ft"]["init_from"].startswith("site-1/deid-tagger@")
 
     rows_a = {r["name"]: r for r in data["rows"] if r["table"] == "A"}
@@ -171,7 +179,7 @@ def test_reproduce_framework_quick_writes_tables_and_resumes(
     # resumable: a second run trains nothing and reproduces the same scores from the cache
     again = _run(cmd, env, tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert ": training" not in again.stderr and again.stderr.count("trained earlier") == 6
+    assert ": training" not in again.stderr and again.stderr.count("trained earlier") == 10
     data2 = json.loads((res / "tables.json").read_text(encoding="utf-8"))
     assert data2["rows"] == data["rows"]
 

@@ -234,8 +234,9 @@ def card_privacy(model_dir: Path) -> dict[str, Any]:
 
         summary = dp_summary(load_card(Path(model_dir)))
         if isinstance(summary, dict):
+            # a non-private model protects no unit (its card's unit only grouped its batches)
             return {"epsilon": summary.get("epsilon"), "delta": summary.get("delta"),
-                    "privacy_unit": summary.get("unit")}
+                    "privacy_unit": summary.get("unit") if summary.get("private") else None}
     except (ImportError, DphubError, TypeError, AttributeError, KeyError):
         pass
     readme = Path(model_dir) / "README.md"

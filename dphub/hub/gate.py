@@ -191,6 +191,11 @@ def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> d
     dp = meta.get("differential_privacy")
     if not isinstance(dp, dict):
         raise _refuse(model_dir, "the model card has no differential_privacy block")
+    if dp.get("local_only") is True:  # first: the one reason that matters for such a model
+        raise _refuse(model_dir, "the model is LOCAL ONLY: it contains unprotected patient "
+                                 "information (trained without differential privacy on the data "
+                                 "owner's own notes) and never leaves this machine; train it "
+                                 "with --dp to get a publishable model")
     if dp.get("training_data") == PUBLIC_SYNTHETIC:
         return _check_public_card(model_dir, meta, validate)
     missing = [k for k in ACCOUNTING_FIELDS if k not in dp or dp[k] is None and k != "epsilon"]

@@ -24,7 +24,9 @@ WARM_STARTS = ("synth", "none")
 
 
 ACCOUNTANTS = ("prv", "rdp")
-#: Target ε used when neither ``--noise`` nor ``--target-epsilon`` is given.
+
+#: Where an owner model's training labels came from (the card's ``training_labels``).
+TRAINING_LABELS = ("gold", "ensemble", "gold+ensemble")
 
 
 #: Target ε used when neither ``--noise`` nor ``--target-epsilon`` is given.
@@ -83,6 +85,12 @@ class TrainOptions:
     #: the trainer's own card texts (``[card]`` of dphub.toml: intended_use, out_of_scope,
     #: limitations, provenance); rendered in the card, never part of the training config
     card_text: dict[str, str] | None = None
+    #: the model stays on the owner's machine (``dphub ensemble distill`` / ``ensemble train``
+    #: without ``--dp``): its card says *local only* and the publish gate refuses it
+    local_only: bool = False
+    #: where the training labels came from (``gold``, ``ensemble`` or ``gold+ensemble``),
+    #: recorded in the card; None for ``dphub train`` (gold labels, not stated)
+    training_labels: str | None = None
     #: stop (as if killed) after this many steps; only for tests of resume
     _stop_after: int | None = field(default=None, repr=False)
 
@@ -129,6 +137,11 @@ class TrainOptions:
             raise ConfigError(f"--train-layers must be >= 0, got {self.train_layers}")
         if self.lora_rank is not None and self.lora_rank <= 0:
             raise ConfigError(f"--lora-rank must be > 0, got {self.lora_rank}")
+        if self.local_only and not self.no_dp:
+            raise ConfigError("a local-only model is trained without DP (a DP model is "
+                              "publishable, not local only)")
+        if self.training_labels is not None:
+            _choice("training labels", self.training_labels, TRAINING_LABELS)
         if self.recall_weight < 0:
             raise ConfigError(f"--recall-weight must be >= 0, got {self.recall_weight}")
         if not 8 <= self.max_length <= 512:
@@ -142,7 +155,7 @@ class TrainOptions:
     def public_dict(self) -> dict[str, Any]:
         """Hyper-parameters as recorded in ``training_config.json``: no paths, no user names."""
         hidden = {"data", "out", "checkpoint_dir", "resume", "force", "_stop_after", "base_model",
-                  "init_from", "card_text"}
+                  "init_from", "card_text", "local_only", "training_labels"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
 
 

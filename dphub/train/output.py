@@ -93,6 +93,10 @@ def build_meta(
             mechanism_rng=dp_mode(opts.secure_rng),
             weights_sha256=weights_sha256, **common,
         )
+    if opts.local_only:  # trained without DP on the owner's notes: it must never leave
+        dp["local_only"] = True
+    if opts.training_labels is not None:
+        dp["training_labels"] = opts.training_labels
     dataset = card.dataset_block(notes, label_schema=opts.label_schema, sequences=n_sequences)
     meta = card.card_meta(dp, dataset, base_model=src.base_public_id)
     return card.with_card_text(meta, opts.card_text or {})

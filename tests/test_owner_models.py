@@ -1,0 +1,214 @@
+"""The owner's own models: distillation of the ensemble (Scenario A+) and local Scenario B.
+
+Tiny random BERT, a few synthetic notes and the rule member as the teacher (it needs no weights
+and finds PHI in synthetic notes), one epoch: what is tested is the contract (labels, card,
+gate, files, messages), not accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from dphub import formats, synth
+from dphub.card import LOCAL_ONLY_STATEMENT, load_card, validate_card
+from dphub.cli.main import main
+from dphub.ensemble.core import Ensemble, Slot
+from dphub.ensemble.distill import (
+    combine_labels,
+    distill,
+    local_options,
+    pseudo_label,
+    train_local,
+)
+from dphub.ensemble.rules import RuleMember, RuleOptions
+from dphub.errors import ConfigError, DphubError
+from dphub.hub import gate
+from dphub.notes import Note, Span
+from dphub.train import TrainOptions
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    monkeypatch.setenv("DPHUB_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def notes() -> list[Note]:
+    return synth.generate(8, kind="nursing", seed=5, patients=3)
+
+
+def _rules() -> Ensemble:
+    return Ensemble([Slot(RuleMember("rules:default", RuleOptions()), None, 0.0)])
+
+
+def _opts(base: Path, out: Path, **kw) -> TrainOptions:
+    o = dict(out=out, base_model=str(base), warm_start="none", epochs=1.0, max_length=64,
+             stride=16, accountant="rdp", noise=1.0, checkpoint_every=50)
+    o.update(kw)
+    return TrainOptions(**o)
+
+
+def _gold_strings(notes: list[Note]) -> list[str]:
+    return [n.text[s.start:s.end] for n in notes for s in n.spans if s.end - s.start >= 4]
+
+
+def _only_model_dir_beside(out: Path) -> None:
+    """No temp directory (which held note text) is left beside the output: only the private run
+    log (counts and losses) of dphub.train."""
+    left = [p for p in out.parent.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in left] == [f".{out.name}.trainlog.json"]
+    assert stat.S_IMODE(os.stat(left[0]).st_mode) == 0o600
+
+
+def test_distilled_student_is_local_only_and_refused_by_the_gate(
+        notes: list[Note], tiny_base_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "models" / "student"
+    opts = local_options(_opts(tiny_base_model, out, noise=None), dp=False)
+    res = distill(_rules(), notes, opts)  # their gold spans are not read: the ensemble labels
+    assert res.local_only and res.pseudo_notes == len(notes) and res.pseudo_spans > 0
+    card = validate_card(out)  # schema-valid
+    assert card.local_only and not card.private
+    assert card.dp["training_labels"] == "ensemble"
+    assert LOCAL_ONLY_STATEMENT.upper() in card.body
+    # weights may memorise PHI: the directory is private to the owner
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o700
+    _only_model_dir_beside(out)
+    with pytest.raises(DphubError, match="LOCAL ONLY: it contains unprotected patient info"):
+        gate.check_card(out)
+
+
+def test_dp_student_is_an_ordinary_publishable_dp_model(
+        notes: list[Note], tiny_base_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dp-student"
+    opts = local_options(_opts(tiny_base_model, out, batch_size=2), dp=True)
+    res = distill(_rules(), notes, opts)
+    assert not res.local_only and res.train.epsilon is not None
+    meta = gate.check_card(out)  # the gate's card checks pass (valid, private, accounted)
+    dp = meta["differential_privacy"]
+    assert dp["private"] is True and "local_only" not in dp
+    assert dp["training_labels"] == "ensemble"
+
+
+def test_local_only_needs_no_dp() -> None:
+    with pytest.raises(ConfigError, match="local-only model is trained without DP"):
+        TrainOptions(data=Path("x"), out=Path("y"), local_only=True).validate()
+    from hub_fixtures import card_meta
+
+    from dphub.card import validate_meta
+
+    validate_meta(card_meta(local_only=False), check_accounting=False)
+    with pytest.raises(DphubError, match="local_only"):  # a DP card cannot be local only
+        validate_meta(card_meta(local_only=True), check_accounting=False)
+
+
+def test_gold_spans_win_over_pseudo_labels(notes: list[Note]) -> None:
+    pseudo = pseudo_label(_rules(), notes[:3], batch_size=2)
+    assert all(n.labelled for n in pseudo)
+    gold = [Note(notes[0].id, notes[0].text, notes[0].patient_id,
+                 spans=[Span(0, 3, "NAME")], labelled=True),
+            Note("extra", "Seen by Dr Ames.", "p9", spans=[Span(11, 15, "NAME")],
+                 labelled=True)]
+    combined = combine_labels(pseudo, gold)
+    assert [n.id for n in combined] == [notes[0].id, notes[1].id, notes[2].id, "extra"]
+    assert combined[0].spans == [Span(0, 3, "NAME")]  # gold only, not the union
+    assert combined[1].spans == pseudo[1].spans
+    assert combined[3].spans == [Span(11, 15, "NAME")]
+
+
+def test_local_scenario_b_model(notes: list[Note], tiny_base_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "owner"
+    res = train_local(notes, local_options(_opts(tiny_base_model, out, noise=None), dp=False))
+    card = load_card(out)
+    assert res.local_only and card.local_only and card.dp["training_labels"] == "gold"
+    assert card.dp["privacy_unit"] == "note"  # the local default (no guarantee is claimed)
+    _only_model_dir_beside(out)
+
+
+def test_cli_distill_with_labels_then_publish_is_refused(
+        notes: list[Note], tiny_base_model: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "notes.jsonl"
+    formats.write(notes[2:], src, "jsonl")
+    labelled = tmp_path / "labelled.jsonl"
+    formats.write(notes[:2], labelled, "jsonl")
+    manifest = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", "rules:default", "--ensemble", str(manifest)]) == 0
+    out = tmp_path / "student"
+    capsys.readouterr()
+    code = main(["ensemble", "distill", str(src), "--out", str(out), "--labels", str(labelled),
+                 "--ensemble", str(manifest), "--base-model", str(tiny_base_model),
+                 "--warm-start", "none", "--epochs", "1", "--threads", "1"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    assert "LOCAL ONLY" in cap.out and "2 with gold labels" in cap.out
+    assert load_card(out).dp["training_labels"] == "gold+ensemble"
+    for text in _gold_strings(notes):
+        assert text not in cap.out + cap.err
+    code = main(["publish", str(out), "--repo", "acme/student", "--hub", str(tmp_path / "hub")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: refusing to publish") and err.count("\n") == 1
+    assert "LOCAL ONLY" in err and "unprotected patient information" in err
+    # and `dphub card validate` says what it is
+    assert main(["card", "validate", str(out)]) == 0
+    assert LOCAL_ONLY_STATEMENT in capsys.readouterr().out
+
+
+def test_cli_bad_input_is_one_error_line(tmp_path: Path, tiny_base_model: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", "rules:default", "--ensemble", str(manifest)]) == 0
+    secret = tmp_path / "notes.jsonl"
+    secret.write_text(json.dumps({"id": "n1", "text": "Pt Zebedee Quarrington seen."}) + "\n"
+                      + "{not json\n", encoding="utf-8")
+    capsys.readouterr()
+    for args in (
+        [str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "s1")],
+        [str(secret), "--out", str(tmp_path / "s2")],
+        [str(secret), "--out", str(tmp_path / "s3"), "--noise", "1.0"],
+    ):
+        code = main(["ensemble", "distill", *args, "--ensemble", str(manifest),
+                     "--base-model", str(tiny_base_model), "--warm-start", "none"])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+        assert "Zebedee" not in err and "Quarrington" not in err
+    assert not (tmp_path / "s2").exists() and not (tmp_path / "s3").exists()
+
+
+def test_cli_train_local_and_dp(notes: list[Note], tiny_base_model: Path, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    labelled = tmp_path / "labelled.jsonl"
+    formats.write(notes, labelled, "jsonl")
+    common = ["--base-model", str(tiny_base_model), "--warm-start", "none", "--epochs", "1",
+              "--threads", "1"]
+    assert main(["ensemble", "train", str(labelled), "--out", str(tmp_path / "own"),
+                 *common]) == 0
+    out = capsys.readouterr().out
+    assert "LOCAL ONLY" in out and f"dphub ensemble add {tmp_path / 'own'}" in out
+    assert load_card(tmp_path / "own").local_only
+    # DP on request: an ordinary DP model with its ε
+    assert main(["ensemble", "train", str(labelled), "--out", str(tmp_path / "own-dp"), "--dp",
+                 "--noise", "1.0", "--batch-size", "2", *common]) == 0
+    assert "ε = " in capsys.readouterr().out
+    card = load_card(tmp_path / "own-dp")
+    assert card.private and not card.local_only and card.dp["training_labels"] == "gold"
+
+
+def test_dp_student_refuses_labels_from_a_member_without_epsilon(tmp_path: Path) -> None:
+    from dphub.ensemble.members import FixedMember
+
+    leaky = Ensemble([Slot(RuleMember("rules:default", RuleOptions()), None, 0.0),
+                      Slot(FixedMember("owner-local", {}), None, None)])
+    opts = local_options(TrainOptions(out=tmp_path / "s"), dp=True)
+    with pytest.raises(ConfigError, match="owner-local have no differential-privacy"):
+        distill(leaky, [Note("n", "text", "p", labelled=False)], opts)
+    with pytest.raises(ConfigError, match="rounds"):
+        distill(_rules(), [Note("n", "text", "p", labelled=False)], opts, rounds=2)
+    assert not (tmp_path / "s").exists()
