@@ -67,6 +67,8 @@ class TrainOptions:
     train_layers: int = 0
     lora_rank: int | None = None
     recall_weight: float = 3.0
+    #: give the tagger the zero-ε rule member's flags as input features (dphub.rule_features)
+    rule_features: bool = False
     label_schema: str = "hipaa"
     max_epsilon: float | None = None
     seed: int = 0

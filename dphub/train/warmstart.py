@@ -61,6 +61,9 @@ class WarmStartConfig:
     lr_head: float = 2e-3
     max_length: int = 128
     stride: int = 32
+    #: the tagger takes the rule member's flags as input features (``dphub.rule_features``);
+    #: the warm start then learns, on public notes, how far to trust them
+    rule_features: bool = False
 
     def card_block(self, steps: int | None = None, seed: int = 0) -> dict[str, Any]:
         """What the card records under ``differential_privacy.public_pretraining``."""
@@ -114,6 +117,10 @@ def cache_key(
         "synth": asdict(cfg),
         "seed": seed,
     }
+    if cfg.rule_features:  # a change of the rules changes the inputs: a new warm start
+        from dphub.rule_features import rules_digest
+
+        payload["rules"] = rules_digest()
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -217,17 +224,18 @@ def train_public(
     notes = []
     for i, (kind, n) in enumerate(cfg.notes):
         notes.extend(synth.generate(n, kind=kind, seed=cfg.synth_seed + i))
-    model = TaggerModel.from_base(base_dir, schema=schema, head=head)
+    model = TaggerModel.from_base(base_dir, schema=schema, head=head,
+                                  rule_features=cfg.rule_features)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     examples = encode_notes(notes, tokenizer, model.tags, schema, max_length=cfg.max_length,
-                            stride=cfg.stride, unit="sequence")
+                            stride=cfg.stride, unit="sequence", rule_features=cfg.rule_features)
     n_layers = int(getattr(model.encoder.config, "num_hidden_layers", 0) or 0)
     layers = cfg.train_layers
     if layers is not None and n_layers:
         layers = min(layers, n_layers)  # small bases (tests) have fewer layers
     model.set_trainable(train_layers=layers)
     model.train()
-    head_names = ("classifier", "crf")
+    head_names = ("classifier", "crf", "rule_proj")
     groups = [
         {"params": [p for n, p in model.named_parameters()
                     if p.requires_grad and not n.startswith(head_names)], "lr": cfg.lr_encoder},
