@@ -190,16 +190,10 @@ class TaggerModel(nn.Module):
         self.classifier = nn.Linear(hidden, len(self.tags))
         self.crf: CRF | None = CRF(len(self.tags), batch_first=True) if head == "crf" else None
         #: the ``dphub.rule_features`` config block (None: the model takes no rule features)
-        self.rule_features = rule_features
+        self.rule_features: dict[str, Any] | None = None
         self.rule_proj: nn.Linear | None = None
         if rule_features is not None:
-            from dphub.rule_features import NUM_FEATURES
-
-            # zeros: a fresh model starts as if it had no features; training (public warm start,
-            # then DP) learns how much each rule flag is worth per tag
-            self.rule_proj = nn.Linear(NUM_FEATURES, len(self.tags))
-            nn.init.zeros_(self.rule_proj.weight)
-            nn.init.zeros_(self.rule_proj.bias)
+            self.add_rule_features(rule_features)
 
     # ------------------------------------------------------------------ construction
 
@@ -235,6 +229,22 @@ class TaggerModel(nn.Module):
                     tokenizer_source=tok_src, rule_features=spec)
         model.train()
         return model
+
+    def add_rule_features(self, spec: dict[str, Any] | None = None) -> None:
+        """Give the model the rule-feature input (``spec``: this dphub's rules by default).
+
+        ``rule_proj`` starts at zero, so the model's predictions are unchanged until training
+        (public warm start, then DP) learns how much each rule flag is worth per tag.
+        """
+        from dphub.rule_features import NUM_FEATURES, feature_spec
+
+        if self.rule_proj is not None:
+            raise ConfigError("this model already takes rule features")
+        self.rule_features = copy.deepcopy(spec) if spec is not None else feature_spec()
+        self.rule_proj = nn.Linear(NUM_FEATURES, len(self.tags))
+        nn.init.zeros_(self.rule_proj.weight)
+        nn.init.zeros_(self.rule_proj.bias)
+        self.rule_proj.to(self.classifier.weight.device)
 
     # ------------------------------------------------------------------ forward passes
 

@@ -147,3 +147,31 @@ def test_dp_training_with_rule_features_end_to_end(tiny_base_model: Path, tmp_pa
 
     assert gate.model_dir_problems(out, load_card(out).meta) == []  # the gate accepts its layout
     assert len(tagger.tag(synth.generate(2, kind="nursing", seed=9))) == 2
+
+
+def test_rule_warm_start_is_a_head_stage_on_the_plain_warm_start(tiny_base_model: Path,
+                                                                  tmp_path: Path):
+    from dataclasses import replace
+
+    from dphub.train import warmstart
+
+    cfg = warmstart.WarmStartConfig(notes=(("nursing", 3),), epochs=1.0, batch_size=4,
+                                    max_length=64, stride=16, rule_features=True, rule_epochs=1.0)
+    plain_cfg = replace(cfg, rule_features=False)
+    key = warmstart.cache_key(tiny_base_model, "tiny", "hipaa", "crf", cfg, 0)
+    plain_key = warmstart.cache_key(tiny_base_model, "tiny", "hipaa", "crf", plain_cfg, 0)
+    # the rule stage's own settings never change a plain warm start's key (caches stay valid)
+    assert plain_key == warmstart.cache_key(tiny_base_model, "tiny", "hipaa", "crf",
+                                            replace(plain_cfg, rule_lr=1.0), 0)
+    assert key != plain_key
+    wdir = warmstart.warm_start(tiny_base_model, "tiny", "hipaa", "crf", cfg,
+                                cache_dir=tmp_path)
+    assert wdir.name == key and (tmp_path / "warmstart" / plain_key / "model.safetensors").is_file()
+    rule_model = TaggerModel.load(wdir)
+    plain = TaggerModel.load(tmp_path / "warmstart" / plain_key)
+    assert rule_model.rule_features is not None and plain.rule_features is None
+    assert float(rule_model.rule_proj.weight.detach().abs().sum()) > 0  # the stage trained it
+    # the encoder is the plain warm start's, untouched
+    for (n, a), (_, b) in zip(rule_model.encoder.state_dict().items(),
+                              plain.encoder.state_dict().items(), strict=True):
+        assert torch.equal(a, b), n
