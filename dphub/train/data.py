@@ -132,9 +132,10 @@ def recall_weights(
     if delta_p <= 0:
         return None
     with torch.no_grad():
+        extra = {"rule_features": batch["rule_features"]} if "rule_features" in batch else {}
         em = model.emissions(
             batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-            batch["position_ids"], rule_features=batch.get("rule_features"),
+            batch["position_ids"], **extra,
         )
         pred = em.argmax(-1)
         gold_phi = (labels > 0) & (labels != -100)  # tag 0 is "O"
