@@ -79,6 +79,10 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
             "the base model directory to its public name"
         )
     model = src.model
+    if opts.rule_features and model.rule_features is None:
+        model.add_rule_features()  # zero projection: starts exactly as the source model
+    elif not opts.rule_features and model.rule_features is not None:
+        raise ConfigError("the initial model takes rule features: train with --rule-features")
     from transformers import AutoTokenizer
 
     from dphub.privacy.units import UnitDataset
