@@ -44,13 +44,15 @@ def _split(seed: int, corpus: Path = CORPUS, inner: bool = False):
     return train, test
 
 
-def _score(model_dir: Path, test, thresholds: list[float | None]) -> dict:
+def _score(model_dir: Path, test, thresholds: list[float | None], encoded=None) -> dict:
     from dphub.evaluate import evaluate_spans
     from dphub.tagger import Tagger
 
     tagger = Tagger.load(model_dir)
     t0 = time.monotonic()
-    scores = tagger.token_scores(test, batch_size=32)
+    if encoded is not None and encoded.key != tagger.encoder_key:
+        encoded = None
+    scores = tagger.token_scores(test, batch_size=32, encoded=encoded)
     infer_s = time.monotonic() - t0
     from dphub.scores import spans_from_scores
 
@@ -123,7 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         report["warm_start_seconds"] = round(time.monotonic() - t0, 1)
         report["model"] = "public warm start " + wdir.name
         report["options"] = {k: str(v) for k, v in extra.items()}
-        report.update(_score(wdir, test_notes, thresholds))
+        if opts.rule_features:  # the plain warm start it was built on, one shared encoder pass
+            from dataclasses import replace
+
+            from dphub.tagger import Tagger
+
+            plain = warmstart.warm_start(Path(loadable), public_id, opts.label_schema, opts.head,
+                                         replace(ws, rule_features=False), seed=opts.seed)
+            encoded = Tagger.load(plain).encode(test_notes, batch_size=32)
+            report["plain_warm_start"] = _score(plain, test_notes, thresholds, encoded)
+            report.update(_score(wdir, test_notes, thresholds, encoded))
+        else:
+            report.update(_score(wdir, test_notes, thresholds))
         print(json.dumps(report, indent=2))
         return 0
 
