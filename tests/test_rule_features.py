@@ -175,3 +175,19 @@ def test_rule_warm_start_is_a_head_stage_on_the_plain_warm_start(tiny_base_model
     for (n, a), (_, b) in zip(rule_model.encoder.state_dict().items(),
                               plain.encoder.state_dict().items(), strict=True):
         assert torch.equal(a, b), n
+
+
+def test_train_and_audit_share_the_rule_features_flag():
+    import typer.main
+
+    from dphub.cli import train as cli_train
+    from dphub.cli.main import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name in ("train", "audit"):
+        params = {p.name: p for p in commands[name].params}
+        assert "rule_features" in params, name
+        assert "--rule-features" in params["rule_features"].opts
+        assert "--no-rule-features" in params["rule_features"].secondary_opts
+    assert cli_train.CONFIG_KEYS["rule_features"] == ("train", "rule_features")
+    assert "rule_features" in cli_train.INIT_TEMPLATE
