@@ -84,7 +84,7 @@ train_layers = 0               # top encoder layers trained under DP (0: only em
                                # the frozen encoder then runs once per window)
 # lora_rank = 8                # LoRA adapters instead of full top layers
 recall_weight = 3.0            # delta_p: loss_i * (1 + delta_p * FNR_i), FNR_i from own predictions
-rule_features = false          # the zero-epsilon rule member's flags as tagger input features
+rule_features = true           # the zero-epsilon rule member's flags as tagger input features
 seed = 0
 warm_start = "synth"           # synth (public synthetic notes, costs no epsilon) | none
 
@@ -226,7 +226,7 @@ RECALL_WEIGHT_OPT = typer.Option(
         "own false-negative rate on PHI tokens (0: plain loss).",
     )
 RULE_FEATURES_OPT = typer.Option(
-        None, "--rule-features/--no-rule-features", show_default="no-rule-features",
+        None, "--rule-features/--no-rule-features", show_default="rule-features",
         help="Give the tagger the zero-ε rule member's flags as input features (DP then learns "
         "when to trust them; the model needs the same dphub rules at inference).",
     )

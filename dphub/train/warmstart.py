@@ -70,6 +70,8 @@ class WarmStartConfig:
     stride: int = 32
     #: the tagger takes the rule member's flags as input features (``dphub.rule_features``);
     #: a head stage then learns, on public notes, how far to trust them
+    #: (``dphub train`` sets it from ``TrainOptions.rule_features``, default on; the dataclass
+    #: default stays off so a bare config names the plain warm start the rule stage builds on)
     rule_features: bool = False
     #: epochs and learning rate of that head stage (frozen encoder, cached: cheap)
     rule_epochs: float = 4.0
