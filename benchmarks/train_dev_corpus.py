@@ -5,6 +5,13 @@ Usage (from the repository root; real data stays on this machine, nothing prints
     python benchmarks/train_dev_corpus.py --out /tmp/dev-dp --target-epsilon 8
     python benchmarks/train_dev_corpus.py --out /tmp/dev-nodp --no-dp
     python benchmarks/train_dev_corpus.py --eval-only /tmp/dev-dp      # score an existing model
+    python benchmarks/train_dev_corpus.py --out /tmp/in --inner --rule-features true  # tuning split
+    python benchmarks/train_dev_corpus.py --warm-start-only --rule-features true  # public only
+
+``--inner`` trains on 80 % of the 95 training patients and scores the other 20 % (split seed 1):
+the split for choosing settings, so the 36 held-out test patients are scored only once.
+``--warm-start-only`` scores the public warm start (synthetic notes, no private data) that the
+given options would start from, building it if it is not cached.
 
 Prints one JSON object: token-binary precision/recall/F1 and phrase recall on the test split,
 ε/δ/steps, training seconds and peak RSS. Extra ``--key value`` pairs become TrainOptions fields
@@ -26,22 +33,26 @@ from pathlib import Path
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "physionet-deid-dev"
 
 
-def _split(seed: int, corpus: Path = CORPUS):
+def _split(seed: int, corpus: Path = CORPUS, inner: bool = False):
     from dphub import formats
     from dphub.splits import split_notes
 
     notes = list(formats.read(corpus, "physionet"))
     train, test = split_notes(notes, [0.8, 0.2], by="patient", seed=seed)
+    if inner:  # tuning: 80/20 of the training patients; the held-out test split stays unseen
+        train, test = split_notes(train, [0.8, 0.2], by="patient", seed=1)
     return train, test
 
 
-def _score(model_dir: Path, test, thresholds: list[float | None]) -> dict:
+def _score(model_dir: Path, test, thresholds: list[float | None], encoded=None) -> dict:
     from dphub.evaluate import evaluate_spans
     from dphub.tagger import Tagger
 
     tagger = Tagger.load(model_dir)
     t0 = time.monotonic()
-    scores = tagger.token_scores(test, batch_size=32)
+    if encoded is not None and encoded.key != tagger.encoder_key:
+        encoded = None
+    scores = tagger.token_scores(test, batch_size=32, encoded=encoded)
     infer_s = time.monotonic() - t0
     from dphub.scores import spans_from_scores
 
@@ -74,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--thresholds", default="none,0.5,0.3,0.2,0.1")
     ap.add_argument("--no-dp", action="store_true")
+    ap.add_argument("--inner", action="store_true",
+                    help="train on 80 %% of the training patients, score the other 20 %%")
+    ap.add_argument("--warm-start-only", action="store_true",
+                    help="score the public warm start of these options (no private data)")
     args, rest = ap.parse_known_args(argv)
     torch.set_num_threads(args.threads)
     extra = {}
@@ -82,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         extra[key] = _coerce(rest[i + 1])
     thresholds = [None if t == "none" else float(t) for t in args.thresholds.split(",")]
 
-    train_notes, test_notes = _split(args.split_seed, args.corpus)
+    train_notes, test_notes = _split(args.split_seed, args.corpus, args.inner)
     report: dict = {
+        "split": "inner (80/20 of the training patients, seed 1)" if args.inner
+        else "held-out test patients",
         "train_patients": len({n.patient_id for n in train_notes}),
         "train_notes": len(train_notes),
         "test_patients": len({n.patient_id for n in test_notes}),
@@ -92,6 +109,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.eval_only:
         report["model"] = str(args.eval_only)
         report.update(_score(args.eval_only, test_notes, thresholds))
+        print(json.dumps(report, indent=2))
+        return 0
+    if args.warm_start_only:
+        from dphub.encoders import resolve_base_model
+        from dphub.train import TrainOptions, warmstart
+
+        opts = TrainOptions(**extra)
+        loadable, public_id = resolve_base_model(opts.base_model)
+        ws = warmstart.WarmStartConfig(max_length=opts.max_length, stride=opts.stride,
+                                       rule_features=opts.rule_features)
+        t0 = time.monotonic()
+        wdir = warmstart.warm_start(Path(loadable), public_id, opts.label_schema, opts.head, ws,
+                                    seed=opts.seed)
+        report["warm_start_seconds"] = round(time.monotonic() - t0, 1)
+        report["model"] = "public warm start " + wdir.name
+        report["options"] = {k: str(v) for k, v in extra.items()}
+        if opts.rule_features:  # the plain warm start it was built on, one shared encoder pass
+            from dataclasses import replace
+
+            from dphub.tagger import Tagger
+
+            plain = warmstart.warm_start(Path(loadable), public_id, opts.label_schema, opts.head,
+                                         replace(ws, rule_features=False), seed=opts.seed)
+            encoded = Tagger.load(plain).encode(test_notes, batch_size=32)
+            report["plain_warm_start"] = _score(plain, test_notes, thresholds, encoded)
+            report.update(_score(wdir, test_notes, thresholds, encoded))
+        else:
+            report.update(_score(wdir, test_notes, thresholds))
         print(json.dumps(report, indent=2))
         return 0
 

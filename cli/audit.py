@@ -54,6 +54,7 @@ def audit(
     train_layers: int | None = T.TRAIN_LAYERS_OPT,
     lora_rank: int | None = T.LORA_RANK_OPT,
     recall_weight: float | None = T.RECALL_WEIGHT_OPT,
+    rule_features: bool | None = T.RULE_FEATURES_OPT,
     label_schema: str | None = T.LABEL_SCHEMA_OPT,
     max_epsilon: float | None = T.MAX_EPSILON_OPT,
     seed: int | None = T.SEED_OPT,

@@ -40,6 +40,7 @@ CONFIG_KEYS: dict[str, tuple[str, str]] = {
     "train_layers": ("train", "train_layers"),
     "lora_rank": ("train", "lora_rank"),
     "recall_weight": ("train", "recall_weight"),
+    "rule_features": ("train", "rule_features"),
     "seed": ("train", "seed"),
     "warm_start": ("train", "warm_start"),
     "out": ("output", "dir"),
@@ -83,6 +84,7 @@ train_layers = 0               # top encoder layers trained under DP (0: only em
                                # the frozen encoder then runs once per window)
 # lora_rank = 8                # LoRA adapters instead of full top layers
 recall_weight = 3.0            # delta_p: loss_i * (1 + delta_p * FNR_i), FNR_i from own predictions
+rule_features = true           # the zero-epsilon rule member's flags as tagger input features
 seed = 0
 warm_start = "synth"           # synth (public synthetic notes, costs no epsilon) | none
 
@@ -225,6 +227,11 @@ RECALL_WEIGHT_OPT = typer.Option(
         help="Recall weighting δp: each sample's loss is scaled by ρ_i = 1 + δp·FNR_i, FNR_i its "
         "own false-negative rate on PHI tokens (0: plain loss).",
     )
+RULE_FEATURES_OPT = typer.Option(
+        None, "--rule-features/--no-rule-features", show_default="rule-features",
+        help="Give the tagger the zero-ε rule member's flags as input features (DP then learns "
+        "when to trust them; the model needs the same dphub rules at inference).",
+    )
 LABEL_SCHEMA_OPT = typer.Option(
         None, "--label-schema", show_default="hipaa", help="Label set: hipaa | i2b2-2014."
     )
@@ -285,6 +292,7 @@ def train(
     train_layers: int | None = TRAIN_LAYERS_OPT,
     lora_rank: int | None = LORA_RANK_OPT,
     recall_weight: float | None = RECALL_WEIGHT_OPT,
+    rule_features: bool | None = RULE_FEATURES_OPT,
     label_schema: str | None = LABEL_SCHEMA_OPT,
     max_epsilon: float | None = MAX_EPSILON_OPT,
     seed: int | None = SEED_OPT,

@@ -394,9 +394,16 @@ def secret_losses(model_dir: Path, canaries: Sequence[Canary], *, batch_size: in
         for s in (c.secret, *c.alternatives):
             rendered = c.render(s)
             toks = align.tokenize(tokenizer, [n.text for n, _ in rendered])
+            wins = align.make_windows(toks, tokenizer, max_length=model.max_length,
+                                      stride=model.stride)
+            feats = None
+            if model.rule_features is not None:  # the model's inputs include the rule flags
+                from dphub import rule_features as rf
+
+                feats = rf.window_features(wins, rf.notes_features([n for n, _ in rendered],
+                                                                   toks))
             ks = []
-            for w in align.make_windows(toks, tokenizer, max_length=model.max_length,
-                                        stride=model.stride):
+            for wi, w in enumerate(wins):
                 note, slots = rendered[w.note_index]
                 nt = toks[w.note_index]
                 a, b = w.owned
@@ -411,7 +418,8 @@ def secret_losses(model_dir: Path, canaries: Sequence[Canary], *, batch_size: in
                 k = (np.asarray(w.input_ids, dtype=np.int64).tobytes() + b"|"
                      + np.asarray(labels, dtype=np.int64).tobytes() + b"|"
                      + np.asarray(picked, dtype=np.int64).tobytes())
-                windows.setdefault(k, (Example("", 0, list(w.input_ids), labels), picked))
+                windows.setdefault(k, (Example("", 0, list(w.input_ids), labels,
+                                               None if feats is None else feats[wi]), picked))
                 ks.append(k)
             per_cand.append(ks)
         keys.append(per_cand)
@@ -422,7 +430,8 @@ def secret_losses(model_dir: Path, canaries: Sequence[Canary], *, batch_size: in
             chunk = items[i : i + batch_size]
             batch = batch_from_examples([e for _, (e, _) in chunk], pad_id)
             labels = batch["labels"]
-            em = model._batch_emissions({k: batch[k] for k in ENCODER_INPUTS}).double()
+            em = model._batch_emissions({k: batch[k] for k in (*ENCODER_INPUTS, "rule_features")
+                                         if k in batch}).double()
             marg = model._marginals_from_emissions(em, labels != -100)
             gold = marg.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
             nll = -torch.log(gold.clamp(min=1e-12))

@@ -16,6 +16,12 @@ The model directory is what ``transformers`` expects for ``BertForTokenClassific
 in the same file and are ignored by plain transformers), so a published model also runs in a
 stock ``pipeline("token-classification")`` (without the CRF). Weights are safetensors only and
 loading never executes code from the directory.
+
+Rule features (optional, :mod:`dphub.rule_features`): a model built with ``rule_features`` adds
+``rule_proj(features)`` to the emissions, where the features are the zero-ε rule member's flags
+per word piece. ``rule_proj.*`` tensors ride along like ``crf.*``; ``config.json`` records the
+feature layout and a digest of the rules (``dphub.rule_features``), and such a model writes
+``format_version`` 2 so that an older dphub refuses it instead of running it without features.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +49,9 @@ from dphub.notes import Note, Span
 from dphub.scores import TokenScores, spans_from_scores
 
 HEADS: tuple[str, ...] = ("crf", "softmax")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Format version written by models without rule features (readable by any dphub).
+BASIC_FORMAT_VERSION = 1
 DEFAULT_MAX_LENGTH = 128
 DEFAULT_STRIDE = 32
 IGNORE_INDEX = -100
@@ -160,6 +168,7 @@ class TaggerModel(nn.Module):
         stride: int = DEFAULT_STRIDE,
         base_public_id: str | None = None,
         tokenizer_source: Path | None = None,
+        rule_features: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if head not in HEADS:
@@ -180,6 +189,11 @@ class TaggerModel(nn.Module):
         self.dropout = nn.Dropout(float(p))
         self.classifier = nn.Linear(hidden, len(self.tags))
         self.crf: CRF | None = CRF(len(self.tags), batch_first=True) if head == "crf" else None
+        #: the ``dphub.rule_features`` config block (None: the model takes no rule features)
+        self.rule_features: dict[str, Any] | None = None
+        self.rule_proj: nn.Linear | None = None
+        if rule_features is not None:
+            self.add_rule_features(rule_features)
 
     # ------------------------------------------------------------------ construction
 
@@ -195,19 +209,42 @@ class TaggerModel(nn.Module):
 
     @classmethod
     def from_base(
-        cls, base: str | Path | None, schema: str = "hipaa", head: str = "crf"
+        cls, base: str | Path | None, schema: str = "hipaa", head: str = "crf",
+        rule_features: bool = False,
     ) -> TaggerModel:
-        """A fresh tagger on a public base encoder (``None``: the embedded MiniLM), train mode."""
+        """A fresh tagger on a public base encoder (``None``: the embedded MiniLM), train mode;
+        ``rule_features`` adds the rule-feature input (:mod:`dphub.rule_features`)."""
         from dphub.encoders import resolve_base_model
 
         loadable, public_id = resolve_base_model(None if base is None else str(base))
         encoder = _load_encoder(loadable)
         tags = get_schema(schema).bioes_tags()
         tok_src = Path(loadable) if isinstance(loadable, Path) or Path(loadable).is_dir() else None
+        spec = None
+        if rule_features:
+            from dphub.rule_features import feature_spec
+
+            spec = feature_spec()
         model = cls(encoder, tags, head, schema=schema, base_public_id=public_id,
-                    tokenizer_source=tok_src)
+                    tokenizer_source=tok_src, rule_features=spec)
         model.train()
         return model
+
+    def add_rule_features(self, spec: dict[str, Any] | None = None) -> None:
+        """Give the model the rule-feature input (``spec``: this dphub's rules by default).
+
+        ``rule_proj`` starts at zero, so the model's predictions are unchanged until training
+        (public warm start, then DP) learns how much each rule flag is worth per tag.
+        """
+        from dphub.rule_features import NUM_FEATURES, feature_spec
+
+        if self.rule_proj is not None:
+            raise ConfigError("this model already takes rule features")
+        self.rule_features = copy.deepcopy(spec) if spec is not None else feature_spec()
+        self.rule_proj = nn.Linear(NUM_FEATURES, len(self.tags))
+        nn.init.zeros_(self.rule_proj.weight)
+        nn.init.zeros_(self.rule_proj.bias)
+        self.rule_proj.to(self.classifier.weight.device)
 
     # ------------------------------------------------------------------ forward passes
 
@@ -217,11 +254,13 @@ class TaggerModel(nn.Module):
         attention_mask: Tensor,
         token_type_ids: Tensor | None = None,
         position_ids: Tensor | None = None,
+        rule_features: Tensor | None = None,
     ) -> Tensor:
         """Per-position tag scores ``[B, L, T]``.
 
         ``token_type_ids``/``position_ids`` default to batch-shaped, contiguous tensors: BERT's own
         defaults are ``[1, L]`` buffers, which break per-sample gradients of the embeddings.
+        ``rule_features`` ``[B, L, F]`` is required exactly when the model takes rule features.
         """
         batch, length = input_ids.shape
         if batch == 0:
@@ -229,7 +268,9 @@ class TaggerModel(nn.Module):
             hidden = self.classifier.in_features
             zeros = torch.zeros((0, length, hidden), dtype=self.classifier.weight.dtype,
                                 device=self.classifier.weight.device)
-            return self.classifier(zeros)
+            if self.rule_proj is not None and rule_features is None:
+                rule_features = zeros.new_zeros((0, length, self.rule_proj.in_features))
+            return self.head_emissions(zeros, rule_features)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if position_ids is None:
@@ -241,12 +282,18 @@ class TaggerModel(nn.Module):
             position_ids=position_ids.contiguous(),
         )
         hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
-        return self.head_emissions(hidden)
+        return self.head_emissions(hidden, rule_features)
 
-    def head_emissions(self, hidden: Tensor) -> Tensor:
+    def head_emissions(self, hidden: Tensor, rule_features: Tensor | None = None) -> Tensor:
         """Tag scores from the encoder's last hidden states (the part that differs between
-        members trained on one shared encoder)."""
-        return self.classifier(self.dropout(hidden))
+        members trained on one shared encoder), plus the rule features' projection when the
+        model takes them (they belong to the head: the encoder never sees them)."""
+        em = self.classifier(self.dropout(hidden))
+        if self.rule_proj is None:
+            return em
+        if rule_features is None:
+            raise ModelError("internal: this model takes rule features and none were given")
+        return em + self.rule_proj(rule_features.to(em.dtype))
 
     def encode(self, batch: dict[str, Tensor]) -> Tensor:
         """The encoder's last hidden states ``[B, L, H]`` of a collated batch (inference)."""
@@ -264,7 +311,8 @@ class TaggerModel(nn.Module):
         return out[0] if isinstance(out, tuple) else out.last_hidden_state
 
     def _batch_emissions(self, batch: dict[str, Tensor]) -> Tensor:
-        return self.emissions(*(batch.get(k) for k in ENCODER_INPUTS))
+        return self.emissions(*(batch.get(k) for k in ENCODER_INPUTS),
+                              rule_features=batch.get("rule_features"))
 
     def per_sample_loss(
         self, batch: dict[str, Tensor], tags: Tensor, weights: Tensor | None = None
@@ -380,6 +428,9 @@ class TaggerModel(nn.Module):
         if self.crf is not None:
             for p in self.crf.parameters():
                 p.requires_grad_(True)
+        if self.rule_proj is not None:
+            for p in self.rule_proj.parameters():
+                p.requires_grad_(True)
         self.train_layers = train_layers
         self.lora_rank = lora_rank
 
@@ -404,6 +455,9 @@ class TaggerModel(nn.Module):
         if self.crf is not None:
             for k, v in self.crf.state_dict().items():
                 out[f"crf.{k}"] = v
+        if self.rule_proj is not None:
+            for k, v in self.rule_proj.state_dict().items():
+                out[f"rule_proj.{k}"] = v
         return {k: v.detach().to("cpu").contiguous().clone() for k, v in out.items()}
 
     def config_dict(self, base_public_id: str | None = None) -> dict[str, Any]:
@@ -428,9 +482,12 @@ class TaggerModel(nn.Module):
             "label_schema": self.schema,
             "max_length": self.max_length,
             "stride": self.stride,
-            "format_version": FORMAT_VERSION,
+            "format_version": BASIC_FORMAT_VERSION if self.rule_features is None
+            else FORMAT_VERSION,
             "base_model": base_public_id or self.base_public_id,
         }
+        if self.rule_features is not None:
+            d["dphub"]["rule_features"] = copy.deepcopy(self.rule_features)
         return d
 
     def save(
@@ -495,6 +552,11 @@ class TaggerModel(nn.Module):
                              "than this dphub understands")
         id2label = raw.get("id2label") or {}
         tags = [id2label[k] for k in sorted(id2label, key=int)]
+        spec = block.get("rule_features")
+        if spec is not None:
+            from dphub.rule_features import check_spec
+
+            check_spec(spec, str(model_dir))
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
         with _quiet_transformers():
             try:
@@ -506,7 +568,8 @@ class TaggerModel(nn.Module):
         model = cls(encoder, tags, block["head"], schema=block.get("label_schema", "hipaa"),
                     max_length=int(block.get("max_length", DEFAULT_MAX_LENGTH)),
                     stride=int(block.get("stride", DEFAULT_STRIDE)),
-                    base_public_id=block.get("base_model"), tokenizer_source=model_dir)
+                    base_public_id=block.get("base_model"), tokenizer_source=model_dir,
+                    rule_features=spec)
         try:
             state = load_file(str(weights))
         except (SafetensorError, OSError):
@@ -516,7 +579,7 @@ class TaggerModel(nn.Module):
         for k, v in state.items():
             if k.startswith(prefix + "."):
                 mapped["encoder." + k[len(prefix) + 1:]] = v
-            elif k.startswith(("classifier.", "crf.")):
+            elif k.startswith(("classifier.", "crf.", "rule_proj.")):
                 mapped[k] = v
         missing, unexpected = model.load_state_dict(mapped, strict=False)
         missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]
@@ -599,6 +662,9 @@ class EncodedNotes:
     tokens: list[Any]
     windows: list[Any]
     hidden: list[Tensor | None]  # per window: [window length, hidden size]
+    #: per window ``[window length, F]`` rule features, keyed by rules digest; filled by the
+    #: first member that needs them (they belong to the heads, not to the shared encoder key)
+    rule_features: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
 
 def _pad_hidden(rows: Sequence[Tensor | None], width: int) -> Tensor:
@@ -715,7 +781,28 @@ class Tagger:
                 h = self._encode_batch(batch)
                 for r, (i, w) in enumerate(zip(idx, chunk, strict=True)):
                     hidden[i] = h[r, : len(w.input_ids)].clone()
-        return EncodedNotes(self.encoder_key, batch_size, tokens, windows, hidden)
+        encoded = EncodedNotes(self.encoder_key, batch_size, tokens, windows, hidden)
+        if self.model.rule_features is not None:
+            self._window_rule_features(notes, encoded.tokens, encoded.windows, encoded)
+        return encoded
+
+    def _window_rule_features(self, notes: Sequence[Note], tokens: Sequence[Any],
+                              windows: Sequence[Any],
+                              encoded: EncodedNotes | None = None) -> list[np.ndarray] | None:
+        """Per-window rule features when this model takes them (None otherwise); shared through
+        ``encoded`` between members that use the same rules."""
+        spec = self.model.rule_features
+        if spec is None:
+            return None
+        from dphub import rule_features as rf
+
+        key = str(spec.get("rules_digest"))
+        if encoded is not None and key in encoded.rule_features:
+            return encoded.rule_features[key]
+        feats = rf.window_features(windows, rf.notes_features(notes, tokens))
+        if encoded is not None:
+            encoded.rule_features[key] = feats
+        return feats
 
     @classmethod
     def load(cls, model_dir: Path | str, device: str = "cpu") -> Tagger:
@@ -778,12 +865,18 @@ class Tagger:
             windows = align.make_windows(tokens, self.tokenizer, self.model.max_length,
                                          self.model.stride)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        feats_w = self._window_rule_features(notes, tokens, windows, encoded)
         probs_w: list[np.ndarray | None] = [None] * len(windows)
         dec_w: list[np.ndarray | None] = [None] * len(windows)
         with torch.inference_mode():
             for idx in align.bucket_by_length(windows, batch_size):
                 chunk = [windows[i] for i in idx]
                 batch = {k: v.to(self.device) for k, v in align.collate(chunk, pad_id).items()}
+                if feats_w is not None:
+                    from dphub.rule_features import pad_features
+
+                    batch["rule_features"] = pad_features(
+                        [feats_w[i] for i in idx], batch["input_ids"].shape[1]).to(self.device)
                 valid = torch.zeros_like(batch["attention_mask"], dtype=torch.bool)
                 for r, w in enumerate(chunk):
                     valid[r, w.content_slice] = True
@@ -792,7 +885,8 @@ class Tagger:
                     em = self.model._batch_emissions(batch).double()
                 else:
                     em = self.model.head_emissions(_pad_hidden(
-                        [encoded.hidden[i] for i in idx], batch["input_ids"].shape[1])).double()
+                        [encoded.hidden[i] for i in idx], batch["input_ids"].shape[1]),
+                        batch.get("rule_features")).double()
                 if marginals:
                     marg = self.model._marginals_from_emissions(em, valid).cpu().numpy()
                 else:

@@ -2,7 +2,7 @@
 
 With noise 0 and clipping effectively off, every trainable parameter's per-sample gradient from
 Opacus (hooks mode; norms in ghost mode) must equal a naive per-example autograd loop — CRF
-transitions, start/end, embeddings and LoRA adapters included. With clipping on, every clipped
+transitions, start/end, embeddings, LoRA adapters and the rule-feature projection included. With clipping on, every clipped
 per-sample gradient has norm <= C. Tiny models, float64, CPU, seconds.
 """
 
@@ -36,10 +36,16 @@ def _no_dropout(model: torch.nn.Module) -> None:
             m.p = 0.0
 
 
-def _make_model(base, head: str, train_layers: int | None, lora_rank: int | None) -> TaggerModel:
+def _make_model(base, head: str, train_layers: int | None, lora_rank: int | None,
+                rule_features: bool = False) -> TaggerModel:
     torch.manual_seed(1)
-    model = TaggerModel.from_base(base, head=head)
+    model = TaggerModel.from_base(base, head=head, rule_features=rule_features)
     model.set_trainable(train_layers=train_layers, lora_rank=lora_rank)
+    if rule_features:
+        # rule_proj starts at zero; random weights make the rule features shape the emissions
+        # (and so every other parameter's gradient), not only rule_proj's own
+        with torch.no_grad():
+            model.rule_proj.weight.normal_(0.0, 0.5)
     if lora_rank:
         # peft initialises lora_B to zero, which makes lora_A's gradient identically zero: a
         # parity check on zeros proves nothing, so start from random adapters.
@@ -53,8 +59,9 @@ def _make_model(base, head: str, train_layers: int | None, lora_rank: int | None
     return model
 
 
-def _make_batch(n: int, length: int, num_tags: int, seed: int = 0):
-    """Windows of different lengths: [CLS] pieces [SEP] padding, tags -100 off the pieces."""
+def _make_batch(n: int, length: int, num_tags: int, seed: int = 0, rule_features: bool = False):
+    """Windows of different lengths: [CLS] pieces [SEP] padding, tags -100 off the pieces; with
+    ``rule_features`` also random 0/1 rule flags on the pieces (zeros elsewhere)."""
     g = torch.Generator().manual_seed(seed)
     lengths = [length - (i % 4) * 2 for i in range(n)]
     ids = torch.zeros((n, length), dtype=torch.long)
@@ -71,6 +78,11 @@ def _make_batch(n: int, length: int, num_tags: int, seed: int = 0):
         "token_type_ids": torch.zeros((n, length), dtype=torch.long),
         "position_ids": torch.arange(length).expand(n, length).contiguous(),
     }
+    if rule_features:
+        from dphub.rule_features import NUM_FEATURES
+
+        flags = torch.randint(0, 2, (n, length, NUM_FEATURES), generator=g).double()
+        batch["rule_features"] = flags * (tags != -100).unsqueeze(-1).double()
     return batch, tags
 
 
@@ -100,7 +112,11 @@ class _WindowData(Dataset):
         return self.tags.shape[0]
 
     def __getitem__(self, i):
-        return tuple(self.batch[k][i] for k in ENCODER_KEYS) + (self.tags[i],)
+        return tuple(self.batch[k][i] for k in _keys(self.batch)) + (self.tags[i],)
+
+
+def _keys(batch) -> tuple[str, ...]:
+    return ENCODER_KEYS + (("rule_features",) if "rule_features" in batch else ())
 
 
 def _private(model: TaggerModel, batch, tags, max_grad_norm: float, mode: str = "hooks"):
@@ -124,7 +140,8 @@ def _private(model: TaggerModel, batch, tags, max_grad_norm: float, mode: str = 
 
 def _as_batch(items) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     *enc, tags = items
-    return dict(zip(ENCODER_KEYS, enc, strict=True)), tags
+    keys = ENCODER_KEYS + (("rule_features",) if len(enc) > len(ENCODER_KEYS) else ())
+    return dict(zip(keys, enc, strict=True)), tags
 
 
 def _trainable_names(model: TaggerModel) -> list[str]:
@@ -132,19 +149,28 @@ def _trainable_names(model: TaggerModel) -> list[str]:
 
 
 CASES = [
-    pytest.param("crf", None, None, id="crf-full-encoder"),
-    pytest.param("crf", 1, None, id="crf-top-layer"),
-    pytest.param("crf", 1, 2, id="crf-lora"),
-    pytest.param("softmax", 1, None, id="softmax-top-layer"),
+    pytest.param("crf", None, None, False, id="crf-full-encoder"),
+    pytest.param("crf", 1, None, False, id="crf-top-layer"),
+    pytest.param("crf", 1, 2, False, id="crf-lora"),
+    pytest.param("softmax", 1, None, False, id="softmax-top-layer"),
+    pytest.param("crf", 0, None, True, id="crf-head-only-rule-features"),
+    pytest.param("crf", 1, None, True, id="crf-top-layer-rule-features"),
+    pytest.param("softmax", 0, None, True, id="softmax-rule-features"),
 ]
 
 
-@pytest.mark.parametrize(("head", "train_layers", "lora_rank"), CASES)
-def test_per_sample_gradients_equal_naive_loop(tiny_base_model, head, train_layers, lora_rank):
-    model = _make_model(tiny_base_model, head, train_layers, lora_rank)
-    batch, tags = _make_batch(5, 12, len(model.tags))
+@pytest.mark.parametrize(("head", "train_layers", "lora_rank", "rules"), CASES)
+def test_per_sample_gradients_equal_naive_loop(tiny_base_model, head, train_layers, lora_rank,
+                                               rules):
+    model = _make_model(tiny_base_model, head, train_layers, lora_rank, rule_features=rules)
+    batch, tags = _make_batch(5, 12, len(model.tags), rule_features=rules)
     naive = _naive_grads(model, batch, tags)
     names = _trainable_names(model)
+    if rules:
+        assert {"rule_proj.weight", "rule_proj.bias"} <= set(names)
+        # not vacuous: rule_proj's per-window gradients are non-zero and differ between windows
+        g = [x["rule_proj.weight"] for x in naive]
+        assert all(float(x.abs().sum()) > 0 for x in g) and not torch.allclose(g[0], g[1])
     if head == "crf":
         assert {"crf.transitions", "crf.start_transitions", "crf.end_transitions"} <= set(names)
     if lora_rank:
@@ -183,10 +209,11 @@ def test_crf_gradients_are_nonzero_and_per_sample(tiny_base_model):
     assert not torch.allclose(g[0], g[1])
 
 
-def test_ghost_mode_norms_equal_naive_norms(tiny_base_model):
+@pytest.mark.parametrize("rules", [False, True])
+def test_ghost_mode_norms_equal_naive_norms(tiny_base_model, rules):
     """Ghost clipping uses the CRF grad sampler for its norms; they match the naive norms."""
-    model = _make_model(tiny_base_model, "crf", 1, None)
-    batch, tags = _make_batch(4, 12, len(model.tags), seed=5)
+    model = _make_model(tiny_base_model, "crf", 1, None, rule_features=rules)
+    batch, tags = _make_batch(4, 12, len(model.tags), seed=5, rule_features=rules)
     naive = _naive_grads(model, batch, tags)
     names = _trainable_names(model)
     expected = torch.stack(

@@ -49,6 +49,7 @@ TRAINING_HYPERPARAM_KEYS = frozenset({
     "max_grad_norm", "lr", "privacy_unit", "max_examples_per_unit", "accountant", "head",
     "train_layers", "lora_rank", "recall_weight", "label_schema", "max_epsilon", "seed",
     "secure_rng", "warm_start", "no_dp", "max_length", "stride", "checkpoint_every",
+    "rule_features",
 })
 TRAINING_CONFIG_FORMAT = 2
 #: Card ``differential_privacy`` fields that ``training_config.json`` must repeat exactly.
@@ -424,7 +425,27 @@ _CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _TAG = re.compile(r"^(O|[BIES]-[A-Za-z][A-Za-z_-]{0,31})$")
 #: Keys of config.json's ``dphub`` block (what ``TaggerModel.config_dict`` writes).
 DPHUB_CONFIG_KEYS = frozenset({"head", "label_schema", "max_length", "stride", "format_version",
-                               "base_model"})
+                               "base_model", "rule_features"})
+#: Keys of the ``dphub.rule_features`` block (``dphub.rule_features.feature_spec``).
+RULE_FEATURE_KEYS = frozenset({"version", "member", "options", "features", "rules_digest"})
+
+
+def _rule_features_problems(spec: Any) -> list[str]:
+    """The rule-feature block is configuration, not text: fixed keys, no rule options (training
+    uses the default rule member; allow/deny lists could carry words), short tokens only."""
+    bad = ["config.json dphub.rule_features must be {version, member, options: {}, features: "
+           "[short tokens], rules_digest}"]
+    if not isinstance(spec, dict) or set(spec) != RULE_FEATURE_KEYS:
+        return bad
+    feats = spec.get("features")
+    if (spec.get("options") != {} or not isinstance(spec.get("version"), int)
+            or isinstance(spec.get("version"), bool)
+            or not isinstance(feats, list) or not 0 < len(feats) <= 256
+            or not all(isinstance(f, str) and _config_scalar(f) for f in feats)
+            or not all(isinstance(spec.get(k), str) and _config_scalar(spec[k])
+                       for k in ("member", "rules_digest"))):
+        return bad
+    return []
 
 
 def _config_scalar(value: Any) -> bool:
@@ -471,8 +492,10 @@ def config_problems(config: dict[str, Any]) -> list[str]:
         if extra:
             out.append(f"config.json dphub block holds key(s) outside the allow-list: "
                        f"{_key_list(extra)}")
-        if not all(_config_scalar(v) for v in block.values()):
+        if not all(_config_scalar(v) for k, v in block.items() if k != "rule_features"):
             out.append("config.json dphub block values must be numbers or short tokens")
+        if "rule_features" in block:
+            out += _rule_features_problems(block["rule_features"])
     return out
 
 
@@ -660,6 +683,13 @@ def expected_tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         out["crf.start_transitions"] = ("F32", (n_tags,))
         out["crf.end_transitions"] = ("F32", (n_tags,))
         out["crf.transitions"] = ("F32", (n_tags, n_tags))
+    spec = block.get("rule_features")
+    if spec is not None:
+        feats = spec.get("features") if isinstance(spec, dict) else None
+        if not isinstance(feats, list) or not 0 < len(feats) <= 256:
+            raise _refuse(model_dir, "config.json has an invalid dphub.rule_features block")
+        out["rule_proj.weight"] = ("F32", (n_tags, len(feats)))
+        out["rule_proj.bias"] = ("F32", (n_tags,))
     return out
 
 

@@ -67,13 +67,16 @@ class UnitItem(NamedTuple):
     """One privacy unit as a dataset item: its windows, concatenated.
 
     ``input_ids`` and ``tags`` are the unit's windows laid end to end (1-D, long); ``lengths[k]``
-    is window ``k``'s length. A tuple of tensors (not a dict or dataclass) because Opacus's
-    ``DPDataLoader`` inspects ``dataset[0]`` element-wise for shapes and dtypes.
+    is window ``k``'s length; ``features`` (float, ``[total length, F]``) are the windows' rule
+    features laid end to end, ``F = 0`` for a model without them (always a tensor: Opacus's
+    ``DPDataLoader`` inspects ``dataset[0]`` element-wise for shapes and dtypes, which is also why
+    an item is a tuple of tensors, not a dict or dataclass).
     """
 
     input_ids: torch.Tensor
     tags: torch.Tensor
     lengths: torch.Tensor
+    features: torch.Tensor
 
 
 class UnitDataset(Dataset):
@@ -101,13 +104,19 @@ class UnitDataset(Dataset):
         unit_keys: Sequence[Hashable],
         *,
         max_examples_per_unit: int = 64,
+        features: Sequence[Any] | None = None,
     ) -> UnitDataset:
-        """Group windows (token ids incl. specials, tag ids with -100 at specials) by unit key."""
+        """Group windows (token ids incl. specials, tag ids with -100 at specials) by unit key.
+
+        ``features``: per window an array ``[window length, F]`` of rule features (see
+        :mod:`dphub.rule_features`), kept with the window through sampling and collation."""
         if not (len(input_ids) == len(tags) == len(unit_keys)):
             raise PrivacyError(
                 "windows, tags and unit keys differ in number "
                 f"({len(input_ids)}, {len(tags)}, {len(unit_keys)})"
             )
+        if features is not None and len(features) != len(input_ids):
+            raise PrivacyError(f"{len(input_ids)} windows but {len(features)} feature rows")
         if max_examples_per_unit < 1:
             raise ConfigError(f"max examples per unit must be >= 1, got {max_examples_per_unit}")
         groups: dict[Hashable, list[int]] = {}
@@ -132,6 +141,7 @@ class UnitDataset(Dataset):
                                            dtype=torch.long),
                     tags=torch.tensor([t for i in members for t in tags[i]], dtype=torch.long),
                     lengths=torch.tensor([len(input_ids[i]) for i in members], dtype=torch.long),
+                    features=_unit_features(features, members, [len(input_ids[i]) for i in members]),
                 )
             )
         return cls(units, list(groups), max_examples_per_unit, dropped)
@@ -145,6 +155,18 @@ class UnitDataset(Dataset):
     @property
     def num_windows(self) -> int:
         return sum(int(u.lengths.numel()) for u in self.units)
+
+
+def _unit_features(features: Sequence[Any] | None, members: Sequence[int],
+                   lengths: Sequence[int]) -> torch.Tensor:
+    """One unit's windows' features laid end to end (``[total, 0]`` without features)."""
+    if features is None:
+        return torch.zeros((sum(lengths), 0), dtype=torch.float32)
+    rows = [torch.as_tensor(features[i], dtype=torch.float32) for i in members]
+    for i, r, n in zip(members, rows, lengths, strict=True):
+        if r.ndim != 2 or r.shape[0] != n:
+            raise PrivacyError(f"window {i}: {n} token ids but features of shape {tuple(r.shape)}")
+    return torch.cat(rows, dim=0)
 
 
 def keep_evenly_spaced(members: Sequence[int], k: int) -> list[int]:
@@ -165,14 +187,17 @@ def unit_collate(items: Sequence[UnitItem], pad_id: int = 0) -> dict[str, torch.
     ``functools.partial(unit_collate, pad_id=tokenizer.pad_token_id)`` as a DataLoader collate_fn.
     """
     windows: list[tuple[torch.Tensor, torch.Tensor]] = []
+    feats: list[torch.Tensor] = []
     unit_index: list[int] = []
     sizes: list[int] = []
     for u, item in enumerate(items):
-        ids, tg, lengths = item
+        ids, tg, lengths = item[0], item[1], item[2]
         sizes.append(int(lengths.numel()))
         for a, b in zip(ids.split(lengths.tolist()), tg.split(lengths.tolist()), strict=True):
             windows.append((a, b))
             unit_index.append(u)
+        if len(item) > 3 and item[3].ndim == 2 and item[3].shape[1] > 0:
+            feats.extend(item[3].split(lengths.tolist()))
     n = len(windows)
     width = max((len(a) for a, _ in windows), default=0)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -182,7 +207,7 @@ def unit_collate(items: Sequence[UnitItem], pad_id: int = 0) -> dict[str, torch.
         input_ids[r, : len(a)] = a
         tags[r, : len(b)] = b
         attention[r, : len(a)] = 1
-    return {
+    out = {
         "input_ids": input_ids,
         "attention_mask": attention,
         "token_type_ids": torch.zeros((n, width), dtype=torch.long),
@@ -191,6 +216,14 @@ def unit_collate(items: Sequence[UnitItem], pad_id: int = 0) -> dict[str, torch.
         "unit_index": torch.tensor(unit_index, dtype=torch.long),
         "unit_sizes": torch.tensor(sizes, dtype=torch.long),
     }
+    if feats:
+        if len(feats) != n:
+            raise PrivacyError("some sampled units have rule features and others have none")
+        rule = torch.zeros((n, width, feats[0].shape[1]), dtype=torch.float32)
+        for r, f in enumerate(feats):
+            rule[r, : f.shape[0]] = f
+        out["rule_features"] = rule
+    return out
 
 
 def is_empty_unit_batch(batch: Any) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dphub.errors import ConfigError, InputError
@@ -20,12 +21,15 @@ from dphub.train.options import TrainOptions
 
 @dataclass
 class Example:
-    """One training window: word-piece ids with specials and tag ids (-100 at specials)."""
+    """One training window: word-piece ids with specials and tag ids (-100 at specials), and its
+    rule features ``[len(input_ids), F]`` when the model takes them (a function of the window's
+    own text, so part of the example like its ids)."""
 
     unit: str
     note_index: int
     input_ids: list[int]
     labels: list[int]
+    features: np.ndarray | None = None
 
 
 def encode_notes(
@@ -37,11 +41,13 @@ def encode_notes(
     max_length: int = 128,
     stride: int = 32,
     unit: str = "patient",
+    rule_features: bool = False,
 ) -> list[Example]:
     """Window every note (nothing truncated) and attach BIOES tag ids to each window's tokens.
 
     ``unit`` decides which id each window is grouped under: the patient, the note, or the window
-    itself (``sequence``).
+    itself (``sequence``). ``rule_features`` attaches the rule member's per-piece features
+    (:mod:`dphub.rule_features`), computed from each note's own text.
     """
     from dphub import align
     from dphub.labels import get_schema
@@ -57,6 +63,11 @@ def encode_notes(
         except KeyError as e:  # a tag outside the model's tag set: schema mismatch
             raise InputError(f"note {n.id}: tag {e.args[0]} not in the model's tags") from None
     windows = align.make_windows(toks, tokenizer, max_length=max_length, stride=stride)
+    feats: list[np.ndarray] | None = None
+    if rule_features:
+        from dphub import rule_features as rf
+
+        feats = rf.window_features(windows, rf.notes_features(notes, toks))
     out: list[Example] = []
     for wi, w in enumerate(windows):
         n = notes[w.note_index]
@@ -65,7 +76,8 @@ def encode_notes(
         labels = [-100] * len(w.input_ids)
         labels[w.content_slice] = note_tags[w.note_index][w.token_start : w.token_end]
         u = unit_key(unit, n.id, n.patient_id, wi)
-        out.append(Example(u, w.note_index, list(w.input_ids), labels))
+        out.append(Example(u, w.note_index, list(w.input_ids), labels,
+                           None if feats is None else feats[wi]))
     return out
 
 
@@ -94,13 +106,18 @@ def batch_from_examples(examples: Sequence[Example], pad_id: int) -> dict[str, t
         ids[i, :k] = torch.tensor(e.input_ids)
         mask[i, :k] = 1
         labels[i, :k] = torch.tensor(e.labels)
-    return {
+    out = {
         "input_ids": ids,
         "attention_mask": mask,
         "token_type_ids": torch.zeros((n, length), dtype=torch.long),
         "position_ids": torch.arange(length).unsqueeze(0).expand(n, length).contiguous(),
         "labels": labels,
     }
+    if examples and examples[0].features is not None:
+        from dphub.rule_features import pad_features
+
+        out["rule_features"] = pad_features([e.features for e in examples], length)  # type: ignore[misc]
+    return out
 
 
 def recall_weights(
@@ -115,9 +132,10 @@ def recall_weights(
     if delta_p <= 0:
         return None
     with torch.no_grad():
+        extra = {"rule_features": batch["rule_features"]} if "rule_features" in batch else {}
         em = model.emissions(
             batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-            batch["position_ids"],
+            batch["position_ids"], **extra,
         )
         pred = em.argmax(-1)
         gold_phi = (labels > 0) & (labels != -100)  # tag 0 is "O"
@@ -143,6 +161,7 @@ def load_training_notes(opts: TrainOptions) -> list[Note]:
 def window_loss(model: Any, batch: dict[str, torch.Tensor], recall_weight: float) -> torch.Tensor:
     """Per-window loss (recall-weighted when asked), shape [B]."""
     labels = batch["tags"]
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")}
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids",
+                                    "rule_features") if k in batch}
     weights = recall_weights(model, inputs, labels, recall_weight)
     return model.per_sample_loss(inputs, labels, weights=weights)

@@ -79,6 +79,10 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
             "the base model directory to its public name"
         )
     model = src.model
+    if opts.rule_features and model.rule_features is None:
+        model.add_rule_features()  # zero projection: starts exactly as the source model
+    elif not opts.rule_features and model.rule_features is not None:
+        raise ConfigError("the initial model takes rule features: train with --rule-features")
     from transformers import AutoTokenizer
 
     from dphub.privacy.units import UnitDataset
@@ -86,13 +90,14 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     tokenizer = AutoTokenizer.from_pretrained(src.tokenizer_dir)
     examples = encode_notes(
         train_notes, tokenizer, model.tags, opts.label_schema, max_length=opts.max_length,
-        stride=opts.stride, unit=opts.privacy_unit,
+        stride=opts.stride, unit=opts.privacy_unit, rule_features=opts.rule_features,
     )
     if not examples:
         raise InputError(f"{opts.data}: the labelled notes contain no tokens")
     dataset = UnitDataset.from_windows(
         [e.input_ids for e in examples], [e.labels for e in examples],
         [e.unit for e in examples], max_examples_per_unit=opts.max_examples_per_unit,
+        features=[e.features for e in examples] if opts.rule_features else None,
     )
     plan = plan_privacy(opts, len(dataset))
     log.info(

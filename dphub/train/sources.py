@@ -44,14 +44,16 @@ def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSo
     if opts.warm_start == "synth":
         from dphub.train import warmstart
 
-        ws = warmstart.WarmStartConfig(max_length=opts.max_length, stride=opts.stride)
+        ws = warmstart.WarmStartConfig(max_length=opts.max_length, stride=opts.stride,
+                                       rule_features=opts.rule_features)
         wdir = warmstart.warm_start(
             Path(loadable), public_id, opts.label_schema, opts.head, ws, seed=opts.seed,
             on_progress=on_progress,
         )
         model = TaggerModel.load(wdir)
         return ModelSource(model, public_id, Path(loadable), ws.card_block(seed=opts.seed), [])
-    model = TaggerModel.from_base(loadable, schema=opts.label_schema, head=opts.head)
+    model = TaggerModel.from_base(loadable, schema=opts.label_schema, head=opts.head,
+                                  rule_features=opts.rule_features)
     return ModelSource(model, public_id, Path(loadable), None, [])
 
 
@@ -129,6 +131,10 @@ def _from_pulled_model(opts: TrainOptions) -> ModelSource:
     model = TaggerModel.load(src)
     if model.head != opts.head:
         raise ConfigError(f"--init-from model has head {model.head!r}, not {opts.head!r}")
+    if (model.rule_features is not None) != opts.rule_features:
+        has = "takes" if model.rule_features is not None else "does not take"
+        flag = "--rule-features" if model.rule_features is not None else "--no-rule-features"
+        raise ConfigError(f"--init-from model {has} rule features: train it with {flag}")
     cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
     schema = cfg.get("dphub", {}).get("label_schema", opts.label_schema)
     if schema != opts.label_schema:

@@ -7,6 +7,13 @@ The fix is to learn the task first on *public* data — Faker-generated notes fr
 adapt the top of the network to the private notes. The card records this step under
 ``public_pretraining``.
 
+With rule features (``rule_features=True``) the warm start has a second, cheap stage: the plain
+warm start (built once, shared with models without features) gets the rule-feature projection and
+its head (emissions, CRF, ``rule_proj``) is trained on the same synthetic notes with the rule
+member's flags as inputs, over the frozen encoder's cached outputs. So a rule-feature model
+starts out knowing how far the rules can be trusted on public notes, and the first-use cost is
+minutes of head training rather than a second full warm start.
+
 Warm-started weights depend only on (base model, label schema, head, synthetic-data config, seed),
 so they are cached in the user cache directory (``platformdirs``; ``DPHUB_CACHE_DIR`` overrides)
 and reused by every training with the same key. A file lock makes concurrent trainings build it
@@ -22,7 +29,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +72,14 @@ class WarmStartConfig:
     lr_head: float = 2e-3
     max_length: int = 128
     stride: int = 32
+    #: the tagger takes the rule member's flags as input features (``dphub.rule_features``);
+    #: a head stage then learns, on public notes, how far to trust them
+    #: (``dphub train`` sets it from ``TrainOptions.rule_features``, default on; the dataclass
+    #: default stays off so a bare config names the plain warm start the rule stage builds on)
+    rule_features: bool = False
+    #: epochs and learning rate of that head stage (frozen encoder, cached: cheap)
+    rule_epochs: float = 4.0
+    rule_lr: float = 5e-3
 
     def card_block(self, steps: int | None = None, seed: int = 0) -> dict[str, Any]:
         """What the card records under ``differential_privacy.public_pretraining``."""
@@ -109,15 +124,22 @@ def cache_key(
     base_dir: Path, base_public_id: str, schema: str, head: str, cfg: WarmStartConfig, seed: int
 ) -> str:
     """Key of a warm start: everything its weights depend on."""
+    synth_cfg = asdict(cfg)
+    rule_cfg = {k: synth_cfg.pop(k) for k in ("rule_features", "rule_epochs", "rule_lr")}
     payload = {
         "v": FORMAT_VERSION,
         "base": base_public_id,
         "base_sha256": _base_fingerprint(base_dir),
         "schema": schema,
         "head": head,
-        "synth": asdict(cfg),
+        "synth": synth_cfg,  # without the rule stage's fields: plain keys stay as they were
         "seed": seed,
     }
+    if cfg.rule_features:  # a change of the rules changes the inputs: a new warm start
+        from dphub.rule_features import rules_digest
+
+        payload["rule_stage"] = rule_cfg
+        payload["rules"] = rules_digest()
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -181,6 +203,11 @@ def warm_start(
     from dphub.io import atomic_directory
 
     cfg = cfg or WarmStartConfig()
+    plain_dir: Path | None = None
+    if cfg.rule_features:  # the rule stage starts from the plain warm start (built once, shared)
+        plain_dir = warm_start(base_dir, base_public_id, schema, head,
+                               replace(cfg, rule_features=False), seed=seed,
+                               cache_dir=cache_dir, on_progress=on_progress)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / "warmstart" / cache_key(base_dir, base_public_id, schema, head, cfg, seed)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -192,7 +219,11 @@ def warm_start(
     try:
         if (target / "model.safetensors").is_file():
             return target
-        model = train_public(base_dir, schema, head, cfg, seed=seed, on_progress=on_progress)
+        if plain_dir is not None:
+            model = train_rule_stage(plain_dir, base_dir, schema, cfg, seed=seed,
+                                     on_progress=on_progress)
+        else:
+            model = train_public(base_dir, schema, head, cfg, seed=seed, on_progress=on_progress)
         with atomic_directory(target, overwrite=True) as tmp:
             model.save(tmp, base_public_id=base_public_id, tokenizer_source=base_dir)
     finally:
@@ -214,24 +245,24 @@ def train_public(
 
     from dphub import synth
     from dphub.tagger import TaggerModel
-    from dphub.train.data import batch_from_examples, encode_notes
-    from dphub.train.results import Progress
+    from dphub.train.data import encode_notes
 
     torch.manual_seed(seed)
     notes = []
     for i, (kind, n) in enumerate(cfg.notes):
         notes.extend(synth.generate(n, kind=kind, seed=cfg.synth_seed + i))
-    model = TaggerModel.from_base(base_dir, schema=schema, head=head)
+    model = TaggerModel.from_base(base_dir, schema=schema, head=head,
+                                  rule_features=cfg.rule_features)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     examples = encode_notes(notes, tokenizer, model.tags, schema, max_length=cfg.max_length,
-                            stride=cfg.stride, unit="sequence")
+                            stride=cfg.stride, unit="sequence", rule_features=cfg.rule_features)
     n_layers = int(getattr(model.encoder.config, "num_hidden_layers", 0) or 0)
     layers = cfg.train_layers
     if layers is not None and n_layers:
         layers = min(layers, n_layers)  # small bases (tests) have fewer layers
     model.set_trainable(train_layers=layers)
     model.train()
-    head_names = ("classifier", "crf")
+    head_names = ("classifier", "crf", "rule_proj")
     groups = [
         {"params": [p for n, p in model.named_parameters()
                     if p.requires_grad and not n.startswith(head_names)], "lr": cfg.lr_encoder},
@@ -239,11 +270,69 @@ def train_public(
                     if p.requires_grad and n.startswith(head_names)], "lr": cfg.lr_head},
     ]
     groups = [g for g in groups if g["params"]]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    _fit(model, examples, groups, pad_id, cfg.batch_size, cfg.epochs, seed, on_progress)
+    model.eval()
+    return model
+
+
+def train_rule_stage(
+    plain_dir: Path,
+    base_dir: Path,
+    schema: str,
+    cfg: WarmStartConfig,
+    *,
+    seed: int = 0,
+    on_progress: Callable[[Any], None] | None = None,
+) -> Any:
+    """The plain warm start plus a rule-feature head trained on the same synthetic notes.
+
+    Only the head trains (emissions, CRF, ``rule_proj``, which starts at zero, i.e. exactly the
+    plain warm start's predictions), over the frozen encoder's cached outputs: one encoder pass
+    per window, then cheap steps.
+    """
+    from transformers import AutoTokenizer
+
+    from dphub import synth
+    from dphub.tagger import TaggerModel
+    from dphub.train.data import encode_notes
+    from dphub.train.encoder_cache import FrozenEncoderCache
+
+    torch.manual_seed(seed)
+    notes = []
+    for i, (kind, n) in enumerate(cfg.notes):
+        notes.extend(synth.generate(n, kind=kind, seed=cfg.synth_seed + i))
+    model = TaggerModel.load(plain_dir)
+    model.add_rule_features()
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    examples = encode_notes(notes, tokenizer, model.tags, schema, max_length=cfg.max_length,
+                            stride=cfg.stride, unit="sequence", rule_features=True)
+    model.set_trainable(train_layers=0)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    real = model.encoder
+    model.encoder = FrozenEncoderCache(real, [e.input_ids for e in examples], pad_id)
+    try:
+        model.train()
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad],
+                   "lr": cfg.rule_lr}]
+        _fit(model, examples, groups, pad_id, cfg.batch_size, cfg.rule_epochs, seed, on_progress)
+    finally:
+        model.encoder = real
+    model.eval()
+    return model
+
+
+def _fit(model: Any, examples: list[Any], groups: list[dict[str, Any]], pad_id: int,
+         batch_size: int, epochs: float, seed: int,
+         on_progress: Callable[[Any], None] | None) -> None:
+    """Plain (non-private) AdamW with warm-up and linear decay over length-bucketed batches."""
+    from dphub.train.data import batch_from_examples
+    from dphub.train.results import Progress
+
     optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
     rng = np.random.default_rng(seed)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    per_epoch = max(1, len(examples) // cfg.batch_size)
-    total = max(1, round(cfg.epochs * per_epoch))
+    per_epoch = max(1, len(examples) // batch_size)
+    total = max(1, round(epochs * per_epoch))
     sched = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(1, total // 10)) * max(0.0, 1 - s / total)
     )
@@ -254,11 +343,11 @@ def train_public(
         on_progress(Progress("warm-start", 0, total, None, None, None))
     while step < total:
         order = rng.permutation(len(examples))
-        chunk = cfg.batch_size * 20
+        chunk = batch_size * 20
         batches = []
         for s in range(0, len(order), chunk):
             part = sorted(order[s : s + chunk], key=lambda i: len(examples[i].input_ids))
-            batches.extend(part[j : j + cfg.batch_size] for j in range(0, len(part), cfg.batch_size))
+            batches.extend(part[j : j + batch_size] for j in range(0, len(part), batch_size))
         for bi in rng.permutation(len(batches)):
             if step >= total:
                 break
@@ -275,5 +364,3 @@ def train_public(
                 el = time.monotonic() - t0
                 on_progress(Progress("warm-start", step, total, float(loss.detach()), None,
                                      step / el if el > 0 else None))
-    model.eval()
-    return model

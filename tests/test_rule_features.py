@@ -1,0 +1,193 @@
+"""Rule features: the rule member's flags as tagger inputs (features, model directory, inference,
+training, hub gate). Tiny random BERT, synthetic notes only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dphub import align, formats, synth
+from dphub import rule_features as rf
+from dphub.errors import ModelError
+from dphub.notes import Note
+from dphub.tagger import BASIC_FORMAT_VERSION, FORMAT_VERSION, Tagger, TaggerModel
+
+
+@pytest.fixture(scope="module")
+def rf_dir(tiny_base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CRF tagger with rule features and non-zero rule_proj, saved."""
+    torch.manual_seed(0)
+    model = TaggerModel.from_base(tiny_base_model, rule_features=True)
+    with torch.no_grad():
+        model.rule_proj.weight.normal_(0.0, 1.0)
+    out = tmp_path_factory.mktemp("rf") / "rf-tagger"
+    model.save(out)
+    return out
+
+
+def _tokens(text: str):
+    from transformers import AutoTokenizer
+
+    from dphub.encoders import embedded_model_dir
+
+    tok = AutoTokenizer.from_pretrained(embedded_model_dir())
+    return align.tokenize(tok, [text])[0]
+
+
+def test_pieces_of_a_rule_span_get_its_category_score_and_boundaries():
+    text = "Seen on 03/04/2091 by nurse. Call 617-555-0199 tomorrow."
+    nt = _tokens(text)
+    feats = rf.note_features(text, nt.offsets)
+    assert feats.shape == (len(nt), rf.NUM_FEATURES) and feats.dtype == np.float32
+    names = list(rf.FEATURE_NAMES)
+    spans = {s.start: s for s in rf._member().spans(text)}
+    date = spans[text.index("03/04")]
+    inside = [i for i, (a, b) in enumerate(nt.offsets) if a < date.end and b > date.start]
+    assert len(inside) > 1  # the date is several word pieces
+    assert (feats[inside, names.index("rule_date")] == 1).all()
+    assert feats[inside[0], names.index("rule_first")] == 1
+    assert feats[inside[-1], names.index("rule_last")] == 1
+    assert feats[inside[1:], names.index("rule_first")].sum() == 0
+    assert feats[inside, names.index("rule_score")].min() > 0
+    outside = [i for i, (a, _) in enumerate(nt.offsets) if text[a:].startswith("nurse")]
+    assert feats[outside].sum() == 0
+    # a deterministic function of the text
+    assert np.array_equal(feats, rf.note_features(text, nt.offsets))
+
+
+def test_model_directory_records_rules_and_stays_transformers_compatible(rf_dir: Path):
+    from safetensors import safe_open
+    from transformers import AutoModelForTokenClassification
+
+    cfg = json.loads((rf_dir / "config.json").read_text())
+    block = cfg["dphub"]["rule_features"]
+    assert block == rf.feature_spec() and block["rules_digest"] == rf.rules_digest()
+    assert cfg["dphub"]["format_version"] == FORMAT_VERSION > BASIC_FORMAT_VERSION
+    with safe_open(str(rf_dir / "model.safetensors"), "pt") as fh:
+        keys = set(fh.keys())
+    assert {"rule_proj.weight", "rule_proj.bias"} <= keys
+    # a stock transformers model ignores the extra tensors
+    hf = AutoModelForTokenClassification.from_pretrained(rf_dir)
+    assert hf.config.num_labels == len(cfg["id2label"])
+    # and the gate's layout check expects exactly these tensors
+    from dphub.hub import gate
+
+    want = gate.expected_tensors(rf_dir)
+    assert want["rule_proj.weight"] == ("F32", (len(cfg["id2label"]), rf.NUM_FEATURES))
+    assert gate.config_problems(cfg) == []
+    bad = json.loads(json.dumps(cfg))
+    bad["dphub"]["rule_features"]["options"] = {"deny": ["some words"]}
+    assert gate.config_problems(bad)
+
+
+def test_models_without_rule_features_keep_format_1(tiny_tagger_dir: Path):
+    cfg = json.loads((tiny_tagger_dir / "config.json").read_text())
+    assert cfg["dphub"]["format_version"] == BASIC_FORMAT_VERSION
+    assert "rule_features" not in cfg["dphub"]
+
+
+def test_inference_uses_the_features_and_the_shared_encoder_path(rf_dir: Path):
+    tagger = Tagger.load(rf_dir)
+    notes = synth.generate(3, kind="nursing", seed=4)
+    direct = tagger.token_scores(notes)
+    encoded = tagger.encode(notes)
+    assert encoded.rule_features  # computed once, for every member on these rules
+    shared = tagger.token_scores(notes, encoded=encoded)
+    for a, b in zip(direct, shared, strict=True):
+        assert np.allclose(a.phi_prob, b.phi_prob, atol=1e-6) and a.decoded == b.decoded
+    # the features matter: zeroing the rule projection changes the scores
+    with torch.no_grad():
+        tagger.model.rule_proj.weight.zero_()
+    plain = tagger.token_scores(notes)
+    assert not all(np.allclose(a.phi_prob, b.phi_prob) for a, b in zip(direct, plain, strict=True))
+    # an empty note still works
+    assert len(tagger.token_scores([Note(id="e", text="")])[0].decoded) == 0
+
+
+def test_different_rules_are_refused_clearly(rf_dir: Path, tmp_path: Path):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(rf_dir, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["dphub"]["rule_features"]["rules_digest"] = "0" * 16
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="rule features from rules"):
+        Tagger.load(other)
+
+
+def test_dp_training_with_rule_features_end_to_end(tiny_base_model: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch):
+    from dphub import train as T
+    from dphub.hub import gate
+
+    monkeypatch.setenv("DPHUB_CACHE_DIR", str(tmp_path / "cache"))
+    notes = synth.generate(12, kind="nursing", seed=3, patients=4)
+    data = tmp_path / "train.jsonl"
+    formats.write(notes, data, "jsonl")
+    out = tmp_path / "model"
+    opts = T.TrainOptions(
+        data=data, out=out, base_model=str(tiny_base_model), warm_start="none", epochs=2.0,
+        batch_size=2, max_physical_batch=2, noise=1.0, accountant="rdp", max_length=64,
+        stride=16, rule_features=True,
+    )
+    start = TaggerModel.from_base(tiny_base_model, rule_features=True).rule_proj.weight.clone()
+    res = T.train(opts)
+    assert res.steps > 0
+    tagger = Tagger.load(out)
+    assert tagger.model.rule_features is not None
+    assert not torch.equal(tagger.model.rule_proj.weight, start)  # DP trained it
+    cfg = json.loads((out / "training_config.json").read_text())
+    assert cfg["dphub_training"]["rule_features"] is True
+    from dphub.card import load_card
+
+    assert gate.model_dir_problems(out, load_card(out).meta) == []  # the gate accepts its layout
+    assert len(tagger.tag(synth.generate(2, kind="nursing", seed=9))) == 2
+
+
+def test_rule_warm_start_is_a_head_stage_on_the_plain_warm_start(tiny_base_model: Path,
+                                                                  tmp_path: Path):
+    from dataclasses import replace
+
+    from dphub.train import warmstart
+
+    cfg = warmstart.WarmStartConfig(notes=(("nursing", 3),), epochs=1.0, batch_size=4,
+                                    max_length=64, stride=16, rule_features=True, rule_epochs=1.0)
+    plain_cfg = replace(cfg, rule_features=False)
+    key = warmstart.cache_key(tiny_base_model, "tiny", "hipaa", "crf", cfg, 0)
+    plain_key = warmstart.cache_key(tiny_base_model, "tiny", "hipaa", "crf", plain_cfg, 0)
+    # the rule stage's own settings never change a plain warm start's key (caches stay valid)
+    assert plain_key == warmstart.cache_key(tiny_base_model, "tiny", "hipaa", "crf",
+                                            replace(plain_cfg, rule_lr=1.0), 0)
+    assert key != plain_key
+    wdir = warmstart.warm_start(tiny_base_model, "tiny", "hipaa", "crf", cfg,
+                                cache_dir=tmp_path)
+    assert wdir.name == key and (tmp_path / "warmstart" / plain_key / "model.safetensors").is_file()
+    rule_model = TaggerModel.load(wdir)
+    plain = TaggerModel.load(tmp_path / "warmstart" / plain_key)
+    assert rule_model.rule_features is not None and plain.rule_features is None
+    assert float(rule_model.rule_proj.weight.detach().abs().sum()) > 0  # the stage trained it
+    # the encoder is the plain warm start's, untouched
+    for (n, a), (_, b) in zip(rule_model.encoder.state_dict().items(),
+                              plain.encoder.state_dict().items(), strict=True):
+        assert torch.equal(a, b), n
+
+
+def test_train_and_audit_share_the_rule_features_flag():
+    import typer.main
+
+    from dphub.cli import train as cli_train
+    from dphub.cli.main import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name in ("train", "audit"):
+        params = {p.name: p for p in commands[name].params}
+        assert "rule_features" in params, name
+        assert "--rule-features" in params["rule_features"].opts
+        assert "--no-rule-features" in params["rule_features"].secondary_opts
+    assert cli_train.CONFIG_KEYS["rule_features"] == ("train", "rule_features")
+    assert "rule_features" in cli_train.INIT_TEMPLATE
