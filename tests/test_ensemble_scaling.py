@@ -71,10 +71,13 @@ def _old_aggregate(member_spans: dict[str, list[Span]], rule: str) -> list[Merge
             else:
                 comps.append([a, b, [(n, s)]])
         for a, b, members in comps:
-            _, best = min(members, key=lambda ns: (-_score(ns[1]), _precedence(ns[1].label),
-                                                   order[ns[0]]))
+            # the label rule of the aggregation (untyped OTHER last, then score, category,
+            # member order); the score is the highest member score
+            _, best = min(members, key=lambda ns: (ns[1].label == "OTHER", -_score(ns[1]),
+                                                   _precedence(ns[1].label), order[ns[0]]))
             voters = tuple(sorted({n for n, _ in members}, key=order.__getitem__))
-            out.append(MergedSpan(a, b, best.label, _score(best), voters))
+            top = max(_score(s) for _, s in members)
+            out.append(MergedSpan(a, b, best.label, top, voters))
     return out
 
 

@@ -435,10 +435,19 @@ def test_full_disk_stops_the_run_resumably(tmp_path: Path, monkeypatch: pytest.M
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, text)
 
+    real_open = runner.atomic_open
+
+    def open_(path: Path, *args: object, **kwargs: object) -> object:  # streamed outputs
+        if Path(path).name == victim:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, *args, **kwargs)
+
     monkeypatch.setattr(runner, "atomic_write_text", write)
+    monkeypatch.setattr(runner, "atomic_open", open_)
     with pytest.raises(runner.OutputError, match="No space left"):
         run_deid(src, tmp_path / "out", _rules(), batch_size=1)
     monkeypatch.setattr(runner, "atomic_write_text", real)
+    monkeypatch.setattr(runner, "atomic_open", real_open)
     rep = run_deid(src, tmp_path / "out", _rules(), batch_size=1, resume=True)
     assert rep.exit_code == 0 and rep.skipped + rep.done == 4
     ref = tmp_path / "ref"
