@@ -55,6 +55,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--format", default=None, help="Corpus format (default: detect).")
     p.add_argument("--noises", default=",".join(map(str, DEFAULT_NOISES)),
                    help="Comma-separated noise multipliers σ (a no-DP run is always added).")
+    p.add_argument("--epsilons", default=None,
+                   help="Comma-separated target patient-level ε (instead of --noises): σ is "
+                        "calibrated per target, as `dphub train --target-epsilon` does.")
+    p.add_argument("--public-only", action="store_true",
+                   help="Add a row for the public warm start alone (no private data, ε 0).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=float, default=None,
                    help="Epochs (default: dphub train's, 32; quick: 1).")
@@ -75,6 +80,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--noises must be comma-separated numbers, got {args.noises!r}")
     if not args.noise_list or any(not math.isfinite(x) or x <= 0 for x in args.noise_list):
         p.error("--noises must be positive, finite numbers")
+    args.epsilon_list = []
+    if args.epsilons:
+        try:
+            args.epsilon_list = [float(x) for x in args.epsilons.split(",") if x.strip()]
+        except ValueError:
+            p.error(f"--epsilons must be comma-separated numbers, got {args.epsilons!r}")
+        if not args.epsilon_list or any(not math.isfinite(x) or x <= 0
+                                        for x in args.epsilon_list):
+            p.error("--epsilons must be positive, finite numbers")
     if not 0 < args.test_ratio < 1:
         p.error("--test-ratio must be in (0, 1)")
     if args.epochs is None:  # dphub train's default recipe, or a tiny smoke-test size
@@ -119,24 +133,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{describe(test_notes)['patients']} patients")
 
     Cached = cached_member_class()
-    runs: list[tuple[str, float | None]] = [(f"sigma-{s:g}", s) for s in args.noise_list]
-    runs.append(("no-dp", None))
+    # (name, σ, target ε): a run is DP when it has either; "public-only" trains nothing
+    runs: list[tuple[str, float | None, float | None]]
+    if args.epsilon_list:
+        runs = [(f"eps-{e:g}", None, e) for e in args.epsilon_list]
+    else:
+        runs = [(f"sigma-{s:g}", s, None) for s in args.noise_list]
+    runs.append(("no-dp", None, None))
+    if args.public_only:
+        runs.insert(0, ("public-only", None, None))
     rows = []
-    for name, sigma in runs:
+    for name, sigma, target in runs:
         opts = TrainOptions(data=train_path, out=work / "models" / name,
-                            base_model=args.base_model, noise=sigma, no_dp=sigma is None,
+                            base_model=args.base_model, noise=sigma, target_epsilon=target,
+                            no_dp=sigma is None and target is None,
                             epochs=args.epochs, seed=args.seed, privacy_unit="patient",
                             warm_start=args.warm_start)
         if args.batch_size is not None:
             opts.batch_size = args.batch_size
-        info = train_or_skip(name, opts, state, clock)
-        path = work / "models" / name
+        if name == "public-only":
+            from dphub.train.sources import warm_start_dir
+
+            path, _ = warm_start_dir(opts)
+            info = {"epsilon": 0.0, "delta": None, "steps": 0, "sample_rate": 0.0,
+                    "train_seconds": None, "noise_multiplier": None}
+        else:
+            info = train_or_skip(name, opts, state, clock)
+            path = work / "models" / name
         member = Cached(Tagger.load(path), name, weights=weights_digest(path),
                         cache_dir=work / "cache")
         t = time.monotonic()
         pred = {n.id: spans for n, spans in zip(test_notes, member.tag(test_notes), strict=True)}
         scores = evaluate_spans(test_notes, pred).headline()
-        rows.append({"name": name, "noise_multiplier": sigma, **info,
+        rows.append({"name": name, "noise_multiplier": sigma, "kind": _kind(name, sigma, target),
+                     **info,
                      "eval_seconds": round(time.monotonic() - t, 1),
                      **{k: round(v, 4) for k, v in scores.items()}})
         clock.log(f"{name}: ε = {info['epsilon']}, F1 = {100 * scores['f1']:.1f} %")
@@ -160,6 +190,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _kind(name: str, sigma: float | None, target: float | None) -> str:
+    """``public`` (no private data), ``dp`` or ``nodp``: how a row is drawn and labelled."""
+    if name == "public-only":
+        return "public"
+    return "dp" if sigma is not None or target is not None else "nodp"
+
+
+def _is_dp(r: dict[str, Any]) -> bool:
+    return r.get("kind", "dp" if r["noise_multiplier"] is not None else "nodp") == "dp"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
@@ -167,7 +208,7 @@ def _pct(x: float) -> str:
 def render_markdown(result: dict[str, Any]) -> str:
     s, c = result["settings"], result["corpus"]
     lines = [
-        "# Privacy / utility: noise multiplier, patient-level ε and de-identification quality",
+        "# Privacy / utility: patient-level ε and de-identification quality",
         "",
         f"Corpus `{c['name']}` ({c['format']}): {c['notes']} labelled notes of {c['patients']} "
         f"patients; trained on {result['split']['train']['patients']} patients, scored on the "
@@ -179,10 +220,12 @@ def render_markdown(result: dict[str, Any]) -> str:
     ]
     table = []
     for r in result["rows"]:
-        dp = r["noise_multiplier"] is not None
+        dp = _is_dp(r)
+        public = r.get("kind") == "public"
         table.append([
-            f"{r['noise_multiplier']:g}" if dp else "– (no DP)",
-            f"{r['epsilon']:.2f}" if dp else "∞",
+            f"{r['noise_multiplier']:.3g}" if dp else
+            ("– (public data only)" if public else "– (no DP)"),
+            f"{r['epsilon']:.2f}" if dp else ("0 (no private data)" if public else "∞"),
             f"{r['delta']:.1e}" if dp and r["delta"] is not None else "–",
             str(r["steps"]), f"{r['sample_rate']:.3g}",
             _pct(r["precision"]), _pct(r["recall"]), _pct(r["f1"]),
@@ -207,9 +250,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     from dphub.io import atomic_open
 
-    dp = sorted((r for r in result["rows"] if r["noise_multiplier"] is not None),
-                key=lambda r: r["epsilon"])
-    base = [r for r in result["rows"] if r["noise_multiplier"] is None]
+    dp = sorted((r for r in result["rows"] if _is_dp(r)), key=lambda r: r["epsilon"])
+    base = [r for r in result["rows"] if not _is_dp(r) and r.get("kind") != "public"]
+    public = [r for r in result["rows"] if r.get("kind") == "public"]
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     eps = [r["epsilon"] for r in dp]
     for key, label, color in (("f1", "token F1", "tab:blue"), ("recall", "token recall",
@@ -218,8 +261,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
         if base:
             ax.axhline(100 * base[0][key], color=color, linestyle="--",
                        label=f"{label}, no DP (ε = ∞)")
+        if public:
+            ax.axhline(100 * public[0][key], color=color, linestyle=":",
+                       label=f"{label}, public data only (ε = 0)")
     for r in dp:
-        ax.annotate(f"σ={r['noise_multiplier']:g}", (r["epsilon"], 100 * r["f1"]),
+        ax.annotate(f"σ={r['noise_multiplier']:.3g}", (r["epsilon"], 100 * r["f1"]),
                     textcoords="offset points", xytext=(4, -12), fontsize=8)
     if eps and min(eps) > 0:
         ax.set_xscale("log")

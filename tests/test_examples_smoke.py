@@ -211,3 +211,9 @@ def test_privacy_utility_rejects_bad_noise_list(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(EXAMPLES / "privacy_utility.py"), str(tmp_path),
                            "--noises", "0.5,-1"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--noises must be positive" in proc.stderr
+
+
+def test_privacy_utility_rejects_bad_epsilon_list(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "privacy_utility.py"), str(tmp_path),
+                           "--epsilons", "8,0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--epsilons must be positive" in proc.stderr

@@ -42,19 +42,29 @@ def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSo
             "pass --base-model PATH"
         )
     if opts.warm_start == "synth":
-        from dphub.train import warmstart
-
-        ws = warmstart.WarmStartConfig(max_length=opts.max_length, stride=opts.stride,
-                                       rule_features=opts.rule_features)
-        wdir = warmstart.warm_start(
-            Path(loadable), public_id, opts.label_schema, opts.head, ws, seed=opts.seed,
-            on_progress=on_progress,
-        )
+        wdir, block = warm_start_dir(opts, on_progress)
         model = TaggerModel.load(wdir)
-        return ModelSource(model, public_id, Path(loadable), ws.card_block(seed=opts.seed), [])
+        return ModelSource(model, public_id, Path(loadable), block, [])
     model = TaggerModel.from_base(loadable, schema=opts.label_schema, head=opts.head,
                                   rule_features=opts.rule_features)
     return ModelSource(model, public_id, Path(loadable), None, [])
+
+
+def warm_start_dir(opts: TrainOptions,
+                   on_progress: ProgressFn | None = None) -> tuple[Path, dict[str, Any]]:
+    """The public warm start these options train from (built and cached on first use) and its
+    card block. It is itself a model directory: scoring it shows what public data alone gives."""
+    from dphub.encoders import resolve_base_model
+    from dphub.train import warmstart
+
+    loadable, public_id = resolve_base_model(opts.base_model)
+    if isinstance(loadable, str):
+        raise ConfigError(f"base model {public_id!r} is not a local directory")
+    ws = warmstart.WarmStartConfig(max_length=opts.max_length, stride=opts.stride,
+                                   rule_features=opts.rule_features)
+    wdir = warmstart.warm_start(Path(loadable), public_id, opts.label_schema, opts.head, ws,
+                                seed=opts.seed, on_progress=on_progress)
+    return wdir, ws.card_block(seed=opts.seed)
 
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
