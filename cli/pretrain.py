@@ -25,6 +25,7 @@ def pretrain(
         help="Base encoder: 'default' or a local model directory."),
     head: str | None = T.HEAD_OPT,
     label_schema: str | None = T.LABEL_SCHEMA_OPT,
+    rule_features: bool | None = T.RULE_FEATURES_OPT,
     seed: int = typer.Option(0, "--seed", help="Seed of initialisation and data order."),
     force: bool = typer.Option(False, "--force", help="Replace an existing model directory."),
     threads: int | None = threads_option(),
@@ -43,7 +44,8 @@ def pretrain(
     apply_threads(threads)
     cfg = PretrainConfig.from_options(notes=notes, epochs=epochs, train_layers=train_layers)
     opts = TrainOptions(base_model=base_model, head=head or "crf",
-                        label_schema=label_schema or "hipaa", seed=seed)
+                        label_schema=label_schema or "hipaa", seed=seed,
+                        rule_features=True if rule_features is None else rule_features)
     with ProgressReporter() as reporter, disk_full_as_error(out):
         run(out, cfg, options=opts, seed=seed, force=force, on_progress=reporter.train_callback())
     typer.echo(f"wrote {out} (public synthetic data only, no DP, epsilon 0; "

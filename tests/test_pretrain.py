@@ -95,6 +95,15 @@ def test_pretrain_card_says_public_only_and_validates(public_base: Path) -> None
     assert "NOT PRIVATE" not in card.body
     cfg = json.loads((public_base / "training_config.json").read_text())
     assert cfg["no_dp"] is True
+    # the default recipe's rule-feature head stage ran too: DP fine-tuning starts from a trained
+    # rule projection, not from zero
+    assert cfg["dphub_training"]["rule_features"] is True
+    model_cfg = json.loads((public_base / "config.json").read_text())
+    assert model_cfg["dphub"]["rule_features"]["rules_digest"]
+    from safetensors import safe_open
+
+    with safe_open(str(public_base / "model.safetensors"), "pt") as f:
+        assert float(f.get_tensor("rule_proj.weight").abs().sum()) > 0
 
 
 def test_gate_and_pull_accept_a_public_base(public_base: Path, tmp_path: Path) -> None:

@@ -170,6 +170,16 @@ def pretrain(
             on_progress(p)
 
     model = train_public(base_dir, opts.label_schema, opts.head, ws, seed=seed, on_progress=relay)
+    if opts.rule_features:  # the same rule-feature head stage as the embedded warm start
+        import tempfile
+
+        from dphub.train.warmstart import train_rule_stage
+
+        with tempfile.TemporaryDirectory(prefix="dphub-pretrain-") as tmp:
+            model.save(Path(tmp), base_public_id=public_id, tokenizer_source=base_dir)
+            model = train_rule_stage(Path(tmp), base_dir, opts.label_schema,
+                                     replace(ws, rule_features=True), seed=seed,
+                                     on_progress=relay)
     # the card's counts describe the public corpus (same notes, same seeds as the loop's)
     notes = (n for i, (kind, k) in enumerate(cfg.kinds())
              for n in synth.iter_notes(k, kind=kind, seed=cfg.synth_seed + i))
@@ -192,7 +202,7 @@ def _write(out: Path, model: Any, base_dir: Path, public_id: str, opts: Any, cfg
             "epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr_encoder,
             "head": opts.head, "train_layers": cfg.train_layers, "label_schema": opts.label_schema,
             "seed": seed, "no_dp": True, "warm_start": "none", "max_length": opts.max_length,
-            "stride": opts.stride,
+            "stride": opts.stride, "rule_features": bool(opts.rule_features),
         },
         "base_model": public_id,
         "init_from": None,
