@@ -82,7 +82,7 @@ def _plot(rows: list[dict], fits: dict, path: Path) -> None:
                 label=f"{label} (ε 8, held-out patients)")
         a, b = fits[key]["a"], fits[key]["b"]
         ax.plot(grid, [100 * _predict(a, b, int(n)) for n in grid], "--", color=color,
-                alpha=0.6, label=f"{label}: fit 1 − {label.split()[-1]} ∝ n^−{b:.2f}")
+                alpha=0.6, label=f"{label}: fit 1 − {label.split()[-1]} ∝ n^({-b:+.2f})")
     ax.set_xscale("log")
     ax.set_xlabel("training patients (patient-level ε 8)")
     ax.set_ylabel("% on 36 held-out patients")
