@@ -25,7 +25,6 @@ threads burn the CPU that the other thread (and the other work of the process) n
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import warnings
@@ -73,11 +72,9 @@ def cache_root() -> Path:
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from dphub.hub.common import file_sha256  # one file-digest helper for hub and cache
+
+    return file_sha256(path)
 
 
 def _private_dir(path: Path) -> None:

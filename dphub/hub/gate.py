@@ -217,6 +217,14 @@ def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> d
     if dp.get("privacy_unit") not in PRIVACY_UNITS:
         raise _refuse(model_dir, "differential_privacy.privacy_unit must be one of "
                                  f"{', '.join(PRIVACY_UNITS)}")
+    _check_tag_and_schema(model_dir, meta, validate)
+    return meta
+
+
+def _check_tag_and_schema(model_dir: Path, meta: dict[str, Any],
+                          validate: Callable[..., Any] | None) -> None:
+    """The dphub tag, then the card's full validation (schema + accounting), for every card the
+    gate accepts (DP or public-synthetic)."""
     if DP_TAG not in (meta.get("tags") or []):
         raise _refuse(model_dir, f"the card's tags must include {DP_TAG!r}")
     if validate is None:
@@ -226,7 +234,6 @@ def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> d
             validate(model_dir, require_private=True)
         except DphubError as e:
             raise _refuse(model_dir, f"model card fails validation: {e.message}") from None
-    return meta
 
 
 def _check_public_card(model_dir: Path, meta: dict[str, Any],
@@ -247,15 +254,7 @@ def _check_public_card(model_dir: Path, meta: dict[str, Any],
     if not isinstance(data, dict) or data.get("name") != "dphub-synth":
         raise _refuse(model_dir, "a public-synthetic card's dataset must be dphub-synth (the "
                                  "public generator), not anyone's notes")
-    if DP_TAG not in (meta.get("tags") or []):
-        raise _refuse(model_dir, f"the card's tags must include {DP_TAG!r}")
-    if validate is None:
-        validate = _card_validator()
-    if validate is not None:
-        try:
-            validate(model_dir, require_private=True)  # public-synthetic passes as shareable
-        except DphubError as e:
-            raise _refuse(model_dir, f"model card fails validation: {e.message}") from None
+    _check_tag_and_schema(model_dir, meta, validate)  # public-synthetic passes as shareable
     return meta
 
 
