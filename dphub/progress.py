@@ -40,6 +40,7 @@ PHASE_LABELS: dict[str, str] = {
     "pretrain": "public pretraining on synthetic notes (no private data, no ε)",
     "encoder-cache": "encoding the training windows once (frozen encoder)",
     "train": "DP training",
+    "train-nodp": "training without DP",
     "deid": "de-identifying",
     "evaluate": "evaluating",
     "calibrate": "calibrating (members scored)",

@@ -153,7 +153,8 @@ class TrainLoop:
             with contextlib.suppress(Exception):
                 self._eps = quiet_epsilon(self.engine.accountant, self.plan.delta)
         el = time.monotonic() - self._t0
-        self.on_progress(Progress("train", n, self.plan.steps, loss, self._eps,
+        phase = "train" if self.engine is not None else "train-nodp"  # say which it is
+        self.on_progress(Progress(phase, n, self.plan.steps, loss, self._eps,
                                   self._done / el if el > 0 else None))
 
     def _after_step(self, loss: float, ckpt: Path, fingerprint: str) -> bool:
