@@ -568,7 +568,8 @@ _TRAIN_FLAGS = ("base_model", "noise", "target_epsilon", "delta", "epochs", "bat
                 "label_schema", "max_epsilon", "seed", "warm_start", "init_from")
 
 
-def _owner_options(flags: dict[str, Any], out: Path, dp: bool, force: bool) -> Any:
+def _owner_options(flags: dict[str, Any], out: Path, dp: bool, force: bool,
+                   resume: bool = False) -> Any:
     """TrainOptions of an owner model: the flags given, made local unless ``--dp``."""
     from dphub.cli.train import build_options
     from dphub.ensemble.distill import local_options
@@ -578,7 +579,7 @@ def _owner_options(flags: dict[str, Any], out: Path, dp: bool, force: bool) -> A
         dp_only = [k for k in ("noise", "target_epsilon", "delta", "max_epsilon") if k in given]
         if dp_only:
             raise ConfigError(f"--{dp_only[0].replace('_', '-')} applies to DP training: add --dp")
-    opts = build_options({**given, "out": out}, {}, force=force)
+    opts = build_options({**given, "out": out}, {}, force=force, resume=resume)
     return local_options(opts, dp=dp, explicit=set(given))
 
 
@@ -635,6 +636,7 @@ def distill_cmd(
     warm_start: str | None = WARM_START_OPT,
     init_from: str | None = INIT_FROM_OPT,
     force: bool = FORCE_OPT,
+    resume: bool = RESUME_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
 ) -> None:
@@ -654,7 +656,7 @@ def distill_cmd(
 
     apply_threads(threads)
     flags = {**locals(), "batch_size": train_batch_size}
-    opts = _owner_options(flags, out, dp, force)
+    opts = _owner_options(flags, out, dp, force, resume)
     if not notes_path.exists():
         raise InputError(f"{notes_path}: not found")
     notes = list(formats.read(notes_path, fmt))
@@ -694,6 +696,7 @@ def train_cmd(
     seed: int | None = SEED_OPT,
     warm_start: str | None = WARM_START_OPT,
     force: bool = FORCE_OPT,
+    resume: bool = RESUME_OPT,
     threads: int | None = threads_option(),
 ) -> None:
     """Scenario B: your own model on your own labelled notes (optionally from a pulled model).
@@ -708,7 +711,7 @@ def train_cmd(
     from dphub.progress import ProgressReporter
 
     apply_threads(threads)
-    opts = _owner_options(dict(locals()), out, dp, force)
+    opts = _owner_options(dict(locals()), out, dp, force, resume)
     notes = read_labelled(labelled, fmt)
     with ProgressReporter() as reporter, disk_full_as_error(out):
         res = train_local(notes, opts, on_progress=reporter.train_callback())

@@ -137,8 +137,31 @@ def _show_usage_error(e: BaseException) -> None:
     typer.echo(f"error: {message}{hint}", err=True)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or ``kill``'s stop) raised as an interrupt, so that every
+    ``finally`` runs: temporary directories of note text are removed and half-written outputs
+    discarded, exactly as on Ctrl-C; a checkpointed job resumes from its last checkpoint."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+def _handle_sigterm() -> None:
+    """Turn SIGTERM into :class:`_Terminated` (main thread only; a handler someone else set —
+    an embedding program — is left alone)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns (and exits with) the process exit code."""
+    _handle_sigterm()
     try:
         rv = _invoke(argv)
         code = rv if isinstance(rv, int) else 0
@@ -147,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         code = e.exit_code
     except _EXITS as e:
         code = int(getattr(e, "exit_code", 0) or 0)
-    except _ABORTS:
-        typer.echo("aborted", err=True)
-        code = 130
+    except _ABORTS as e:  # click turns an interrupt inside a command into Abort
+        terminated = isinstance(e.__cause__ or e.__context__, _Terminated)
+        typer.echo("terminated" if terminated else "aborted", err=True)
+        code = 143 if terminated else 130
     except _USAGE_ERRORS as e:
         _show_usage_error(e)
         code = 2
@@ -157,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         typer.echo(f"error: {' '.join(str(message).split())}", err=True)
         code = int(getattr(e, "exit_code", 1) or 1)
+    except _Terminated:
+        typer.echo("terminated", err=True)
+        code = 143
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         code = 130

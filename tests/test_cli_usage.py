@@ -275,3 +275,32 @@ def test_finite_float_parser_bounds() -> None:
     for bad in ("nan", "inf", "-inf", "0", "1.01", "x", True):
         with pytest.raises(ValueError):
             parse(bad)
+
+
+def test_sigterm_runs_cleanups_and_exits_143(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A scheduler's SIGTERM unwinds like Ctrl-C: ``finally`` blocks (temporary note-text
+    directories, half-written outputs) run, and the exit code says terminated."""
+    import os
+    import signal
+
+    import dphub.cli.main as cli_main
+
+    cleaned: list[bool] = []
+
+    def invoke(argv: object) -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next bytecode
+            return 0
+        finally:
+            cleaned.append(True)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli_main, "_invoke", invoke)
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        code = cli_main.main(["--help"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 143 and cleaned == [True]
+    assert "terminated" in capsys.readouterr().err
