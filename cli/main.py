@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,21 +148,24 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated()
 
 
-def _handle_sigterm() -> None:
+def _handle_sigterm() -> Callable[[], None]:
     """Turn SIGTERM into :class:`_Terminated` (main thread only; a handler someone else set —
-    an embedding program — is left alone)."""
+    an embedding program — is left alone). Returns what puts the previous handler back."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return lambda: None
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns (and exits with) the process exit code."""
-    _handle_sigterm()
+    restore_sigterm = _handle_sigterm()
     try:
         rv = _invoke(argv)
         code = rv if isinstance(rv, int) else 0
@@ -194,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             err=True,
         )
         code = 1
+    restore_sigterm()
     if argv is None:
         sys.exit(code)
     return code

@@ -300,7 +300,9 @@ def test_sigterm_runs_cleanups_and_exits_143(monkeypatch: pytest.MonkeyPatch,
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         code = cli_main.main(["--help"])
+        after = signal.getsignal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert code == 143 and cleaned == [True]
     assert "terminated" in capsys.readouterr().err
+    assert after is signal.SIG_DFL  # the CLI puts the handler it found back
