@@ -22,6 +22,7 @@ from typing import Any
 
 from dphub.errors import ConfigError
 from dphub.train.results import Progress, ProgressFn
+from dphub.train.warmstart import WarmStartConfig
 
 #: Progress phase of ``dphub pretrain`` (the warm start's loop reports ``warm-start``).
 PHASE = "pretrain"
@@ -38,13 +39,14 @@ class PretrainConfig:
     #: pretraining"): 500 notes, 2 epochs, all layers (top 3 only: F1 0.68 instead of 0.77)
     notes: int = 500
     discharge_share: float = 0.1
-    epochs: float = 2.0
+    # the optimisation settings are the embedded warm start's (one place to change them)
+    epochs: float = WarmStartConfig.epochs
     #: top encoder layers trained; None trains all of them
-    train_layers: int | None = None
-    synth_seed: int = 0
-    batch_size: int = 16
-    lr_encoder: float = 5e-5
-    lr_head: float = 2e-3
+    train_layers: int | None = WarmStartConfig.train_layers
+    synth_seed: int = WarmStartConfig.synth_seed
+    batch_size: int = WarmStartConfig.batch_size
+    lr_encoder: float = WarmStartConfig.lr_encoder
+    lr_head: float = WarmStartConfig.lr_head
 
     @classmethod
     def from_options(cls, *, notes: int | None = None, epochs: float | None = None,
