@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from dphub import config as project
+from dphub.cli.hub import HUB_DEFAULT, HUB_HELP, _hub
 from dphub.cli.options import FLOAT, apply_threads, finite_float, positive_float, threads_option
 from dphub.errors import ConfigError
 
@@ -162,8 +163,9 @@ FORMAT_OPT = typer.Option(
 BASE_MODEL_OPT = typer.Option(
         None, "--base-model", show_default="embedded all-MiniLM-L6-v2",
         help="Base encoder: 'default' or a local model directory; or a public base model "
-        "written by `dphub pretrain` (a directory, or a pulled org/name): training starts "
-        "from its weights, without the built-in warm start.",
+        "written by `dphub pretrain` (a directory, or an org/name on the hub, pulled and "
+        "verified on first use): training starts from its weights, without the built-in warm "
+        "start.",
     )
 NOISE_OPT = typer.Option(
         None, "--noise", parser=positive_float, metavar=FLOAT,
@@ -310,17 +312,27 @@ def train(
         "ε lower bound in the card (what `dphub audit` does with its defaults).",
     ),
     threads: int | None = threads_option(),
+    hub: str | None = typer.Option(
+        None, "--hub", help="Hub a --base-model org/name is pulled from when it is not pulled "
+        "yet: " + HUB_HELP, show_default=HUB_DEFAULT,
+    ),
 ) -> None:
     """Train a PHI tagger with DP-SGD and write a model directory with its card.
 
     Every option left out is taken from dphub.toml (run `dphub init`), else the default shown.
     """
     from dphub import train as training
+    from dphub.train.sources import pull_base_model
 
     apply_threads(threads)
-    flags = {k: v for k, v in locals().items() if k not in ("training", "threads", "audit")}
+    flags = {k: v for k, v in locals().items()
+             if k not in ("training", "threads", "audit", "hub", "pull_base_model")}
     cfg = project.load_project_config()
     opts = build_options(flags, cfg, resume=resume, no_dp=no_dp, force=force)
+    pulled = pull_base_model(opts.base_model, hub=_hub(hub))
+    if pulled is not None:
+        typer.echo(f"pulled the public base {opts.base_model} (public synthetic data only, "
+                   "epsilon=0)", err=True)
     if audit:
         from dphub.audit import AuditOptions
         from dphub.cli.audit import run_and_report

@@ -125,6 +125,39 @@ def test_gate_and_pull_accept_a_public_base(public_base: Path, tmp_path: Path) -
     assert src.base_public_id == "all-MiniLM-L6-v2" and src.lineage == []
 
 
+def test_cli_train_pulls_the_public_base_from_the_hub_on_first_use(
+    public_base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dphub.hub.ops import publish
+    from dphub.hub.registry import Registry
+    from dphub.train.sources import pull_base_model
+
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    publish(public_base, "acme/shared-base", hub=str(hub))
+    # names the hub does not hold resolve as before (encoder ids, the embedded default)
+    assert pull_base_model("acme/not-there", hub=str(hub)) is None
+    assert pull_base_model("sentence-transformers/all-MiniLM-L6-v2", hub=str(hub)) is None
+    assert pull_base_model(str(public_base), hub=str(hub)) is None
+    data = tmp_path / "train.jsonl"
+    formats.write(synth.generate(8, kind="nursing", seed=4, patients=4), data, "jsonl")
+    assert main(["train", str(data), "--out", str(tmp_path / "m"), "--base-model",
+                 "acme/shared-base", "--hub", str(hub), "--epochs", "1", "--batch-size", "2",
+                 "--max-physical-batch", "2", "--noise", "1.0", "--accountant", "rdp",
+                 "--threads", "1"]) == 0
+    assert "pulled the public base acme/shared-base" in capsys.readouterr().err
+    assert Registry().get("acme/shared-base").epsilon == 0
+    dp = load_card(tmp_path / "m").dp
+    assert dp["public_pretraining"]["model"] == "acme/shared-base" and dp["private"] is True
+    # a DP model on the hub is not a base: refused with the pointer to --init-from, one line
+    publish(tmp_path / "m", "acme/site-model", hub=str(hub))
+    code = main(["train", str(data), "--out", str(tmp_path / "m2"), "--base-model",
+                 "acme/site-model", "--hub", str(hub), "--epochs", "1", "--noise", "1.0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--init-from" in err and "Traceback" not in err
+    assert not (tmp_path / "m2").exists()
+
+
 def test_gate_refuses_a_public_claim_with_epsilon(public_base: Path, tmp_path: Path) -> None:
     from dphub.card import write_card
     from dphub.errors import CardError, PublishRefused

@@ -103,6 +103,49 @@ def _public_base_dir(spec: str | None) -> tuple[Path, str] | None:
     return (src, spec.partition("@")[0]) if is_public_base(src) else None
 
 
+def pull_base_model(spec: str | None, *, hub: str | None = None) -> Path | None:
+    """Pull ``--base-model org/name[@rev]`` from the hub when it names a hub repo not pulled yet.
+
+    Why: a consortium builds its public base once (``dphub pretrain`` + ``dphub publish``); each
+    site's ``dphub train --base-model org/name`` then starts from it without a separate
+    ``dphub pull`` and without building the embedded warm start. The download is the ordinary
+    verified pull (hashes, card, gate, ε policy), so a tampered base is refused exactly as
+    ``dphub pull`` refuses it. Returns the pulled directory, or None when ``spec`` is not a repo
+    id held by the hub (a directory, ``default``, an encoder id): those resolve as before. A
+    pulled model that is not a public base is refused with the pointer to ``--init-from``.
+    """
+    from dphub.encoders import DEFAULT_BASE_MODEL_ID
+    from dphub.errors import HubError
+    from dphub.hub.common import parse_repo_spec
+    from dphub.hub.registry import Registry
+    from dphub.train.pretrain import is_public_base
+
+    if not spec or spec == "default" or Path(spec).expanduser().is_dir():
+        return None
+    repo_part = spec.partition("@")[0]
+    if "/" not in spec or not _REPO_ID.fullmatch(repo_part) or repo_part == DEFAULT_BASE_MODEL_ID:
+        return None
+    repo_id, revision = parse_repo_spec(spec)
+    try:
+        Registry().get(repo_id, revision)
+        return None  # pulled already: _public_base_dir takes it from the registry
+    except HubError:
+        pass
+    from dphub.hub.ops import info, pull
+
+    try:
+        info(repo_id, hub=hub)
+    except HubError:
+        return None  # the hub does not hold it: an encoder id, resolved (or refused) as before
+    entry = pull(spec, hub=hub)
+    if not is_public_base(entry.path):
+        raise ConfigError(
+            f"--base-model {spec}: pulled, but its card does not say training_data: "
+            "public-synthetic; fine-tune a DP model with --init-from"
+        )
+    return entry.path
+
+
 def _from_public_base(opts: TrainOptions) -> ModelSource | None:
     """Start from a public base model (``dphub pretrain``): its weights, no warm start; the card
     records it under ``public_pretraining`` (``model``) and its encoder as ``base_model``."""
