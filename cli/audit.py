@@ -55,6 +55,7 @@ def audit(
     lora_rank: int | None = T.LORA_RANK_OPT,
     recall_weight: float | None = T.RECALL_WEIGHT_OPT,
     rule_features: bool | None = T.RULE_FEATURES_OPT,
+    rule_lr_scale: float | None = T.RULE_LR_SCALE_OPT,
     label_schema: str | None = T.LABEL_SCHEMA_OPT,
     max_epsilon: float | None = T.MAX_EPSILON_OPT,
     seed: int | None = T.SEED_OPT,

@@ -41,6 +41,7 @@ CONFIG_KEYS: dict[str, tuple[str, str]] = {
     "train_layers": ("train", "train_layers"),
     "lora_rank": ("train", "lora_rank"),
     "recall_weight": ("train", "recall_weight"),
+    "rule_lr_scale": ("train", "rule_lr_scale"),
     "rule_features": ("train", "rule_features"),
     "seed": ("train", "seed"),
     "warm_start": ("train", "warm_start"),
@@ -86,6 +87,7 @@ train_layers = 0               # top encoder layers trained under DP (0: only em
 # lora_rank = 8                # LoRA adapters instead of full top layers
 recall_weight = 3.0            # delta_p: loss_i * (1 + delta_p * FNR_i), FNR_i from own predictions
 rule_features = true           # the zero-epsilon rule member's flags as tagger input features
+rule_lr_scale = 10.0           # learning-rate multiplier of their projection (trust in each flag)
 seed = 0
 warm_start = "synth"           # synth (public synthetic notes, costs no epsilon) | none
 
@@ -234,6 +236,11 @@ RULE_FEATURES_OPT = typer.Option(
         help="Give the tagger the zero-ε rule member's flags as input features (DP then learns "
         "when to trust them; the model needs the same dphub rules at inference).",
     )
+RULE_LR_SCALE_OPT = typer.Option(
+        None, "--rule-lr-scale", parser=positive_float, metavar=FLOAT, show_default="10",
+        help="Learning-rate multiplier of the rule features' projection (how far to trust each "
+        "rule flag): a few weights that the recipe's few noisy steps must move far.",
+    )
 LABEL_SCHEMA_OPT = typer.Option(
         None, "--label-schema", show_default="hipaa", help="Label set: hipaa | i2b2-2014."
     )
@@ -295,6 +302,7 @@ def train(
     lora_rank: int | None = LORA_RANK_OPT,
     recall_weight: float | None = RECALL_WEIGHT_OPT,
     rule_features: bool | None = RULE_FEATURES_OPT,
+    rule_lr_scale: float | None = RULE_LR_SCALE_OPT,
     label_schema: str | None = LABEL_SCHEMA_OPT,
     max_epsilon: float | None = MAX_EPSILON_OPT,
     seed: int | None = SEED_OPT,

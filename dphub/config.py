@@ -9,7 +9,7 @@ its key. Sections and keys::
     [privacy]  noise, target_epsilon, delta, privacy_unit, accountant, max_grad_norm,
                max_examples_per_unit, max_epsilon, secure_rng
     [train]    epochs, batch_size, max_physical_batch, lr, train_layers, lora_rank,
-               recall_weight, seed, warm_start, rule_features
+               recall_weight, seed, warm_start, rule_features, rule_lr_scale
     [output]   dir
     [hub]      url, repo, max_epsilon, require_unit   (the last two: ε policy for ``dphub pull``)
     [card]     intended_use, out_of_scope, limitations, provenance   (free text for the card)
@@ -80,6 +80,7 @@ PROJECT_SCHEMA: dict[str, Any] = {
             "train_layers": {"type": "integer", "minimum": 0},
             "lora_rank": _COUNT,
             "recall_weight": {"type": "number", "minimum": 0},
+            "rule_lr_scale": _POSITIVE,
             "seed": {"type": "integer"},
             "warm_start": {"enum": ["synth", "none"]},
             "rule_features": {"type": "boolean"},

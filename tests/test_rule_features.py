@@ -12,7 +12,7 @@ import torch
 
 from dphub import align, formats, synth
 from dphub import rule_features as rf
-from dphub.errors import ModelError
+from dphub.errors import ConfigError, ModelError
 from dphub.notes import Note
 from dphub.tagger import BASIC_FORMAT_VERSION, FORMAT_VERSION, Tagger, TaggerModel
 
@@ -191,3 +191,34 @@ def test_train_and_audit_share_the_rule_features_flag():
         assert "--no-rule-features" in params["rule_features"].secondary_opts
     assert cli_train.CONFIG_KEYS["rule_features"] == ("train", "rule_features")
     assert "rule_features" in cli_train.INIT_TEMPLATE
+
+
+def test_rule_projection_steps_at_its_own_learning_rate(tiny_base_model: Path):
+    from dphub.train import TrainOptions
+    from dphub.train.loop import param_groups, trainable_parameters
+
+    model = TaggerModel.from_base(tiny_base_model, rule_features=True)
+    model.set_trainable(train_layers=0)
+    params = trainable_parameters(model)
+    groups = param_groups(model, params, TrainOptions(lr=2e-3, rule_lr_scale=10.0))
+    assert [g["lr"] for g in groups] == [2e-3, pytest.approx(2e-2)]
+    rule = {id(p) for p in model.rule_proj.parameters()}
+    assert {id(p) for p in groups[1]["params"]} == rule
+    assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in params}  # all, once
+    assert sum(len(g["params"]) for g in groups) == len(params)
+    plain = TaggerModel.from_base(tiny_base_model)
+    plain.set_trainable(train_layers=0)
+    assert len(param_groups(plain, trainable_parameters(plain), TrainOptions())) == 1
+    with pytest.raises(ConfigError, match="rule-lr-scale"):
+        TrainOptions(data=Path("x.jsonl"), out=Path("o"), rule_lr_scale=0).validate()
+    # one Adam step moves the rule projection `scale` times as far as the head (same gradient)
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(groups, lr=2e-3)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    before = {id(p): p.detach().clone() for p in params}
+    opt.step()
+    head = model.classifier.weight
+    w = model.rule_proj.weight
+    assert float((w - before[id(w)]).abs().max()) == pytest.approx(
+        10 * float((head - before[id(head)]).abs().max()), rel=1e-4)

@@ -47,6 +47,24 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def param_groups(model: torch.nn.Module, params: list[torch.nn.Parameter],
+                 opts: TrainOptions) -> list[dict[str, Any]]:
+    """Optimizer groups: the rule features' projection at ``lr * rule_lr_scale``, the rest at ``lr``.
+
+    Why: ``rule_proj`` is a handful of weights per tag with a strong, consistent gradient (how far
+    to trust each rule flag); at the head's learning rate the recipe's few noisy steps cannot move
+    them far from the public warm start. The step size is a post-processing choice of the noisy
+    gradients, so the guarantee is unchanged.
+    """
+    rule = {id(p) for name, p in model.named_parameters() if name.startswith("rule_proj.")}
+    rest = [p for p in params if id(p) not in rule]
+    groups: list[dict[str, Any]] = [{"params": rest, "lr": opts.lr}] if rest else []
+    mine = [p for p in params if id(p) in rule]
+    if mine:
+        groups.append({"params": mine, "lr": opts.lr * opts.rule_lr_scale})
+    return groups
+
+
 def quiet_epsilon(accountant: Any, delta: float) -> float:
     """The accountant's ε, without numpy's edge-case warnings (q = 1) reaching the terminal."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -74,7 +92,7 @@ class TrainLoop:
 
         self.opts, self.plan, self.model, self.on_progress = opts, plan, model, on_progress
         self.params = trainable_parameters(model)
-        self.optimizer: Any = torch.optim.Adam(self.params, lr=opts.lr)
+        self.optimizer: Any = torch.optim.Adam(param_groups(model, self.params, opts), lr=opts.lr)
         self.source = MechanismRandomness.for_run(
             private=not opts.no_dp, secure=opts.secure_rng, seed=opts.seed
         )

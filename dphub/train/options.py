@@ -48,7 +48,10 @@ class TrainOptions:
       best signal-to-noise ratio per unit of ε for a given amount of compute;
     * recall weighting (δp = 3) counters DP's drift towards predicting "no PHI";
     * the rule member's flags are input features (``rule_features``, zero ε): DP only has to
-      learn when to trust them;
+      learn when to trust them, and their projection (``rule_proj``, 11 inputs per tag) steps
+      ``rule_lr_scale`` = 10 times faster than the rest of the head: a few, well-determined weights
+      that the 32 noisy steps of the recipe could otherwise barely move from the public warm
+      start, which learned on synthetic notes to trust the rules less than real notes need;
     * windows of 128 word pieces with 32 of overlap, at most 64 windows per unit.
     """
 
@@ -74,6 +77,9 @@ class TrainOptions:
     #: give the tagger the zero-ε rule member's flags as input features (dphub.rule_features);
     #: default since it measured +10 F1 at ε 8 on the dev corpus's inner split (docs/results.md)
     rule_features: bool = True
+    #: learning-rate multiplier of ``rule_proj`` (the rule features' projection); chosen on the
+    #: dev corpus's inner split (docs/results.md, "Trusting the rules")
+    rule_lr_scale: float = 10.0
     label_schema: str = "hipaa"
     max_epsilon: float | None = None
     seed: int = 0
@@ -132,6 +138,7 @@ class TrainOptions:
             "--max-physical-batch": self.max_physical_batch,
             "--max-grad-norm": self.max_grad_norm,
             "--lr": self.lr,
+            "--rule-lr-scale": self.rule_lr_scale,
             "--max-examples-per-unit": self.max_examples_per_unit,
             "--checkpoint-every": self.checkpoint_every,
         }
