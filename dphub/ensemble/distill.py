@@ -44,8 +44,10 @@ from dphub.train.results import ProgressFn
 #: Defaults of a local (no-DP) owner model that differ from ``dphub train``'s DP recipe. Without
 #: noise there is nothing to average over, so small batches of notes give many more optimiser
 #: steps for the same epochs (the DP recipe takes one full-batch step per epoch on ~14 patients).
-#: The unit only groups windows for sampling here: no guarantee is claimed.
-LOCAL_DEFAULTS: dict[str, object] = {"privacy_unit": "note", "batch_size": 8}
+#: The unit only groups windows for sampling here: no guarantee is claimed. For the same reason the
+#: rule projection keeps the head's learning rate (``rule_lr_scale`` 1): DP's faster rule step
+#: exists because a few noisy full-batch steps cannot move it, and hundreds of exact ones can.
+LOCAL_DEFAULTS: dict[str, object] = {"privacy_unit": "note", "batch_size": 8, "rule_lr_scale": 1.0}
 
 #: ``not_covered`` entry of a DP student labelled with thresholds calibrated on owner notes.
 CALIBRATION_NOT_COVERED = ("thresholds calibrated on the owner's labelled notes, used to make the "
