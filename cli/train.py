@@ -87,7 +87,7 @@ train_layers = 0               # top encoder layers trained under DP (0: only em
 # lora_rank = 8                # LoRA adapters instead of full top layers
 recall_weight = 3.0            # delta_p: loss_i * (1 + delta_p * FNR_i), FNR_i from own predictions
 rule_features = true           # the zero-epsilon rule member's flags as tagger input features
-rule_lr_scale = 10.0           # learning-rate multiplier of their projection (trust in each flag)
+rule_lr_scale = 30.0           # learning-rate multiplier of their projection (trust in each flag)
 seed = 0
 warm_start = "synth"           # synth (public synthetic notes, costs no epsilon) | none
 
@@ -237,7 +237,7 @@ RULE_FEATURES_OPT = typer.Option(
         "when to trust them; the model needs the same dphub rules at inference).",
     )
 RULE_LR_SCALE_OPT = typer.Option(
-        None, "--rule-lr-scale", parser=positive_float, metavar=FLOAT, show_default="10",
+        None, "--rule-lr-scale", parser=positive_float, metavar=FLOAT, show_default="30",
         help="Learning-rate multiplier of the rule features' projection (how far to trust each "
         "rule flag): a few weights that the recipe's few noisy steps must move far.",
     )

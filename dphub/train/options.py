@@ -49,7 +49,7 @@ class TrainOptions:
     * recall weighting (δp = 3) counters DP's drift towards predicting "no PHI";
     * the rule member's flags are input features (``rule_features``, zero ε): DP only has to
       learn when to trust them, and their projection (``rule_proj``, 11 inputs per tag) steps
-      ``rule_lr_scale`` = 10 times faster than the rest of the head: a few, well-determined weights
+      ``rule_lr_scale`` = 30 times faster than the rest of the head: a few, well-determined weights
       that the 32 noisy steps of the recipe could otherwise barely move from the public warm
       start, which learned on synthetic notes to trust the rules less than real notes need;
     * windows of 128 word pieces with 32 of overlap, at most 64 windows per unit.
@@ -79,7 +79,7 @@ class TrainOptions:
     rule_features: bool = True
     #: learning-rate multiplier of ``rule_proj`` (the rule features' projection); chosen on the
     #: dev corpus's inner split (docs/results.md, "Trusting the rules")
-    rule_lr_scale: float = 10.0
+    rule_lr_scale: float = 30.0
     label_schema: str = "hipaa"
     max_epsilon: float | None = None
     seed: int = 0
