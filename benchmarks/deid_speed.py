@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/deid_speed.py --deidpl /work/shared/peers/physionet-deid \\
-        --notes /work/shared/corpora/physionet-deid-dev [--limit 120] [--model DIR ...] \\
+    python benchmarks/deid_speed.py --deidpl ../shared/peers/physionet-deid \\
+        --notes ../shared/corpora/physionet-deid-dev [--limit 120] [--model DIR ...] \\
         [--threads 2] [--ensemble-runtime onnx-int8]
 
 ``--notes`` is a PhysioNet-format directory (``*.text``) or a directory of ``.txt`` files. Every

@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/runner_memory.py --n 1000,10000 [--layout txt|jsonl] [--member digits]
-    python benchmarks/runner_memory.py --n 1000 --member /work/models/dp8 --runtime onnx-int8
+    python benchmarks/runner_memory.py --n 1000 --member models/dp8 --runtime onnx-int8
 
 Each N runs in its own child process (peak RSS from ``wait4``): synthetic discharge notes
 (:func:`dphub.synth.iter_notes`, written one at a time) into a temporary directory of ``.txt``

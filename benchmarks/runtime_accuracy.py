@@ -2,8 +2,8 @@
 
 Usage (from the repository root; nothing prints note text)::
 
-    python benchmarks/runtime_accuracy.py --model /work/models/dp8            # held-out test
-    python benchmarks/runtime_accuracy.py --model /work/models/dp8 --inner    # tuning split
+    python benchmarks/runtime_accuracy.py --model models/dp8            # held-out test
+    python benchmarks/runtime_accuracy.py --model models/dp8 --inner    # tuning split
 
 The dev corpus is split by patient as ``benchmarks/train_dev_corpus.py`` does
 (``split_notes(notes, [0.8, 0.2], by="patient", seed=0)``): the default scores the 36 held-out
