@@ -127,8 +127,11 @@ def test_gate_and_pull_accept_a_public_base(public_base: Path, tmp_path: Path) -
 
 def test_cli_train_pulls_the_public_base_from_the_hub_on_first_use(
     public_base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from dphub.hub.ops import publish
+
+    monkeypatch.chdir(tmp_path)  # `dphub train` records its last model in ./.dphub
     from dphub.hub.registry import Registry
     from dphub.train.sources import pull_base_model
 
