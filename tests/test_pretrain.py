@@ -210,6 +210,27 @@ def test_base_model_refuses_a_private_model_directory(public_base: Path, tmp_pat
         initial_model(opts, None)
 
 
+def test_pretrain_and_train_refuse_a_private_model_as_their_base(public_base: Path,
+                                                                 tmp_path: Path) -> None:
+    """A model that learned from patients must not become a "public data only" base, nor a plain
+    encoder under a new ε: with or without its card, a dphub model directory is refused."""
+    from dphub.train.sources import initial_model
+
+    site = shutil.copytree(public_base, tmp_path / "site-model")
+    (site / "README.md").write_text("---\nnot: a public card\n---\n", encoding="utf-8")
+    carded = T.TrainOptions(base_model=str(site), max_length=64, stride=16)
+    with pytest.raises(ConfigError, match="--init-from"):
+        pretrain(tmp_path / "pb", PretrainConfig(notes=4, epochs=1.0), options=carded)
+    assert not (tmp_path / "pb").exists()
+    (site / "README.md").unlink()  # the card removed: its config.json still says dphub
+    (site / "training_config.json").unlink()
+    bare = T.TrainOptions(data=tmp_path / "x.jsonl", out=tmp_path / "o", base_model=str(site))
+    with pytest.raises(ConfigError, match="not a public base"):
+        initial_model(bare, None)
+    with pytest.raises(ConfigError, match="not a public base"):
+        pretrain(tmp_path / "pb", PretrainConfig(notes=4, epochs=1.0), options=carded)
+
+
 def test_train_layers_values() -> None:
     assert parse_train_layers("all") is None and parse_train_layers("2") == 2
     with pytest.raises(ConfigError):

@@ -15,6 +15,7 @@ one loop, one data path, only the notes, layers and epochs differ.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -160,6 +161,7 @@ def pretrain(
         raise ConfigError(f"base model {public_id!r} is not a local directory and nothing can be "
                           "downloaded; pass --base-model PATH")
     base_dir = Path(loadable)
+    refuse_private_model_as_base(base_dir)
     ws = cfg.warm_start_config(max_length=opts.max_length, stride=opts.stride)
 
     steps = [0]
@@ -172,6 +174,7 @@ def pretrain(
             on_progress(p)
 
     model = train_public(base_dir, opts.label_schema, opts.head, ws, seed=seed, on_progress=relay)
+    main_steps = steps[0]  # the card's steps and epochs describe this stage, not the head stage
     if opts.rule_features:  # the same rule-feature head stage as the embedded warm start
         import tempfile
 
@@ -186,7 +189,7 @@ def pretrain(
     notes = (n for i, (kind, k) in enumerate(cfg.kinds())
              for n in synth.iter_notes(k, kind=kind, seed=cfg.synth_seed + i))
     dataset = card.dataset_block(notes, label_schema=opts.label_schema, name=DATASET_NAME)
-    return _write(out, model, base_dir, public_id, opts, cfg, seed, steps[0], dataset, force)
+    return _write(out, model, base_dir, public_id, opts, cfg, seed, main_steps, dataset, force)
 
 
 def _write(out: Path, model: Any, base_dir: Path, public_id: str, opts: Any, cfg: PretrainConfig,
@@ -228,6 +231,27 @@ def _write(out: Path, model: Any, base_dir: Path, public_id: str, opts: Any, cfg
     except FileExistsError:
         raise ConfigError(f"{out}: output directory exists and is not empty (use --force)") from None
     return meta
+
+
+def refuse_private_model_as_base(base_dir: Path) -> None:
+    """Refuse a dphub model directory that is not a public base as the encoder to build on.
+
+    Why: its weights learned from patients (under DP, or local only without any guarantee). A
+    public base built on them would claim "public data only, no ε" and a DP run would count only
+    its own ε: either way the earlier patients' exposure goes unstated. A plain encoder (no
+    ``dphub`` block in ``config.json``, no training config) and a public base pass.
+    """
+    if is_public_base(base_dir):
+        return
+    dphub_block = False
+    with contextlib.suppress(OSError, ValueError):
+        cfg = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
+        dphub_block = isinstance(cfg, dict) and "dphub" in cfg
+    if dphub_block or (base_dir / "training_config.json").is_file():
+        raise ConfigError(
+            f"--base-model {base_dir.name}: a dphub model that is not a public base (its card "
+            "does not say training_data: public-synthetic); fine-tune a DP model with --init-from"
+        )
 
 
 def is_public_base(model_dir: Path) -> bool:

@@ -77,7 +77,7 @@ def _public_base_dir(spec: str | None) -> tuple[Path, str] | None:
     looked up among pulled models. Anything else is left to :func:`resolve_base_model` (a plain
     encoder). A DP model given as ``--base-model`` is refused: that is what ``--init-from`` is for.
     """
-    from dphub.train.pretrain import is_public_base
+    from dphub.train.pretrain import is_public_base, refuse_private_model_as_base
 
     if not spec or spec == "default":
         return None
@@ -85,11 +85,7 @@ def _public_base_dir(spec: str | None) -> tuple[Path, str] | None:
     if p.is_dir():
         if is_public_base(p):
             return p, p.name if _REPO_ID.fullmatch(p.name) else "local-public-base"
-        if (p / "README.md").is_file() and (p / "training_config.json").is_file():
-            raise ConfigError(
-                f"--base-model {p.name}: a dphub model that is not a public base (its card does "
-                "not say training_data: public-synthetic); fine-tune a DP model with --init-from"
-            )
+        refuse_private_model_as_base(p)
         return None
     if not _REPO_ID.fullmatch(spec.partition("@")[0]) or "/" not in spec:
         return None
