@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             err=True,
         )
         code = 1
-    restore_sigterm()
+    finally:  # also when something escapes the handlers above (SystemExit from a callback)
+        restore_sigterm()
     if argv is None:
         sys.exit(code)
     return code

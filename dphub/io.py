@@ -52,6 +52,17 @@ def _disk_full(where: str | os.PathLike[str] | None, code: int = errno.ENOSPC) -
     )
 
 
+def cache_root() -> Path:
+    """``$DPHUB_CACHE_DIR`` or the platform's user cache directory for dphub: the root of every
+    rebuildable cache (the public warm start, ONNX graphs), each in its own subdirectory."""
+    env = os.environ.get("DPHUB_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("dphub"))
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | None = "utf-8",
                 newline: str | None = None) -> Iterator[IO]:

@@ -38,7 +38,8 @@ import torch
 from torch import Tensor, nn
 
 from dphub.errors import ConfigError, ModelError
-from dphub.io import atomic_write_bytes, atomic_write_text
+from dphub.hub.common import file_sha256
+from dphub.io import atomic_write_bytes, atomic_write_text, cache_root
 
 RUNTIMES: tuple[str, ...] = ("torch", "onnx", "onnx-int8")
 #: what `dphub ensemble deid/evaluate` use when neither the flag nor the manifest names one
@@ -59,22 +60,6 @@ def check_runtime(name: str) -> str:
     if name not in RUNTIMES:
         raise ConfigError(f"unknown runtime {name!r}; choose one of {', '.join(RUNTIMES)}")
     return name
-
-
-def cache_root() -> Path:
-    """``$DPHUB_CACHE_DIR/onnx`` or the platform's user cache directory for dphub."""
-    env = os.environ.get("DPHUB_CACHE_DIR")  # the same root as the warm start's cache
-    if env:
-        return Path(env).expanduser() / "onnx"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("dphub")) / "onnx"
-
-
-def _sha256_file(path: Path) -> str:
-    from dphub.hub.common import file_sha256  # one file-digest helper for hub and cache
-
-    return file_sha256(path)
 
 
 def _private_dir(path: Path) -> None:
@@ -279,7 +264,7 @@ def load_encoder(runtime: str, encoder: nn.Module, digest: str, *, threads: int 
             c in "0123456789abcdef" for c in digest):
         raise ModelError("internal: an encoder digest must be 64 hex characters")
     threads = threads or torch.get_num_threads()
-    d = (cache or cache_root()) / digest
+    d = (cache or cache_root() / "onnx") / digest
     memo = (str(d), runtime, threads)
     hit = _LOADED.get(memo)
     if hit is not None and hit[0] == _stat_sig(hit[1][1].path):
@@ -314,20 +299,20 @@ def _load(runtime: str, encoder: nn.Module, digest: str, d: Path, threads: int,
             files.pop("onnx-int8", None)
         status = "built"
         if target.is_file():
-            if files.get(runtime) == _sha256_file(target):
+            if files.get(runtime) == file_sha256(target):
                 sess = _session(target, threads)
                 if _probe_ok(runtime, sess, encoder):
                     return OnnxEncoder(sess, runtime), CacheStatus(runtime, target, "cached")
             status = "rebuilt"
         fp32 = d / _FILES["onnx"]
-        if runtime == "onnx" or not (fp32.is_file() and files.get("onnx") == _sha256_file(fp32)):
+        if runtime == "onnx" or not (fp32.is_file() and files.get("onnx") == file_sha256(fp32)):
             say(f"exporting encoder {digest[:12]} to ONNX (once per encoder)")
             export_encoder(encoder, fp32)
-            files["onnx"] = _sha256_file(fp32)
+            files["onnx"] = file_sha256(fp32)
         if runtime == "onnx-int8":
             say(f"quantizing ONNX encoder {digest[:12]} to int8 (once per encoder)")
             quantize_int8(fp32, target)
-            files["onnx-int8"] = _sha256_file(target)
+            files["onnx-int8"] = file_sha256(target)
         import onnxruntime
 
         atomic_write_text(d / "meta.json", json.dumps({

@@ -14,6 +14,7 @@ import pytest
 from dphub import runtime, synth
 from dphub.cli.main import main
 from dphub.errors import ModelError
+from dphub.hub.common import file_sha256
 from dphub.tagger import Tagger
 
 pytest.importorskip("onnxruntime")
@@ -82,7 +83,7 @@ def test_tampered_cache_is_rebuilt(tiny_tagger_dir: Path, cache: Path, notes: li
     runtime.export_encoder(other.encoder, path)
     d = path.parent
     meta = json.loads((d / "meta.json").read_text())
-    meta["files"]["onnx"] = runtime._sha256_file(path)
+    meta["files"]["onnx"] = file_sha256(path)
     (d / "meta.json").write_text(json.dumps(meta))
     runtime._LOADED.clear()
     assert Tagger.load(tiny_tagger_dir).use_runtime("onnx", threads=1).status == "rebuilt"

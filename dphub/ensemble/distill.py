@@ -80,8 +80,9 @@ def pseudo_label(ensemble: Ensemble, notes: Sequence[Note], *, batch_size: int =
     """
     out: list[Note] = []
     total = len(notes)
-    for i in range(0, total, max(1, batch_size)):
-        batch = list(notes[i:i + batch_size])
+    step = max(1, batch_size)
+    for i in range(0, total, step):
+        batch = list(notes[i:i + step])
         for note, res in zip(batch, ensemble.deid(batch), strict=True):
             spans = merge_overlapping(Span(s.start, s.end, s.label) for s in res.spans)
             out.append(replace(note, spans=spans, labelled=True))
@@ -152,10 +153,11 @@ def _train_on(notes: Sequence[Note], opts: TrainOptions, work: Path, tag: str,
     if not any(n.spans for n in notes):
         raise InputError("no PHI in the training labels: nothing to learn (is the ensemble "
                          "empty, or are the notes empty?)")
-    if opts.no_dp and opts.privacy_unit == "patient" and any(n.patient_id is None for n in notes):
-        opts.privacy_unit = "note"  # no guarantee is claimed: units only group windows
+    unit = opts.privacy_unit
+    if opts.no_dp and unit == "patient" and any(n.patient_id is None for n in notes):
+        unit = "note"  # no guarantee is claimed: units only group windows
     data = _write_notes(notes, work / f"{tag}.jsonl")
-    o = replace(opts, data=data, format="jsonl")
+    o = replace(opts, data=data, format="jsonl", privacy_unit=unit)
     return train(o, on_progress=on_progress)
 
 
@@ -206,8 +208,10 @@ def distill(
     with _private_workdir(out) as work:
         result: TrainResult | None = None
         train_notes: list[Note] = []
+        gold_ids = {n.id for n in labelled}
+        unlabelled = [n for n in notes if n.id not in gold_ids]  # gold notes keep gold spans
         for r in range(1, rounds + 1):
-            pseudo = pseudo_label(teacher, notes, batch_size=batch_size, progress=on_label)
+            pseudo = pseudo_label(teacher, unlabelled, batch_size=batch_size, progress=on_label)
             round_spans.append(sum(len(n.spans) for n in pseudo))
             train_notes = combine_labels(pseudo, labelled)
             last = r == rounds
@@ -218,10 +222,9 @@ def distill(
         assert result is not None
     if not opts.no_dp and _has_calibrated_thresholds(ensemble):
         _note_calibration_not_covered(out)
-    gold_ids = {n.id for n in labelled}
     return OwnerResult(
         out_dir=out, train=result, notes=len(train_notes), gold_notes=len(labelled),
-        pseudo_notes=sum(1 for n in notes if n.id not in gold_ids),
+        pseudo_notes=len(unlabelled),
         pseudo_spans=round_spans[-1], rounds=rounds, local_only=opts.local_only,
         round_spans=round_spans,
     )

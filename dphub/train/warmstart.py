@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from dphub.errors import ConfigError, DphubError
+from dphub.io import cache_root
 
 #: 2: the realistic synthetic kinds (``dphub.synth.REALISTIC_KINDS``); older caches are rebuilt
 FORMAT_VERSION = 2
@@ -95,16 +96,6 @@ class WarmStartConfig:
         if steps is not None:
             block["steps"] = steps
         return block
-
-
-def cache_root() -> Path:
-    """``$DPHUB_CACHE_DIR`` or the platform's user cache directory for dphub."""
-    env = os.environ.get("DPHUB_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("dphub"))
 
 
 def _base_fingerprint(base_dir: Path) -> str:
