@@ -13,10 +13,10 @@ rusage) is its own. Rows:
 * ``deid.pl``: the PhysioNet tool (GPL-2), copied to a temporary directory at run time (never into
   this repository), run in output mode (``deid-output.config``);
 * ``rules``: ``rules:default`` alone;
-* ``1 model torch`` / ``1 model onnx`` / ``1 model onnx-int8``: one tagger per encoder runtime
+* ``1 model torch`` / ``torch-bf16`` / ``onnx`` / ``onnx-int8``: one tagger per encoder runtime
   (:mod:`dphub.runtime`; ONNX graphs are built before timing, as ``ensemble deid`` builds them
   once per encoder and caches them);
-* ``N models + rules`` (N = 1, 3, 5) with ``--ensemble-runtime``: the models given with
+* ``N models + rules`` (N = 1, 3, 5) per ``--ensemble-runtime`` (comma-separated): the models given with
   ``--model``; missing ones are *head variants* of the first (a copy whose classifier and CRF are
   re-drawn, the encoder byte-identical): what members trained with the default recipe
   (head-only on the shared public base) are, so the ensemble runs one encoder pass for all.
@@ -158,7 +158,7 @@ def _prebuild(models: list[Path], runtimes: set[str]) -> None:
     encoder, then reuses the cached file)."""
     from dphub.tagger import Tagger
 
-    for rt in sorted(runtimes - {"torch"}):
+    for rt in sorted(runtimes - {"torch", "torch-bf16"}):
         for m in {str(x) for x in models}:
             Tagger.load(m).use_runtime(rt)
 
@@ -174,10 +174,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--batch-size", type=int, default=32, help="windows per encoder batch")
     ap.add_argument("--chunk", type=int, default=64, help="notes per ensemble call")
-    ap.add_argument("--runtimes", default="torch,onnx,onnx-int8",
+    ap.add_argument("--runtimes", default="torch,torch-bf16,onnx,onnx-int8",
                     help="runtimes of the one-model rows (comma-separated)")
     ap.add_argument("--ensemble-runtime", default="onnx-int8",
-                    help="runtime of the ensemble rows (torch | onnx | onnx-int8)")
+                    help="runtime(s) of the ensemble rows, comma-separated (torch | torch-bf16 | "
+                         "onnx | onnx-int8)")
     ap.add_argument("--sizes", default="1,3,5", help="ensemble sizes (models, plus rules)")
     ap.add_argument("--skip", default="", help="rows to skip: deidpl,rules,single,ensembles")
     ap.add_argument("--int8", action="store_true", help="torch dynamic int8 on torch rows")
@@ -220,8 +221,9 @@ def main() -> None:
             results.append(("deid.pl", n / wall, rss, None, n / max(_CPU[0], 1e-9)))
         sizes = [int(x) for x in args.sizes.split(",") if x]
         runtimes = [r for r in args.runtimes.split(",") if r]
+        ens_runtimes = [r for r in args.ensemble_runtime.split(",") if r]
         prep = [sys.executable, __file__, "--worker-prepare", str(tmp), "--sizes", args.sizes,
-                "--runtimes", ",".join(set(runtimes) | {args.ensemble_runtime}),
+                "--runtimes", ",".join(sorted(set(runtimes) | set(ens_runtimes))),
                 *(x for m in args.model for x in ("--model", str(m.resolve())))]
         models = [Path(m) for m in json.loads(_child_rss(prep)[2].strip().splitlines()[-1])]
         notes_file = tmp / "notes.json"
@@ -232,9 +234,9 @@ def main() -> None:
         if "single" not in skip:
             configs += [(f"1 model {rt}", [str(models[0])], rt) for rt in runtimes]
         if "ensembles" not in skip:
-            configs += [(f"{k} model{'s' if k > 1 else ''} + rules ({args.ensemble_runtime})",
-                         [*(str(m) for m in models[:k]), "rules:default"], args.ensemble_runtime)
-                        for k in sizes]
+            configs += [(f"{k} model{'s' if k > 1 else ''} + rules ({rt})",
+                         [*(str(m) for m in models[:k]), "rules:default"], rt)
+                        for rt in ens_runtimes for k in sizes]
         for label, members, rt in configs:
             cmd = [sys.executable, __file__, "--worker-notes", str(notes_file), "--threads",
                    str(args.threads), "--batch-size", str(args.batch_size), "--chunk",
@@ -254,14 +256,14 @@ def main() -> None:
           f"stride={'model' if args.stride is None else args.stride}, "
           f"load average {os.getloadavg()[0]:.2f}")
     base = next((r for r in results if r[0] == "deid.pl"), None)
-    print(f"| {'configuration':<28} | {'notes/s':>8} | {'incl. load':>10} | {'peak RSS MiB':>12} "
+    print(f"| {'configuration':<30} | {'notes/s':>8} | {'incl. load':>10} | {'peak RSS MiB':>12} "
           f"| {'vs deid.pl':>10} | {'notes/CPU-s':>11} | {'vs deid.pl':>10} |")
-    print(f"|{'-' * 30}|{'-' * 10}|{'-' * 12}|{'-' * 14}|{'-' * 12}|{'-' * 13}|{'-' * 12}|")
+    print(f"|{'-' * 32}|{'-' * 10}|{'-' * 12}|{'-' * 14}|{'-' * 12}|{'-' * 13}|{'-' * 12}|")
     for label, rate, rss, with_load, per_cpu in results:
         wl = f"{with_load:.1f}" if with_load is not None else f"{rate:.1f}"
         ratio = f"{rate / base[1]:.2f}x" if base else "-"
         cratio = f"{per_cpu / base[4]:.2f}x" if base else "-"
-        print(f"| {label:<28} | {rate:>8.1f} | {wl:>10} | {rss:>12.0f} | {ratio:>10} "
+        print(f"| {label:<30} | {rate:>8.1f} | {wl:>10} | {rss:>12.0f} | {ratio:>10} "
               f"| {per_cpu:>11.2f} | {cratio:>10} |")
     print("notes/CPU-s: notes per CPU second (user + system) of the timed phase; on a loaded "
           "machine it is the steadier comparison (with --threads 1 it approximates an idle "

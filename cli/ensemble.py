@@ -139,7 +139,7 @@ def show_cmd(name: str | None = typer.Argument(None, metavar="NAME", show_defaul
 @ensemble_app.command("runtime")
 def runtime_cmd(runtime: str | None = typer.Argument(
                     None, metavar="RUNTIME", show_default="print the current one",
-                    help="torch | onnx | onnx-int8 (stored in the manifest)."),
+                    help="torch | torch-bf16 | onnx | onnx-int8 (stored in the manifest)."),
                 manifest_path: Path = ENSEMBLE_OPT) -> None:
     """Show or set the encoder runtime that deid and evaluate use by default."""
     from dphub.ensemble.manifest import Manifest
@@ -250,8 +250,8 @@ AGGREGATE_OPT = typer.Option(
 )
 RUNTIME_OPT = typer.Option(
     None, "--runtime", show_default="the manifest's, else torch",
-    help="Encoder runtime of model members: torch | onnx | onnx-int8 (ONNX graphs are built "
-         "once per encoder and cached).",
+    help="Encoder runtime of model members: torch | torch-bf16 | onnx | onnx-int8 (ONNX graphs "
+         "are built once per encoder and cached; torch-bf16 needs a CPU with native bfloat16).",
 )
 
 
@@ -401,7 +401,7 @@ def deid_top_cmd(
         priv = card_privacy(p)
         member = ModelMember.load(p, batch_size=batch_size)
         if int8 and runtime not in (None, "torch"):
-            raise ConfigError("--int8 and an ONNX --runtime exclude each other; use "
+            raise ConfigError(f"--int8 and --runtime {runtime} exclude each other; use "
                               "--runtime onnx-int8")
         if int8:
             member.quantize_int8()

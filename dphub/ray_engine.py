@@ -83,7 +83,7 @@ class EnsembleRecipe:
     owner_model: str | None = None
     batch_size: int = 16
     int8: bool = False
-    #: the encoder runtime (``torch``, ``onnx``, ``onnx-int8``): the driver's, so every actor
+    #: the encoder runtime (``torch``, ``torch-bf16``, ``onnx``, ``onnx-int8``): the driver's, so every actor
     #: computes what the driver's settings describe
     runtime: str | None = None
 

@@ -709,7 +709,7 @@ class Tagger:
                   if tok_json is not None and tok_json.is_file() else "unknown")
         self.tokenizer_id = f"{model.base_public_id or 'unknown'}@{digest}"
         self._encoder_digest: str | None = None
-        #: encoder runtime (:mod:`dphub.runtime`): "torch", or an ONNX one set by use_runtime
+        #: encoder runtime (:mod:`dphub.runtime`): "torch", or one set by use_runtime
         self.runtime = "torch"
         self._onnx: Any = None
 
@@ -739,15 +739,18 @@ class Tagger:
     def use_runtime(self, runtime: str, *, threads: int | None = None,
                     cache: Path | None = None,
                     progress: Any = None) -> Any:
-        """Run the encoder with ``runtime`` (``torch``, ``onnx``, ``onnx-int8``; see
-        :mod:`dphub.runtime`). ONNX graphs come from the cache keyed by :attr:`encoder_digest`,
-        built on first use (``progress`` gets a status line first). Returns the cache status
-        (None for torch). Heads and CRF always run in PyTorch."""
-        from dphub.runtime import check_runtime, load_encoder
+        """Run the encoder with ``runtime`` (``torch``, ``torch-bf16``, ``onnx``, ``onnx-int8``;
+        see :mod:`dphub.runtime`). ONNX graphs come from the cache keyed by
+        :attr:`encoder_digest`, built on first use (``progress`` gets a status line first).
+        Returns the cache status (None for the torch runtimes). Heads and CRF always run in
+        PyTorch fp32 (fp64 for the CRF's marginals)."""
+        from dphub.runtime import TORCH_RUNTIMES, check_bf16, check_runtime, load_encoder
 
         check_runtime(runtime)
-        if runtime == "torch":
-            self.runtime, self._onnx = "torch", None
+        if runtime in TORCH_RUNTIMES:
+            if runtime == "torch-bf16":
+                check_bf16(self.device)
+            self.runtime, self._onnx = runtime, None
             return None
         digest = self.encoder_digest  # from the float weights, before anything else changes
         self._onnx, status = load_encoder(runtime, self.model.encoder, digest, threads=threads,
@@ -759,6 +762,11 @@ class Tagger:
         """Hidden states of a collated batch with this tagger's runtime."""
         if self._onnx is not None:
             return self._onnx(batch)
+        if self.runtime == "torch-bf16":
+            from dphub.runtime import bf16_autocast
+
+            with bf16_autocast(self.device):
+                return self.model.encode(batch).float()
         return self.model.encode(batch)
 
     def encode(self, notes: Sequence[Note], batch_size: int = 16) -> EncodedNotes:
@@ -856,7 +864,7 @@ class Tagger:
                                     or encoded.batch_size != batch_size
                                     or len(encoded.tokens) != len(notes)):
             raise ModelError("internal: shared encoder outputs of another encoder or batch")
-        if encoded is None and self._onnx is not None:  # the ONNX encoder, then the heads
+        if encoded is None and self.runtime != "torch":  # the runtime's encoder, then the heads
             encoded = self.encode(notes, batch_size=batch_size)
         if encoded is not None:
             tokens, windows = encoded.tokens, encoded.windows

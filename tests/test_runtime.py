@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from dphub import runtime, synth
 from dphub.cli.main import main
-from dphub.errors import ModelError
+from dphub.errors import ConfigError, ModelError
 from dphub.hub.common import file_sha256
 from dphub.tagger import Tagger
 
@@ -131,3 +132,54 @@ def test_runtime_round_trip_through_the_manifest(tiny_tagger_dir: Path, cache: P
         assert json.loads((out / ".dphub-run" / "run.json").read_text())["settings"][
             "ensemble"].get("runtime", "torch") == rt
     assert outs["torch"] == outs["onnx"]
+
+
+def test_bf16_runtime_is_close_to_fp32_and_shares_by_runtime(
+        tiny_tagger_dir: Path, notes: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch-bf16 runs the encoder in bfloat16 (its scores differ from fp32's, slightly) and is
+    part of the encoder key, so fp32 and bf16 members never share encoder outputs."""
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: True)
+    ref_tagger = Tagger.load(tiny_tagger_dir)
+    ref = ref_tagger.token_scores(notes, batch_size=4)
+    fast = Tagger.load(tiny_tagger_dir)
+    assert fast.use_runtime("torch-bf16") is None
+    assert fast.encoder_key[-1] == "torch-bf16" != ref_tagger.encoder_key[-1]
+    got = fast.token_scores(notes, batch_size=4)
+    diffs = [float(np.abs(x.phi_prob - y.phi_prob).max()) for x, y in zip(ref, got, strict=True)]
+    assert max(diffs) < 0.05
+    assert max(diffs) > 0  # bfloat16 really ran: fp32 would be bit-identical
+    enc = fast.encode(notes, batch_size=4)
+    assert all(h.dtype == torch.float32 for h in enc.hidden)  # heads get fp32 hidden states
+
+
+def test_bf16_runtime_refused_without_native_support(
+        tiny_tagger_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: False)
+    tagger = Tagger.load(tiny_tagger_dir)
+    with pytest.raises(ConfigError, match="native bfloat16") as err:
+        tagger.use_runtime("torch-bf16")
+    assert "torch or onnx-int8" in err.value.message and tagger.runtime == "torch"
+
+
+def test_bf16_runtime_from_the_cli(tiny_tagger_dir: Path, tmp_path: Path, notes: list,
+                                   monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    m = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", str(tiny_tagger_dir), "-e", str(m)]) in (0, None)
+    assert main(["ensemble", "runtime", "torch-bf16", "-e", str(m)]) in (0, None)
+    assert tomllib.loads(m.read_text())["runtime"] == "torch-bf16"
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text(notes[0].text, encoding="utf-8")
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: False)
+    capsys.readouterr()
+    assert main(["ensemble", "deid", str(src), "--out", str(tmp_path / "no"), "-e", str(m)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "native bfloat16" in err and "Traceback" not in err
+    assert not (tmp_path / "no").exists()
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: True)
+    out = tmp_path / "out"
+    assert main(["ensemble", "deid", str(src), "--out", str(out), "-e", str(m),
+                 "--threads", "1"]) in (0, None)
+    assert json.loads((out / ".dphub-run" / "run.json").read_text())["settings"][
+        "ensemble"]["runtime"] == "torch-bf16"

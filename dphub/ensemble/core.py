@@ -194,7 +194,7 @@ def build_ensemble(
 ) -> Ensemble:
     """The ensemble of a manifest (Scenario A), plus the owner's model when given (Scenario B).
 
-    ``runtime`` (``torch``, ``onnx``, ``onnx-int8``; default: the manifest's, else
+    ``runtime`` (``torch``, ``torch-bf16``, ``onnx``, ``onnx-int8``; default: the manifest's, else
     :data:`dphub.runtime.DEFAULT_RUNTIME`) runs every model member's encoder there; ONNX graphs
     are built on first use (``progress`` gets a line first) and cached by encoder digest.
     """
@@ -203,7 +203,7 @@ def build_ensemble(
     runtime = check_runtime(runtime or (manifest.runtime if manifest else None)
                             or DEFAULT_RUNTIME)
     if int8 and runtime != "torch":
-        raise ConfigError("--int8 (torch dynamic quantization) and an ONNX --runtime exclude "
+        raise ConfigError(f"--int8 (torch dynamic quantization) and --runtime {runtime} exclude "
                           "each other; use --runtime onnx-int8")
     slots = [member_from_entry(e, batch_size=batch_size, int8=int8)
              for e in (manifest.members if manifest else [])]

@@ -8,7 +8,7 @@ in the working directory. Written atomically (:mod:`dphub.io`); edits go through
 so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
 
     aggregate = "any"
-    runtime = "onnx"             # torch | onnx | onnx-int8 (encoder runtime; absent: torch)
+    runtime = "onnx"             # torch | torch-bf16 | onnx | onnx-int8 (encoder runtime; absent: torch)
 
     [[members]]
     name = "org/ward-tagger"
