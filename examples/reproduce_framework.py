@@ -450,9 +450,8 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------- the owner's own models (issue 14)
 #: (row name, rounds, dp) of the distilled students: teacher = the three site models + rules.
-#: A second round (``("student-r2", 2, False)``) works but is left out: each round is another
-#: local training (~20 minutes on two shared cores), and rounds were not measured.
-STUDENTS = (("student", 1, False), ("student-dp", 1, True))
+#: ``student-r2``: a second round, labelled by the teacher plus the first round's student.
+STUDENTS = (("student", 1, False), ("student-r2", 2, False), ("student-dp", 1, True))
 
 
 def owner_trainings(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],

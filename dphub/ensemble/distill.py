@@ -162,19 +162,13 @@ def _train_on(notes: Sequence[Note], opts: TrainOptions, work: Path, tag: str,
 
 
 def _check_out(out: Path | None, force: bool) -> Path:
-    from dphub.train import is_model_directory
+    """The owner model's directory, checked like ``dphub train``'s output."""
+    from dphub.train.output import check_output_dir
 
     if out is None:
         raise ConfigError("give --out DIR: where the owner's model is written")
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not force:
-            raise ConfigError(f"{out}: exists and is not empty (use --force to replace a model "
-                              "directory)")
-        if not is_model_directory(out):
-            raise ConfigError(f"{out}: --force replaces only a model directory; nothing was "
-                              "removed")
-    return out
+    check_output_dir(Path(out), force=force)
+    return Path(out)
 
 
 def distill(

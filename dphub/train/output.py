@@ -24,25 +24,27 @@ def is_model_directory(path: Path) -> bool:
     return (path / TRAINING_CONFIG_FILE).is_file() and (path / "model.safetensors").is_file()
 
 
-def check_output_dir(out: Path, data: Path, *, force: bool) -> None:
+def check_output_dir(out: Path, data: Path | None = None, *, force: bool) -> None:
     """Refuse an output that is a file, overlaps the training data, or is not ours to replace.
 
     ``--force`` replaces a previous model directory and nothing else: never the corpus, never a
-    directory holding it, never a directory that ``dphub train`` did not write.
+    directory holding it, never a directory that dphub did not write. ``data`` None: the
+    training notes are not a file the output could overlap (synthetic or in memory).
     """
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
-    o, d = out.resolve(), data.resolve()
-    if o == d or d.is_relative_to(o) or o.is_relative_to(d):
-        raise ConfigError(
-            f"--out {out} overlaps the training data {data}; write the model elsewhere"
-        )
+    if data is not None:
+        o, d = out.resolve(), data.resolve()
+        if o == d or d.is_relative_to(o) or o.is_relative_to(d):
+            raise ConfigError(
+                f"--out {out} overlaps the training data {data}; write the model elsewhere"
+            )
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ConfigError(f"{out}: output directory exists and is not empty (use --force)")
         if not is_model_directory(out):
             raise ConfigError(
-                f"{out}: --force replaces only a model directory written by dphub train "
+                f"{out}: --force replaces only a model directory written by dphub "
                 f"({TRAINING_CONFIG_FILE} + model.safetensors); this is not one, so nothing "
                 "was removed"
             )

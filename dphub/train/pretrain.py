@@ -114,19 +114,6 @@ def parse_train_layers(value: str | int | None) -> int | None:
     return n
 
 
-def _check_out(out: Path, force: bool) -> None:
-    from dphub.train.output import is_model_directory
-
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: exists and is not a directory; choose another --out")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ConfigError(f"{out}: output directory exists and is not empty (use --force)")
-        if not is_model_directory(out):
-            raise ConfigError(f"{out}: --force replaces only a model directory written by dphub; "
-                              "this is not one, so nothing was removed")
-
-
 def pretrain(
     out: str | Path,
     cfg: PretrainConfig | None = None,
@@ -146,6 +133,7 @@ def pretrain(
     from dphub.encoders import resolve_base_model
     from dphub.labels import get_schema
     from dphub.train.options import HEADS, TrainOptions
+    from dphub.train.output import check_output_dir
     from dphub.train.warmstart import train_public
 
     cfg = cfg or PretrainConfig()
@@ -155,7 +143,7 @@ def pretrain(
         raise ConfigError(f"--head must be one of {', '.join(HEADS)} (got {opts.head!r})")
     get_schema(opts.label_schema)  # an unknown schema is one readable error, before any work
     out = Path(out)
-    _check_out(out, force)
+    check_output_dir(out, force=force)
     loadable, public_id = resolve_base_model(opts.base_model)
     if isinstance(loadable, str):
         raise ConfigError(f"base model {public_id!r} is not a local directory and nothing can be "
