@@ -167,15 +167,15 @@ INT8_RECIPE: dict[str, Any] = {"weight_type": "QInt8", "per_channel": True,
                                "op_types": ["MatMul"], "exclude": []}
 
 
-def quantize_int8(src: Path, dst: Path, recipe: dict[str, Any] | None = None) -> None:
+def quantize_int8(src: Path, dst: Path) -> None:
     """Dynamic int8 quantization of the fp32 graph's MatMuls (int8 weights, uint8 activations
-    quantized at run time; ``recipe['exclude']`` names substrings of nodes kept in fp32), written
-    atomically to ``dst``."""
+    quantized at run time; :data:`INT8_RECIPE`'s ``exclude`` names substrings of nodes kept in
+    fp32), written atomically to ``dst``."""
     import logging
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    recipe = recipe or INT8_RECIPE
+    recipe = INT8_RECIPE
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.quant")
     try:
         import onnx
@@ -278,7 +278,6 @@ def _read_meta(d: Path) -> dict[str, Any]:
 
 
 def load_encoder(runtime: str, encoder: nn.Module, digest: str, *, threads: int | None = None,
-                 cache: Path | None = None,
                  progress: Callable[[str], None] | None = None) -> tuple[OnnxEncoder, CacheStatus]:
     """An ONNX Runtime session computing ``encoder`` (digest ``digest``), from the cache or built.
 
@@ -298,7 +297,7 @@ def load_encoder(runtime: str, encoder: nn.Module, digest: str, *, threads: int 
             c in "0123456789abcdef" for c in digest):
         raise ModelError("internal: an encoder digest must be 64 hex characters")
     threads = threads or torch.get_num_threads()
-    d = (cache or cache_root() / "onnx") / digest
+    d = cache_root() / "onnx" / digest
     memo = (str(d), runtime, threads)
     hit = _LOADED.get(memo)
     if hit is not None and hit[0] == _stat_sig(hit[1][1].path):

@@ -737,7 +737,6 @@ class Tagger:
                 int(self.model.stride), self.runtime)
 
     def use_runtime(self, runtime: str, *, threads: int | None = None,
-                    cache: Path | None = None,
                     progress: Any = None) -> Any:
         """Run the encoder with ``runtime`` (``torch``, ``torch-bf16``, ``onnx``, ``onnx-int8``;
         see :mod:`dphub.runtime`). ONNX graphs come from the cache keyed by
@@ -754,7 +753,7 @@ class Tagger:
             return None
         digest = self.encoder_digest  # from the float weights, before anything else changes
         self._onnx, status = load_encoder(runtime, self.model.encoder, digest, threads=threads,
-                                          cache=cache, progress=progress)
+                                          progress=progress)
         self.runtime = runtime
         return status
 

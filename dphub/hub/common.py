@@ -28,6 +28,9 @@ _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 #: Tag every published card must carry; Hugging Face search filters on it.
 DP_TAG = "differential-privacy"
 PRIVACY_UNITS = ("patient", "note", "sequence")
+#: the dataset name of dphub's public synthetic notes (:mod:`dphub.synth`) in cards: the only
+#: data a public base model may have been trained on
+SYNTH_DATASET = "dphub-synth"
 
 
 def check_repo_id(repo_id: str) -> str:

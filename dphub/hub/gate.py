@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import CardError, DphubError, PublishRefused
-from dphub.hub.common import DP_TAG, PRIVACY_UNITS, CardSummary, file_sha256, read_card_meta
+from dphub.hub.common import (
+    DP_TAG,
+    PRIVACY_UNITS,
+    SYNTH_DATASET,
+    CardSummary,
+    file_sha256,
+    read_card_meta,
+)
 
 #: ``differential_privacy.training_data`` of a public base model (``dphub.card.PUBLIC_SYNTHETIC``;
 #: repeated so the gate's module does not import the card module at import time).
@@ -251,7 +258,7 @@ def _check_public_card(model_dir: Path, meta: dict[str, Any],
         raise _refuse(model_dir, "a public-synthetic model cannot descend from a private model "
                                  "(lineage is set)")
     data = meta.get("dataset")
-    if not isinstance(data, dict) or data.get("name") != "dphub-synth":
+    if not isinstance(data, dict) or data.get("name") != SYNTH_DATASET:
         raise _refuse(model_dir, "a public-synthetic card's dataset must be dphub-synth (the "
                                  "public generator), not anyone's notes")
     _check_tag_and_schema(model_dir, meta, validate)  # public-synthetic passes as shareable

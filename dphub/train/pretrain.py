@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError
+from dphub.hub.common import SYNTH_DATASET
 from dphub.train.results import Progress, ProgressFn
 from dphub.train.warmstart import WarmStartConfig
 
 #: Progress phase of ``dphub pretrain`` (the warm start's loop reports ``warm-start``).
 PHASE = "pretrain"
 #: Name recorded in the card's ``dataset`` block: the public generator, not anyone's notes.
-DATASET_NAME = "dphub-synth"
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def pretrain(
     # the card's counts describe the public corpus (same notes, same seeds as the loop's)
     notes = (n for i, (kind, k) in enumerate(cfg.kinds())
              for n in synth.iter_notes(k, kind=kind, seed=cfg.synth_seed + i))
-    dataset = card.dataset_block(notes, label_schema=opts.label_schema, name=DATASET_NAME)
+    dataset = card.dataset_block(notes, label_schema=opts.label_schema, name=SYNTH_DATASET)
     return _write(out, model, base_dir, public_id, opts, cfg, seed, main_steps, dataset, force)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from dphub.train.options import TrainOptions
 from dphub.train.output import build_meta, check_output_dir, write_model_dir
 from dphub.train.plan import plan_privacy
 from dphub.train.results import ProgressFn, TrainResult
-from dphub.train.sources import initial_model
+from dphub.train.sources import REPO_ID, initial_model
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +70,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     train_notes = [*notes, *extra_notes]
     check_patient_ids(train_notes, opts.privacy_unit)
     src = initial_model(opts, on_progress)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?",
-                        src.base_public_id):
+    if not REPO_ID.fullmatch(src.base_public_id):
         # the card records the base as a public hub id; find out now, not after training
         raise ConfigError(
             f"base model name {src.base_public_id!r} is not a hub-style id (org/name); rename "

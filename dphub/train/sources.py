@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError, PrivacyError
+from dphub.hub.common import SYNTH_DATASET
 from dphub.train.options import TrainOptions
 from dphub.train.results import ProgressFn
 
@@ -67,7 +68,8 @@ def warm_start_dir(opts: TrainOptions,
     return wdir, ws.card_block(seed=opts.seed)
 
 
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+#: a hub-style model id (``name`` or ``org/name``), as cards record base models
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 
 
 def _public_base_dir(spec: str | None) -> tuple[Path, str] | None:
@@ -84,10 +86,10 @@ def _public_base_dir(spec: str | None) -> tuple[Path, str] | None:
     p = Path(spec).expanduser()
     if p.is_dir():
         if is_public_base(p):
-            return p, p.name if _REPO_ID.fullmatch(p.name) else "local-public-base"
+            return p, p.name if REPO_ID.fullmatch(p.name) else "local-public-base"
         refuse_private_model_as_base(p)
         return None
-    if not _REPO_ID.fullmatch(spec.partition("@")[0]) or "/" not in spec:
+    if not REPO_ID.fullmatch(spec.partition("@")[0]) or "/" not in spec:
         return None
     from dphub.errors import DphubError
     from dphub.hub.registry import resolve_model
@@ -119,7 +121,7 @@ def pull_base_model(spec: str | None, *, hub: str | None = None) -> Path | None:
     if not spec or spec == "default" or Path(spec).expanduser().is_dir():
         return None
     repo_part = spec.partition("@")[0]
-    if "/" not in spec or not _REPO_ID.fullmatch(repo_part) or repo_part == DEFAULT_BASE_MODEL_ID:
+    if "/" not in spec or not REPO_ID.fullmatch(repo_part) or repo_part == DEFAULT_BASE_MODEL_ID:
         return None
     repo_id, revision = parse_repo_spec(spec)
     try:
@@ -162,7 +164,7 @@ def _from_public_base(opts: TrainOptions) -> ModelSource | None:
                           f"{opts.label_schema!r}")
     meta = load_card(src).meta
     block = dict(meta["differential_privacy"].get("public_pretraining") or {"enabled": True})
-    block.update({"enabled": True, "data": "dphub-synth", "model": name, "epsilon_cost": 0})
+    block.update({"enabled": True, "data": SYNTH_DATASET, "model": name, "epsilon_cost": 0})
     return ModelSource(model, str(meta.get("base_model") or name), src, block, [])
 
 

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from dphub.errors import ConfigError, DphubError
+from dphub.hub.common import SYNTH_DATASET
 from dphub.io import cache_root
 
 #: 2: the realistic synthetic kinds (``dphub.synth.REALISTIC_KINDS``); older caches are rebuilt
@@ -86,7 +87,7 @@ class WarmStartConfig:
         """What the card records under ``differential_privacy.public_pretraining``."""
         block: dict[str, Any] = {
             "enabled": True,
-            "data": "dphub-synth",
+            "data": SYNTH_DATASET,
             "kinds": [k for k, _ in self.notes],
             "notes": sum(n for _, n in self.notes),
             "epochs": self.epochs,
