@@ -692,16 +692,17 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                                   "record); start over in another --out")
             yield c
 
-    for _ in rows():  # check every record exists before anything is written
-        pass
+    # one pass writes both files; a missing record aborts both (temp files removed, nothing
+    # renamed), so a run never leaves an audit without its JSONL output or the reverse
     wrote.append(True)
-    with atomic_open(dst / AUDIT, newline="") as fh:  # 0600 like every output (may hold text)
+    with contextlib.ExitStack() as files:
+        audit_fh = files.enter_context(atomic_open(dst / AUDIT, newline=""))  # 0600: may hold text
+        jsonl_fh = files.enter_context(atomic_open(dst / src.name, newline="")) if jsonl_out \
+            else None
         for c in rows():
-            fh.write(json.dumps(c["audit"], ensure_ascii=False, sort_keys=True) + "\n")
-    if jsonl_out:
-        with atomic_open(dst / src.name, newline="") as fh:
-            for c in rows():
-                fh.write(c["record"] + "\n")
+            audit_fh.write(json.dumps(c["audit"], ensure_ascii=False, sort_keys=True) + "\n")
+            if jsonl_fh is not None:
+                jsonl_fh.write(c["record"] + "\n")
     for key in keys:
         e = journal.entries.get(key)
         if e is None or e["status"] != "done":

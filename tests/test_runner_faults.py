@@ -106,6 +106,28 @@ def test_jsonl_records_are_not_journaled(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / "in.jsonl").read_text())["text"] == "CALL DR. [**NAME**] NOW"
 
 
+def test_a_lost_part_file_leaves_both_final_files_as_they_were(tmp_path: Path) -> None:
+    """Finishing writes audit.jsonl and the JSONL output in one pass; a record missing from the
+    run state aborts both, so neither is half-replaced and no temp file is left."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": "a", "text": "CALL DR. QUIMBLEY NOW"}\nnot json\n'
+                   '{"id": "c", "text": "SEEN BY DR. QUIMBLEY"}\n', encoding="utf-8")
+    ens = Ensemble([Slot(FixedMember("f", {"a": [Span(9, 17, "NAME", 0.9)],
+                                             "c": [Span(11, 19, "NAME", 0.9)]}))])
+    out = tmp_path / "out"
+    assert run_deid(src, out, ens, batch_size=1).failed == ["line 2"]  # state kept for --resume
+    before = _tree(out)
+    parts = sorted((out / RUN_DIR / "parts").iterdir())
+    assert len(parts) == 2
+    parts[-1].unlink()
+    with pytest.raises(ConfigError, match="run state is incomplete"):
+        run_deid(src, out, ens, batch_size=1, resume=True)
+    after = _tree(out)
+    assert {k: v for k, v in after.items() if not k.startswith(RUN_DIR)} == \
+        {k: v for k, v in before.items() if not k.startswith(RUN_DIR)}
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
 # ---------------------------------------------------------------------------- 7: bad notes
 def test_lone_surrogate_line_fails_alone(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
