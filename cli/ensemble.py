@@ -75,9 +75,13 @@ def add_cmd(
     manifest_path: Path = ENSEMBLE_OPT,
 ) -> None:
     """Add a member, pinning its revision (registry sha, weights or tool digest)."""
+    from dphub.ensemble.core import prepare_runtime
     from dphub.ensemble.manifest import Manifest, entry_from_spec
 
     entry = entry_from_spec(spec, name=name, threshold=threshold)  # hashing weights: unlocked
+    current = Manifest.load(manifest_path).runtime if manifest_path.exists() else None
+    if current not in (None, "torch"):  # the manifest's runtime, ready for the new member now
+        prepare_runtime([entry], current, progress=_say)
     with Manifest.editing(manifest_path, missing_ok=True) as manifest:
         manifest.add(entry)
     typer.echo(f"added {entry.name} ({entry.kind}"
@@ -148,10 +152,16 @@ def runtime_cmd(runtime: str | None = typer.Argument(
     if runtime is None:
         typer.echo(Manifest.load(manifest_path).runtime or DEFAULT_RUNTIME)
         return
+    from dphub.ensemble.core import prepare_runtime
+
     check_runtime(runtime)
+    # every model member's encoder readied first (ONNX graphs built or verified; bf16 support
+    # checked): a runtime that cannot work here is refused before the manifest names it
+    n = prepare_runtime(Manifest.load(manifest_path).members, runtime, progress=_say)
     with Manifest.editing(manifest_path) as manifest:
         manifest.runtime = runtime
-    typer.echo(f"runtime {runtime} stored in {manifest_path}")
+    typer.echo(f"runtime {runtime} stored in {manifest_path}"
+               + (f" ({n} encoder{'s' if n != 1 else ''} ready)" if n else ""))
 
 
 # ---------------------------------------------------------------------------- runs

@@ -104,8 +104,17 @@ def test_runtime_round_trip_through_the_manifest(tiny_tagger_dir: Path, cache: P
     assert main(["ensemble", "add", str(tiny_tagger_dir), "-e", str(m)]) in (0, None)
     assert main(["ensemble", "runtime", "-e", str(m)]) in (0, None)
     assert capsys.readouterr().out.strip().splitlines()[-1] == "torch"
+    assert not cache.exists()
     assert main(["ensemble", "runtime", "onnx-int8", "-e", str(m)]) in (0, None)
     assert tomllib.loads(m.read_text())["runtime"] == "onnx-int8"
+    # the graph is built when the runtime is chosen, not at the first run
+    assert [p.name for p in cache.glob("*/encoder-int8.onnx")] == ["encoder-int8.onnx"]
+    assert "1 encoder ready" in capsys.readouterr().out
+    shutil.rmtree(cache)  # a member added later gets its graph at `ensemble add` time
+    runtime._LOADED.clear()
+    other = shutil.copytree(tiny_tagger_dir, tmp_path / "other")
+    assert main(["ensemble", "add", str(other), "-e", str(m)]) in (0, None)
+    assert [p.name for p in cache.glob("*/encoder-int8.onnx")] == ["encoder-int8.onnx"]
     from dphub.ensemble.core import build_ensemble
     from dphub.ensemble.manifest import Manifest
 
@@ -166,12 +175,18 @@ def test_bf16_runtime_from_the_cli(tiny_tagger_dir: Path, tmp_path: Path, notes:
                                    capsys: pytest.CaptureFixture[str]) -> None:
     m = tmp_path / "ens.toml"
     assert main(["ensemble", "add", str(tiny_tagger_dir), "-e", str(m)]) in (0, None)
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: False)
+    capsys.readouterr()
+    assert main(["ensemble", "runtime", "torch-bf16", "-e", str(m)]) == 2  # refused up front
+    assert "native bfloat16" in capsys.readouterr().err
+    assert "runtime" not in tomllib.loads(m.read_text())
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: True)
     assert main(["ensemble", "runtime", "torch-bf16", "-e", str(m)]) in (0, None)
     assert tomllib.loads(m.read_text())["runtime"] == "torch-bf16"
     src = tmp_path / "in"
     src.mkdir()
     (src / "a.txt").write_text(notes[0].text, encoding="utf-8")
-    monkeypatch.setattr(runtime, "native_bf16", lambda kind: False)
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: False)  # another machine
     capsys.readouterr()
     assert main(["ensemble", "deid", str(src), "--out", str(tmp_path / "no"), "-e", str(m)]) == 2
     err = capsys.readouterr().err

@@ -228,6 +228,33 @@ def apply_runtime(ensemble: Ensemble, runtime: str, *,
     ensemble.runtime = runtime
 
 
+def prepare_runtime(entries: Sequence[MemberEntry], runtime: str, *,
+                    progress: Callable[[str], None] | None = None) -> int:
+    """Ready ``runtime`` for the model members among ``entries`` now, not at the first run.
+
+    ONNX runtimes export (and quantize) each distinct encoder into the digest-keyed cache, or
+    verify the cached graph (:mod:`dphub.runtime`); ``torch-bf16`` checks that this machine has
+    native bfloat16. Why at ``ensemble add`` / ``ensemble runtime`` time: a failure (no
+    onnxruntime, a graph that does not reproduce the encoder, a CPU without bfloat16) is then
+    one error where the user chose the runtime, and the first ``deid`` starts at full speed.
+    Returns the number of distinct encoders readied.
+    """
+    from dphub.runtime import check_runtime
+
+    check_runtime(runtime)
+    done: set[str] = set()
+    for entry in entries:
+        if entry.kind not in ("registry", "dir"):
+            continue
+        member = member_from_entry(entry).member
+        assert isinstance(member, ModelMember)
+        digest = member.tagger.encoder_digest
+        if digest not in done:  # members on one public base share one graph
+            member.use_runtime(runtime, progress=progress)
+            done.add(digest)
+    return len(done)
+
+
 def describe(slots: Sequence[Slot]) -> list[dict[str, Any]]:
     return [
         {"name": s.name, "threshold": s.threshold, "epsilon": s.epsilon, "unit": s.unit,
