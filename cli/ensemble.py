@@ -622,6 +622,11 @@ def distill_cmd(
         1, "--rounds", min=1, help="Rounds; each adds the previous student to the labelling "
         "ensemble.",
     ),
+    soft_labels: bool = typer.Option(
+        False, "--soft-labels",
+        help="Soft labels: each ensemble span's score is the probability the student learns "
+             "for its tag (the rest goes to O); local (non-DP) students only.",
+    ),
     aggregate: str | None = AGGREGATE_OPT,
     fmt: str | None = FORMAT_OPT,
     batch_size: int = BATCH_OPT,
@@ -667,6 +672,8 @@ def distill_cmd(
     apply_threads(threads)
     flags = {**locals(), "batch_size": train_batch_size}
     opts = _owner_options(flags, out, dp, force, resume)
+    opts.soft_labels = soft_labels
+    opts.check_soft_labels()
     if not notes_path.exists():
         raise InputError(f"{notes_path}: not found")
     notes = list(formats.read(notes_path, fmt))

@@ -22,7 +22,7 @@ Nothing here sees or logs note text beyond the tokenizer call itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,16 +226,9 @@ def spans_to_tags(offsets: np.ndarray, spans: Sequence[Span], schema: LabelSchem
     ``schema.map`` (``HCPName`` -> ``NAME`` for ``hipaa``).
     """
     offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
-    n = offsets.shape[0]
-    tags = ["O"] * n
-    free = np.ones(n, dtype=bool)
-    for sp in sorted(spans, key=lambda s: (s.start, s.end)):
+    tags = ["O"] * offsets.shape[0]
+    for sp, idx in _span_pieces(offsets, spans):
         label = schema.map(sp.label)
-        hit = (offsets[:, 0] < sp.end) & (offsets[:, 1] > sp.start) & free
-        idx = np.flatnonzero(hit)
-        if idx.size == 0:
-            continue
-        free[idx] = False
         if idx.size == 1:
             tags[idx[0]] = f"S-{label}"
             continue
@@ -244,6 +237,31 @@ def spans_to_tags(offsets: np.ndarray, spans: Sequence[Span], schema: LabelSchem
             tags[k] = f"I-{label}"
         tags[idx[-1]] = f"E-{label}"
     return tags
+
+
+def spans_to_confidence(offsets: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
+    """Per piece, how sure the labels are of its tag (float32): the score of the span that
+    :func:`spans_to_tags` gives the piece (1.0 for a span without one, e.g. gold), 1.0 for ``O``.
+
+    Soft labels (``dphub ensemble distill --soft-labels``): an ensemble's span scores become the
+    probability the student is taught for the span's tag, the rest going to ``O``.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    out = np.ones(offsets.shape[0], dtype=np.float32)
+    for sp, idx in _span_pieces(offsets, spans):
+        if sp.score is not None:
+            out[idx] = min(1.0, max(0.0, float(sp.score)))
+    return out
+
+
+def _span_pieces(offsets: np.ndarray, spans: Sequence[Span]) -> Iterator[tuple[Span, np.ndarray]]:
+    """Each span with the pieces it gets: overlapping pieces not taken by an earlier span."""
+    free = np.ones(offsets.shape[0], dtype=bool)
+    for sp in sorted(spans, key=lambda s: (s.start, s.end)):
+        idx = np.flatnonzero((offsets[:, 0] < sp.end) & (offsets[:, 1] > sp.start) & free)
+        if idx.size:
+            free[idx] = False
+            yield sp, idx
 
 
 def _split_tag(tag: str) -> tuple[str, str | None]:

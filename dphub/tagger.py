@@ -149,6 +149,37 @@ def _compact(valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return index, mask, counts
 
 
+def soft_targets(tags: Tensor, confidence: Tensor, num_tags: int, o_index: int = 0) -> Tensor:
+    """Per-position tag distributions ``[B, L, T]`` of soft labels: ``confidence`` on the hard tag,
+    the rest on ``O`` (a position tagged ``O`` stays certain ``O``)."""
+    hard = nn.functional.one_hot(tags, num_tags).to(confidence.dtype)
+    other = nn.functional.one_hot(torch.full_like(tags, o_index), num_tags).to(confidence.dtype)
+    c = confidence.unsqueeze(-1)
+    return c * hard + (1 - c) * other
+
+
+def soft_crf_nll(crf: CRF, emissions: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """``[B]`` cross-entropy of a linear-chain CRF against per-position tag distributions.
+
+    ``-E_q[log p(y | x)] = log Z - E_q[score(y)]`` with ``q`` the product of ``targets``' rows
+    (``[B, L, T]``, each row sums to 1; ``mask`` a prefix mask starting at 0, as pytorch-crf
+    wants it): the expected score is linear in ``q``'s unary and pairwise terms, and ``log Z`` is
+    pytorch-crf's forward algorithm. With one-hot targets this is exactly the CRF's negative
+    log-likelihood (tested), so soft labels generalise the hard-label loss and nothing else.
+    Why our own: pytorch-crf takes hard tags only; its normaliser is reused, not rewritten.
+    """
+    m = mask.to(emissions.dtype)
+    log_z = crf._compute_normalizer(emissions.transpose(0, 1), mask.transpose(0, 1))
+    unary = ((targets * emissions).sum(-1) * m).sum(1)
+    start = (targets[:, 0] * crf.start_transitions).sum(-1)
+    pair = torch.einsum("nla,ab,nlb->nl", targets[:, :-1], crf.transitions, targets[:, 1:])
+    pair = (pair * m[:, 1:]).sum(1)
+    last = mask.long().sum(1).clamp(min=1) - 1
+    q_last = targets.gather(1, last.view(-1, 1, 1).expand(-1, 1, targets.shape[-1])).squeeze(1)
+    end = (q_last * crf.end_transitions).sum(-1)
+    return log_z - (unary + start + pair + end)
+
+
 class TaggerModel(nn.Module):
     """Encoder → dropout → Linear emissions over BIOES tags → CRF (or softmax).
 
@@ -315,30 +346,45 @@ class TaggerModel(nn.Module):
                               rule_features=batch.get("rule_features"))
 
     def per_sample_loss(
-        self, batch: dict[str, Tensor], tags: Tensor, weights: Tensor | None = None
+        self, batch: dict[str, Tensor], tags: Tensor, weights: Tensor | None = None,
+        confidence: Tensor | None = None,
     ) -> Tensor:
         """One loss per window ``[B]``: CRF negative log-likelihood or summed token cross-entropy.
 
         ``tags`` is ``[B, L]`` with ``-100`` at special/padding positions (the CRF runs over the
         remaining positions, left-aligned). ``weights`` ``[B]`` multiply each window's loss (recall
         weighting; they must be constants computed from that window alone). A window without
-        labelled positions contributes 0.
+        labelled positions contributes 0. ``confidence`` ``[B, L]`` makes the labels *soft*
+        (:func:`soft_targets`, :func:`soft_crf_nll`): local, non-private training only, because
+        the CRF's per-sample gradient rule (:mod:`dphub.privacy`) covers the hard-label
+        likelihood.
         """
         em = self._batch_emissions(batch)
         valid = tags != IGNORE_INDEX
+        o_index = self.tags.index("O")
         if self.crf is None:
-            ce = nn.functional.cross_entropy(
-                em.reshape(-1, em.shape[-1]), tags.reshape(-1).clamp(min=0), reduction="none"
-            ).view(tags.shape)
+            if confidence is None:
+                ce = nn.functional.cross_entropy(
+                    em.reshape(-1, em.shape[-1]), tags.reshape(-1).clamp(min=0), reduction="none"
+                ).view(tags.shape)
+            else:
+                q = soft_targets(tags.clamp(min=0), confidence.to(em.dtype), em.shape[-1], o_index)
+                ce = -(q * em.log_softmax(-1)).sum(-1)
             loss = (ce * valid.to(ce.dtype)).sum(dim=1)
         else:
             index, mask, counts = _compact(valid)
             em_c = em.gather(1, index.unsqueeze(-1).expand(-1, -1, em.shape[-1]))
             tags_c = tags.gather(1, index).clamp(min=0)
             tags_c = torch.where(mask, tags_c, torch.zeros_like(tags_c))
-            # positional (emissions, tags, mask): what Opacus saves for the grad sampler
-            llh = self.crf(em_c, tags_c, mask, reduction="none")
-            loss = -llh * (counts > 0).to(llh.dtype)
+            if confidence is None:
+                # positional (emissions, tags, mask): what Opacus saves for the grad sampler
+                nll = -self.crf(em_c, tags_c, mask, reduction="none")
+            else:
+                conf_c = torch.where(mask, confidence.gather(1, index).to(em.dtype),
+                                     torch.ones_like(em_c[..., 0]))
+                nll = soft_crf_nll(self.crf, em_c, soft_targets(tags_c, conf_c, em.shape[-1],
+                                                                o_index), mask)
+            loss = nll * (counts > 0).to(nll.dtype)
         if weights is not None:
             loss = loss * weights.to(loss.dtype)
         return loss

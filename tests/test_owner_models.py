@@ -7,6 +7,7 @@ gate, files, messages), not accuracy.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
@@ -212,3 +213,99 @@ def test_dp_student_refuses_labels_from_a_member_without_epsilon(tmp_path: Path)
     with pytest.raises(ConfigError, match="rounds"):
         distill(_rules(), [Note("n", "text", "p", labelled=False)], opts, rounds=2)
     assert not (tmp_path / "s").exists()
+
+
+# ---------------------------------------------------------------------------- soft labels
+def test_soft_crf_loss_with_certain_labels_is_the_crf_nll() -> None:
+    """Soft labels generalise the hard-label loss: confidence 1 everywhere gives exactly the
+    CRF's negative log-likelihood; lower confidence gives another loss (and gradients)."""
+    from torchcrf import CRF
+
+    from dphub.tagger import soft_crf_nll, soft_targets
+
+    torch.manual_seed(0)
+    crf = CRF(5, batch_first=True).double()
+    em = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
+    tags = torch.randint(0, 5, (3, 7))
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 4:] = False
+    mask[2, 1:] = False
+    hard = -crf(em, tags, mask, reduction="none")
+    q = soft_targets(tags, torch.ones(3, 7, dtype=torch.float64), 5)
+    soft = soft_crf_nll(crf, em, q, mask)
+    assert torch.allclose(soft, hard, atol=1e-10)
+    conf = torch.full((3, 7), 0.6, dtype=torch.float64)
+    q = soft_targets(tags, conf, 5)
+    assert torch.allclose(q.sum(-1), torch.ones(3, 7, dtype=torch.float64))
+    soft = soft_crf_nll(crf, em, q, mask)
+    assert not torch.allclose(soft, hard)
+    # the expected NLL under the product distribution, by enumerating every tag sequence of a
+    # 3-piece window (start, pairwise and end terms all exercised)
+    em2, t2 = em[:1, :3].detach(), tags[:1, :3]
+    m2 = torch.ones(1, 3, dtype=torch.bool)
+    q2 = soft_targets(t2, torch.tensor([[0.6, 0.9, 0.3]], dtype=torch.float64), 5)
+    with torch.no_grad():
+        expect = sum(
+            float(q2[0, 0, a] * q2[0, 1, b] * q2[0, 2, c])
+            * float(-crf(em2, torch.tensor([[a, b, c]]), m2))
+            for a, b, c in itertools.product(range(5), repeat=3))
+    assert float(soft_crf_nll(crf, em2, q2, m2)) == pytest.approx(expect, abs=1e-9)
+    soft.sum().backward()
+    assert em.grad is not None and torch.isfinite(em.grad).all()
+
+
+def test_spans_to_confidence_follows_the_tags() -> None:
+    import numpy as np
+
+    from dphub.align import spans_to_confidence, spans_to_tags
+    from dphub.labels import get_schema
+
+    offsets = np.array([[0, 3], [4, 8], [9, 12], [13, 20]])
+    spans = [Span(4, 12, "NAME", 0.7), Span(13, 20, "DATE")]
+    conf = spans_to_confidence(offsets, spans)
+    tags = spans_to_tags(offsets, spans, get_schema("hipaa"))
+    assert tags == ["O", "B-NAME", "E-NAME", "S-DATE"]
+    assert conf.tolist() == pytest.approx([1.0, 0.7, 0.7, 1.0])  # gold (no score): certain
+
+
+def test_soft_labelled_student_and_its_refusal_under_dp(
+        notes: list[Note], tiny_base_model: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "notes.jsonl"
+    formats.write(notes, src, "jsonl")
+    manifest = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", "rules:default", "--ensemble", str(manifest)]) == 0
+    base = ["ensemble", "distill", str(src), "--ensemble", str(manifest), "--base-model",
+            str(tiny_base_model), "--warm-start", "none", "--epochs", "1", "--threads", "1",
+            "--soft-labels"]
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "dp"), "--dp", "--noise", "1.0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: soft labels train local") and err.count("\n") == 1
+    assert not (tmp_path / "dp").exists()
+    out = tmp_path / "soft"
+    assert main([*base, "--out", str(out)]) == 0, capsys.readouterr().err
+    cfg = json.loads((out / "training_config.json").read_text())
+    assert cfg["dphub_training"]["soft_labels"] is True
+    assert validate_card(out).local_only
+
+
+def test_soft_labels_reach_the_loss(notes: list[Note], tiny_base_model: Path,
+                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pseudo-spans' scores arrive in the training batches as confidences below 1."""
+    from dphub.tagger import TaggerModel
+
+    seen: list[torch.Tensor] = []
+    real = TaggerModel.per_sample_loss
+
+    def spy(self, batch, tags, weights=None, confidence=None):  # type: ignore[no-untyped-def]
+        if confidence is not None:
+            seen.append(confidence)
+        return real(self, batch, tags, weights, confidence)
+
+    monkeypatch.setattr(TaggerModel, "per_sample_loss", spy)
+    opts = local_options(_opts(tiny_base_model, tmp_path / "s", noise=None), dp=False)
+    opts.soft_labels = True
+    distill(_rules(), notes, opts)
+    assert seen and all(((c > 0) & (c <= 1)).all() for c in seen)
+    assert any((c < 1).any() for c in seen)  # the rule member's spans carry scores below 1

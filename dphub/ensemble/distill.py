@@ -72,11 +72,12 @@ class OwnerResult:
 
 
 def pseudo_label(ensemble: Ensemble, notes: Sequence[Note], *, batch_size: int = 16,
-                 progress: CountFn | None = None) -> list[Note]:
-    """The ensemble's merged spans as (hard) training labels, one labelled copy per note.
+                 progress: CountFn | None = None, scores: bool = False) -> list[Note]:
+    """The ensemble's merged spans as training labels, one labelled copy per note.
 
-    Spans carry the merged label only (no score, no voters): the training data is exactly what
-    the ensemble would hide.
+    Spans carry the merged label (no voters): the training data is exactly what the ensemble
+    would hide. ``scores`` keeps each span's score (the best member's) for soft labels; hard
+    labels drop it.
     """
     out: list[Note] = []
     total = len(notes)
@@ -84,7 +85,8 @@ def pseudo_label(ensemble: Ensemble, notes: Sequence[Note], *, batch_size: int =
     for i in range(0, total, step):
         batch = list(notes[i:i + step])
         for note, res in zip(batch, ensemble.deid(batch), strict=True):
-            spans = merge_overlapping(Span(s.start, s.end, s.label) for s in res.spans)
+            spans = merge_overlapping(Span(s.start, s.end, s.label, s.score if scores else None)
+                                      for s in res.spans)
             out.append(replace(note, spans=spans, labelled=True))
         if progress is not None:
             progress(len(out), total)
@@ -187,12 +189,15 @@ def distill(
     ``opts`` is a complete :class:`TrainOptions` (``out`` set; ``data`` is filled in here); make
     it local with :func:`local_options`. ``labelled`` notes contribute their gold spans
     (:func:`combine_labels`). Each round after the first adds the previous student to the
-    labelling ensemble (``any``).
+    labelling ensemble (``any``). ``opts.soft_labels``: the student learns each pseudo-span's
+    tag with the span's score as its probability (:func:`dphub.tagger.soft_crf_nll`; gold
+    spans stay certain).
     """
     if rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     if not notes and not labelled:
         raise InputError("no notes to distil")
+    opts.check_soft_labels()  # before the labelling, not after it
     if not opts.no_dp:
         _check_dp_teacher(ensemble, rounds)
     out = _check_out(opts.out, opts.force)
@@ -205,7 +210,8 @@ def distill(
         gold_ids = {n.id for n in labelled}
         unlabelled = [n for n in notes if n.id not in gold_ids]  # gold notes keep gold spans
         for r in range(1, rounds + 1):
-            pseudo = pseudo_label(teacher, unlabelled, batch_size=batch_size, progress=on_label)
+            pseudo = pseudo_label(teacher, unlabelled, batch_size=batch_size, progress=on_label,
+                                  scores=opts.soft_labels)
             round_spans.append(sum(len(n.spans) for n in pseudo))
             train_notes = combine_labels(pseudo, labelled)
             last = r == rounds

@@ -70,13 +70,15 @@ class UnitItem(NamedTuple):
     is window ``k``'s length; ``features`` (float, ``[total length, F]``) are the windows' rule
     features laid end to end, ``F = 0`` for a model without them (always a tensor: Opacus's
     ``DPDataLoader`` inspects ``dataset[0]`` element-wise for shapes and dtypes, which is also why
-    an item is a tuple of tensors, not a dict or dataclass).
+    an item is a tuple of tensors, not a dict or dataclass). ``confidence`` (float, ``[total
+    length]``) is the soft labels' per-position confidence in the tag, empty for hard labels.
     """
 
     input_ids: torch.Tensor
     tags: torch.Tensor
     lengths: torch.Tensor
     features: torch.Tensor
+    confidence: torch.Tensor
 
 
 class UnitDataset(Dataset):
@@ -105,11 +107,13 @@ class UnitDataset(Dataset):
         *,
         max_examples_per_unit: int = 64,
         features: Sequence[Any] | None = None,
+        confidence: Sequence[Any] | None = None,
     ) -> UnitDataset:
         """Group windows (token ids incl. specials, tag ids with -100 at specials) by unit key.
 
         ``features``: per window an array ``[window length, F]`` of rule features (see
-        :mod:`dphub.rule_features`), kept with the window through sampling and collation."""
+        :mod:`dphub.rule_features`), kept with the window through sampling and collation.
+        ``confidence``: per window ``[window length]`` soft-label confidences, kept likewise."""
         if not (len(input_ids) == len(tags) == len(unit_keys)):
             raise PrivacyError(
                 "windows, tags and unit keys differ in number "
@@ -117,6 +121,8 @@ class UnitDataset(Dataset):
             )
         if features is not None and len(features) != len(input_ids):
             raise PrivacyError(f"{len(input_ids)} windows but {len(features)} feature rows")
+        if confidence is not None and len(confidence) != len(input_ids):
+            raise PrivacyError(f"{len(input_ids)} windows but {len(confidence)} confidence rows")
         if max_examples_per_unit < 1:
             raise ConfigError(f"max examples per unit must be >= 1, got {max_examples_per_unit}")
         groups: dict[Hashable, list[int]] = {}
@@ -142,6 +148,8 @@ class UnitDataset(Dataset):
                     tags=torch.tensor([t for i in members for t in tags[i]], dtype=torch.long),
                     lengths=torch.tensor([len(input_ids[i]) for i in members], dtype=torch.long),
                     features=_unit_features(features, members, [len(input_ids[i]) for i in members]),
+                    confidence=_unit_confidence(confidence, members,
+                                                [len(input_ids[i]) for i in members]),
                 )
             )
         return cls(units, list(groups), max_examples_per_unit, dropped)
@@ -169,6 +177,18 @@ def _unit_features(features: Sequence[Any] | None, members: Sequence[int],
     return torch.cat(rows, dim=0)
 
 
+def _unit_confidence(confidence: Sequence[Any] | None, members: Sequence[int],
+                     lengths: Sequence[int]) -> torch.Tensor:
+    """One unit's windows' soft-label confidences laid end to end (empty for hard labels)."""
+    if confidence is None:
+        return torch.zeros((0,), dtype=torch.float32)
+    rows = [torch.as_tensor(confidence[i], dtype=torch.float32) for i in members]
+    for i, r, n in zip(members, rows, lengths, strict=True):
+        if r.shape != (n,):
+            raise PrivacyError(f"window {i}: {n} token ids but confidence of shape {tuple(r.shape)}")
+    return torch.cat(rows)
+
+
 def keep_evenly_spaced(members: Sequence[int], k: int) -> list[int]:
     """``k`` of ``members`` spread evenly over the sequence (all of them when there are ≤ k)."""
     n = len(members)
@@ -188,6 +208,7 @@ def unit_collate(items: Sequence[UnitItem], pad_id: int = 0) -> dict[str, torch.
     """
     windows: list[tuple[torch.Tensor, torch.Tensor]] = []
     feats: list[torch.Tensor] = []
+    confs: list[torch.Tensor] = []
     unit_index: list[int] = []
     sizes: list[int] = []
     for u, item in enumerate(items):
@@ -198,6 +219,8 @@ def unit_collate(items: Sequence[UnitItem], pad_id: int = 0) -> dict[str, torch.
             unit_index.append(u)
         if len(item) > 3 and item[3].ndim == 2 and item[3].shape[1] > 0:
             feats.extend(item[3].split(lengths.tolist()))
+        if len(item) > 4 and item[4].numel() > 0:
+            confs.extend(item[4].split(lengths.tolist()))
     n = len(windows)
     width = max((len(a) for a, _ in windows), default=0)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -223,6 +246,13 @@ def unit_collate(items: Sequence[UnitItem], pad_id: int = 0) -> dict[str, torch.
         for r, f in enumerate(feats):
             rule[r, : f.shape[0]] = f
         out["rule_features"] = rule
+    if confs:
+        if len(confs) != n:
+            raise PrivacyError("some sampled units have soft labels and others have none")
+        conf = torch.ones((n, width), dtype=torch.float32)
+        for r, c in enumerate(confs):
+            conf[r, : c.shape[0]] = c
+        out["confidence"] = conf
     return out
 
 

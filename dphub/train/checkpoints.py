@@ -67,6 +67,8 @@ def run_fingerprint(opts: TrainOptions, examples: Sequence[Example], base_id: st
         h.update(np.asarray(ex.labels, dtype=np.int64).tobytes())
         if ex.features is not None:
             h.update(np.ascontiguousarray(ex.features, dtype=np.float32).tobytes())
+        if ex.confidence is not None:
+            h.update(np.ascontiguousarray(ex.confidence, dtype=np.float32).tobytes())
     return h.hexdigest()
 
 

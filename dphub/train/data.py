@@ -30,6 +30,8 @@ class Example:
     input_ids: list[int]
     labels: list[int]
     features: np.ndarray | None = None
+    #: soft labels: per position the probability taught for its tag (1.0 at specials)
+    confidence: np.ndarray | None = None
 
 
 def encode_notes(
@@ -42,12 +44,15 @@ def encode_notes(
     stride: int = 32,
     unit: str = "patient",
     rule_features: bool = False,
+    soft_labels: bool = False,
 ) -> list[Example]:
     """Window every note (nothing truncated) and attach BIOES tag ids to each window's tokens.
 
     ``unit`` decides which id each window is grouped under: the patient, the note, or the window
     itself (``sequence``). ``rule_features`` attaches the rule member's per-piece features
-    (:mod:`dphub.rule_features`), computed from each note's own text.
+    (:mod:`dphub.rule_features`), computed from each note's own text. ``soft_labels`` attaches
+    each position's confidence in its tag (:func:`dphub.align.spans_to_confidence`: the span
+    scores of pseudo-labels; gold spans carry none and count as certain).
     """
     from dphub import align
     from dphub.labels import get_schema
@@ -57,6 +62,8 @@ def encode_notes(
     tag_id = {t: i for i, t in enumerate(tags)}
     toks = align.tokenize(tokenizer, [n.text for n in notes])
     note_tags: list[list[int]] = []
+    note_conf = [align.spans_to_confidence(nt.offsets, n.spans) for n, nt in
+                 zip(notes, toks, strict=True)] if soft_labels else None
     for n, nt in zip(notes, toks, strict=True):
         try:
             note_tags.append([tag_id[t] for t in align.spans_to_tags(nt.offsets, n.spans, schema)])
@@ -75,9 +82,13 @@ def encode_notes(
             continue
         labels = [-100] * len(w.input_ids)
         labels[w.content_slice] = note_tags[w.note_index][w.token_start : w.token_end]
+        conf = None
+        if note_conf is not None:
+            conf = np.ones(len(w.input_ids), dtype=np.float32)
+            conf[w.content_slice] = note_conf[w.note_index][w.token_start : w.token_end]
         u = unit_key(unit, n.id, n.patient_id, wi)
         out.append(Example(u, w.note_index, list(w.input_ids), labels,
-                           None if feats is None else feats[wi]))
+                           None if feats is None else feats[wi], conf))
     return out
 
 
@@ -164,4 +175,5 @@ def window_loss(model: Any, batch: dict[str, torch.Tensor], recall_weight: float
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids",
                                     "rule_features") if k in batch}
     weights = recall_weights(model, inputs, labels, recall_weight)
-    return model.per_sample_loss(inputs, labels, weights=weights)
+    return model.per_sample_loss(inputs, labels, weights=weights,
+                                 confidence=batch.get("confidence"))

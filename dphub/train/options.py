@@ -80,6 +80,9 @@ class TrainOptions:
     #: learning-rate multiplier of ``rule_proj`` (the rule features' projection); chosen on the
     #: dev corpus's inner split (docs/results.md, "Trusting the rules")
     rule_lr_scale: float = 30.0
+    #: train on soft labels (the labels' span scores as the probability of each tag; local,
+    #: non-private owner models only: ``dphub ensemble distill --soft-labels``)
+    soft_labels: bool = False
     label_schema: str = "hipaa"
     max_epsilon: float | None = None
     seed: int = 0
@@ -149,6 +152,7 @@ class TrainOptions:
             raise ConfigError(f"--train-layers must be >= 0, got {self.train_layers}")
         if self.lora_rank is not None and self.lora_rank <= 0:
             raise ConfigError(f"--lora-rank must be > 0, got {self.lora_rank}")
+        self.check_soft_labels()
         if self.local_only and not self.no_dp:
             raise ConfigError("a local-only model is trained without DP (a DP model is "
                               "publishable, not local only)")
@@ -163,6 +167,13 @@ class TrainOptions:
         from dphub.labels import get_schema
 
         get_schema(self.label_schema)
+
+    def check_soft_labels(self) -> None:
+        """Soft labels train local models only (one message, before any work)."""
+        if self.soft_labels and not self.no_dp:
+            raise ConfigError("soft labels train local (non-DP) models only: the CRF's per-sample "
+                              "gradients under DP are derived for hard labels; drop --dp or "
+                              "--soft-labels")
 
     def public_dict(self) -> dict[str, Any]:
         """Hyper-parameters as recorded in ``training_config.json``: no paths, no user names."""

@@ -89,6 +89,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     examples = encode_notes(
         train_notes, tokenizer, model.tags, opts.label_schema, max_length=opts.max_length,
         stride=opts.stride, unit=opts.privacy_unit, rule_features=opts.rule_features,
+        soft_labels=opts.soft_labels,
     )
     if not examples:
         raise InputError(f"{opts.data}: the labelled notes contain no tokens")
@@ -96,6 +97,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
         [e.input_ids for e in examples], [e.labels for e in examples],
         [e.unit for e in examples], max_examples_per_unit=opts.max_examples_per_unit,
         features=[e.features for e in examples] if opts.rule_features else None,
+        confidence=[e.confidence for e in examples] if opts.soft_labels else None,
     )
     plan = plan_privacy(opts, len(dataset))
     log.info(
