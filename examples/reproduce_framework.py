@@ -416,8 +416,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     for table, title, text in (
         ("A+", "Scenario A+: a student distilled from the ensemble (no owner labels)",
          "`dphub ensemble distill`: the three site models + rules (`any`) label `owner-train`'s "
-         "notes (its gold labels are not used); a student is trained on those hard labels, "
-         "without DP (local only: its card says it contains unprotected patient information and "
+         "notes (its gold labels are not used); a student is trained on those hard labels (soft "
+         "where marked: each span's score as the probability of its tag), without DP (local only: its card says it contains unprotected patient information and "
          "the publish gate refuses it) unless marked DP. Scored on `owner-test`; deid.pl's "
          "shipped output on the same notes beside them (with `--deidpl-output`)."),
         ("B local", "Scenario B local: the owner's model without DP",
@@ -449,9 +449,11 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 # ------------------------------------------------------------- the owner's own models (issue 14)
-#: (row name, rounds, dp) of the distilled students: teacher = the three site models + rules.
-#: ``student-r2``: a second round, labelled by the teacher plus the first round's student.
-STUDENTS = (("student", 1, False), ("student-r2", 2, False), ("student-dp", 1, True))
+#: (row name, rounds, dp, soft labels) of the distilled students: teacher = the three site
+#: models + rules. ``student-r2``: a second round, labelled by the teacher plus the first
+#: round's student; ``student-soft``: soft labels (each span's score as its tag's probability).
+STUDENTS = (("student", 1, False, False), ("student-r2", 2, False, False),
+            ("student-soft", 1, False, True), ("student-dp", 1, True, False))
 
 
 def owner_trainings(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
@@ -487,14 +489,14 @@ def owner_trainings(args: argparse.Namespace, work: Path, data: dict[str, list[A
         return out
     unlabelled = [replace(n, spans=[], labelled=False) for n in train_notes]  # Scenario A
     names = ", ".join(s.name for s in teacher.slots)
-    for name, rounds, dp in STUDENTS:
+    for name, rounds, dp, soft in STUDENTS:
         def fit(o: Any, progress: Any, rounds: int = rounds) -> Any:
             return distill(teacher, unlabelled, o, rounds=rounds, batch_size=len(unlabelled),
                            on_progress=progress).train
 
         how = (f"{'DP' if dp else 'no DP, local only'}; labels: {names} (any) on owner-train"
-               + (f", {rounds} rounds" if rounds > 1 else ""))
-        out.append((name, opts(name, dp), fit, "A+", how))
+               + (f", {rounds} rounds" if rounds > 1 else "") + (", soft" if soft else ""))
+        out.append((name, opts(name, dp, soft_labels=soft), fit, "A+", how))
     return out
 
 
