@@ -1,0 +1,104 @@
+"""Owner-side choices checked on the owner's own labels only: two folds of ``owner-train``.
+
+Usage::
+
+    python benchmarks/owner_cv.py --work REPRO_OUT/work [--out DIR] [--what distill,local]
+
+``REPRO_OUT`` is the output directory of ``examples/reproduce_framework.py`` (its ``work/data``
+splits and ``work/models`` site models). ``owner-train``'s patients are split in two folds (sorted
+patient ids, alternating); each variant trains on one fold and is scored on the other fold's gold
+labels, token-binary, alone and with ``rules:default`` (``any``); the table shows the mean of the
+two folds. ``owner-test`` is never read, so the choices made here can be reported on it after.
+
+* ``distill``: students distilled from the three site models + rules (``any``) on the training
+  fold's notes (their gold labels unused), with hard and with soft labels (``--soft-labels``);
+* ``local``: the owner's local model on the training fold's gold labels (``ensemble train``),
+  decoded (Viterbi) and thresholded at P(PHI) ≥ 0.3 and ≥ 0.1, and with recall weight 10.
+
+Each training is one local (non-DP) run of the dphub defaults on one CPU thread (about 1-2 minutes
+each on this machine); models are kept under ``--out`` and reused by a re-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+
+def _mean(rows: list[list[dict[str, Any]]], i: int) -> str:
+    vals = [sum(r[i][k] for r in rows) / len(rows) * 100 for k in ("precision", "recall", "f1")]
+    return " / ".join(f"{v:.1f}" for v in vals)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, required=True, help="the reproduction's work directory")
+    ap.add_argument("--out", type=Path, default=Path("owner-cv"), help="where models are kept")
+    ap.add_argument("--what", default="distill,local")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    from dphub import formats
+    from dphub.ensemble.core import Ensemble, Slot
+    from dphub.ensemble.distill import distill, local_options, train_local
+    from dphub.ensemble.evaluation import evaluate_ensemble
+    from dphub.ensemble.members import ModelMember
+    from dphub.ensemble.rules import RuleMember
+    from dphub.train import TrainOptions
+
+    data = args.work / "data" / "owner-train.jsonl"
+    notes = list(formats.read(data, "jsonl"))
+    patients = sorted({n.patient_id for n in notes})
+    folds = [set(patients[0::2]), set(patients[1::2])]
+    what = set(args.what.split(","))
+
+    def opts(out: Path, **kw: Any) -> Any:
+        return local_options(TrainOptions(data=data, out=out, seed=0, privacy_unit="patient",
+                                          **kw), dp=False, explicit=set(kw) - {"soft_labels"})
+
+    def scored(model_dir: Path, test: list[Any], threshold: float | None) -> list[dict[str, Any]]:
+        member = ModelMember.load(model_dir, "owner")
+        return evaluate_ensemble(Ensemble([Slot(member, threshold), Slot(RuleMember())], "any"),
+                                 test)
+
+    variants: list[tuple[str, str, dict[str, Any], float | None]] = []
+    if "distill" in what:
+        variants += [("student, hard labels", "hard", {}, None),
+                     ("student, soft labels", "soft", {"soft_labels": True}, None)]
+    if "local" in what:
+        variants += [("local model, decoded", "local", {}, None),
+                     ("local model, P(PHI) >= 0.3", "local", {}, 0.3),
+                     ("local model, P(PHI) >= 0.1", "local", {}, 0.1),
+                     ("local model, recall weight 10", "local-rw10", {"recall_weight": 10.0},
+                      None)]
+    teacher = None
+    print(f"| {'variant':<30} | {'alone P / R / F1':<18} | {'+ rules P / R / F1':<18} |")
+    print(f"|{'-' * 32}|{'-' * 20}|{'-' * 20}|")
+    for label, key, kw, threshold in variants:
+        rows = []
+        for f, held in enumerate(folds):
+            train = [n for n in notes if n.patient_id not in held]
+            test = [n for n in notes if n.patient_id in held]
+            model_dir = args.out / f"{key}-fold{f}"
+            if not (model_dir / "model.safetensors").is_file():
+                if key in ("hard", "soft"):
+                    if teacher is None:
+                        teacher = Ensemble([*(Slot(ModelMember.load(args.work / "models" / s, s),
+                                                   epsilon=8.0)
+                                              for s in ("site-1", "site-2", "site-3")),
+                                            Slot(RuleMember())], "any")
+                    unlabelled = [replace(n, spans=[], labelled=False) for n in train]
+                    distill(teacher, unlabelled, opts(model_dir, **kw),
+                            batch_size=len(unlabelled))
+                else:
+                    train_local(train, opts(model_dir, **kw))
+            rows.append(scored(model_dir, test, threshold))
+        print(f"| {label:<30} | {_mean(rows, 0):<18} | {_mean(rows, -1):<18} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
