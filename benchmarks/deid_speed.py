@@ -16,6 +16,8 @@ rusage) is its own. Rows:
 * ``1 model torch`` / ``torch-bf16`` / ``onnx`` / ``onnx-int8``: one tagger per encoder runtime
   (:mod:`dphub.runtime`; ONNX graphs are built before timing, as ``ensemble deid`` builds them
   once per encoder and caches them);
+* ``student <runtime>``: with ``--student DIR``, a student distilled by ``dphub ensemble distill``
+  (one model in place of the ensemble that taught it);
 * ``N models + rules`` (N = 1, 3, 5) per ``--ensemble-runtime`` (comma-separated): the models given with
   ``--model``; missing ones are *head variants* of the first (a copy whose classifier and CRF are
   re-drawn, the encoder byte-identical): what members trained with the default recipe
@@ -179,6 +181,8 @@ def main() -> None:
     ap.add_argument("--ensemble-runtime", default="onnx-int8",
                     help="runtime(s) of the ensemble rows, comma-separated (torch | torch-bf16 | "
                          "onnx | onnx-int8)")
+    ap.add_argument("--student", type=Path,
+                    help="a distilled student (dphub ensemble distill): one row per --runtimes")
     ap.add_argument("--sizes", default="1,3,5", help="ensemble sizes (models, plus rules)")
     ap.add_argument("--skip", default="", help="rows to skip: deidpl,rules,single,ensembles")
     ap.add_argument("--int8", action="store_true", help="torch dynamic int8 on torch rows")
@@ -201,7 +205,8 @@ def main() -> None:
         models = [m.resolve() for m in args.model] or [_default_model(tmp)]
         while len(models) < max([int(x) for x in args.sizes.split(",") if x] + [1]):
             models.append(_head_variant(models[0], tmp / f"variant{len(models)}", len(models)))
-        _prebuild(models, set(args.runtimes.split(",")))
+        _prebuild(models + ([args.student.resolve()] if args.student else []),
+                  set(args.runtimes.split(",")))
         print(json.dumps([str(m) for m in models]))
         return
     if args.notes is None:
@@ -224,7 +229,8 @@ def main() -> None:
         ens_runtimes = [r for r in args.ensemble_runtime.split(",") if r]
         prep = [sys.executable, __file__, "--worker-prepare", str(tmp), "--sizes", args.sizes,
                 "--runtimes", ",".join(sorted(set(runtimes) | set(ens_runtimes))),
-                *(x for m in args.model for x in ("--model", str(m.resolve())))]
+                *(x for m in args.model for x in ("--model", str(m.resolve()))),
+                *(("--student", str(args.student.resolve())) if args.student else ())]
         models = [Path(m) for m in json.loads(_child_rss(prep)[2].strip().splitlines()[-1])]
         notes_file = tmp / "notes.json"
         notes_file.write_text(json.dumps(notes), encoding="utf-8")
@@ -233,6 +239,9 @@ def main() -> None:
             configs.append(("rules", ["rules:default"], "torch"))
         if "single" not in skip:
             configs += [(f"1 model {rt}", [str(models[0])], rt) for rt in runtimes]
+            if args.student is not None:
+                configs += [(f"student {rt}", [str(args.student.resolve())], rt)
+                            for rt in runtimes]
         if "ensembles" not in skip:
             configs += [(f"{k} model{'s' if k > 1 else ''} + rules ({rt})",
                          [*(str(m) for m in models[:k]), "rules:default"], rt)
