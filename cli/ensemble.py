@@ -21,6 +21,7 @@ from dphub.cli.options import FLOAT, apply_threads, finite_float, threads_option
 from dphub.cli.train import (
     BASE_MODEL_OPT,
     DELTA_OPT,
+    ENCODER_LAYERS_OPT,
     EPOCHS_OPT,
     FORCE_OPT,
     HEAD_OPT,
@@ -574,7 +575,8 @@ DP_OPT = typer.Option(
 )
 #: the flags that are training options (TrainOptions fields), as the commands name them
 _TRAIN_FLAGS = ("base_model", "noise", "target_epsilon", "delta", "epochs", "batch_size", "lr",
-                "privacy_unit", "head", "train_layers", "lora_rank", "recall_weight",
+                "privacy_unit", "head", "train_layers", "encoder_layers", "lora_rank",
+                "recall_weight",
                 "label_schema", "max_epsilon", "seed", "warm_start", "init_from")
 
 
@@ -644,6 +646,7 @@ def distill_cmd(
     privacy_unit: str | None = PRIVACY_UNIT_OPT,
     head: str | None = HEAD_OPT,
     train_layers: int | None = TRAIN_LAYERS_OPT,
+    encoder_layers: int | None = ENCODER_LAYERS_OPT,
     lora_rank: int | None = LORA_RANK_OPT,
     recall_weight: float | None = RECALL_WEIGHT_OPT,
     label_schema: str | None = LABEL_SCHEMA_OPT,
@@ -707,6 +710,7 @@ def train_cmd(
     privacy_unit: str | None = PRIVACY_UNIT_OPT,
     head: str | None = HEAD_OPT,
     train_layers: int | None = TRAIN_LAYERS_OPT,
+    encoder_layers: int | None = ENCODER_LAYERS_OPT,
     lora_rank: int | None = LORA_RANK_OPT,
     recall_weight: float | None = RECALL_WEIGHT_OPT,
     label_schema: str | None = LABEL_SCHEMA_OPT,

@@ -39,6 +39,7 @@ CONFIG_KEYS: dict[str, tuple[str, str]] = {
     "max_physical_batch": ("train", "max_physical_batch"),
     "lr": ("train", "lr"),
     "train_layers": ("train", "train_layers"),
+    "encoder_layers": ("train", "encoder_layers"),
     "lora_rank": ("train", "lora_rank"),
     "recall_weight": ("train", "recall_weight"),
     "rule_lr_scale": ("train", "rule_lr_scale"),
@@ -85,6 +86,7 @@ lr = 5e-3
 train_layers = 0               # top encoder layers trained under DP (0: only emissions + CRF,
                                # the frozen encoder then runs once per window)
 # lora_rank = 8                # LoRA adapters instead of full top layers
+# encoder_layers = 3           # keep the base's first N layers: faster inference (docs/speed.md)
 recall_weight = 3.0            # delta_p: loss_i * (1 + delta_p * FNR_i), FNR_i from own predictions
 rule_features = true           # the zero-epsilon rule member's flags as tagger input features
 rule_lr_scale = 30.0           # learning-rate multiplier of their projection (trust in each flag)
@@ -222,6 +224,11 @@ TRAIN_LAYERS_OPT = typer.Option(
         None, "--train-layers", min=0, show_default="0",
         help="Top encoder layers trained under DP (0: only emissions + CRF, encoder frozen).",
     )
+ENCODER_LAYERS_OPT = typer.Option(
+        None, "--encoder-layers", min=1, show_default="all",
+        help="Keep only the base model's first N transformer layers: inference cost falls in "
+        "proportion (3 of MiniLM's 6 kept the default recipe's F1; docs/speed.md).",
+    )
 LORA_RANK_OPT = typer.Option(
         None, "--lora-rank", min=1, show_default="none (full layers)",
         help="Train LoRA adapters of this rank instead of full top layers.",
@@ -299,6 +306,7 @@ def train(
     accountant: str | None = ACCOUNTANT_OPT,
     head: str | None = HEAD_OPT,
     train_layers: int | None = TRAIN_LAYERS_OPT,
+    encoder_layers: int | None = ENCODER_LAYERS_OPT,
     lora_rank: int | None = LORA_RANK_OPT,
     recall_weight: float | None = RECALL_WEIGHT_OPT,
     rule_features: bool | None = RULE_FEATURES_OPT,

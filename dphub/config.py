@@ -8,7 +8,7 @@ its key. Sections and keys::
     [model]    base_model, head, label_schema
     [privacy]  noise, target_epsilon, delta, privacy_unit, accountant, max_grad_norm,
                max_examples_per_unit, max_epsilon, secure_rng
-    [train]    epochs, batch_size, max_physical_batch, lr, train_layers, lora_rank,
+    [train]    epochs, batch_size, max_physical_batch, lr, train_layers, encoder_layers, lora_rank,
                recall_weight, seed, warm_start, rule_features, rule_lr_scale
     [output]   dir
     [hub]      url, repo, max_epsilon, require_unit   (the last two: ε policy for ``dphub pull``)
@@ -78,6 +78,7 @@ PROJECT_SCHEMA: dict[str, Any] = {
             "max_physical_batch": _COUNT,
             "lr": _POSITIVE,
             "train_layers": {"type": "integer", "minimum": 0},
+            "encoder_layers": _COUNT,
             "lora_rank": _COUNT,
             "recall_weight": {"type": "number", "minimum": 0},
             "rule_lr_scale": _POSITIVE,

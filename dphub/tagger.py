@@ -241,14 +241,18 @@ class TaggerModel(nn.Module):
     @classmethod
     def from_base(
         cls, base: str | Path | None, schema: str = "hipaa", head: str = "crf",
-        rule_features: bool = False,
+        rule_features: bool = False, encoder_layers: int | None = None,
     ) -> TaggerModel:
         """A fresh tagger on a public base encoder (``None``: the embedded MiniLM), train mode;
-        ``rule_features`` adds the rule-feature input (:mod:`dphub.rule_features`)."""
+        ``rule_features`` adds the rule-feature input (:mod:`dphub.rule_features`);
+        ``encoder_layers`` keeps only the base's first N transformer layers
+        (:func:`truncate_encoder`)."""
         from dphub.encoders import resolve_base_model
 
         loadable, public_id = resolve_base_model(None if base is None else str(base))
         encoder = _load_encoder(loadable)
+        if encoder_layers is not None:
+            truncate_encoder(encoder, encoder_layers)
         tags = get_schema(schema).bioes_tags()
         tok_src = Path(loadable) if isinstance(loadable, Path) or Path(loadable).is_dir() else None
         spec = None
@@ -638,9 +642,12 @@ class TaggerModel(nn.Module):
         return model
 
 
+_LAYER_PATHS = ("encoder.layer", "transformer.layer", "layers", "layer")
+
+
 def _encoder_layers(encoder: nn.Module) -> nn.ModuleList:
     """The stack of transformer blocks (``encoder.layer`` for BERT-like models)."""
-    for path in ("encoder.layer", "transformer.layer", "layers", "layer"):
+    for path in _LAYER_PATHS:
         obj: Any = encoder
         for part in path.split("."):
             obj = getattr(obj, part, None)
@@ -649,6 +656,34 @@ def _encoder_layers(encoder: nn.Module) -> nn.ModuleList:
         if isinstance(obj, nn.ModuleList):
             return obj
     raise ModelError(f"cannot find the layer stack of {type(encoder).__name__}")
+
+
+def truncate_encoder(encoder: nn.Module, layers: int) -> None:
+    """Keep the first ``layers`` transformer blocks of ``encoder`` (and say so in its config).
+
+    Why: the encoder is nearly all of inference time, and its cost is proportional to the
+    number of blocks. Under the default recipe (warm start of all layers on public synthetic
+    notes, then a DP head over the frozen encoder) the first 3 of MiniLM's 6 blocks gave the same
+    inner-split F1 as all 6 (docs/speed.md, "A shallower encoder"). The saved ``config.json``
+    records the new depth, so the model loads as the smaller encoder everywhere.
+    """
+    stack = _encoder_layers(encoder)
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= len(stack):
+        raise ConfigError(f"--encoder-layers must be between 1 and the base model's {len(stack)} "
+                          f"layers (got {layers!r})")
+    for path in _LAYER_PATHS:
+        parent: Any = encoder
+        *head, last = path.split(".")
+        for part in head:
+            parent = getattr(parent, part, None)
+            if parent is None:
+                break
+        if parent is not None and getattr(parent, last, None) is stack:
+            setattr(parent, last, nn.ModuleList(list(stack)[:layers]))
+            break
+    config = getattr(encoder, "config", None)
+    if config is not None and hasattr(config, "num_hidden_layers"):
+        config.num_hidden_layers = layers
 
 
 def crf_marginals(

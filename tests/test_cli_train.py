@@ -188,3 +188,45 @@ def test_train_warns_when_epsilon_is_above_the_hub_policy(
     # within the policy: no warning
     assert main(["train", "--noise", "3", "--epochs", "1", "--out", "quiet", "--force"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_encoder_layers_keep_the_first_blocks_through_warm_start_and_training(
+        tmp_path: Path, corpus: Path, tiny_base_model: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--encoder-layers: the model keeps the base's first N blocks (the saved config says N),
+    the warm start is cached under its own key, and the choice is recorded; a trained model's
+    depth cannot be changed."""
+    from dataclasses import replace
+
+    from dphub.tagger import Tagger, TaggerModel, _encoder_layers
+    from dphub.train import pretrain, warmstart  # noqa: F401 (pretrain reads the real class)
+    from dphub.train.warmstart import WarmStartConfig, cache_key
+
+    full = TaggerModel.from_base(tiny_base_model)
+    cut = TaggerModel.from_base(tiny_base_model, encoder_layers=1)
+    assert len(_encoder_layers(full.encoder)) == 2 and len(_encoder_layers(cut.encoder)) == 1
+    first = dict(_encoder_layers(full.encoder)[0].named_parameters())
+    for name, p in _encoder_layers(cut.encoder)[0].named_parameters():
+        assert torch.equal(p, first[name])  # the same first block, not a fresh one
+    ws = WarmStartConfig()
+    keys = {cache_key(tiny_base_model, "tiny-bert", "hipaa", "crf", replace(ws, encoder_layers=n),
+                      0) for n in (None, 1, 2)}
+    assert len(keys) == 3
+    small = {"notes": (("nursing", 3),), "epochs": 1.0, "batch_size": 4, "rule_epochs": 1.0}
+    monkeypatch.setattr(warmstart, "WarmStartConfig",
+                        lambda **kw: WarmStartConfig(**{**small, **kw}))  # a quick warm start
+    assert main(["train", str(corpus), "--out", "m", "--base-model", str(tiny_base_model),
+                 "--encoder-layers", "1", "--epochs", "1", "--batch-size", "2"]) == 0
+    cfg = json.loads((tmp_path / "m" / "training_config.json").read_text())
+    assert cfg["dphub_training"]["encoder_layers"] == 1
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["num_hidden_layers"] == 1
+    loaded = Tagger.load(tmp_path / "m")
+    assert len(_encoder_layers(loaded.model.encoder)) == 1
+    from dphub.card import load_card
+
+    assert load_card(tmp_path / "m").dp["public_pretraining"]["encoder_layers"] == 1
+    assert main(["train", str(corpus), "--out", "m2", "--init-from", str(tmp_path / "m"),
+                 "--encoder-layers", "1", "--epochs", "1"]) == 2
+    assert main(["train", str(corpus), "--out", "m3", "--base-model", str(tiny_base_model),
+                 "--warm-start", "none", "--encoder-layers", "5"]) == 2
+    assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()

@@ -56,7 +56,7 @@ TRAINING_HYPERPARAM_KEYS = frozenset({
     "max_grad_norm", "lr", "privacy_unit", "max_examples_per_unit", "accountant", "head",
     "train_layers", "lora_rank", "recall_weight", "label_schema", "max_epsilon", "seed",
     "secure_rng", "warm_start", "no_dp", "max_length", "stride", "checkpoint_every",
-    "rule_features", "rule_lr_scale", "soft_labels",
+    "rule_features", "rule_lr_scale", "soft_labels", "encoder_layers",
 })
 TRAINING_CONFIG_FORMAT = 2
 #: Card ``differential_privacy`` fields that ``training_config.json`` must repeat exactly.

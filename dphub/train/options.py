@@ -73,6 +73,10 @@ class TrainOptions:
     head: str = "crf"
     train_layers: int = 0
     lora_rank: int | None = None
+    #: keep only the base model's first N transformer layers (None: all of them). A shallower
+    #: encoder is proportionally faster at inference; with the default recipe 3 of MiniLM's 6
+    #: kept the inner-split F1 (docs/speed.md, "A shallower encoder")
+    encoder_layers: int | None = None
     recall_weight: float = 3.0
     #: give the tagger the zero-ε rule member's flags as input features (dphub.rule_features);
     #: default since it measured +10 F1 at ε 8 on the dev corpus's inner split (docs/results.md)
@@ -152,6 +156,9 @@ class TrainOptions:
             raise ConfigError(f"--train-layers must be >= 0, got {self.train_layers}")
         if self.lora_rank is not None and self.lora_rank <= 0:
             raise ConfigError(f"--lora-rank must be > 0, got {self.lora_rank}")
+        if self.encoder_layers is not None and (isinstance(self.encoder_layers, bool)
+                                                or self.encoder_layers < 1):
+            raise ConfigError(f"--encoder-layers must be >= 1, got {self.encoder_layers}")
         self.check_soft_labels()
         if self.local_only and not self.no_dp:
             raise ConfigError("a local-only model is trained without DP (a DP model is "

@@ -32,9 +32,11 @@ def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSo
     from dphub.tagger import TaggerModel
 
     if opts.init_from:
+        _no_encoder_layers(opts, "--init-from starts from a trained model")
         return _from_pulled_model(opts)
     public_base = _from_public_base(opts)
     if public_base is not None:
+        _no_encoder_layers(opts, f"--base-model {opts.base_model} is a public base model")
         return public_base
     loadable, public_id = resolve_base_model(opts.base_model)
     if isinstance(loadable, str):
@@ -47,8 +49,16 @@ def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSo
         model = TaggerModel.load(wdir)
         return ModelSource(model, public_id, Path(loadable), block, [])
     model = TaggerModel.from_base(loadable, schema=opts.label_schema, head=opts.head,
-                                  rule_features=opts.rule_features)
+                                  rule_features=opts.rule_features,
+                                  encoder_layers=opts.encoder_layers)
     return ModelSource(model, public_id, Path(loadable), None, [])
+
+
+def _no_encoder_layers(opts: TrainOptions, why: str) -> None:
+    """A trained model keeps its encoder's depth: its head was trained on that depth's output."""
+    if opts.encoder_layers is not None:
+        raise ConfigError(f"--encoder-layers applies to a base encoder only; {why}, whose "
+                          "encoder depth is fixed")
 
 
 def warm_start_dir(opts: TrainOptions,
@@ -62,7 +72,8 @@ def warm_start_dir(opts: TrainOptions,
     if isinstance(loadable, str):
         raise ConfigError(f"base model {public_id!r} is not a local directory")
     ws = warmstart.WarmStartConfig(max_length=opts.max_length, stride=opts.stride,
-                                   rule_features=opts.rule_features)
+                                   rule_features=opts.rule_features,
+                                   encoder_layers=opts.encoder_layers)
     wdir = warmstart.warm_start(Path(loadable), public_id, opts.label_schema, opts.head, ws,
                                 seed=opts.seed, on_progress=on_progress)
     return wdir, ws.card_block(seed=opts.seed)

@@ -82,6 +82,8 @@ class WarmStartConfig:
     #: epochs and learning rate of that head stage (frozen encoder, cached: cheap)
     rule_epochs: float = 4.0
     rule_lr: float = 5e-3
+    #: keep only the base's first N transformer layers (None: all; ``--encoder-layers``)
+    encoder_layers: int | None = None
 
     def card_block(self, steps: int | None = None, seed: int = 0) -> dict[str, Any]:
         """What the card records under ``differential_privacy.public_pretraining``."""
@@ -96,6 +98,8 @@ class WarmStartConfig:
         }
         if steps is not None:
             block["steps"] = steps
+        if self.encoder_layers is not None:
+            block["encoder_layers"] = self.encoder_layers
         return block
 
 
@@ -118,6 +122,8 @@ def cache_key(
     """Key of a warm start: everything its weights depend on."""
     synth_cfg = asdict(cfg)
     rule_cfg = {k: synth_cfg.pop(k) for k in ("rule_features", "rule_epochs", "rule_lr")}
+    if synth_cfg.get("encoder_layers") is None:  # the full base: keys stay as they were
+        synth_cfg.pop("encoder_layers", None)
     payload = {
         "v": FORMAT_VERSION,
         "base": base_public_id,
@@ -244,7 +250,8 @@ def train_public(
     for i, (kind, n) in enumerate(cfg.notes):
         notes.extend(synth.generate(n, kind=kind, seed=cfg.synth_seed + i))
     model = TaggerModel.from_base(base_dir, schema=schema, head=head,
-                                  rule_features=cfg.rule_features)
+                                  rule_features=cfg.rule_features,
+                                  encoder_layers=cfg.encoder_layers)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     examples = encode_notes(notes, tokenizer, model.tags, schema, max_length=cfg.max_length,
                             stride=cfg.stride, unit="sequence", rule_features=cfg.rule_features)
