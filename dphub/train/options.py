@@ -75,7 +75,8 @@ class TrainOptions:
     lora_rank: int | None = None
     #: keep only the base model's first N transformer layers (None: all of them). A shallower
     #: encoder is proportionally faster at inference; with the default recipe 3 of MiniLM's 6
-    #: kept the inner-split F1 (docs/speed.md, "A shallower encoder")
+    #: kept the inner-split F1 and cost ~1.5 recall points on held-out patients (docs/speed.md,
+    #: "A shallower encoder")
     encoder_layers: int | None = None
     recall_weight: float = 3.0
     #: give the tagger the zero-ε rule member's flags as input features (dphub.rule_features);
