@@ -267,3 +267,27 @@ def test_cli_pretrain_writes_a_public_model_and_errors_are_one_line(
         assert code == 2, err
         assert err.startswith("error:") and needle in err and "Traceback" not in err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_a_shallower_public_base(tmp_path: Path) -> None:
+    """`pretrain --encoder-layers N`: the public base keeps its encoder's first N blocks, says so
+    in its card, and DP training from it keeps that depth (and refuses to change it)."""
+    from dphub.errors import ConfigError
+    from dphub.tagger import TaggerModel, _encoder_layers
+
+    encoder = make_tiny_base_model(tmp_path / "enc" / "all-MiniLM-L6-v2")
+    opts = T.TrainOptions(base_model=str(encoder), max_length=64, stride=16)
+    out = tmp_path / "shallow-base"
+    pretrain(out, PretrainConfig(notes=6, epochs=1.0, encoder_layers=1), options=opts)
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
+    assert load_card(out).dp["public_pretraining"]["encoder_layers"] == 1
+    data = tmp_path / "train.jsonl"
+    formats.write(synth.generate(6, kind="nursing", seed=3, patients=3), data, "jsonl")
+    base = dict(data=data, base_model=str(out), epochs=1.0, batch_size=2, noise=1.0,
+                accountant="rdp", max_length=64, stride=16)
+    T.train(T.TrainOptions(out=tmp_path / "dp", **base))
+    assert len(_encoder_layers(TaggerModel.load(tmp_path / "dp").encoder)) == 1
+    with pytest.raises(ConfigError, match="encoder depth is fixed"):
+        T.train(T.TrainOptions(out=tmp_path / "dp2", encoder_layers=1, **base))
+    with pytest.raises(ConfigError, match="--encoder-layers must be >= 1"):
+        PretrainConfig.from_options(encoder_layers=0)

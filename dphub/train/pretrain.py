@@ -45,6 +45,9 @@ class PretrainConfig:
     #: top encoder layers trained; None trains all of them
     train_layers: int | None = WarmStartConfig.train_layers
     synth_seed: int = WarmStartConfig.synth_seed
+    #: keep only the base encoder's first N transformer blocks (None: all): a faster public base
+    #: (docs/speed.md, "A shallower encoder"); recorded in the card
+    encoder_layers: int | None = None
     batch_size: int = WarmStartConfig.batch_size
     lr_encoder: float = WarmStartConfig.lr_encoder
     lr_head: float = WarmStartConfig.lr_head
@@ -52,7 +55,8 @@ class PretrainConfig:
     @classmethod
     def from_options(cls, *, notes: int | None = None, epochs: float | None = None,
                      train_layers: str | int | None = None,
-                     discharge_share: float | None = None) -> PretrainConfig:
+                     discharge_share: float | None = None,
+                     encoder_layers: int | None = None) -> PretrainConfig:
         """The defaults with the given command-line values (``train_layers``: K or ``all``)."""
         cfg = cls()
         if notes is not None:
@@ -63,6 +67,8 @@ class PretrainConfig:
             cfg = replace(cfg, train_layers=parse_train_layers(train_layers))
         if discharge_share is not None:
             cfg = replace(cfg, discharge_share=float(discharge_share))
+        if encoder_layers is not None:
+            cfg = replace(cfg, encoder_layers=encoder_layers)
         cfg.validate()
         return cfg
 
@@ -76,6 +82,9 @@ class PretrainConfig:
             raise ConfigError("discharge share must be between 0 and 1")
         if self.train_layers is not None and self.train_layers < 0:
             raise ConfigError("--train-layers must be a non-negative integer or 'all'")
+        if self.encoder_layers is not None and (isinstance(self.encoder_layers, bool)
+                                                or self.encoder_layers < 1):
+            raise ConfigError(f"--encoder-layers must be >= 1 (got {self.encoder_layers!r})")
 
     def kinds(self) -> tuple[tuple[str, int], ...]:
         """(synthetic kind, notes) pairs: realistic nursing notes and discharge summaries."""
@@ -91,6 +100,7 @@ class PretrainConfig:
             notes=self.kinds(), synth_seed=self.synth_seed, train_layers=self.train_layers,
             epochs=self.epochs, batch_size=self.batch_size, lr_encoder=self.lr_encoder,
             lr_head=self.lr_head, max_length=max_length, stride=stride,
+            encoder_layers=self.encoder_layers,
         )
 
     def card_block(self, steps: int | None = None, seed: int = 0) -> dict[str, Any]:
