@@ -58,7 +58,7 @@ def main() -> None:
 
     def opts(out: Path, **kw: Any) -> Any:
         return local_options(TrainOptions(data=data, out=out, seed=0, privacy_unit="patient",
-                                          **kw), dp=False, explicit=set(kw) - {"soft_labels"})
+                                          **kw), dp=False, explicit=set(kw))
 
     def scored(model_dir: Path, test: list[Any], threshold: float | None) -> list[dict[str, Any]]:
         member = ModelMember.load(model_dir, "owner")

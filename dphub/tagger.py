@@ -365,7 +365,7 @@ class TaggerModel(nn.Module):
         """
         em = self._batch_emissions(batch)
         valid = tags != IGNORE_INDEX
-        o_index = self.tags.index("O")
+        o_index = self.tags.index("O") if confidence is not None else 0
         if self.crf is None:
             if confidence is None:
                 ce = nn.functional.cross_entropy(
@@ -642,12 +642,9 @@ class TaggerModel(nn.Module):
         return model
 
 
-_LAYER_PATHS = ("encoder.layer", "transformer.layer", "layers", "layer")
-
-
 def _encoder_layers(encoder: nn.Module) -> nn.ModuleList:
     """The stack of transformer blocks (``encoder.layer`` for BERT-like models)."""
-    for path in _LAYER_PATHS:
+    for path in ("encoder.layer", "transformer.layer", "layers", "layer"):
         obj: Any = encoder
         for part in path.split("."):
             obj = getattr(obj, part, None)
@@ -672,16 +669,7 @@ def truncate_encoder(encoder: nn.Module, layers: int) -> None:
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= len(stack):
         raise ConfigError(f"--encoder-layers must be between 1 and the base model's {len(stack)} "
                           f"layers (got {layers!r})")
-    for path in _LAYER_PATHS:
-        parent: Any = encoder
-        *head, last = path.split(".")
-        for part in head:
-            parent = getattr(parent, part, None)
-            if parent is None:
-                break
-        if parent is not None and getattr(parent, last, None) is stack:
-            setattr(parent, last, nn.ModuleList(list(stack)[:layers]))
-            break
+    del stack[layers:]  # in place: the encoder's own ModuleList loses its upper blocks
     config = getattr(encoder, "config", None)
     if config is not None and hasattr(config, "num_hidden_layers"):
         config.num_hidden_layers = layers
