@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/owner_cv.py --work REPRO_OUT/work [--out DIR] [--what distill,local]
+    python benchmarks/owner_cv.py --work REPRO_OUT/work [--out DIR] [--what distill,local,aggregate]
 
 ``REPRO_OUT`` is the output directory of ``examples/reproduce_framework.py`` (its ``work/data``
 splits and ``work/models`` site models). ``owner-train``'s patients are split in two folds (sorted
@@ -11,9 +11,15 @@ labels, token-binary, alone and with ``rules:default`` (``any``); the table show
 two folds. ``owner-test`` is never read, so the choices made here can be reported on it after.
 
 * ``distill``: students distilled from the three site models + rules (``any``) on the training
-  fold's notes (their gold labels unused), with hard and with soft labels (``--soft-labels``);
+  fold's notes (their gold labels unused), with hard and with soft labels (``--soft-labels``), and
+  with hard labels from a teacher in which the three site models must agree
+  (``k-of-n:3+rules:default``);
 * ``local``: the owner's local model on the training fold's gold labels (``ensemble train``),
   decoded (Viterbi) and thresholded at P(PHI) ≥ 0.3 and ≥ 0.1, and with recall weight 10.
+* ``aggregate``: how to combine the three site models with the rules (Scenario A, no labels) and
+  with the local model (Scenario B): ``any`` against a quorum among the site models while the
+  rules and the local model count alone (``k-of-n:K+owner+rules:default``). Each member tags the
+  fold once; every rule is applied to the same member spans.
 
 Each training is one local (non-DP) run of the dphub defaults on one CPU thread (about 1-2 minutes
 each on this machine); models are kept under ``--out`` and reused by a re-run.
@@ -37,7 +43,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, required=True, help="the reproduction's work directory")
     ap.add_argument("--out", type=Path, default=Path("owner-cv"), help="where models are kept")
-    ap.add_argument("--what", default="distill,local")
+    ap.add_argument("--what", default="distill,local,aggregate")
     args = ap.parse_args()
     import torch
 
@@ -68,7 +74,8 @@ def main() -> None:
     variants: list[tuple[str, str, dict[str, Any], float | None]] = []
     if "distill" in what:
         variants += [("student, hard labels", "hard", {}, None),
-                     ("student, soft labels", "soft", {"soft_labels": True}, None)]
+                     ("student, soft labels", "soft", {"soft_labels": True}, None),
+                     ("student, teacher 3 of 3 sites", "hard-q3", {}, None)]
     if "local" in what:
         variants += [("local model, decoded", "local", {}, None),
                      ("local model, P(PHI) >= 0.3", "local", {}, 0.3),
@@ -85,19 +92,66 @@ def main() -> None:
             test = [n for n in notes if n.patient_id in held]
             model_dir = args.out / f"{key}-fold{f}"
             if not (model_dir / "model.safetensors").is_file():
-                if key in ("hard", "soft"):
+                if key in ("hard", "soft", "hard-q3"):
                     if teacher is None:
-                        teacher = Ensemble([*(Slot(ModelMember.load(args.work / "models" / s, s),
-                                                   epsilon=8.0)
-                                              for s in ("site-1", "site-2", "site-3")),
-                                            Slot(RuleMember())], "any")
+                        teacher = [*(Slot(ModelMember.load(args.work / "models" / s, s),
+                                          epsilon=8.0) for s in SITES), Slot(RuleMember())]
+                    rule = f"k-of-n:3+{RULES}" if key == "hard-q3" else "any"
                     unlabelled = [replace(n, spans=[], labelled=False) for n in train]
-                    distill(teacher, unlabelled, opts(model_dir, **kw),
+                    distill(Ensemble(teacher, rule), unlabelled, opts(model_dir, **kw),
                             batch_size=len(unlabelled))
                 else:
                     train_local(train, opts(model_dir, **kw))
             rows.append(scored(model_dir, test, threshold))
         print(f"| {label:<30} | {_mean(rows, 0):<18} | {_mean(rows, -1):<18} |", flush=True)
+    if "aggregate" in what:
+        aggregations(args.work, args.out, notes, folds, opts)
+
+
+SITES = ("site-1", "site-2", "site-3")
+RULES = "rules:default"
+#: (row, members, aggregation rule): Scenario A (sites + rules) and B (sites + local + rules)
+AGGREGATIONS: list[tuple[str, tuple[str, ...], str]] = [
+    ("A: sites + rules, any", (*SITES, RULES), "any"),
+    ("A: sites + rules, 2 of 3 sites", (*SITES, RULES), f"k-of-n:2+{RULES}"),
+    ("A: sites + rules, 3 of 3 sites", (*SITES, RULES), f"k-of-n:3+{RULES}"),
+    ("B: local + rules, any", ("owner", RULES), "any"),
+    ("B: sites + local + rules, any", (*SITES, "owner", RULES), "any"),
+    ("B: sites + local + rules, 2 of 3 sites", (*SITES, "owner", RULES),
+     f"k-of-n:2+owner+{RULES}"),
+    ("B: sites + local + rules, 3 of 3 sites", (*SITES, "owner", RULES),
+     f"k-of-n:3+owner+{RULES}"),
+]
+
+
+def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
+                 opts: Any) -> None:
+    """The :data:`AGGREGATIONS` table: member spans computed once per fold, every rule applied."""
+    from dphub.ensemble.aggregate import aggregate
+    from dphub.ensemble.core import Ensemble, Slot
+    from dphub.ensemble.distill import train_local
+    from dphub.ensemble.members import ModelMember
+    from dphub.ensemble.rules import RuleMember
+    from dphub.evaluate import evaluate_spans
+
+    results: dict[str, list[list[dict[str, Any]]]] = {row: [] for row, _, _ in AGGREGATIONS}
+    for f, held in enumerate(folds):
+        train = [n for n in notes if n.patient_id not in held]
+        test = [n for n in notes if n.patient_id in held]
+        model_dir = out / f"local-fold{f}"
+        if not (model_dir / "model.safetensors").is_file():
+            train_local(train, opts(model_dir))
+        slots = [*(Slot(ModelMember.load(work / "models" / s, s)) for s in SITES),
+                 Slot(ModelMember.load(model_dir, "owner")), Slot(RuleMember())]
+        per_note = Ensemble(slots, "any").member_spans(test)
+        for row, names, rule in AGGREGATIONS:
+            pred = {n.id: [m.to_span() for m in aggregate({k: spans[k] for k in names}, rule)]
+                    for n, spans in zip(test, per_note, strict=True)}
+            results[row].append([evaluate_spans(test, pred).headline()])
+    print(f"\n| {'members, aggregation':<40} | {'P / R / F1':<18} |")
+    print(f"|{'-' * 42}|{'-' * 20}|")
+    for row, _, _ in AGGREGATIONS:
+        print(f"| {row:<40} | {_mean(results[row], 0):<18} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -257,7 +257,9 @@ FORMAT_OPT = typer.Option(
 )
 AGGREGATE_OPT = typer.Option(
     None, "--aggregate", show_default="the manifest's, else any",
-    help="Aggregation: any (a character is PHI if any member flags it) | k-of-n:K.",
+    help="Aggregation: any (a character is PHI if any member flags it) | k-of-n:K (K members "
+         "must agree) | k-of-n:K+NAME+... (as k-of-n:K, but the named members' flags count "
+         "alone, e.g. k-of-n:2+rules:default: two pulled models must agree, the rules need not).",
 )
 RUNTIME_OPT = typer.Option(
     None, "--runtime", show_default="the manifest's, else torch",

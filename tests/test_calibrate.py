@@ -39,6 +39,7 @@ KINDS: dict[str, tuple[str | None, float, str]] = {
     "Pl": (None, 0.003, "ID"),     # plain words the model barely separates from hard IDs
     "Sp": (None, 0.99, "NAME"),    # confident false positives
     "Ww": (None, 0.0, "NAME"),     # ordinary words
+    "Gh": ("ID", 0.0, "ID"),       # IDs no model scores (a fixed member's alone)
 }
 
 
@@ -135,6 +136,22 @@ def test_calibrated_figures_match_tag_time_with_a_fixed_member_and_rare_labels()
     res = calibrate(Ensemble(slots), notes, 0.95)
     for r in (pooled, res):
         assert ensemble_pr(r.apply(slots), notes) == pytest.approx((r.precision, r.recall))
+
+
+def test_calibration_weighs_members_that_count_alone() -> None:
+    """Under ``k-of-n:2+fixed`` the fixed member's flags hide words alone: calibration counts them
+    so, as tag time does; counted as one vote they could never reach the K the rule asks."""
+    notes = make_notes({**BASIC, "Gh": 2})
+    ghosts = {n.id: [s for s in n.spans if n.text[s.start:s.start + 2] == "Gh"] for n in notes}
+    slots = [stub_slot("a"), stub_slot("b"), Slot(FixedMember("fixed", ghosts))]
+    rule = "k-of-n:2+fixed"
+    res = calibrate(Ensemble(slots, rule), notes, 1.0)
+    assert res.reached and res.recall == 1.0
+    row = evaluate_ensemble(Ensemble(res.apply(slots), rule), notes)[-1]
+    assert (row["precision"], row["recall"]) == pytest.approx((res.precision, res.recall))
+    # one vote each: the ghost IDs, which no model scores, stay unreached
+    plain = calibrate(Ensemble(slots, "k-of-n:2"), notes, 1.0)
+    assert not plain.reached and plain.recall < 1.0
 
 
 def test_label_thresholds_in_spans_from_scores() -> None:

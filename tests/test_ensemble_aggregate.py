@@ -53,6 +53,45 @@ def test_k_of_n_needs_agreement_on_characters() -> None:
         AggregateRule.parse("most")
 
 
+def test_members_named_in_the_rule_count_alone() -> None:
+    spans = {
+        "site1": [_sp(8, 12, "NAME", 0.9), _sp(22, 32, "DATE", 0.9)],
+        "site2": [_sp(8, 18, "NAME", 0.7)],
+        "rules": [_sp(33, 35, "OTHER", 1.0)],  # "ok": flagged by the rules only
+        "owner": [_sp(13, 18, "NAME", 0.6)],
+    }
+    rule = AggregateRule.parse("k-of-n:2+rules+owner")
+    assert (rule.k, rule.alone, str(rule)) == (2, ("rules", "owner"), "k-of-n:2+rules+owner")
+    assert AggregateRule.parse(str(rule)) == rule
+    assert [rule.weight(n) for n in spans] == [1, 1, 2, 2]
+    out = aggregate(spans, rule)
+    # John: two sites agree; Smith: the owner alone (site2 beside it); the space between has one
+    # site's vote only; the date: one site only (dropped); ok: the rules alone
+    assert [(m.start, m.end, m.voters) for m in out] == [
+        (8, 12, ("site1", "site2")), (13, 18, ("site2", "owner")), (33, 35, ("rules",))]
+    # without the alone names, the rules' span needs a second vote (Smith has site2's)
+    assert [(m.start, m.end) for m in aggregate(spans, "k-of-n:2")] == [(8, 12), (13, 18)]
+    # K = 3 among the sites: they never agree, the alone members still hide what they flag
+    out3 = aggregate(spans, "k-of-n:3+rules+owner")
+    assert [(m.start, m.end) for m in out3] == [(13, 18), (33, 35)]
+
+
+@pytest.mark.parametrize("text", ["any+rules", "k-of-n:1+rules", "k-of-n:2+", "k-of-n:2++a",
+                                  "k-of-n:2+a+a", "k-of-n:0+a", "+a"])
+def test_alone_rule_syntax_errors(text: str) -> None:
+    with pytest.raises(ConfigError, match="aggregate rule"):
+        AggregateRule.parse(text)
+
+
+def test_alone_names_must_be_members() -> None:
+    a = FixedMember("a", {"n1": [_sp(8, 12, "NAME")]})
+    b = FixedMember("b", {"n1": [_sp(22, 32, "DATE")]})
+    with pytest.raises(ConfigError, match="no member named c"):
+        Ensemble([Slot(a), Slot(b)], "k-of-n:2+c")
+    (res,) = Ensemble([Slot(a), Slot(b)], "k-of-n:2+b").deid([Note("n1", TEXT)])
+    assert [(s.start, s.end) for s in res.spans] == [(22, 32)]
+
+
 def test_thresholds_drop_low_scoring_member_spans() -> None:
     spans = {"a": [_sp(8, 12, "NAME", 0.3)], "b": [_sp(22, 32, "DATE", 0.9)]}
     out = aggregate(spans, "any", thresholds={"a": 0.5, "b": 0.5})
@@ -124,3 +163,8 @@ def test_properties_union_covers_members_and_k_of_n_is_a_subset(
         for c in strict_chars:
             votes = sum(any(s.start <= c < s.end for s in ss) for ss in spans.values())
             assert votes >= k
+        if k >= 2:  # m0 counts alone: exactly the characters it or k others flag
+            weighted = aggregate(spans, AggregateRule(k, ("m0",)))
+            chars = {c for m in weighted for c in range(m.start, m.end)}
+            m0 = {c for s in spans["m0"] for c in range(s.start, s.end)}
+            assert chars == m0 | strict_chars

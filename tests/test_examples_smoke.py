@@ -140,7 +140,8 @@ def test_reproduce_framework_quick_writes_tables_and_resumes(
     assert sum(parts[k]["notes"] for k in parts if k != "community") == 32
     # every model is patient-level DP at ε <= 8
     dp_models = {"site-1", "site-2", "site-3", "community", "owner", "owner-ft", "student-dp"}
-    local = {"student", "student-r2", "student-soft", "owner-local", "owner-local-ft"}  # no DP
+    local = {"student", "student-r2", "student-soft", "student-q3", "owner-local",
+             "owner-local-ft"}  # no DP
     assert set(data["models"]) == dp_models | local
     for name in dp_models:
         m = data["models"][name]
@@ -150,6 +151,10 @@ def test_reproduce_framework_quick_writes_tables_and_resumes(
     assert {"student", "student + rules (any)", "owner-local", "owner-local + rules (any)",
             "owner-local-ft"} <= set(rows_owner)
     assert rows_owner["student + rules (any)"]["epsilon"] is None  # a local member: no ε
+    # the owner's model and the rules count alone under the quorum: nothing of theirs is lost
+    q = rows_owner["sites (3 of 3) + owner-local + rules"]
+    assert q["aggregation"] == "k-of-n:3+owner-local+rules:default"
+    assert q["recall"] >= rows_owner["owner-local + rules (any)"]["recall"] - 1e-9
     assert "## Scenario A+" in md and "## Scenario B local" in md
     assert data["models"]["owner-ft"]["init_from"].startswith("site-1/deid-tagger@")
 
@@ -160,6 +165,10 @@ def test_reproduce_framework_quick_writes_tables_and_resumes(
     ens = rows_a["ensemble (any) + rules"]
     assert all(ens["recall"] >= rows_a[n]["recall"] - 1e-9 for n in ("site-1", "rules:default"))
     assert rows_a["rules:default"]["epsilon"] == 0.0
+    q_a = rows_a["sites (3 of 3) + rules"]
+    assert q_a["aggregation"] == "k-of-n:3+rules:default"
+    r_rules, r_any = rows_a["rules:default"]["recall"], rows_a["sites (any) + rules"]["recall"]
+    assert r_rules - 1e-9 <= q_a["recall"] <= r_any + 1e-9
     rows_b = [r for r in data["rows"] if r["table"] == "B"]
     calibrated = [r for r in rows_b if r["aggregation"] == "calibrated"]
     targets = data["settings"]["target_recalls"]

@@ -2,10 +2,16 @@
 
 Members tokenize differently (their own word pieces, windows, or none at all for rules), so the
 only common ground is the note's characters. Each member contributes the characters its spans
-cover; a character is PHI when at least ``k`` members cover it (``any``: k = 1, the minimality
-rule of the ensemble: one member is enough to hide a character; ``k-of-n:K``: K members must
-agree). Contiguous PHI characters form merged spans, except that spans which only *touch*
-(one ends where the next begins, with no member spanning the seam) stay separate entities.
+cover; a character is PHI when at least ``k`` members cover it (``any``: k = 1, the minimality rule
+of the ensemble: one member is enough to hide a character; ``k-of-n:K``: K members must agree).
+``k-of-n:K+NAME+NAME`` names members whose flag counts *alone* (their vote weighs K): the owner's
+rules and its own model hide what they flag, while pulled models, trained on other sites' notes,
+must agree before they hide a character. Why: community models add recall together but most of
+their false positives are flagged by one model only, so a quorum among them keeps the recall they
+add in agreement and drops most of what they add alone (measured on the owner's labels:
+``benchmarks/owner_cv.py --what aggregate``). Contiguous PHI characters form merged spans, except
+that spans which only *touch* (one ends where the next begins, with no member spanning the seam)
+stay separate entities.
 
 A merged span's label is the label of the highest-scoring member span overlapping it; ties go to
 the category earlier in :data:`dphub.labels.CATEGORY_PRECEDENCE` (names leak most), then to the
@@ -32,29 +38,48 @@ from dphub.notes import Span
 
 @dataclass(frozen=True)
 class AggregateRule:
-    """``any`` (k = 1) or ``k-of-n:K``."""
+    """``any`` (k = 1), ``k-of-n:K``, or ``k-of-n:K+NAME[+NAME...]`` (NAME's flag counts alone)."""
 
     k: int = 1
+    alone: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> AggregateRule:
-        t = text.strip().lower()
-        if t == "any":
+        head, *alone = (part.strip() for part in text.strip().split("+"))
+        t = head.lower()
+        usage = (f"aggregate rule {text!r}: use 'any', 'k-of-n:K' with K >= 1, or "
+                 "'k-of-n:K+NAME+...' (members whose flag counts alone)")
+        if t == "any" and not alone:
             return cls(1)
         m = re.fullmatch(r"k-of-n:(\d+)", t)
-        if not m or int(m.group(1)) < 1:
-            raise ConfigError(f"aggregate rule {text!r}: use 'any' or 'k-of-n:K' with K >= 1")
-        return cls(int(m.group(1)))
+        if not m or int(m.group(1)) < 1 or not all(alone):
+            raise ConfigError(usage)
+        k = int(m.group(1))
+        if alone and k < 2:
+            raise ConfigError(f"aggregate rule {text!r}: members counting alone need K >= 2 "
+                              "(with K = 1 every member counts alone)")
+        if len(set(alone)) != len(alone):
+            raise ConfigError(f"aggregate rule {text!r}: a member is named twice")
+        return cls(k, tuple(alone))
 
-    def check(self, n_members: int) -> None:
-        if self.k > n_members:
+    def check(self, names: Sequence[str]) -> None:
+        """The rule fits an ensemble of these members (K of them exist; named ones are members)."""
+        if self.k > len(names):
             raise ConfigError(
                 f"aggregate rule k-of-n:{self.k} needs at least {self.k} members; "
-                f"the ensemble has {n_members}"
+                f"the ensemble has {len(names)}"
             )
+        unknown = [a for a in self.alone if a not in names]
+        if unknown:
+            raise ConfigError(f"aggregate rule {self}: no member named {', '.join(unknown)} "
+                              "(see `dphub ensemble list`)")
+
+    def weight(self, name: str) -> int:
+        """Votes one flag of member ``name`` is worth: K for a member that counts alone, else 1."""
+        return self.k if name in self.alone else 1
 
     def __str__(self) -> str:
-        return "any" if self.k == 1 else f"k-of-n:{self.k}"
+        return "any" if self.k == 1 else "+".join((f"k-of-n:{self.k}", *self.alone))
 
 
 @dataclass(frozen=True)
@@ -105,7 +130,7 @@ def aggregate(
     if isinstance(rule, str):
         rule = AggregateRule.parse(rule)
     names = list(member_spans)
-    rule.check(len(names))
+    rule.check(names)
     order = {n: i for i, n in enumerate(names)}
     spans: list[tuple[str, Span]] = []
     for name in names:
@@ -129,9 +154,10 @@ def aggregate(
                 merged[-1][1] = max(merged[-1][1], b)
             else:
                 merged.append([a, b])
+        w = rule.weight(name)
         for a, b in merged:
-            events[a] = events.get(a, 0) + 1
-            events[b] = events.get(b, 0) - 1
+            events[a] = events.get(a, 0) + w
+            events[b] = events.get(b, 0) - w
     regions: list[tuple[int, int]] = []
     votes, start = 0, None
     for pos in sorted(events):

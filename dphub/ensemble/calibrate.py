@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dphub.ensemble.aggregate import AggregateRule
 from dphub.ensemble.members import ModelMember
 from dphub.errors import ConfigError, InputError
 from dphub.evaluate import TOKEN_RE
@@ -260,7 +261,7 @@ class _Search:
     groups: dict[str, list[str]]  # member -> its label groups
     fixed_votes: np.ndarray
     gold: np.ndarray
-    k: int
+    rule: AggregateRule  # K, and the members whose flag counts alone (weight K)
 
     def member_flags(self, m: str, idx: dict[Coord, int]) -> np.ndarray:
         f = np.zeros(len(self.gold), dtype=bool)
@@ -268,8 +269,12 @@ class _Search:
             f |= self.options[(m, g)][idx[(m, g)]]
         return f
 
+    def swap(self, votes: np.ndarray, m: str, old: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """``votes`` with member ``m``'s flags ``old`` replaced by ``new`` (weighted by the rule)."""
+        return votes + self.rule.weight(m) * (new.astype(np.int32) - old.astype(np.int32))
+
     def counts(self, votes: np.ndarray) -> tuple[int, int]:
-        pred = votes >= self.k
+        pred = votes >= self.rule.k
         return int((pred & self.gold).sum()), int((pred & ~self.gold).sum())
 
     def run(self, target: float) -> tuple[dict[Coord, int], list[tuple[float, float, int]]]:
@@ -278,7 +283,8 @@ class _Search:
         coords = list(self.options)
         idx = {c: 0 for c in coords}
         mflags = {m: self.member_flags(m, idx) for m in self.groups}
-        votes = self.fixed_votes + sum((f.astype(np.int32) for f in mflags.values()),
+        votes = self.fixed_votes + sum((self.rule.weight(m) * f.astype(np.int32)
+                                        for m, f in mflags.items()),
                                        np.zeros(len(self.gold), dtype=np.int32))
         tp, fp = self.counts(votes)
 
@@ -293,7 +299,7 @@ class _Search:
                     continue
                 m = c[0]
                 new_m = mflags[m] | self.options[c][idx[c] + 1]  # lowering only adds flags
-                v2 = votes - mflags[m] + new_m
+                v2 = self.swap(votes, m, mflags[m], new_m)
                 tp2, fp2 = self.counts(v2)
                 cand = ((tp2 - tp) / (fp2 - fp + 1.0), tp2 - tp, c)
                 if best is None or cand[:2] > best[:2]:
@@ -304,7 +310,7 @@ class _Search:
             m = c[0]
             idx[c] += 1
             new_m = mflags[m] | self.options[c][idx[c]]
-            votes = votes - mflags[m] + new_m
+            votes = self.swap(votes, m, mflags[m], new_m)
             mflags[m] = new_m
             tp, fp = self.counts(votes)
             path.append((*rp(tp, fp), len(path)))
@@ -319,7 +325,7 @@ class _Search:
                         trial = dict(idx)
                         trial[c] = j
                         new_m = self.member_flags(m, trial)
-                        v2 = votes - mflags[m] + new_m
+                        v2 = self.swap(votes, m, mflags[m], new_m)
                         tp2, fp2 = self.counts(v2)
                         r2, p2 = rp(tp2, fp2)
                         if r2 >= target and p2 > prec:
@@ -393,9 +399,10 @@ def calibrate(
             )
         else:
             spans = m.tag(notes, threshold=slot.threshold)
-            fixed_cal += cal.cover_spans(_split(spans, cal_idx))
+            w = ensemble.rule.weight(slot.name)
+            fixed_cal += w * cal.cover_spans(_split(spans, cal_idx))
             if held:
-                fixed_held += held.cover_spans(_split(spans, held_idx))
+                fixed_held += w * held.cover_spans(_split(spans, held_idx))
         if progress is not None:
             progress(done, len(ensemble.slots))
     if not pieces:
@@ -422,7 +429,7 @@ def calibrate(
             in_group = np.isin(pc.label, labs)
             options[(name, g)] = [pc.flags(cal, in_group & (pc.phi >= t)) for t in GRID]
 
-    search = _Search(options, groups, fixed_cal, cal.gold, ensemble.rule.k)
+    search = _Search(options, groups, fixed_cal, cal.gold, ensemble.rule)
     idx, path = search.run(target_recall)
     rec, prec = path[-1][0], path[-1][1]
     thresholds = {name: GRID[idx[(name, POOLED)]] if (name, POOLED) in idx
@@ -434,7 +441,7 @@ def calibrate(
     label_thresholds = {k: v for k, v in label_thresholds.items() if v}
     report = None
     if held is not None:
-        report = _check_holdout(held, fixed_held, pieces, members_labels, idx, ensemble.rule.k,
+        report = _check_holdout(held, fixed_held, pieces, members_labels, idx, ensemble.rule,
                                 len({notes[i].effective_patient_id for i in held_idx}))
     result = CalibrationResult(
         thresholds=thresholds,
@@ -483,7 +490,7 @@ def _check_holdout(
     pieces: dict[str, tuple[_Pieces, _Pieces | None]],
     members_labels: dict[str, dict[str, list[int]]],
     idx: dict[Coord, int],
-    k: int,
+    rule: AggregateRule,
     patients: int,
 ) -> HoldoutReport:
     votes = fixed.copy()
@@ -493,8 +500,8 @@ def _check_holdout(
         for g, labs in members_labels[name].items():
             per_label[labs] = GRID[idx[(name, g)]]
         mask = ph.phi >= per_label[ph.label] if len(ph.phi) else np.zeros(0, dtype=bool)
-        votes += ph.flags(held, mask)
-    pred = votes >= k
+        votes += rule.weight(name) * ph.flags(held, mask)
+    pred = votes >= rule.k
     tp = int((pred & held.gold).sum())
     fp = int((pred & ~held.gold).sum())
     n_gold = int(held.gold.sum())

@@ -77,7 +77,7 @@ class Ensemble:
             raise ConfigError("ensemble member names must be unique")
         self.slots = list(slots)
         self.rule = AggregateRule.parse(rule) if isinstance(rule, str) else rule
-        self.rule.check(len(self.slots))
+        self.rule.check(names)
 
     def member_spans(self, notes: Sequence[Note]) -> list[dict[str, list[Span]]]:
         """Each member's spans per note, snapped to whole words.

@@ -7,7 +7,7 @@ in the working directory. Written atomically (:mod:`dphub.io`); edits go through
 :meth:`Manifest.editing`, which holds a lock file (``.<manifest>.lock``) around read-modify-write,
 so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
 
-    aggregate = "any"
+    aggregate = "any"            # any | k-of-n:K | k-of-n:K+NAME+... (NAME's flags count alone)
     runtime = "onnx"             # torch | torch-bf16 | onnx | onnx-int8 (encoder runtime; absent: torch)
 
     [[members]]
