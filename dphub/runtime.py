@@ -64,6 +64,22 @@ INT8_MIN_COSINE = 0.9
 _FILES = {"onnx": "encoder.onnx", "onnx-int8": "encoder-int8.onnx"}
 
 
+#: oneDNN's cache of compiled kernels (bfloat16 matmuls on CPU): one entry per input shape, 1024
+#: by default. Windows of every length make a long run fill it, so the process grows by hundreds
+#: of MiB over thousands of notes (docs/speed.md, "Memory"); a small cache keeps memory flat.
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_CAPACITY = 64
+
+
+def bound_kernel_cache() -> None:
+    """Cap oneDNN's kernel cache at :data:`ONEDNN_CACHE_CAPACITY` unless the user set one.
+
+    oneDNN reads the variable once, when the process creates its first kernel, so this runs when
+    :mod:`dphub.tagger` is imported, before any model does.
+    """
+    os.environ.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
+
+
 def check_runtime(name: str) -> str:
     """``name`` if it is a known runtime, else a :class:`ConfigError` listing them."""
     if name not in RUNTIMES:

@@ -46,7 +46,10 @@ from dphub.errors import ConfigError, ModelError
 from dphub.io import atomic_write_bytes, atomic_write_text
 from dphub.labels import get_schema
 from dphub.notes import Note, Span
+from dphub.runtime import bound_kernel_cache
 from dphub.scores import TokenScores, spans_from_scores
+
+bound_kernel_cache()  # before any model here runs: oneDNN reads its cache size once
 
 HEADS: tuple[str, ...] = ("crf", "softmax")
 FORMAT_VERSION = 2

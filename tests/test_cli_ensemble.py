@@ -182,6 +182,31 @@ def test_scenario_a_every_mode(models: dict[str, Path], corpus: dict[str, object
     assert all(s["voters"] for rec in audit for s in rec["spans"])
 
 
+def test_quorum_rule_with_members_counting_alone(models: dict[str, Path],
+                                                corpus: dict[str, object], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    m = tmp_path / "ens.toml"
+    for spec in (str(models["minilm"]), str(models["wordpiece"]), "rules:default"):
+        assert main(["ensemble", "add", spec, "--ensemble", str(m)]) == 0
+    src: Path = corpus["txt"]  # type: ignore[assignment]
+    out = tmp_path / "out"
+    rule = "k-of-n:2+rules:default"
+    assert main(["ensemble", "deid", str(src), "--out", str(out), "--mode", "spans",
+                 "--ensemble", str(m), "--aggregate", rule]) == 0
+    spans = [s for line in (out / "audit.jsonl").read_text().splitlines()
+             for s in json.loads(line)["spans"]]
+    assert spans and any(s["voters"] == ["rules:default"] for s in spans)
+    # a span is there because the rules flagged it or both models did
+    assert all("rules:default" in s["voters"] or len(s["voters"]) >= 2 for s in spans)
+    capsys.readouterr()
+    bad = tmp_path / "bad"
+    assert main(["ensemble", "deid", str(src), "--out", str(bad), "--ensemble", str(m),
+                 "--aggregate", "k-of-n:2+nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no member named nosuch" in err[0]
+    assert not bad.exists()
+
+
 def test_scenario_b_owner_model_and_jsonl(models: dict[str, Path], corpus: dict[str, object],
                                           tmp_path: Path) -> None:
     m = tmp_path / "ens.toml"

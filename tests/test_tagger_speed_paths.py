@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import torch
 
 from dphub.ensemble.members import ModelMember
 from dphub.notes import Note
+from dphub.runtime import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV
 from dphub.tagger import Tagger, TaggerModel, crf_marginals
 
 
@@ -125,3 +129,16 @@ def test_model_member_decodes_fast_but_respects_overridden_token_scores(tagger, 
     calls.clear()
     Cached(tagger, "c").tag(NOTES[:1])
     assert calls == ["cached", True]
+
+
+@pytest.mark.parametrize("preset", [None, "5"])
+def test_kernel_cache_is_bounded_before_any_model_runs(preset: str | None) -> None:
+    """Importing the tagger caps oneDNN's kernel cache (memory flat over long bf16 runs), unless
+    the user chose a size; a fresh process, because oneDNN reads the variable once."""
+    env = {k: v for k, v in os.environ.items() if k != ONEDNN_CACHE_ENV}
+    if preset is not None:
+        env[ONEDNN_CACHE_ENV] = preset
+    code = f"import os, dphub.tagger; print(os.environ.get({ONEDNN_CACHE_ENV!r}))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == (preset or str(ONEDNN_CACHE_CAPACITY))
