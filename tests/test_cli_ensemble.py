@@ -195,7 +195,7 @@ def test_quorum_rule_with_members_counting_alone(models: dict[str, Path],
                  "--ensemble", str(m), "--aggregate", rule]) == 0
     spans = [s for line in (out / "audit.jsonl").read_text().splitlines()
              for s in json.loads(line)["spans"]]
-    assert spans and any(s["voters"] == ["rules:default"] for s in spans)
+    assert spans and any("rules:default" in s["voters"] for s in spans)
     # a span is there because the rules flagged it or both models did
     assert all("rules:default" in s["voters"] or len(s["voters"]) >= 2 for s in spans)
     capsys.readouterr()
