@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/owner_cv.py --work REPRO_OUT/work [--out DIR] [--what distill,local,aggregate]
+        [--deidpl-output deidpl-output-dev.phi --corpus-text CORPUS/id.text]
 
 ``REPRO_OUT`` is the output directory of ``examples/reproduce_framework.py`` (its ``work/data``
 splits and ``work/models`` site models). ``owner-train``'s patients are split in two folds (sorted
@@ -44,6 +45,10 @@ def main() -> None:
     ap.add_argument("--work", type=Path, required=True, help="the reproduction's work directory")
     ap.add_argument("--out", type=Path, default=Path("owner-cv"), help="where models are kept")
     ap.add_argument("--what", default="distill,local,aggregate")
+    ap.add_argument("--deidpl-output", type=Path,
+                    help="deid.pl's output on the corpus (e.g. deidpl-output-dev.phi): adds the "
+                         "aggregation rows with deid.pl as a member")
+    ap.add_argument("--corpus-text", type=Path, help="the corpus's id.text (with --deidpl-output)")
     args = ap.parse_args()
     import torch
 
@@ -105,7 +110,13 @@ def main() -> None:
             rows.append(scored(model_dir, test, threshold))
         print(f"| {label:<30} | {_mean(rows, 0):<18} | {_mean(rows, -1):<18} |", flush=True)
     if "aggregate" in what:
-        aggregations(args.work, args.out, notes, folds, opts)
+        deidpl = None
+        if args.deidpl_output is not None:
+            from dphub.evaluate import read_predictions
+
+            deidpl = read_predictions(args.deidpl_output, format="deidpl",
+                                      text_path=args.corpus_text)
+        aggregations(args.work, args.out, notes, folds, opts, deidpl)
 
 
 SITES = ("site-1", "site-2", "site-3")
@@ -122,11 +133,26 @@ AGGREGATIONS: list[tuple[str, tuple[str, ...], str]] = [
     ("B: sites + local + rules, 3 of 3 sites", (*SITES, "owner", RULES),
      f"k-of-n:3+owner+{RULES}"),
 ]
+#: rows with deid.pl's output as a member (``--deidpl-output``): alone in the union, or voting
+DEIDPL_AGGREGATIONS: list[tuple[str, tuple[str, ...], str]] = [
+    ("A: deid.pl + rules, any", ("deid.pl", RULES), "any"),
+    ("A: deid.pl + rules, both agree", ("deid.pl", RULES), "k-of-n:2"),
+    ("A: sites + deid.pl + rules, 2 of 5", (*SITES, "deid.pl", RULES), "k-of-n:2"),
+    ("B: local + deid.pl + rules, any", ("deid.pl", "owner", RULES), "any"),
+    ("B: local + deid.pl + rules, local alone, 2 of 3", ("deid.pl", "owner", RULES),
+     "k-of-n:2+owner"),
+    ("B: sites + local + deid.pl + rules, local alone, 3 of 6", (*SITES, "deid.pl", "owner", RULES),
+     "k-of-n:3+owner"),
+]
 
 
 def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
-                 opts: Any) -> None:
-    """The :data:`AGGREGATIONS` table: member spans computed once per fold, every rule applied."""
+                 opts: Any, deidpl: dict[str, Any] | None = None) -> None:
+    """The :data:`AGGREGATIONS` table: member spans computed once per fold, every rule applied.
+
+    ``deidpl``: deid.pl's spans per note id (its output file, read by ``dphub.evaluate``), as a
+    member of the :data:`DEIDPL_AGGREGATIONS` rows.
+    """
     from dphub.ensemble.aggregate import aggregate
     from dphub.ensemble.core import Ensemble, Slot
     from dphub.ensemble.distill import train_local
@@ -134,7 +160,8 @@ def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
     from dphub.ensemble.rules import RuleMember
     from dphub.evaluate import evaluate_spans
 
-    results: dict[str, list[list[dict[str, Any]]]] = {row: [] for row, _, _ in AGGREGATIONS}
+    table = AGGREGATIONS + (DEIDPL_AGGREGATIONS if deidpl is not None else [])
+    results: dict[str, list[list[dict[str, Any]]]] = {row: [] for row, _, _ in table}
     for f, held in enumerate(folds):
         train = [n for n in notes if n.patient_id not in held]
         test = [n for n in notes if n.patient_id in held]
@@ -144,14 +171,17 @@ def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
         slots = [*(Slot(ModelMember.load(work / "models" / s, s)) for s in SITES),
                  Slot(ModelMember.load(model_dir, "owner")), Slot(RuleMember())]
         per_note = Ensemble(slots, "any").member_spans(test)
-        for row, names, rule in AGGREGATIONS:
+        if deidpl is not None:
+            for n, spans in zip(test, per_note, strict=True):
+                spans["deid.pl"] = deidpl.get(n.id, [])
+        for row, names, rule in table:
             pred = {n.id: [m.to_span() for m in aggregate({k: spans[k] for k in names}, rule)]
                     for n, spans in zip(test, per_note, strict=True)}
             results[row].append([evaluate_spans(test, pred).headline()])
-    print(f"\n| {'members, aggregation':<40} | {'P / R / F1':<18} |")
-    print(f"|{'-' * 42}|{'-' * 20}|")
-    for row, _, _ in AGGREGATIONS:
-        print(f"| {row:<40} | {_mean(results[row], 0):<18} |", flush=True)
+    print(f"\n| {'members, aggregation':<56} | {'P / R / F1':<18} |")
+    print(f"|{'-' * 58}|{'-' * 20}|")
+    for row, _, _ in table:
+        print(f"| {row:<56} | {_mean(results[row], 0):<18} |", flush=True)
 
 
 if __name__ == "__main__":
