@@ -106,11 +106,44 @@ def check_spec(spec: Any, where: str) -> int:
     return len(FEATURE_NAMES)
 
 
-@lru_cache(maxsize=1)
-def _member() -> Any:
-    from dphub.ensemble.rules import RuleMember
+#: texts whose rule spans the shared member remembers: more than the notes of one batch, so
+#: the features (computed when a batch is encoded) and the rule member (tagging the same batch)
+#: scan each note once
+SCAN_MEMO_NOTES = 256
 
-    return RuleMember()
+
+@lru_cache(maxsize=1)
+def shared_rule_member() -> Any:
+    """The process's default ``rules:default`` member, its last scans memoized.
+
+    Why: a model with rule features and the ensemble's rule member both run the default rules
+    over every note (about a tenth of a three-model ensemble's time with a 3-block encoder,
+    docs/speed.md). Both use this one instance (:func:`dphub.ensemble.core.member_from_entry`
+    gives it to a manifest's default rule member), so each note is scanned once. The memo
+    subclasses the rule member rather than changing it: the rule module's bytes are part of
+    :func:`rules_digest`, which every rule-feature model pins.
+    """
+    from collections import OrderedDict
+
+    from dphub.ensemble.rules import RuleMember
+    from dphub.notes import Span
+
+    class _MemoizedRuleMember(RuleMember):
+        def __init__(self) -> None:
+            super().__init__()
+            self._memo: OrderedDict[str, tuple[Span, ...]] = OrderedDict()
+
+        def spans(self, text: str) -> list[Span]:
+            hit = self._memo.get(text)
+            if hit is None:
+                hit = self._memo[text] = tuple(super().spans(text))
+                if len(self._memo) > SCAN_MEMO_NOTES:
+                    self._memo.popitem(last=False)
+            else:
+                self._memo.move_to_end(text)
+            return list(hit)
+
+    return _MemoizedRuleMember()
 
 
 def note_features(text: str, offsets: np.ndarray) -> np.ndarray:
@@ -126,7 +159,7 @@ def note_features(text: str, offsets: np.ndarray) -> np.ndarray:
         return out
     starts = offsets[:, 0]
     ends = offsets[:, 1]
-    for s in _member().spans(text):
+    for s in shared_rule_member().spans(text):
         # pieces with start < span end and end > span start; starts are in text order, and a
         # piece starting before the span overlaps it only if it is one of the last two before
         lo = max(0, int(np.searchsorted(starts, s.start, side="left")) - 2)

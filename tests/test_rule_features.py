@@ -44,7 +44,7 @@ def test_pieces_of_a_rule_span_get_its_category_score_and_boundaries():
     feats = rf.note_features(text, nt.offsets)
     assert feats.shape == (len(nt), rf.NUM_FEATURES) and feats.dtype == np.float32
     names = list(rf.FEATURE_NAMES)
-    spans = {s.start: s for s in rf._member().spans(text)}
+    spans = {s.start: s for s in rf.shared_rule_member().spans(text)}
     date = spans[text.index("03/04")]
     inside = [i for i, (a, b) in enumerate(nt.offsets) if a < date.end and b > date.start]
     assert len(inside) > 1  # the date is several word pieces
@@ -106,6 +106,43 @@ def test_inference_uses_the_features_and_the_shared_encoder_path(rf_dir: Path):
     assert not all(np.allclose(a.phi_prob, b.phi_prob) for a, b in zip(direct, plain, strict=True))
     # an empty note still works
     assert len(tagger.token_scores([Note(id="e", text="")])[0].decoded) == 0
+
+
+def test_features_and_the_rule_member_scan_each_note_once(rf_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    from dphub.ensemble.core import Ensemble, Slot, member_from_entry
+    from dphub.ensemble.manifest import MemberEntry
+    from dphub.ensemble.members import ModelMember
+    from dphub.ensemble.rules import RuleMember
+
+    shared = rf.shared_rule_member()
+    rules = member_from_entry(MemberEntry("rules:default", "rules"))
+    assert rules.member is shared
+    # other options or another name: a member of its own, never the features' instance
+    assert member_from_entry(MemberEntry("rules:default", "rules",
+                                         options={"times": True})).member is not shared
+    assert member_from_entry(MemberEntry("mine", "rules")).member is not shared
+    notes = synth.generate(4, kind="nursing", seed=11)
+    # the same ensemble with a rule member of its own (no memo, scans twice): the reference
+    expected = Ensemble([Slot(ModelMember.load(rf_dir)), Slot(RuleMember())], "any").deid(notes)
+    scans: list[str] = []
+    plain_spans = RuleMember.spans
+
+    def counting(self: RuleMember, text: str):  # noqa: ANN202
+        scans.append(text)
+        return plain_spans(self, text)
+
+    monkeypatch.setattr(RuleMember, "spans", counting)
+    shared._memo.clear()
+    ens = Ensemble([Slot(ModelMember.load(rf_dir)), rules], "any")
+    results = ens.deid(notes)
+    assert sorted(scans) == sorted(n.text for n in notes)  # once per note, not twice
+    for got, want in zip(results, expected, strict=True):  # the memo changes nothing
+        assert got.by_member == want.by_member and got.merged == want.merged
+    # bounded: the oldest texts are dropped
+    for i in range(rf.SCAN_MEMO_NOTES + 5):
+        shared.spans(f"note {i}")
+    assert len(shared._memo) == rf.SCAN_MEMO_NOTES
 
 
 def test_different_rules_are_refused_clearly(rf_dir: Path, tmp_path: Path):

@@ -17,10 +17,11 @@ from dphub.ensemble.manifest import (
     weights_digest,
 )
 from dphub.ensemble.members import Member, ModelMember
-from dphub.ensemble.rules import RuleMember, RuleOptions
+from dphub.ensemble.rules import RULES_DEFAULT, RuleMember, RuleOptions
 from dphub.ensemble.words import snap_to_words, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
+from dphub.rule_features import shared_rule_member
 from dphub.scores import LabelThresholds
 
 
@@ -131,7 +132,12 @@ def shared_encoder_groups(slots: Sequence[Slot]) -> dict[str, Any]:
 def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = False) -> Slot:
     """Instantiate a manifest entry (loads models; verifies pins; ``int8``: quantize models)."""
     if entry.kind == "rules":
-        member: Member = RuleMember(entry.name, RuleOptions.from_dict(entry.options))
+        options = RuleOptions.from_dict(entry.options)
+        if entry.name == RULES_DEFAULT and options == RuleOptions():
+            # the instance rule features use: each note is scanned once for both
+            member: Member = shared_rule_member()
+        else:
+            member = RuleMember(entry.name, options)
         return Slot(member, entry.threshold, 0.0, None, None)
     if entry.kind in ("deidpl", "presidio"):
         return Slot(peer_member(entry), entry.threshold, None, None, entry.revision)
