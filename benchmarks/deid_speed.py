@@ -92,17 +92,17 @@ def _worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    from dphub.ensemble.core import Ensemble, Slot, apply_runtime
+    from dphub.ensemble.core import Ensemble, Slot, apply_runtime, member_from_entry
+    from dphub.ensemble.manifest import MemberEntry
     from dphub.ensemble.members import ModelMember
-    from dphub.ensemble.rules import RuleMember
     from dphub.notes import Note
     from dphub.render import RENDERERS
 
     notes = [Note(i, t) for i, t in json.loads(Path(args.worker_notes).read_text())]
     slots = []
     for i, m in enumerate(args.worker_members):
-        if m == "rules:default":
-            slots.append(Slot(RuleMember()))
+        if m == "rules:default":  # as `dphub ensemble add rules:default` gives it
+            slots.append(member_from_entry(MemberEntry(m, "rules")))
         else:
             member = ModelMember.load(Path(m), f"model{i}", batch_size=args.batch_size)
             if args.int8 and args.runtime == "torch":
