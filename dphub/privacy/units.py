@@ -168,25 +168,25 @@ class UnitDataset(Dataset):
 def _unit_features(features: Sequence[Any] | None, members: Sequence[int],
                    lengths: Sequence[int]) -> torch.Tensor:
     """One unit's windows' features laid end to end (``[total, 0]`` without features)."""
-    if features is None:
-        return torch.zeros((sum(lengths), 0), dtype=torch.float32)
-    rows = [torch.as_tensor(features[i], dtype=torch.float32) for i in members]
-    for i, r, n in zip(members, rows, lengths, strict=True):
-        if r.ndim != 2 or r.shape[0] != n:
-            raise PrivacyError(f"window {i}: {n} token ids but features of shape {tuple(r.shape)}")
-    return torch.cat(rows, dim=0)
+    return _end_to_end(features, members, lengths, "features", (sum(lengths), 0), ndim=2)
 
 
 def _unit_confidence(confidence: Sequence[Any] | None, members: Sequence[int],
                      lengths: Sequence[int]) -> torch.Tensor:
     """One unit's windows' soft-label confidences laid end to end (empty for hard labels)."""
-    if confidence is None:
-        return torch.zeros((0,), dtype=torch.float32)
-    rows = [torch.as_tensor(confidence[i], dtype=torch.float32) for i in members]
+    return _end_to_end(confidence, members, lengths, "confidence", (0,), ndim=1)
+
+
+def _end_to_end(values: Sequence[Any] | None, members: Sequence[int], lengths: Sequence[int],
+                what: str, empty: tuple[int, ...], ndim: int) -> torch.Tensor:
+    """Per-window float rows of ``members`` (one row per token id) concatenated, checked."""
+    if values is None:
+        return torch.zeros(empty, dtype=torch.float32)
+    rows = [torch.as_tensor(values[i], dtype=torch.float32) for i in members]
     for i, r, n in zip(members, rows, lengths, strict=True):
-        if r.shape != (n,):
-            raise PrivacyError(f"window {i}: {n} token ids but confidence of shape {tuple(r.shape)}")
-    return torch.cat(rows)
+        if r.ndim != ndim or r.shape[0] != n:
+            raise PrivacyError(f"window {i}: {n} token ids but {what} of shape {tuple(r.shape)}")
+    return torch.cat(rows, dim=0)
 
 
 def keep_evenly_spaced(members: Sequence[int], k: int) -> list[int]:

@@ -34,6 +34,13 @@ DEFAULT_TARGET_EPSILON = 8.0
 #: A pickled checkpoint of dphub < 0.2: never loaded (it could run code), only detected.
 
 
+def check_encoder_layers(value: int | None) -> None:
+    """``--encoder-layers``: None (all) or a positive integer (the upper bound is the base's
+    depth, checked where the encoder is cut: :func:`dphub.tagger.truncate_encoder`)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"--encoder-layers must be >= 1, got {value!r}")
+
+
 @dataclass
 class TrainOptions:
     """Every knob of ``dphub train``; the CLI fills it from flags, ``dphub.toml`` and defaults.
@@ -157,9 +164,7 @@ class TrainOptions:
             raise ConfigError(f"--train-layers must be >= 0, got {self.train_layers}")
         if self.lora_rank is not None and self.lora_rank <= 0:
             raise ConfigError(f"--lora-rank must be > 0, got {self.lora_rank}")
-        if self.encoder_layers is not None and (isinstance(self.encoder_layers, bool)
-                                                or self.encoder_layers < 1):
-            raise ConfigError(f"--encoder-layers must be >= 1, got {self.encoder_layers}")
+        check_encoder_layers(self.encoder_layers)
         self.check_soft_labels()
         if self.local_only and not self.no_dp:
             raise ConfigError("a local-only model is trained without DP (a DP model is "

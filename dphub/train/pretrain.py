@@ -23,6 +23,7 @@ from typing import Any
 
 from dphub.errors import ConfigError
 from dphub.hub.common import SYNTH_DATASET
+from dphub.train.options import check_encoder_layers
 from dphub.train.results import Progress, ProgressFn
 from dphub.train.warmstart import WarmStartConfig
 
@@ -82,9 +83,7 @@ class PretrainConfig:
             raise ConfigError("discharge share must be between 0 and 1")
         if self.train_layers is not None and self.train_layers < 0:
             raise ConfigError("--train-layers must be a non-negative integer or 'all'")
-        if self.encoder_layers is not None and (isinstance(self.encoder_layers, bool)
-                                                or self.encoder_layers < 1):
-            raise ConfigError(f"--encoder-layers must be >= 1 (got {self.encoder_layers!r})")
+        check_encoder_layers(self.encoder_layers)
 
     def kinds(self) -> tuple[tuple[str, int], ...]:
         """(synthetic kind, notes) pairs: realistic nursing notes and discharge summaries."""
