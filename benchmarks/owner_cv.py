@@ -8,15 +8,19 @@ Usage::
 ``REPRO_OUT`` is the output directory of ``examples/reproduce_framework.py`` (its ``work/data``
 splits and ``work/models`` site models). ``owner-train``'s patients are split in two folds (sorted
 patient ids, alternating); each variant trains on one fold and is scored on the other fold's gold
-labels, token-binary, alone and with ``rules:default`` (``any``); the table shows the mean of the
-two folds. ``owner-test`` is never read, so the choices made here can be reported on it after.
+labels, token-binary, alone and with ``rules:default`` (``any``; ``min_age`` as the reproduction
+recorded in ``REPRO_OUT/tables.json``, else ``--rules-min-age``, else 90: the PhysioNet corpus
+annotates ages of 90 and over only); the table shows the mean of the two folds. ``owner-test`` is never read, so the choices made here can be reported on it after.
 
 * ``distill``: students distilled from the three site models + rules (``any``) on the training
   fold's notes (their gold labels unused), with hard and with soft labels (``--soft-labels``), and
   with hard labels from a teacher in which the three site models must agree
   (``k-of-n:3+rules:default``);
 * ``local``: the owner's local model on the training fold's gold labels (``ensemble train``),
-  decoded (Viterbi) and thresholded at P(PHI) ≥ 0.3 and ≥ 0.1, and with recall weight 10.
+  decoded (Viterbi) and thresholded at P(PHI) ≥ 0.3 and ≥ 0.1, with recall weight 10, and with
+  encoder layers trained too (no DP, so nothing forces the frozen encoder): the top two layers
+  (learning rate 1e-3, 8 epochs; recall weight 3, the default, and 1), or LoRA adapters (rank 8)
+  on all six (8 epochs). These take 2-11 minutes each, the frozen-encoder ones 1-2.
 * ``aggregate``: how to combine the three site models with the rules (Scenario A, no labels) and
   with the local model (Scenario B): ``any`` against a quorum among the site models while the
   rules and the local model count alone (``k-of-n:K+owner+rules:default``). Each member tags the
@@ -49,6 +53,8 @@ def main() -> None:
                     help="deid.pl's output on the corpus (e.g. deidpl-output-dev.phi): adds the "
                          "aggregation rows with deid.pl as a member")
     ap.add_argument("--corpus-text", type=Path, help="the corpus's id.text (with --deidpl-output)")
+    ap.add_argument("--rules-min-age", type=int, default=None,
+                    help="the rule member's min_age (default: the reproduction's, else 90)")
     args = ap.parse_args()
     import torch
 
@@ -58,9 +64,9 @@ def main() -> None:
     from dphub.ensemble.distill import distill, local_options, train_local
     from dphub.ensemble.evaluation import evaluate_ensemble
     from dphub.ensemble.members import ModelMember
-    from dphub.ensemble.rules import RuleMember
     from dphub.train import TrainOptions
 
+    rules = rule_member(args.work, args.rules_min_age)
     data = args.work / "data" / "owner-train.jsonl"
     notes = list(formats.read(data, "jsonl"))
     patients = sorted({n.patient_id for n in notes})
@@ -73,8 +79,7 @@ def main() -> None:
 
     def scored(model_dir: Path, test: list[Any], threshold: float | None) -> list[dict[str, Any]]:
         member = ModelMember.load(model_dir, "owner")
-        return evaluate_ensemble(Ensemble([Slot(member, threshold), Slot(RuleMember())], "any"),
-                                 test)
+        return evaluate_ensemble(Ensemble([Slot(member, threshold), Slot(rules)], "any"), test)
 
     variants: list[tuple[str, str, dict[str, Any], float | None]] = []
     if "distill" in what:
@@ -86,7 +91,12 @@ def main() -> None:
                      ("local model, P(PHI) >= 0.3", "local", {}, 0.3),
                      ("local model, P(PHI) >= 0.1", "local", {}, 0.1),
                      ("local model, recall weight 10", "local-rw10", {"recall_weight": 10.0},
-                      None)]
+                      None),
+                     ("local, top 2 encoder layers", "local-tl2", TUNED, None),
+                     ("local, top 2 layers, rw 1", "local-tl2rw1",
+                      {**TUNED, "recall_weight": 1.0}, None),
+                     ("local, LoRA r8 on 6 layers", "local-lora8",
+                      {"train_layers": 6, "lora_rank": 8, "epochs": 8}, None)]
     teacher = None
     print(f"| {'variant':<30} | {'alone P / R / F1':<18} | {'+ rules P / R / F1':<18} |")
     print(f"|{'-' * 32}|{'-' * 20}|{'-' * 20}|")
@@ -100,7 +110,7 @@ def main() -> None:
                 if key in ("hard", "soft", "hard-q3"):
                     if teacher is None:
                         teacher = [*(Slot(ModelMember.load(args.work / "models" / s, s),
-                                          epsilon=8.0) for s in SITES), Slot(RuleMember())]
+                                          epsilon=8.0) for s in SITES), Slot(rules)]
                     rule = f"k-of-n:3+{RULES}" if key == "hard-q3" else "any"
                     unlabelled = [replace(n, spans=[], labelled=False) for n in train]
                     distill(Ensemble(teacher, rule), unlabelled, opts(model_dir, **kw),
@@ -116,10 +126,26 @@ def main() -> None:
 
             deidpl = read_predictions(args.deidpl_output, format="deidpl",
                                       text_path=args.corpus_text)
-        aggregations(args.work, args.out, notes, folds, opts, deidpl)
+        aggregations(args.work, args.out, notes, folds, opts, rules, deidpl)
+
+
+def rule_member(work: Path, min_age: int | None) -> Any:
+    """``rules:default`` as the reproduction ran it: its recorded ``min_age`` unless given."""
+    import json
+
+    from dphub.ensemble.rules import RuleMember, RuleOptions
+
+    if min_age is None:
+        tables = work.parent / "tables.json"
+        settings = json.loads(tables.read_text())["settings"] if tables.is_file() else {}
+        min_age = int(settings.get("rules_min_age", 90))
+    print(f"rules:default with min_age {min_age}")
+    return RuleMember(RULES, RuleOptions(min_age=min_age))
 
 
 SITES = ("site-1", "site-2", "site-3")
+#: the local model with its top two encoder layers trained (``local`` variants)
+TUNED: dict[str, Any] = {"train_layers": 2, "lr": 1e-3, "epochs": 8}
 RULES = "rules:default"
 #: (row, members, aggregation rule): Scenario A (sites + rules) and B (sites + local + rules)
 AGGREGATIONS: list[tuple[str, tuple[str, ...], str]] = [
@@ -147,7 +173,7 @@ DEIDPL_AGGREGATIONS: list[tuple[str, tuple[str, ...], str]] = [
 
 
 def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
-                 opts: Any, deidpl: dict[str, Any] | None = None) -> None:
+                 opts: Any, rules: Any, deidpl: dict[str, Any] | None = None) -> None:
     """The :data:`AGGREGATIONS` table: member spans computed once per fold, every rule applied.
 
     ``deidpl``: deid.pl's spans per note id (its output file, read by ``dphub.evaluate``), as a
@@ -157,7 +183,6 @@ def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
     from dphub.ensemble.core import Ensemble, Slot
     from dphub.ensemble.distill import train_local
     from dphub.ensemble.members import ModelMember
-    from dphub.ensemble.rules import RuleMember
     from dphub.evaluate import evaluate_spans
 
     table = AGGREGATIONS + (DEIDPL_AGGREGATIONS if deidpl is not None else [])
@@ -169,7 +194,7 @@ def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
         if not (model_dir / "model.safetensors").is_file():
             train_local(train, opts(model_dir))
         slots = [*(Slot(ModelMember.load(work / "models" / s, s)) for s in SITES),
-                 Slot(ModelMember.load(model_dir, "owner")), Slot(RuleMember())]
+                 Slot(ModelMember.load(model_dir, "owner")), Slot(rules)]
         per_note = Ensemble(slots, "any").member_spans(test)
         if deidpl is not None:
             for n, spans in zip(test, per_note, strict=True):
