@@ -360,16 +360,21 @@ def merge_windows(
     return out
 
 
-def collate(windows: Sequence[Window], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(windows: Sequence[Window], pad_id: int, *, multiple: int = 1
+            ) -> dict[str, torch.Tensor]:
     """Right-pad windows into ``[B, L]`` int64 tensors, all contiguous and batch-shaped.
 
     Keys: ``input_ids``, ``attention_mask``, ``token_type_ids`` (zeros), ``position_ids``
-    (``0..L-1`` on every row, materialised rather than broadcast, for Opacus).
+    (``0..L-1`` on every row, materialised rather than broadcast, for Opacus). ``L`` is the
+    longest window rounded up to a multiple of ``multiple`` (inference: fewer distinct shapes,
+    see :data:`dphub.runtime.SHAPE_MULTIPLE`).
     """
     if not windows:
         raise ValueError("collate needs at least one window")
+    if multiple < 1:
+        raise ValueError(f"collate's multiple must be >= 1, got {multiple}")
     batch = len(windows)
-    length = max(len(w.input_ids) for w in windows)
+    length = -(-max(len(w.input_ids) for w in windows) // multiple) * multiple
     input_ids = torch.full((batch, length), int(pad_id), dtype=torch.long)
     attention_mask = torch.zeros((batch, length), dtype=torch.long)
     for i, w in enumerate(windows):

@@ -46,7 +46,7 @@ from dphub.errors import ConfigError, ModelError
 from dphub.io import atomic_write_bytes, atomic_write_text
 from dphub.labels import get_schema
 from dphub.notes import Note, Span
-from dphub.runtime import bound_kernel_cache
+from dphub.runtime import SHAPE_MULTIPLE, bound_kernel_cache
 from dphub.scores import TokenScores, spans_from_scores
 
 bound_kernel_cache()  # before any model here runs: oneDNN reads its cache size once
@@ -857,7 +857,8 @@ class Tagger:
         with torch.inference_mode():
             for idx in align.bucket_by_length(windows, batch_size):
                 chunk = [windows[i] for i in idx]
-                batch = {k: v.to(self.device) for k, v in align.collate(chunk, pad_id).items()}
+                batch = {k: v.to(self.device) for k, v in
+                         align.collate(chunk, pad_id, multiple=SHAPE_MULTIPLE).items()}
                 h = self._encode_batch(batch)
                 for r, (i, w) in enumerate(zip(idx, chunk, strict=True)):
                     hidden[i] = h[r, : len(w.input_ids)].clone()
@@ -951,21 +952,27 @@ class Tagger:
         with torch.inference_mode():
             for idx in align.bucket_by_length(windows, batch_size):
                 chunk = [windows[i] for i in idx]
-                batch = {k: v.to(self.device) for k, v in align.collate(chunk, pad_id).items()}
+                length = max(len(w.input_ids) for w in chunk)
+                if encoded is None:  # the encoder runs here: a length on the shape grid
+                    batch = {k: v.to(self.device) for k, v in
+                             align.collate(chunk, pad_id, multiple=SHAPE_MULTIPLE).items()}
+                else:
+                    batch = {k: v.to(self.device) for k, v in align.collate(chunk, pad_id).items()}
                 if feats_w is not None:
                     from dphub.rule_features import pad_features
 
                     batch["rule_features"] = pad_features(
                         [feats_w[i] for i in idx], batch["input_ids"].shape[1]).to(self.device)
-                valid = torch.zeros_like(batch["attention_mask"], dtype=torch.bool)
+                valid = torch.zeros((len(chunk), length), dtype=torch.bool, device=self.device)
                 for r, w in enumerate(chunk):
                     valid[r, w.content_slice] = True
-                # float64 forward-backward: marginals over 128 pieces sum to 1 within 1e-12
+                # float64 forward-backward: marginals over 128 pieces sum to 1 within 1e-12;
+                # the heads are per position, so the grid's padding is cut before the CRF
                 if encoded is None:
-                    em = self.model._batch_emissions(batch).double()
+                    em = self.model._batch_emissions(batch)[:, :length].double()
                 else:
                     em = self.model.head_emissions(_pad_hidden(
-                        [encoded.hidden[i] for i in idx], batch["input_ids"].shape[1]),
+                        [encoded.hidden[i] for i in idx], length),
                         batch.get("rule_features")).double()
                 if marginals:
                     marg = self.model._marginals_from_emissions(em, valid).cpu().numpy()

@@ -287,6 +287,26 @@ def test_collate_is_batch_shaped_and_padded() -> None:
         assert batch["attention_mask"][i].sum().item() == n
 
 
+def test_collate_pads_lengths_up_to_a_multiple() -> None:
+    tokens = tokenize(TOKENIZER, ["short", "a much longer note about the patient today"])
+    windows = make_windows(tokens, TOKENIZER, max_length=8, stride=2)
+    longest = max(len(w.input_ids) for w in windows)
+    assert longest % 5
+    batch = collate(windows, TOKENIZER.pad_token_id, multiple=5)
+    length = -(-longest // 5) * 5
+    for t in batch.values():
+        assert t.shape == (len(windows), length) and t.is_contiguous()
+    assert batch["position_ids"][0].tolist() == list(range(length))
+    for i, w in enumerate(windows):
+        n = len(w.input_ids)
+        assert batch["input_ids"][i, :n].tolist() == w.input_ids
+        assert (batch["input_ids"][i, n:] == TOKENIZER.pad_token_id).all()
+        assert batch["attention_mask"][i].sum().item() == n
+    assert collate(windows, 0, multiple=longest)["input_ids"].shape[1] == longest
+    with pytest.raises(ValueError, match="multiple"):
+        collate(windows, 0, multiple=0)
+
+
 def test_collate_labels_aligns_with_content() -> None:
     text = "Seen by John Smith on 7/22 at Boston General"
     tokens = tokenize(TOKENIZER, [text])

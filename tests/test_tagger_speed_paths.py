@@ -142,3 +142,31 @@ def test_kernel_cache_is_bounded_before_any_model_runs(preset: str | None) -> No
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == (preset or str(ONEDNN_CACHE_CAPACITY))
+
+
+def test_encoder_sees_lengths_on_the_shape_grid_and_outputs_do_not_change(tagger, monkeypatch):
+    """Inference batches are padded to a multiple of SHAPE_MULTIPLE word pieces (bounded native
+    per-shape state, docs/speed.md); the mask hides the padding, so scores and tags are those of
+    unpadded batches, on the model's own path and on the shared-encoder path."""
+    import dphub.tagger as tagger_module
+    from dphub.runtime import SHAPE_MULTIPLE
+
+    lengths: list[int] = []
+    encoder = tagger.model.encoder
+    hook = encoder.register_forward_pre_hook(
+        lambda _m, _args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        padded = tagger.token_scores(NOTES, batch_size=2)
+        shared = tagger.token_scores(NOTES, batch_size=2, encoded=tagger.encode(NOTES, 2))
+        assert lengths and all(n % SHAPE_MULTIPLE == 0 for n in lengths)
+        lengths.clear()
+        monkeypatch.setattr(tagger_module, "SHAPE_MULTIPLE", 1)
+        plain = tagger.token_scores(NOTES, batch_size=2)
+        assert any(n % SHAPE_MULTIPLE for n in lengths)  # the comparison is with ragged lengths
+    finally:
+        hook.remove()
+    for p, s, q in zip(padded, shared, plain, strict=True):
+        assert p.decoded == q.decoded == s.decoded
+        np.testing.assert_allclose(p.phi_prob, q.phi_prob, atol=1e-5)
+        np.testing.assert_allclose(s.phi_prob, q.phi_prob, atol=1e-5)
+        np.testing.assert_allclose(p.label_probs, q.label_probs, atol=1e-5)
