@@ -8,9 +8,10 @@ Usage::
 ``REPRO_OUT`` is the output directory of ``examples/reproduce_framework.py`` (its ``work/data``
 splits and ``work/models`` site models). ``owner-train``'s patients are split in two folds (sorted
 patient ids, alternating); each variant trains on one fold and is scored on the other fold's gold
-labels, token-binary, alone and with ``rules:default`` (``any``; ``min_age`` as the reproduction
-recorded in ``REPRO_OUT/tables.json``, else ``--rules-min-age``, else 90: the PhysioNet corpus
-annotates ages of 90 and over only); the table shows the mean of the two folds. ``owner-test`` is never read, so the choices made here can be reported on it after.
+labels, token-binary, alone and with ``rules:default`` (``any``; its ``min_age`` is
+``--rules-min-age``, else what the reproduction recorded in ``REPRO_OUT/tables.json``, else 90:
+the PhysioNet corpus annotates ages of 90 and over only); the table shows the mean of the two
+folds. ``owner-test`` is never read, so the choices made here can be reported on it after.
 
 * ``distill``: students distilled from the three site models + rules (``any``) on the training
   fold's notes (their gold labels unused), with hard and with soft labels (``--soft-labels``), and
