@@ -952,28 +952,26 @@ class Tagger:
         with torch.inference_mode():
             for idx in align.bucket_by_length(windows, batch_size):
                 chunk = [windows[i] for i in idx]
-                length = max(len(w.input_ids) for w in chunk)
-                if encoded is None:  # the encoder runs here: a length on the shape grid
-                    batch = {k: v.to(self.device) for k, v in
-                             align.collate(chunk, pad_id, multiple=SHAPE_MULTIPLE).items()}
-                else:
-                    batch = {k: v.to(self.device) for k, v in align.collate(chunk, pad_id).items()}
+                batch = {k: v.to(self.device) for k, v in
+                         align.collate(chunk, pad_id, multiple=SHAPE_MULTIPLE).items()}
+                padded = batch["input_ids"].shape[1]
                 if feats_w is not None:
                     from dphub.rule_features import pad_features
 
                     batch["rule_features"] = pad_features(
-                        [feats_w[i] for i in idx], batch["input_ids"].shape[1]).to(self.device)
+                        [feats_w[i] for i in idx], padded).to(self.device)
+                if encoded is None:
+                    em = self.model._batch_emissions(batch)
+                else:
+                    em = self.model.head_emissions(_pad_hidden(
+                        [encoded.hidden[i] for i in idx], padded), batch.get("rule_features"))
+                # the heads are per position, so the shape grid's padding is cut before the CRF;
+                # float64 forward-backward: marginals over 128 pieces sum to 1 within 1e-12
+                length = max(len(w.input_ids) for w in chunk)
+                em = em[:, :length].double()
                 valid = torch.zeros((len(chunk), length), dtype=torch.bool, device=self.device)
                 for r, w in enumerate(chunk):
                     valid[r, w.content_slice] = True
-                # float64 forward-backward: marginals over 128 pieces sum to 1 within 1e-12;
-                # the heads are per position, so the grid's padding is cut before the CRF
-                if encoded is None:
-                    em = self.model._batch_emissions(batch)[:, :length].double()
-                else:
-                    em = self.model.head_emissions(_pad_hidden(
-                        [encoded.hidden[i] for i in idx], length),
-                        batch.get("rule_features")).double()
                 if marginals:
                     marg = self.model._marginals_from_emissions(em, valid).cpu().numpy()
                 else:
