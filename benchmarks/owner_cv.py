@@ -25,7 +25,11 @@ folds. ``owner-test`` is never read, so the choices made here can be reported on
 * ``aggregate``: how to combine the three site models with the rules (Scenario A, no labels) and
   with the local model (Scenario B): ``any`` against a quorum among the site models while the
   rules and the local model count alone (``k-of-n:K+owner+rules:default``). Each member tags the
-  fold once; every rule is applied to the same member spans.
+  fold once; every rule is applied to the same member spans. With ``--deidpl-output``, deid.pl's
+  shipped output joins as a member: alone in the union, voting, or *confirmed* — its flag counts
+  where the local model (or the quorum teacher's student) at a low threshold agrees, while the
+  decoded model and the rules count alone (``k-of-n:2+owner+rules:default`` over the model, the
+  same model at threshold t, deid.pl and the rules).
 
 Each training is one local (non-DP) run of the dphub defaults on one CPU thread (about 1-2 minutes
 each on this machine); models are kept under ``--out`` and reused by a re-run.
@@ -171,6 +175,20 @@ DEIDPL_AGGREGATIONS: list[tuple[str, tuple[str, ...], str]] = [
     ("B: sites + local + deid.pl + rules, local alone, 3 of 6", (*SITES, "deid.pl", "owner", RULES),
      "k-of-n:3+owner"),
 ]
+#: thresholds at which a model, below its own decoding, may confirm deid.pl's flags
+CONFIRM_THRESHOLDS = (0.1, 0.05, 0.02)
+#: deid.pl confirmed by a model at a low threshold: the model (decoded) and the rules count alone,
+#: deid.pl counts where the same model's P(PHI) >= t agrees (``MODEL@t`` is that model's slot at
+#: threshold t). Scenario B with the local model, Scenario A+ with the student of the quorum
+#: teacher (when ``--what distill`` has trained it).
+CONFIRMED_AGGREGATIONS: list[tuple[str, tuple[str, ...], str]] = [
+    *((f"B: local + rules + deid.pl confirmed by local@{t:g}",
+       ("owner", f"owner@{t:g}", "deid.pl", RULES), f"k-of-n:2+owner+{RULES}")
+      for t in CONFIRM_THRESHOLDS),
+    *((f"A+: student q3 + rules + deid.pl confirmed by student@{t:g}",
+       ("student", f"student@{t:g}", "deid.pl", RULES), f"k-of-n:2+student+{RULES}")
+      for t in CONFIRM_THRESHOLDS),
+]
 
 
 def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
@@ -178,15 +196,18 @@ def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
     """The :data:`AGGREGATIONS` table: member spans computed once per fold, every rule applied.
 
     ``deidpl``: deid.pl's spans per note id (its output file, read by ``dphub.evaluate``), as a
-    member of the :data:`DEIDPL_AGGREGATIONS` rows.
+    member of the :data:`DEIDPL_AGGREGATIONS` and :data:`CONFIRMED_AGGREGATIONS` rows (the
+    student rows only where the fold's ``hard-q3`` student exists). deid.pl's spans pass through
+    the ensemble's whole-word snapping like every member's.
     """
     from dphub.ensemble.aggregate import aggregate
     from dphub.ensemble.core import Ensemble, Slot
     from dphub.ensemble.distill import train_local
-    from dphub.ensemble.members import ModelMember
+    from dphub.ensemble.members import FixedMember, ModelMember
     from dphub.evaluate import evaluate_spans
 
-    table = AGGREGATIONS + (DEIDPL_AGGREGATIONS if deidpl is not None else [])
+    table = AGGREGATIONS + (DEIDPL_AGGREGATIONS + CONFIRMED_AGGREGATIONS
+                            if deidpl is not None else [])
     results: dict[str, list[list[dict[str, Any]]]] = {row: [] for row, _, _ in table}
     for f, held in enumerate(folds):
         train = [n for n in notes if n.patient_id not in held]
@@ -196,18 +217,28 @@ def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
             train_local(train, opts(model_dir))
         slots = [*(Slot(ModelMember.load(work / "models" / s, s)) for s in SITES),
                  Slot(ModelMember.load(model_dir, "owner")), Slot(rules)]
-        per_note = Ensemble(slots, "any").member_spans(test)
         if deidpl is not None:
-            for n, spans in zip(test, per_note, strict=True):
-                spans["deid.pl"] = deidpl.get(n.id, [])
+            student_dir = out / f"hard-q3-fold{f}"
+            own = [("owner", model_dir)] + (
+                [("student", student_dir)] if (student_dir / "model.safetensors").is_file() else [])
+            slots += [Slot(FixedMember("deid.pl", deidpl))]
+            for name, path in own:
+                slots += [Slot(ModelMember.load(path, f"{name}@{t:g}"), t)
+                          for t in CONFIRM_THRESHOLDS]
+                if name == "student":
+                    slots.append(Slot(ModelMember.load(path, name)))
+        per_note = Ensemble(slots, "any").member_spans(test)
         for row, names, rule in table:
+            if per_note and any(k not in per_note[0] for k in names):
+                continue  # a student row without the fold's student
             pred = {n.id: [m.to_span() for m in aggregate({k: spans[k] for k in names}, rule)]
                     for n, spans in zip(test, per_note, strict=True)}
             results[row].append([evaluate_spans(test, pred).headline()])
     print(f"\n| {'members, aggregation':<56} | {'P / R / F1':<18} |")
     print(f"|{'-' * 58}|{'-' * 20}|")
     for row, _, _ in table:
-        print(f"| {row:<56} | {_mean(results[row], 0):<18} |", flush=True)
+        if results[row]:
+            print(f"| {row:<56} | {_mean(results[row], 0):<18} |", flush=True)
 
 
 if __name__ == "__main__":

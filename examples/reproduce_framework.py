@@ -58,6 +58,10 @@ QUICK_MAX_PATIENTS = 24
 #: the site models must all agree; the rules (and the owner's local model) count alone. Chosen on
 #: two folds of owner-train only (``benchmarks/owner_cv.py --what aggregate``), before owner-test
 QUORUM = "k-of-n:3"
+#: thresholds at which the owner's model confirms deid.pl's flags (``--deidpl-output`` rows):
+#: 0.1, the lowest that kept precision >= 85 % on the folds of owner-train; 0.02, the most recall
+#: there (``benchmarks/owner_cv.py --what aggregate --deidpl-output ...``; owner-test not read)
+CONFIRM_THRESHOLDS = (0.1, 0.02)
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -523,7 +527,10 @@ def owner_rows(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
     test = data["owner-test"]
     teacher = Ensemble([*sites, rules], "any")
     rows: list[Row] = []
+    deidpl = None
     if args.deidpl_output is not None:  # the reference beside the owner's models
+        from dphub.ensemble.core import Slot
+        from dphub.ensemble.members import FixedMember
         from dphub.evaluate import evaluate_spans, read_predictions
 
         text = args.corpus / "id.text" if args.corpus.is_dir() else args.corpus
@@ -533,6 +540,8 @@ def owner_rows(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
         rows.append(Row("A+", "deid.pl", "member", ["deid.pl"], False, "rules", None, None,
                         headline(res.headline()),
                         note="PhysioNet deid 1.1, its shipped output on the same notes"))
+        # deid.pl as a member, as `dphub ensemble add deidpl:DIR` gives it
+        deidpl = Slot(FixedMember("deid.pl", {k: v for k, v in pred.items() if k in ids}))
 
     def add(table: str, label: str, slots: list[Any], note: str, rule: str = "any") -> None:
         member_rows, ens = evaluate_slots(slots, test, rule)
@@ -560,7 +569,25 @@ def owner_rows(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
             add(table, f"sites (3 of 3) + {name} + rules", [*sites, own, rules],
                 f"{how}; the sites must agree, {name} and the rules count alone",
                 f"{QUORUM}+{name}+rules:default")
+        if deidpl is not None and name in ("owner-local", "student-q3"):
+            for t in CONFIRM_THRESHOLDS:
+                add(table, f"{name} + rules + deid.pl confirmed by {name}@{t:g}",
+                    [own, confirming(own, t), deidpl, rules],
+                    f"{how}; {name} and the rules count alone, deid.pl where {name}'s "
+                    f"P(PHI) >= {t:g} agrees", f"k-of-n:2+{name}+rules:default")
     return rows
+
+
+def confirming(slot: Any, threshold: float) -> Any:
+    """``slot``'s model as a second member ``NAME@T`` that flags P(PHI) >= ``threshold``: the
+    vote that lets a recall-first tool's flag count (``k-of-n:2+NAME+rules:default``). The copy
+    shares the model and its cached scores: no second inference."""
+    import copy
+    from dataclasses import replace
+
+    member = copy.copy(slot.member)
+    member.name = f"{slot.name}@{threshold:g}"
+    return replace(slot, member=member, threshold=threshold)
 
 
 # ----------------------------------------------------------------------------------- main

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dphub.cli.main import main
-from dphub.ensemble.core import Ensemble, Slot, member_from_entry
+from dphub.ensemble.core import Ensemble, Slot, member_from_entry, shared_encoder_groups
 from dphub.ensemble.evaluation import evaluate_ensemble
 from dphub.ensemble.manifest import Manifest, entry_from_spec
 from dphub.ensemble.peers import (
@@ -225,6 +225,50 @@ def test_deidpl_cli_add_deid_and_pin(tool, tmp_path: Path, capsys: pytest.Captur
     assert main(["ensemble", "add", f"deidpl:{tmp_path}", "--name", "x",
                  "--ensemble", str(m)]) == 2
     assert "no deid.pl" in capsys.readouterr().err
+
+
+def test_a_model_below_its_threshold_confirms_the_tools_flags(
+        tool, tiny_tagger_dir: Path, tmp_path: Path) -> None:
+    """The owner's recipe for a recall-first tool (docs/owner.md): the same model twice — counting
+    alone (``owner``; decoded in practice) and at a low threshold (``owner-low``) — with deid.pl
+    and the rules under ``k-of-n:2+owner+rules:default``. deid.pl's flags count only where
+    ``owner-low`` agrees; ``owner`` and the rules count alone."""
+    d, perl, _ = tool
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("".join(json.dumps({"id": n.id, "text": n.text, "patient_id": n.patient_id})
+                             + "\n" for n in NOTES), encoding="utf-8")
+    # the untrained tagger decodes at random: here `owner` flags nothing (P(PHI) >= 1), so what
+    # deid.pl adds is seen; `owner-low` at P(PHI) >= 0 agrees everywhere, at >= 1 nowhere
+    for low, confirmed in ((0.0, True), (1.0, False)):
+        m = tmp_path / f"ens-{low:g}.toml"
+        for spec, extra in ((str(tiny_tagger_dir), ["--name", "owner", "--threshold", "1"]),
+                            (str(tiny_tagger_dir), ["--name", "owner-low", "--threshold", str(low)]),
+                            (f"deidpl:{d}", []), ("rules:default", [])):
+            assert main(["ensemble", "add", spec, *extra, "--ensemble", str(m)]) == 0
+        with Manifest.editing(m) as manifest:
+            manifest.get("deidpl").options["perl"] = str(perl)
+        entries = Manifest.load(m)
+        slots = [member_from_entry(entries.get(k)) for k in ("owner", "owner-low")]
+        assert set(shared_encoder_groups(slots)) == {"owner", "owner-low"}  # one encoder pass
+        out = tmp_path / f"out-{low:g}"
+        assert main(["ensemble", "deid", str(notes), "--out", str(out), "--mode", "spans",
+                     "--ensemble", str(m), "--aggregate", "k-of-n:2+owner+rules:default"]) == 0
+        spans = {json.loads(line)["id"]: json.loads(line)["spans"]
+                 for line in (out / "notes.jsonl").read_text(encoding="utf-8").splitlines()}
+        for n in NOTES:
+            for s in spans.get(n.id, []):
+                voters = set(s["members"])
+                assert voters & {"owner", "rules:default"} or {"deidpl", "owner-low"} <= voters
+                if not confirmed:
+                    assert "owner-low" not in voters
+        hidden = {(n.id, i) for n in NOTES for s in spans.get(n.id, [])
+                  for i in range(s["start"], s["end"])}
+        flagged = {(n.id, i) for n in NOTES for x, y in expected(n) for i in range(x, y)
+                   if not n.text[i].isspace()}  # what deid.pl flags
+        if confirmed:  # all of it is hidden
+            assert flagged <= hidden
+        else:  # only what the rules hide too
+            assert flagged - hidden
 
 
 def test_deidpl_failure_in_a_run_names_no_note_text(tool, tmp_path: Path,
