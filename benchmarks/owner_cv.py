@@ -228,8 +228,9 @@ def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
                 if name == "student":
                     slots.append(Slot(ModelMember.load(path, name)))
         per_note = Ensemble(slots, "any").member_spans(test)
+        present = {s.name for s in slots}
         for row, names, rule in table:
-            if per_note and any(k not in per_note[0] for k in names):
+            if not present.issuperset(names):
                 continue  # a student row without the fold's student
             pred = {n.id: [m.to_span() for m in aggregate({k: spans[k] for k in names}, rule)]
                     for n, spans in zip(test, per_note, strict=True)}
