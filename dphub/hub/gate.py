@@ -58,8 +58,12 @@ TRAINING_HYPERPARAM_KEYS = frozenset({
     "train_layers", "lora_rank", "recall_weight", "label_schema", "max_epsilon", "seed",
     "secure_rng", "warm_start", "no_dp", "max_length", "stride", "checkpoint_every",
     "rule_features", "rule_lr_scale", "soft_labels", "encoder_layers",
-    "synth_notes", "synth_discharge_share", "synth_seed", "synth_sha256",
 })
+#: The public data's record of a ``dphub pretrain`` run (:func:`public_provenance_problems`),
+#: without which the claim "public synthetic notes" cannot be checked.
+PUBLIC_DATA_KEYS = ("synth_notes", "synth_discharge_share", "synth_seed", "synth_sha256")
+#: Every key ``dphub_training`` may hold: the training options, and a pretraining's data record.
+PUBLISHED_HYPERPARAM_KEYS = TRAINING_HYPERPARAM_KEYS | frozenset(PUBLIC_DATA_KEYS)
 TRAINING_CONFIG_FORMAT = 2
 #: Card ``differential_privacy`` fields that ``training_config.json`` must repeat exactly.
 BOUND_FIELDS = ("noise_multiplier", "sample_rate", "steps", "delta", "privacy_unit")
@@ -587,7 +591,7 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
     if not isinstance(hyper, dict):
         out.append("training_config.json dphub_training must be an object of hyper-parameters")
         hyper = {}
-    extra = set(hyper) - TRAINING_HYPERPARAM_KEYS
+    extra = set(hyper) - PUBLISHED_HYPERPARAM_KEYS
     if extra:
         out.append(f"training_config.json dphub_training holds key(s) outside the allow-list: "
                    f"{_key_list(extra)}")
@@ -980,8 +984,6 @@ PUBLIC_HYPERPARAM_KEYS = frozenset({
     "warm_start", "max_length", "stride", "rule_features", "synth_notes",
     "synth_discharge_share", "synth_seed", "synth_sha256",
 })
-#: The public data's record, without which the claim "public synthetic notes" cannot be checked.
-PUBLIC_DATA_KEYS = ("synth_notes", "synth_discharge_share", "synth_seed", "synth_sha256")
 
 
 def check_public_provenance(model_dir: Path, meta: dict[str, Any]) -> None:
