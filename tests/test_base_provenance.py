@@ -224,11 +224,19 @@ def test_forged_public_card_on_a_local_only_model_is_refused(tiny_embedded: Path
     write_card(local, forged)
     with pytest.raises(PublishRefused, match="a public-synthetic card needs the training record"):
         check_publishable(local)
+    # a hub that does not run the gate could still serve it: pull checks the record too
+    from dphub.hub.gate import GateViolation, check_shareable
+
+    with pytest.raises(GateViolation, match="a public-synthetic card needs the training record"):
+        check_shareable(local)
 
 
 def test_genuine_public_base_passes_and_its_record_is_checked(public_base: Path,
                                                               tmp_path: Path) -> None:
+    from dphub.hub.gate import check_shareable
+
     check_publishable(public_base)
+    check_shareable(public_base)
     hyper = json.loads((public_base / "training_config.json").read_text())["dphub_training"]
     assert {"synth_notes", "synth_seed", "synth_sha256"} <= set(hyper)
 

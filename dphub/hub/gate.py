@@ -13,8 +13,10 @@ Only accounted outputs leave: the directory may hold nothing but the allow-liste
 no mechanism seed), and the weights exactly the tensors ``config.json`` implies (a spare tensor is
 a channel the DP guarantee does not cover). Weights and card are bound: the card's
 ``weights_sha256`` is the weights' hash and the training config repeats the card's accounting
-fields, so a DP run's README copied next to ``--no-dp`` weights is refused. Pull repeats the
-checks that protect the puller (:func:`check_shareable`).
+fields, so a DP run's README copied next to ``--no-dp`` weights is refused. The encoder is the
+declared base's by its weights, not its name (:func:`check_base_weights`), and a public-synthetic
+claim comes with a record of data the gate regenerates (:func:`check_public_provenance`). Pull
+repeats the checks that protect the puller (:func:`check_shareable`), and a public base's provenance.
 """
 
 from __future__ import annotations
@@ -519,13 +521,17 @@ def check_shareable(model_dir: Path) -> CardSummary:
     The tokenizer and private-string checks are the publisher's duty; the puller verifies what
     protects *it*: safetensors only, no code, a valid private card with its accounting fields,
     only allow-listed files and training-config keys, and weights that are exactly the tensors
-    the config implies and the ones the card's hash names.
+    the config implies and the ones the card's hash names. A public base's provenance is
+    checked again (:func:`check_public_provenance`): a hub that does not run this gate (any
+    Hugging Face repository) could serve a "public synthetic" card on private weights, and a
+    DP run built on it would count none of that exposure.
     """
     files = _files(model_dir)
     check_files(model_dir, files, PULLED_FILES)
     check_config(model_dir)
     meta = check_card(model_dir)
     check_training_config(model_dir, meta)
+    check_public_provenance(model_dir, meta)
     check_weights(model_dir, meta)
     return CardSummary.from_meta(meta)
 
