@@ -91,6 +91,7 @@ def training_config(dp: dict[str, Any], **hyper: Any) -> dict[str, Any]:
         "format_version": 2,
         "dphub_training": {"lr": 5e-4, "epochs": 3, "seed": 0, "head": "crf", **hyper},
         "base_model": "sentence-transformers/all-MiniLM-L6-v2",
+        "base_model_sha256": embedded_digest(),
         "init_from": None,
         "no_dp": not private,
         "privacy_unit": dp.get("privacy_unit"),
@@ -101,6 +102,14 @@ def training_config(dp: dict[str, Any], **hyper: Any) -> dict[str, Any]:
         "delta": dp.get("delta"),
         "epsilon": dp.get("epsilon"),
     }
+
+
+def embedded_digest() -> str:
+    """The embedded base's encoder digest, as ``dphub train`` records the base it started from
+    (``training_config.json`` ``base_model_sha256``; cached per process)."""
+    from dphub.encoders import embedded_model_dir, encoder_digest
+
+    return encoder_digest(embedded_model_dir())
 
 
 def set_hyperparams(model_dir: Path, **hyper: Any) -> None:

@@ -16,6 +16,7 @@ from dphub import formats, synth
 from dphub import train as T
 from dphub.card import is_public_model, load_card, validate_card
 from dphub.cli.main import main
+from dphub.encoders import DEFAULT_BASE_MODEL_ID
 from dphub.errors import ConfigError
 from dphub.hub.gate import check_publishable
 from dphub.notes import check_spans
@@ -29,12 +30,25 @@ def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "home"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def tiny_embedded(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny encoder stands in for the embedded package's model in this module: the gate
+    identifies a base by its weights, so a tiny model can be "the public base" only by being it
+    (``make_tiny_base_model`` with seed 0 writes these same weights wherever it is called)."""
+    from dphub import encoders
+
+    tiny = make_tiny_base_model(tmp_path_factory.mktemp("embedded") / "model")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(encoders, "embedded_model_dir", lambda: tiny)
+        yield tiny
+
+
 @pytest.fixture(scope="module")
-def public_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny public base model written by ``pretrain`` (its encoder directory carries the
-    embedded model's public name, so the gate can check the tokenizer against it)."""
+def public_base(tmp_path_factory: pytest.TempPathFactory, tiny_embedded: Path) -> Path:
+    """A tiny public base model written by ``pretrain`` on a copy of the (tiny) embedded encoder,
+    so the gate can check tokenizer and weights against the declared base."""
     root = tmp_path_factory.mktemp("pretrain")
-    encoder = make_tiny_base_model(root / "enc" / "all-MiniLM-L6-v2")
+    encoder = make_tiny_base_model(root / "enc" / "my-copy")
     opts = T.TrainOptions(base_model=str(encoder), max_length=64, stride=16)
     out = root / "public-base"
     pretrain(out, PretrainConfig(notes=24, epochs=1.0), options=opts)
@@ -122,7 +136,7 @@ def test_gate_and_pull_accept_a_public_base(public_base: Path, tmp_path: Path) -
     src = initial_model(T.TrainOptions(base_model="acme/public-base", max_length=64, stride=16),
                         None)
     assert src.public_pretraining["model"] == "acme/public-base"
-    assert src.base_public_id == "all-MiniLM-L6-v2" and src.lineage == []
+    assert src.base_public_id == DEFAULT_BASE_MODEL_ID and src.lineage == []
 
 
 def test_cli_train_pulls_the_public_base_from_the_hub_on_first_use(
@@ -192,7 +206,7 @@ def test_dp_training_starts_from_the_public_base(public_base: Path, tmp_path: Pa
     assert dp["private"] is True and dp["epsilon"] > 0
     assert dp["public_pretraining"]["model"] == "public-base"
     assert dp["public_pretraining"]["epsilon_cost"] == 0
-    assert meta["base_model"] == "all-MiniLM-L6-v2"  # the encoder, whose tokenizer it carries
+    assert meta["base_model"] == DEFAULT_BASE_MODEL_ID  # the encoder, identified by weights
     check_publishable(out)
     # the encoder started from the public base's weights, not from the raw encoder
     start = TaggerModel.load(public_base).export_state_dict()

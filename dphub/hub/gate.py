@@ -13,8 +13,10 @@ Only accounted outputs leave: the directory may hold nothing but the allow-liste
 no mechanism seed), and the weights exactly the tensors ``config.json`` implies (a spare tensor is
 a channel the DP guarantee does not cover). Weights and card are bound: the card's
 ``weights_sha256`` is the weights' hash and the training config repeats the card's accounting
-fields, so a DP run's README copied next to ``--no-dp`` weights is refused. Pull repeats the
-checks that protect the puller (:func:`check_shareable`).
+fields, so a DP run's README copied next to ``--no-dp`` weights is refused. The encoder is the
+declared base's by its weights, not its name (:func:`check_base_weights`), and a public-synthetic
+claim comes with a record of data the gate regenerates (:func:`check_public_provenance`). Pull
+repeats the checks that protect the puller (:func:`check_shareable`), and a public base's provenance.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ PUBLIC_SYNTHETIC = "public-synthetic"
 TRAINING_CONFIG_KEYS = frozenset({
     "format_version", "dphub_training", "base_model", "init_from", "no_dp", "privacy_unit",
     "accountant", "steps", "sample_rate", "noise_multiplier", "delta", "epsilon",
+    "base_model_sha256",
 })
 #: Keys of its ``dphub_training`` block: hyper-parameters only. ``seed`` is the initialisation
 #: seed; the mechanism's randomness never comes from it and is never written anywhere.
@@ -58,6 +61,11 @@ TRAINING_HYPERPARAM_KEYS = frozenset({
     "secure_rng", "warm_start", "no_dp", "max_length", "stride", "checkpoint_every",
     "rule_features", "rule_lr_scale", "soft_labels", "encoder_layers",
 })
+#: The public data's record of a ``dphub pretrain`` run (:func:`public_provenance_problems`),
+#: without which the claim "public synthetic notes" cannot be checked.
+PUBLIC_DATA_KEYS = ("synth_notes", "synth_discharge_share", "synth_seed", "synth_sha256")
+#: Every key ``dphub_training`` may hold: the training options, and a pretraining's data record.
+PUBLISHED_HYPERPARAM_KEYS = TRAINING_HYPERPARAM_KEYS | frozenset(PUBLIC_DATA_KEYS)
 TRAINING_CONFIG_FORMAT = 2
 #: Card ``differential_privacy`` fields that ``training_config.json`` must repeat exactly.
 BOUND_FIELDS = ("noise_multiplier", "sample_rate", "steps", "delta", "privacy_unit")
@@ -302,7 +310,7 @@ def resolve_base_tokenizer_dir(base_model: str | None) -> Path | None:
 
     if not base_model:
         return None
-    if base_model in (DEFAULT_BASE_MODEL_ID, "all-MiniLM-L6-v2"):
+    if base_model == DEFAULT_BASE_MODEL_ID:  # the one public id; no directory name aliases it
         return embedded_model_dir()
     from dphub.hub.registry import Registry
 
@@ -400,6 +408,8 @@ def check_publishable(model_dir: str | Path,
         check_card_body(model_dir)
         check_training_config(model_dir, meta)
         check_tokenizer(model_dir, meta)
+        check_base_weights(model_dir, meta)
+        check_public_provenance(model_dir, meta)
         # Tokenizer files were just proven identical to public ones: their words are not ours.
         check_private_strings(model_dir, files, skip=set(TOKENIZER_FILES))
         check_weights(model_dir, meta)
@@ -511,13 +521,17 @@ def check_shareable(model_dir: Path) -> CardSummary:
     The tokenizer and private-string checks are the publisher's duty; the puller verifies what
     protects *it*: safetensors only, no code, a valid private card with its accounting fields,
     only allow-listed files and training-config keys, and weights that are exactly the tensors
-    the config implies and the ones the card's hash names.
+    the config implies and the ones the card's hash names. A public base's provenance is
+    checked again (:func:`check_public_provenance`): a hub that does not run this gate (any
+    Hugging Face repository) could serve a "public synthetic" card on private weights, and a
+    DP run built on it would count none of that exposure.
     """
     files = _files(model_dir)
     check_files(model_dir, files, PULLED_FILES)
     check_config(model_dir)
     meta = check_card(model_dir)
     check_training_config(model_dir, meta)
+    check_public_provenance(model_dir, meta)
     check_weights(model_dir, meta)
     return CardSummary.from_meta(meta)
 
@@ -583,7 +597,7 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
     if not isinstance(hyper, dict):
         out.append("training_config.json dphub_training must be an object of hyper-parameters")
         hyper = {}
-    extra = set(hyper) - TRAINING_HYPERPARAM_KEYS
+    extra = set(hyper) - PUBLISHED_HYPERPARAM_KEYS
     if extra:
         out.append(f"training_config.json dphub_training holds key(s) outside the allow-list: "
                    f"{_key_list(extra)}")
@@ -819,3 +833,295 @@ def model_dir_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
     else:
         out.append("config.json is missing")
     return out
+
+
+# --------------------------------------------------------------------------- base encoder
+
+#: A transformer block's index in an encoder tensor name (``encoder.layer.3.``, ``layers.3.``).
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def check_base_weights(model_dir: Path, meta: dict[str, Any]) -> None:
+    """Raise :class:`GateViolation` on the first base-encoder problem
+    (:func:`base_weights_problems`)."""
+    problems = base_weights_problems(model_dir, meta)
+    if problems:
+        raise _refuse(model_dir, problems[0])
+
+
+def base_weights_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
+    """The encoder the model descends from is the public base its card names.
+
+    Why: the tokenizer check proves only that the vocabulary is public. A local encoder that was
+    fine-tuned on patients without DP, saved under the public base's name, would otherwise be
+    published as "public base + DP" while its weights carry the unprotected patients. So:
+
+    * ``training_config.json`` must record ``base_model_sha256``, the digest of the encoder the
+      run started from (:func:`dphub.encoders.encoder_digest`, written by ``dphub train`` and
+      ``dphub pretrain``), and it must equal the digest of the declared base as this machine
+      has it (the embedded package's tensors, or the pulled or cached hub model);
+    * where the published encoder tensors that training kept frozen can be compared with their
+      origin, they must be equal to it (:func:`frozen_tensor_problems`).
+    """
+    from dphub.encoders import encoder_digest
+    from dphub.errors import ModelError
+
+    base = meta.get("base_model")
+    name = _safe_name(base) if isinstance(base, str) else "(none)"
+    base_dir = resolve_base_tokenizer_dir(base if isinstance(base, str) else None)
+    if base_dir is None:
+        return [f"cannot resolve the card's base_model {name} to check the encoder against it"]
+    try:
+        cfg = read_training_config(model_dir)
+    except GateViolation as e:
+        return [e.message]
+    recorded = cfg.get("base_model_sha256")
+    if not isinstance(recorded, str) or not recorded:
+        return ["training_config.json does not record the base encoder's weights "
+                "(base_model_sha256), so the card's base_model cannot be checked against the "
+                "encoder the model descends from; retrain with this dphub version"]
+    try:
+        actual = encoder_digest(base_dir)
+    except ModelError as e:
+        return [f"the declared base model {name} cannot be identified by its weights "
+                f"({e.message})"]
+    if recorded != actual:
+        return [f"the model descends from an encoder whose weights are not {name}'s "
+                "(training_config.json base_model_sha256 differs from the declared base's): a "
+                "local encoder is not the public base, whatever its directory is called"]
+    return frozen_tensor_problems(model_dir, meta, cfg, base_dir)
+
+
+def frozen_tensor_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str, Any],
+                           base_dir: Path) -> list[str]:
+    """The encoder tensors training kept frozen equal those of the weights it started from.
+
+    The start is known and present here when the run started from the base itself
+    (``warm_start: none``, and every ``dphub pretrain``), from a pulled public base
+    (``public_pretraining.model``), or from the public warm start of the declared base found in
+    this machine's warm-start cache. Frozen are the embeddings and every block below the top
+    ``train_layers`` (``null``: all train, nothing to compare). A start that cannot be found here
+    (a warm start built elsewhere, a local public base, ``--init-from``) is not compared: the
+    recorded digest is then the only evidence.
+    """
+    from dphub.encoders import encoder_tensors, tensor_bytes
+    from dphub.errors import ModelError
+
+    hyper = cfg.get("dphub_training")
+    if not isinstance(hyper, dict) or "train_layers" not in hyper:
+        return []
+    layers = hyper.get("train_layers")
+    if layers is None:
+        return []
+    start = _training_start(meta, cfg, hyper, base_dir)
+    if start is None:
+        return []
+    ref_dir, what = start
+    try:
+        depth = int(check_config(model_dir).get("num_hidden_layers", 0))
+        first_trained = depth - int(layers)
+        ref = dict(encoder_tensors(ref_dir))
+        for tname, t in encoder_tensors(model_dir):
+            m = _LAYER_INDEX.search(tname)
+            if m and int(m.group(1)) >= first_trained:
+                continue  # a block DP (or pretraining) trained
+            r = ref.get(tname)
+            if r is None:
+                if tname.endswith(_OPTIONAL_SUFFIXES):
+                    continue
+                return [f"encoder tensor {_safe_name(tname)} has no counterpart in {what}"]
+            if r.dtype != t.dtype or r.shape != t.shape or tensor_bytes(r) != tensor_bytes(t):
+                return [f"encoder tensor {_safe_name(tname)} was frozen in training but differs "
+                        f"from {what}: the encoder is not the one the card declares"]
+    except (ModelError, GateViolation, TypeError, ValueError) as e:
+        why = e.message if isinstance(e, DphubError) else type(e).__name__
+        return [f"the frozen encoder tensors cannot be compared with {what} ({why})"]
+    return []
+
+
+def _training_start(meta: dict[str, Any], cfg: dict[str, Any], hyper: dict[str, Any],
+                    base_dir: Path) -> tuple[Path, str] | None:
+    """(directory, words) of the weights a run started from, when this machine has them."""
+    if cfg.get("init_from"):
+        return None  # a DP model's fine-tuning: that model was checked when it was published
+    base = _safe_name(str(meta.get("base_model")))
+    dp = meta.get("differential_privacy")
+    pre = dp.get("public_pretraining") if isinstance(dp, dict) else None
+    public = pre.get("model") if isinstance(pre, dict) else None
+    if isinstance(public, str) and public:
+        from dphub.hub.registry import Registry
+
+        try:
+            return Registry().get(public).path, f"the public base {_safe_name(public)}"
+        except DphubError:
+            return None
+    if hyper.get("warm_start") == "none":
+        return base_dir, f"the base model {base}"
+    if hyper.get("warm_start") != "synth":
+        return None
+    from dphub.io import cache_root
+    from dphub.train.warmstart import WarmStartConfig, cache_key
+
+    try:
+        ws = WarmStartConfig(max_length=int(hyper["max_length"]), stride=int(hyper["stride"]),
+                             rule_features=bool(hyper.get("rule_features")),
+                             encoder_layers=hyper.get("encoder_layers"))
+        key = cache_key(base_dir, str(meta.get("base_model")), str(hyper["label_schema"]),
+                        str(hyper["head"]), ws, int(hyper["seed"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    target = cache_root() / "warmstart" / key
+    if not (target / "model.safetensors").is_file():
+        return None
+    return target, f"the public warm start of {base}"
+
+
+# --------------------------------------------------------------------------- public provenance
+
+#: ``training_config.json`` keys of a public base (``dphub pretrain``): no privacy unit, no
+#: accountant, no sampling rate: nothing of a run on someone's notes.
+PUBLIC_TRAINING_CONFIG_KEYS = frozenset({
+    "format_version", "dphub_training", "base_model", "base_model_sha256", "init_from", "no_dp",
+    "steps",
+})
+#: Its ``dphub_training`` keys: the pretraining loop's settings and the public data's record.
+PUBLIC_HYPERPARAM_KEYS = frozenset({
+    "epochs", "batch_size", "lr", "head", "train_layers", "label_schema", "seed", "no_dp",
+    "warm_start", "max_length", "stride", "rule_features", "synth_notes",
+    "synth_discharge_share", "synth_seed", "synth_sha256",
+})
+
+
+def check_public_provenance(model_dir: Path, meta: dict[str, Any]) -> None:
+    """Raise :class:`GateViolation` on the first problem of a public-synthetic claim
+    (:func:`public_provenance_problems`); other cards pass untouched."""
+    problems = public_provenance_problems(model_dir, meta)
+    if problems:
+        raise _refuse(model_dir, problems[0])
+
+
+def public_provenance_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
+    """A card saying "public synthetic notes only" describes a ``dphub pretrain`` run, on data
+    anyone can regenerate.
+
+    Why: the card alone is text; dphub's own helpers write a valid public card for any weights,
+    e.g. a local-only model trained on patients without DP. The claim becomes checkable through
+    the training record: ``training_config.json`` must be a pretraining record (no privacy unit,
+    accountant or sampling rate; ``no_dp``, no ``init_from``, started from the base itself) that
+    names the generator's parameters (``synth_notes``, ``synth_discharge_share``,
+    ``synth_seed``); the gate regenerates those notes with :mod:`dphub.synth`, compares their
+    digest (``synth_sha256``), the card's ``dataset`` block and ``public_pretraining`` block with
+    them, and the number of steps with what the recorded epochs and batch size give on them.
+
+    What stays a trust assumption: that the weights were trained on that data. Only retraining
+    could show it; a forger who copies a genuine pretraining record next to other weights is
+    not caught here, as a forged DP record would not be either (docs/hub.md).
+    """
+    dp = meta.get("differential_privacy")
+    if not isinstance(dp, dict) or dp.get("training_data") != PUBLIC_SYNTHETIC:
+        return []
+    try:
+        cfg = read_training_config(model_dir)
+    except GateViolation as e:
+        return [e.message]
+    what = "a public-synthetic card needs the training record of dphub pretrain"
+    extra = set(cfg) - PUBLIC_TRAINING_CONFIG_KEYS
+    hyper = cfg.get("dphub_training")
+    if extra:
+        return [f"training_config.json holds {_key_list(extra)}, which a run on public "
+                f"synthetic notes does not record: {what}"]
+    if not isinstance(hyper, dict):
+        return [f"training_config.json has no dphub_training block: {what}"]
+    extra = set(hyper) - PUBLIC_HYPERPARAM_KEYS
+    if extra:
+        return [f"training_config.json dphub_training holds {_key_list(extra)}, which a run on "
+                f"public synthetic notes does not record: {what}"]
+    if cfg.get("no_dp") is not True or hyper.get("no_dp") is not True or cfg.get("init_from") \
+            or hyper.get("warm_start") != "none":
+        return [f"training_config.json does not describe a pretraining run (no_dp, no "
+                f"init_from, warm_start none): {what}"]
+    missing = [k for k in (*PUBLIC_DATA_KEYS, "epochs", "batch_size", "seed", "label_schema")
+               if k not in hyper]
+    if missing:
+        return [f"training_config.json does not record the public data it trained on "
+                f"({', '.join(missing)}), so the claim cannot be checked: {what}"]
+    if cfg.get("base_model") != meta.get("base_model"):
+        return ["training_config.json base_model differs from the card's"]
+    try:
+        return _regenerated_data_problems(model_dir, meta, cfg, hyper)
+    except DphubError as e:
+        return [f"the public data training_config.json records cannot be regenerated "
+                f"({e.message})"]
+
+
+def _regenerated_data_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str, Any],
+                               hyper: dict[str, Any]) -> list[str]:
+    """Regenerate the recorded synthetic corpus; compare digest, card blocks and step count."""
+    from dphub.card import dataset_block
+    from dphub.errors import ConfigError
+    from dphub.train.pretrain import PretrainConfig, public_data_digest
+
+    try:
+        pc = PretrainConfig(notes=hyper["synth_notes"],
+                            discharge_share=float(hyper["synth_discharge_share"]),
+                            synth_seed=int(hyper["synth_seed"]))
+        pc.validate()
+    except (TypeError, ValueError):
+        raise ConfigError("the generator's parameters are not numbers") from None
+    notes = list(pc.iter_public_notes())
+    if public_data_digest(notes) != hyper["synth_sha256"]:
+        return ["the synthetic notes training_config.json records (synth_notes, "
+                "synth_discharge_share, synth_seed) do not regenerate to its synth_sha256 with "
+                "this dphub: the data is not the public generator's (or was made by another "
+                "dphub or Faker version: publish with that one)"]
+    dp = meta["differential_privacy"]
+    pre = dp.get("public_pretraining")
+    if not isinstance(pre, dict):
+        return ["a public-synthetic card needs its public_pretraining block"]
+    claims = {
+        "public_pretraining.notes": (pre.get("notes"), pc.notes),
+        "public_pretraining.kinds": (pre.get("kinds"), [k for k, _ in pc.kinds()]),
+        "public_pretraining.epochs": (pre.get("epochs"), hyper.get("epochs")),
+        "public_pretraining.seed": (pre.get("seed"), hyper.get("seed")),
+        "public_pretraining.train_layers": (pre.get("train_layers"), hyper.get("train_layers")),
+        "public_pretraining.steps": (pre.get("steps"), cfg.get("steps")),
+        "steps": (dp.get("steps"), cfg.get("steps")),
+    }
+    differ = [k for k, (card_v, rec_v) in claims.items() if card_v != rec_v]
+    if differ:
+        return [f"the card's {', '.join(differ)} differ from training_config.json: the card "
+                "does not describe this pretraining run"]
+    schema = str(hyper["label_schema"])
+    expected = dataset_block(notes, label_schema=schema, name=SYNTH_DATASET)
+    card_data = meta.get("dataset") if isinstance(meta.get("dataset"), dict) else {}
+    if any(card_data.get(k) != v for k, v in expected.items()):
+        return ["the card's dataset block does not describe the regenerated synthetic notes: "
+                "the card does not belong to this public data"]
+    steps = _pretrain_steps(model_dir, notes, hyper)
+    if steps is not None and steps != cfg.get("steps"):
+        return [f"training_config.json steps ({_safe_name(str(cfg.get('steps')))}) is not what "
+                f"its epochs and batch_size give on the regenerated notes ({steps}): the record "
+                "does not describe a run on this data"]
+    return []
+
+
+def _pretrain_steps(model_dir: Path, notes: list[Any], hyper: dict[str, Any]) -> int | None:
+    """Steps of the pretraining loop on these notes (``warmstart._fit``: epochs times windows
+    per batch), tokenised with the model's (public, already checked) tokenizer."""
+    from transformers import AutoTokenizer
+
+    from dphub.train.data import encode_notes
+
+    try:
+        epochs, batch = float(hyper["epochs"]), int(hyper["batch_size"])
+        max_length, stride = int(hyper.get("max_length", 128)), int(hyper.get("stride", 32))
+        if batch < 1:
+            return None
+        id2label = check_config(model_dir)["id2label"]
+        tags = [id2label[k] for k in sorted(id2label, key=int)]
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        examples = encode_notes(notes, tokenizer, tags, str(hyper["label_schema"]),
+                                max_length=max_length, stride=stride, unit="sequence")
+    except (TypeError, ValueError, KeyError, OSError):
+        return None
+    return max(1, round(epochs * max(1, len(examples) // batch)))

@@ -117,6 +117,7 @@ def training_config(opts: TrainOptions, src: ModelSource, plan: PrivacyPlan, ste
         "format_version": TRAINING_CONFIG_FORMAT,
         "dphub_training": opts.public_dict(),
         "base_model": src.base_public_id,
+        "base_model_sha256": src.base_sha256,
         "init_from": _public_init_from(opts.init_from),
         "no_dp": bool(opts.no_dp),
         "privacy_unit": opts.privacy_unit,

@@ -102,11 +102,39 @@ class PretrainConfig:
             encoder_layers=self.encoder_layers,
         )
 
+    def iter_public_notes(self) -> Any:
+        """The public corpus this configuration trains on, note by note (the loop's notes: same
+        kinds, counts and seeds)."""
+        from dphub import synth
+
+        for i, (kind, k) in enumerate(self.kinds()):
+            yield from synth.iter_notes(k, kind=kind, seed=self.synth_seed + i)
+
+    def data_record(self) -> dict[str, Any]:
+        """What ``training_config.json`` records of the public data, so that anyone can
+        regenerate it (:mod:`dphub.synth` with these parameters) and check its digest
+        (:func:`public_data_digest`): the publish gate does exactly that."""
+        return {"synth_notes": self.notes, "synth_discharge_share": self.discharge_share,
+                "synth_seed": self.synth_seed,
+                "synth_sha256": public_data_digest(self.iter_public_notes())}
+
     def card_block(self, steps: int | None = None, seed: int = 0) -> dict[str, Any]:
         """The card's ``public_pretraining`` block."""
         block = self.warm_start_config().card_block(steps=steps, seed=seed)
         block["train_layers"] = self.train_layers
         return block
+
+
+def public_data_digest(notes: Any) -> str:
+    """SHA-256 of a note stream in canonical form (id, text and labelled spans per note)."""
+    import hashlib
+
+    h = hashlib.sha256(b"dphub-synth-corpus-1")
+    for n in notes:
+        rec = json.dumps([n.id, n.text, [[s.start, s.end, s.label] for s in n.spans]],
+                         ensure_ascii=False, separators=(",", ":"))
+        h.update(len(rec).to_bytes(8, "little") + rec.encode("utf-8"))
+    return h.hexdigest()
 
 
 def parse_train_layers(value: str | int | None) -> int | None:
@@ -138,7 +166,7 @@ def pretrain(
     label schema, head, window length and stride) are used; its data, privacy and optimiser
     fields are not (nothing private is read). Returns the card's front matter.
     """
-    from dphub import card, synth
+    from dphub import card
     from dphub.encoders import resolve_base_model
     from dphub.labels import get_schema
     from dphub.train.options import HEADS, TrainOptions
@@ -183,9 +211,8 @@ def pretrain(
                                      replace(ws, rule_features=True), seed=seed,
                                      on_progress=relay)
     # the card's counts describe the public corpus (same notes, same seeds as the loop's)
-    notes = (n for i, (kind, k) in enumerate(cfg.kinds())
-             for n in synth.iter_notes(k, kind=kind, seed=cfg.synth_seed + i))
-    dataset = card.dataset_block(notes, label_schema=opts.label_schema, name=SYNTH_DATASET)
+    dataset = card.dataset_block(cfg.iter_public_notes(), label_schema=opts.label_schema,
+                                 name=SYNTH_DATASET)
     return _write(out, model, base_dir, public_id, opts, cfg, seed, main_steps, dataset, force)
 
 
@@ -193,6 +220,7 @@ def _write(out: Path, model: Any, base_dir: Path, public_id: str, opts: Any, cfg
            seed: int, steps: int, dataset: dict[str, Any], force: bool) -> dict[str, Any]:
     """Weights, config, tokenizer, allow-listed training config and card, atomically."""
     from dphub import card
+    from dphub.encoders import encoder_digest
     from dphub.hub.common import file_sha256
     from dphub.hub.gate import TRAINING_CONFIG_FORMAT
     from dphub.io import atomic_directory, atomic_write_text
@@ -205,8 +233,10 @@ def _write(out: Path, model: Any, base_dir: Path, public_id: str, opts: Any, cfg
             "head": opts.head, "train_layers": cfg.train_layers, "label_schema": opts.label_schema,
             "seed": seed, "no_dp": True, "warm_start": "none", "max_length": opts.max_length,
             "stride": opts.stride, "rule_features": bool(opts.rule_features),
+            **cfg.data_record(),
         },
         "base_model": public_id,
+        "base_model_sha256": encoder_digest(base_dir),
         "init_from": None,
         "no_dp": True,
         "steps": steps,

@@ -25,6 +25,10 @@ class ModelSource:
     tokenizer_dir: Path
     public_pretraining: dict[str, Any] | None
     lineage: list[dict[str, Any]]
+    #: :func:`dphub.encoders.encoder_digest` of the public base encoder the weights descend from
+    #: (recorded as ``training_config.json`` ``base_model_sha256``; the publish gate compares it
+    #: with the declared base's). None: not known (a source trained before it was recorded).
+    base_sha256: str | None = None
 
 
 def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSource:
@@ -44,14 +48,38 @@ def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSo
             f"base model {public_id!r} is not a local directory and nothing can be downloaded; "
             "pass --base-model PATH"
         )
+    digest = _base_digest(Path(loadable))
     if opts.warm_start == "synth":
         wdir, block = warm_start_dir(opts, on_progress)
         model = TaggerModel.load(wdir)
-        return ModelSource(model, public_id, Path(loadable), block, [])
+        return ModelSource(model, public_id, Path(loadable), block, [], digest)
     model = TaggerModel.from_base(loadable, schema=opts.label_schema, head=opts.head,
                                   rule_features=opts.rule_features,
                                   encoder_layers=opts.encoder_layers)
-    return ModelSource(model, public_id, Path(loadable), None, [])
+    return ModelSource(model, public_id, Path(loadable), None, [], digest)
+
+
+def _base_digest(base_dir: Path) -> str:
+    """What the base encoder's weights are (:func:`dphub.encoders.encoder_digest`), so the card's
+    base name can be checked against them; an encoder that cannot be identified is refused."""
+    from dphub.encoders import encoder_digest
+    from dphub.errors import ModelError
+
+    try:
+        return encoder_digest(base_dir)
+    except ModelError as e:
+        raise ConfigError(f"base model: {e.message}") from None
+
+
+def recorded_base_digest(model_dir: Path) -> str | None:
+    """The ``base_model_sha256`` a model directory's ``training_config.json`` records (None when
+    absent or unreadable): a model trained from it descends from the same public encoder."""
+    try:
+        cfg = json.loads((model_dir / "training_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = cfg.get("base_model_sha256") if isinstance(cfg, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _no_encoder_layers(opts: TrainOptions, why: str) -> None:
@@ -176,7 +204,8 @@ def _from_public_base(opts: TrainOptions) -> ModelSource | None:
     meta = load_card(src).meta
     block = dict(meta["differential_privacy"].get("public_pretraining") or {"enabled": True})
     block.update({"enabled": True, "data": SYNTH_DATASET, "model": name, "epsilon_cost": 0})
-    return ModelSource(model, str(meta.get("base_model") or name), src, block, [])
+    return ModelSource(model, str(meta.get("base_model") or name), src, block, [],
+                       recorded_base_digest(src))
 
 
 def _from_pulled_model(opts: TrainOptions) -> ModelSource:
@@ -222,7 +251,7 @@ def _from_pulled_model(opts: TrainOptions) -> ModelSource:
         "delta": dp.get("delta"),
         "privacy_unit": dp.get("privacy_unit"),
     })
-    return ModelSource(model, base_id, src, pretraining, lineage)
+    return ModelSource(model, base_id, src, pretraining, lineage, recorded_base_digest(src))
 
 
 def _source_repo_revision(spec: str, src: Path, is_dir: bool) -> tuple[str, str]:
