@@ -24,7 +24,7 @@ from dphub.train.checkpoints import (
 )
 from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
 from dphub.train.encoder_cache import cached_encoder
-from dphub.train.loop import TrainLoop, quiet_epsilon
+from dphub.train.loop import TrainingDiverged, TrainLoop, quiet_epsilon
 from dphub.train.options import TrainOptions
 from dphub.train.output import build_meta, check_output_dir, write_model_dir
 from dphub.train.plan import plan_privacy
@@ -117,7 +117,14 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
         loop = TrainLoop(opts, plan, model, dataset, tokenizer, on_progress)
         if state is not None:
             loop.restore(state)
-        loop.run(ckpt_dir, fingerprint)
+        try:
+            loop.run(ckpt_dir, fingerprint)
+        except TrainingDiverged:
+            # its checkpoints lead to the same divergence (a resume must keep every option):
+            # leave nothing behind that a rerun with a smaller --lr would trip over
+            with contextlib.suppress(OSError):
+                shutil.rmtree(ckpt_dir)
+            raise
     if opts._stop_after is not None and loop.step < plan.steps:
         raise KeyboardInterrupt  # simulated kill (tests)
     if loop.step != plan.steps:  # pragma: no cover - invariant
