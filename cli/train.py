@@ -332,6 +332,11 @@ def train(
         None, "--hub", help="Hub a --base-model org/name is pulled from when it is not pulled "
         "yet: " + HUB_HELP, show_default=HUB_DEFAULT,
     ),
+    allow_above_policy: bool = typer.Option(
+        False, "--allow-above-policy",
+        help="Train even when the projected ε exceeds the hub policy's maximum (checked before "
+        "the first step; `dphub publish` to that hub will still refuse the model).",
+    ),
 ) -> None:
     """Train a PHI tagger with DP-SGD and write a model directory with its card.
 
@@ -342,7 +347,8 @@ def train(
 
     apply_threads(threads)
     flags = {k: v for k, v in locals().items()
-             if k not in ("training", "threads", "audit", "hub", "pull_base_model")}
+             if k not in ("training", "threads", "audit", "hub", "pull_base_model",
+                          "allow_above_policy")}
     cfg = project.load_project_config()
     opts = build_options(flags, cfg, resume=resume, no_dp=no_dp, force=force)
     pulled = pull_base_model(opts.base_model, hub=_hub(hub))
@@ -355,7 +361,8 @@ def train(
 
         run_and_report(opts, AuditOptions())
         return
-    result = _run_with_progress(training, opts)
+    result = _run_with_progress(training, opts,
+                                on_plan=_plan_check(opts, cfg, allow=allow_above_policy))
     project.record_last_model(result.out_dir)
     if result.epsilon is None:
         typer.echo(f"wrote {result.out_dir} (NOT PRIVATE: --no-dp; {result.steps} steps)")
@@ -386,11 +393,12 @@ def build_options(flags: dict[str, Any], cfg: dict[str, Any], **fixed: Any) -> A
     return training.TrainOptions(**merged, card_text=cfg.get("card") or None)
 
 
-def _warn_above_policy(epsilon: float, unit: str, cfg: dict[str, Any]) -> None:
-    """Say now, not at publish time, when the ε reached is above the hub's policy."""
+def _hub_policy(cfg: dict[str, Any]) -> tuple[str, Any]:
+    """(hub, its ε policy): the hub of dphub.toml's ``[hub] url`` or the default hub; an
+    unreadable policy counts as the default one."""
     from dphub.errors import DphubError
     from dphub.hub.common import default_hub
-    from dphub.hub.policy import DEFAULT_POLICY, load_hub_policy, policy_violation
+    from dphub.hub.policy import DEFAULT_POLICY, load_hub_policy
 
     hub = project.get(cfg, "hub", "url")
     if hub and "://" not in str(hub):
@@ -400,6 +408,73 @@ def _warn_above_policy(epsilon: float, unit: str, cfg: dict[str, Any]) -> None:
         policy = load_hub_policy(str(hub))
     except DphubError:
         policy = DEFAULT_POLICY
+    return str(hub), policy
+
+
+_UNIT_PLURAL = {"patient": "patients", "note": "notes", "sequence": "sequences"}
+
+
+def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool) -> Any:
+    """The ``on_plan`` callback of ``dphub train``: print the projected ε before the first
+    step, and refuse to start when it exceeds the hub policy's maximum (unless ``allow``).
+
+    Why before: the design recipe on 40 patients (batch 96, so q = 1) with ``--noise 0.55``
+    reached ε ≈ 96, and the policy warning came only after half an hour of training.
+    """
+    from dphub.errors import PrivacyError
+    from dphub.train.plan import projected_epsilon, ways_to_reach
+
+    def check(plan: Any) -> None:
+        eps = projected_epsilon(opts, plan)
+        if eps is None:  # --no-dp: no guarantee to project
+            return
+        units = _UNIT_PLURAL.get(opts.privacy_unit, "units")
+        typer.echo(
+            f"privacy plan: {plan.num_units} {units}, q = {plan.sample_rate:.4g}, "
+            f"σ = {plan.noise_multiplier:.3g}, {plan.steps} steps, δ = {plan.delta:.2g}: "
+            f"projected ε = {eps:.4g}", err=True,
+        )
+        full = plan.sample_rate >= 1.0
+        if full:
+            typer.echo(
+                f"note: the expected batch ({opts.batch_size} {units}) is not below the "
+                f"{plan.num_units} {units}: every step uses every {opts.privacy_unit} (q = 1), so "
+                "sampling amplifies nothing and each step costs its full ε; a --batch-size well "
+                f"below {plan.num_units} makes each step cheaper", err=True,
+            )
+        hub, policy = _hub_policy(cfg)
+        if eps <= policy.max_epsilon:
+            return
+        if allow:
+            typer.echo(f"warning: projected ε = {eps:.4g} exceeds the maximum "
+                       f"{policy.max_epsilon:g} of the policy of the hub {hub}; training anyway "
+                       "(--allow-above-policy): `dphub publish` will refuse this model", err=True)
+            return
+        sigma, epochs = ways_to_reach(opts, plan, policy.max_epsilon)
+        ways = []
+        if sigma is not None:
+            ways.append(f"more noise (--noise {sigma:g} or more, or --target-epsilon "
+                        f"{policy.max_epsilon:g})")
+        if epochs is not None:
+            ways.append(f"fewer epochs (--epochs {epochs:.6g} or fewer, or --max-epsilon "
+                        f"{policy.max_epsilon:g} to stop in time)")
+        if full:
+            ways.append(f"a --batch-size well below the {plan.num_units} {units} (q = 1 now)")
+        raise PrivacyError(
+            f"projected ε = {eps:.4g} exceeds the maximum {policy.max_epsilon:g} of the policy "
+            f"of the hub {hub} ({policy.describe()}); nothing was trained. To reach it, train "
+            f"with {' or '.join(ways) if ways else 'more noise'}; or pass --allow-above-policy "
+            "to train anyway (`dphub publish` to that hub will refuse the model)"
+        )
+
+    return check
+
+
+def _warn_above_policy(epsilon: float, unit: str, cfg: dict[str, Any]) -> None:
+    """Say now, not at publish time, when the ε reached is above the hub's policy."""
+    from dphub.hub.policy import policy_violation
+
+    hub, policy = _hub_policy(cfg)
     why = policy_violation(epsilon, unit, policy)
     if why:
         typer.echo(
@@ -409,7 +484,7 @@ def _warn_above_policy(epsilon: float, unit: str, cfg: dict[str, Any]) -> None:
         )
 
 
-def _run_with_progress(training: Any, opts: Any) -> Any:
+def _run_with_progress(training: Any, opts: Any, on_plan: Any = None) -> Any:
     """Train with progress on stderr (bars on a terminal, plain lines otherwise); a full disk
     becomes one ``error:`` line (the model directory is written atomically, so nothing is left
     half-written)."""
@@ -417,7 +492,8 @@ def _run_with_progress(training: Any, opts: Any) -> Any:
     from dphub.progress import ProgressReporter
 
     with ProgressReporter() as reporter, disk_full_as_error(opts.out):
-        return training.train(opts, on_progress=reporter.train_callback())
+        extra = {} if on_plan is None else {"on_plan": on_plan}
+        return training.train(opts, on_progress=reporter.train_callback(), **extra)
 
 
 def register(app: typer.Typer) -> None:

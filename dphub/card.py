@@ -786,7 +786,7 @@ def _body(meta: Mapping[str, Any]) -> str:
         headline = (
             f", with differential privacy at ε = {_fmt(dp.get('epsilon'))}, "
             f"δ = {_fmt(dp.get('delta'))} per *{dp.get('privacy_unit', '?')}*"
-        )
+        ) + _weak_headline(dp.get("epsilon"))
     elif dp.get("local_only"):
         headline = (f" — **{LOCAL_ONLY_STATEMENT.upper()}**: trained without differential "
                     "privacy on the data owner's own notes; keep it on this machine")
@@ -814,6 +814,16 @@ def _body(meta: Mapping[str, Any]) -> str:
         evaluation=_evaluation_section(meta) + _audit_section(meta),
         glossary=_glossary_section(labels),
     )
+
+
+def _weak_headline(eps: Any) -> str:
+    """The headline's warning for an ε the statement calls weak ('' otherwise)."""
+    from dphub.privacy.statement import WEAK_EPSILON
+
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) \
+            or eps <= WEAK_EPSILON:
+        return ""
+    return f" — **a weak guarantee** (ε above {WEAK_EPSILON:g}: see Privacy)"
 
 
 def _audit_section(meta: Mapping[str, Any]) -> str:

@@ -121,6 +121,10 @@ def load(directory: Path, manifest: dict[str, Any] | None = None) -> dict[str, A
         tensors = st_load(blob)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, safetensors' own error types
         raise ConfigError(f"{path}: unreadable checkpoint ({type(e).__name__})") from None
+    if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors.values()):
+        # training stops before it could save such a state: this file was altered or damaged
+        raise ConfigError(f"{path}: the checkpoint holds non-finite values (inf or NaN); delete "
+                          f"{directory} to start over")
     try:
         return _unflatten(manifest["state"], tensors)
     except KeyError:

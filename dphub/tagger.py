@@ -88,6 +88,28 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def nonfinite_tensors(module: nn.Module) -> list[str]:
+    """Names of ``module``'s floating-point parameters and buffers holding inf or NaN."""
+    return [name for name, t in module.state_dict().items()
+            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def check_finite(module: nn.Module, where: str) -> None:
+    """Refuse weights holding inf or NaN (:class:`ModelError`, naming up to three tensors).
+
+    Why: a diverged run (``--lr 1e308``) leaves ±inf in the head and CRF; such a model tags
+    nothing, yet loaded silently and "de-identified" notes by removing nothing. The names are
+    the model's own parameter names (checked against its config before this runs).
+    """
+    bad = nonfinite_tensors(module)
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ModelError(
+            f"{where}: {len(bad)} tensor(s) hold non-finite values (inf or NaN): {shown}; the "
+            "weights are broken (a diverged training run?) and cannot be used"
+        )
+
+
 def _load_encoder(loadable: str | Path) -> nn.Module:
     """A base encoder without pooler (unused by tagging; its parameters would get no gradient,
     which Opacus reports as a missing per-sample gradient)."""
@@ -111,6 +133,7 @@ def _load_encoder(loadable: str | Path) -> nn.Module:
         raise ModelError(f"cannot load base model {loadable}: {type(e).__name__}") from None
     if getattr(enc, "pooler", None) is not None:
         enc.pooler = None
+    check_finite(enc, f"base model {loadable}")
     return enc
 
 
@@ -641,6 +664,7 @@ class TaggerModel(nn.Module):
                 f"{weights}: weights do not match the config "
                 f"({len(missing)} missing, {len(unexpected)} unexpected tensors)"
             )
+        check_finite(model, str(weights))
         model.train()
         return model
 

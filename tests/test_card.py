@@ -287,6 +287,32 @@ def test_statement_patient_unit() -> None:
     assert "*" not in plain and "protects each patient" in plain
 
 
+def test_weak_guarantee_leads_the_statement_and_headline(tmp_path: Path) -> None:
+    """Issue 31 item 22: the design recipe on 40 patients (q = 1, σ 0.55, 32 steps) gives
+    ε ≈ 96; the card must say "weak" before it says "protects", and must not call the two
+    cases "almost equally likely"."""
+    block = private_dp_block(
+        accountant="rdp", sample_rate=1.0, noise_multiplier=0.55, steps=32, delta=1e-5,
+        privacy_unit="patient", max_grad_norm=1.0, epochs=32.0, max_examples_per_unit=8,
+        num_units=40, grad_sample_mode="hooks",
+    )
+    assert block["epsilon"] > 10
+    C.write_card(tmp_path, C.card_meta(block, dict(DATASET), base_model="org/base"))
+    body = C.validate_card(tmp_path).body
+    privacy = body.split("## Privacy", 1)[1].lstrip()
+    assert privacy.startswith(f"**Weak guarantee: epsilon = {block['epsilon']:.3g} is far above "
+                              "10**")
+    assert privacy.index("Weak guarantee") < privacy.index("protect each *patient*")
+    assert "almost equally likely" not in body
+    assert "**a weak guarantee** (ε above 10" in body.split("## Privacy", 1)[0]
+    plain = privacy_statement(block, markdown=False)
+    assert plain.startswith("Weak guarantee: epsilon = ")
+    # at ε ≤ 10 nothing changes: the statement opens with the summary, no weak headline
+    strong = privacy_statement({**block, "epsilon": 7.9})
+    assert strong.startswith("**In short:**") and "Weak guarantee" not in strong
+    assert "almost equally likely" in strong
+
+
 @pytest.mark.parametrize("unit", ["sequence", "note"])
 def test_statement_warns_for_weaker_units(unit: str) -> None:
     s = privacy_statement({"private": True, "epsilon": 3.0, "delta": 1e-5, "privacy_unit": unit})

@@ -180,14 +180,80 @@ def test_train_warns_when_epsilon_is_above_the_hub_policy(
     """Issue 12.9: `--noise 0.55` gave ε ≈ 96 and nothing said so before publish refused it."""
     monkeypatch.setenv("DPHUB_HUB", str(tmp_path / "hub"))
     _project(tmp_path, corpus, tiny_base_model)
-    assert main(["train", "--noise", "0.3", "--epochs", "4"]) == 0
+    # issue 31 item 21: refused before the first step unless --allow-above-policy
+    assert main(["train", "--noise", "0.3", "--epochs", "4"]) == 2
+    assert "--allow-above-policy" in capsys.readouterr().err
+    assert main(["train", "--noise", "0.3", "--epochs", "4", "--allow-above-policy"]) == 0
     err = capsys.readouterr().err
-    assert err.count("warning:") == 1 and "exceeds the policy's maximum 10" in err
+    assert err.count("warning:") == 2 and "exceeds the policy's maximum 10" in err
+    assert "training anyway (--allow-above-policy)" in err
     assert "dphub publish` will refuse" in err
 
     # within the policy: no warning
     assert main(["train", "--noise", "3", "--epochs", "1", "--out", "quiet", "--force"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_projected_epsilon_above_the_policy_refuses_to_start(
+    tmp_path: Path, corpus: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 31 item 21: the `dphub init` recipe (batch 96, 32 epochs) with --noise 0.55 on fewer
+    patients than the batch gives q = 1 and ε ≈ 96; that is known before the first step."""
+    import dphub.train.run as run
+    from dphub.errors import DphubError
+
+    monkeypatch.setenv("DPHUB_HUB", str(tmp_path / "hub"))
+
+    def first_step(*a, **k):
+        raise DphubError("reached the first step")
+
+    monkeypatch.setattr(run, "TrainLoop", first_step)
+    code = main(["train", str(corpus), "--out", "m", "--base-model", str(tiny_base_model),
+                 "--warm-start", "none", "--noise", "0.55"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert lines[0] == ("privacy plan: 4 patients, q = 1, σ = 0.55, 32 steps, δ = 1e-05: "
+                        "projected ε = 95.93")
+    assert lines[1].startswith("note: the expected batch (96 patients) is not below the 4 "
+                               "patients: every step uses every patient (q = 1)")
+    assert len(lines) == 3 and lines[2].startswith("error: projected ε = 95.93 exceeds the "
+                                                   "maximum 10 of the policy of the hub")
+    for way in ("--noise 2.9 or more", "--target-epsilon 10", "--epochs 1 or fewer",
+                "--max-epsilon 10", "a --batch-size well below the 4 patients",
+                "--allow-above-policy"):
+        assert way in lines[2], way
+    assert "reached the first step" not in err
+    assert not (tmp_path / "m").exists() and not list(tmp_path.glob(".m*"))
+
+    # the advice works: with the suggested noise the run reaches its first step
+    assert main(["train", str(corpus), "--out", "m", "--base-model", str(tiny_base_model),
+                 "--warm-start", "none", "--noise", "2.9"]) == 2
+    err = capsys.readouterr().err
+    assert "projected ε = 9.705" in err and err.endswith("error: reached the first step\n")
+
+
+@pytest.mark.parametrize("dp", [True, False])
+def test_diverging_training_stops_with_one_error_line(
+    tmp_path: Path, corpus: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str],
+    dp: bool,
+) -> None:
+    """Issue 31 item 8: `--lr 1e308` made every head and CRF tensor ±inf, and the run wrote a
+    model that validated, published and removed nothing."""
+    code = main(["train", str(corpus), "--out", "m", "--base-model", str(tiny_base_model),
+                 "--warm-start", "none", "--epochs", "1", "--batch-size", "2",
+                 "--checkpoint-every", "1", "--lr", "1e308",
+                 *(["--noise", "1", "--accountant", "rdp"] if dp else ["--no-dp"])])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 + dp, err  # DP runs first print the privacy plan
+    assert lines[-1].startswith("error: training stopped at step 1 of 2: the weights became "
+                                "non-finite (inf or NaN)"), err
+    assert "smaller --lr" in err and "Traceback" not in err
+    assert not (tmp_path / "m").exists(), "no half-written output"
+    assert not list(tmp_path.glob(".m*")), "no checkpoint left to trip over"
 
 
 def test_encoder_layers_keep_the_first_blocks_through_warm_start_and_training(

@@ -350,6 +350,41 @@ def test_refuses_wrong_dtype_tensor(model, hub_env, capsys):
     _refused(model, hub_env, capsys, "tensor classifier.bias is F16, config.json implies F32")
 
 
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("name", ["crf.transitions", "classifier.weight"])
+def test_refuses_non_finite_weights(model, hub_env, capsys, name, value):
+    """Issue 31 item 8: `dphub train --lr 1e308` wrote ±inf into the head and CRF, and
+    `card validate` and `publish` both passed it."""
+    def poison(t):
+        t[name] = t[name].clone()
+        t[name].view(-1)[0] = value
+
+    _rewrite_weights(model, poison)
+    _refused(model, hub_env, capsys, f"tensor(s) {name} hold non-finite values")
+    code = main(["card", "validate", str(model)])
+    err = capsys.readouterr().err
+    assert code == 2 and "non-finite values" in err, err
+
+
+def test_deid_refuses_non_finite_weights(model, hub_env, capsys):
+    """The loader refuses them too: `dphub deid` with such a model removed nothing, exit 0."""
+    def poison(t):
+        t["classifier.weight"] = torch.full_like(t["classifier.weight"], -math.inf)
+
+    import torch
+
+    _rewrite_weights(model, poison)
+    notes = hub_env["tmp"] / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("Call John Smith at 555-123-4567.\n", encoding="utf-8")
+    out = hub_env["tmp"] / "out"
+    code = main(["deid", str(notes), "--model", str(model), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert "classifier.weight" in err and "non-finite values" in err
+    assert "John" not in err and not out.exists()
+
+
 @pytest.mark.parametrize("cut", [0, 5, -7])
 def test_refuses_empty_or_truncated_weights(model, hub_env, capsys, cut):
     raw = (model / "model.safetensors").read_bytes()
@@ -416,7 +451,8 @@ def _bypass_gate(model, hub_env, repo="acme/raw"):
     LocalHub(hub_env["hub"]).publish(model, repo, "bypassed the gate")
 
 
-@pytest.mark.parametrize("breakage", ["hidden", "shape", "empty", "extra_file", "loss_history"])
+@pytest.mark.parametrize("breakage", ["hidden", "shape", "empty", "extra_file", "loss_history",
+                                      "inf"])
 def test_pull_refuses_what_the_gate_refuses(model, hub_env, capsys, breakage):
     import torch
 
@@ -433,6 +469,9 @@ def test_pull_refuses_what_the_gate_refuses(model, hub_env, capsys, breakage):
         write_card(model, card_meta())
     elif breakage == "extra_file":
         (model / "side_channel.txt").write_text("1 2 3")
+    elif breakage == "inf":
+        _rewrite_weights(model, lambda t: t.update(
+            {"crf.transitions": torch.full_like(t["crf.transitions"], math.inf)}))
     else:
         _edit_training_config(model, lambda c: c.update(loss_history=[1.0]))
     _bypass_gate(model, hub_env)

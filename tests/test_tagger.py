@@ -254,6 +254,38 @@ def test_load_refuses_bad_directories(crf_dir, tmp_path):
         TaggerModel.load(bad)
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_load_refuses_non_finite_weights(crf_dir, tmp_path, value):
+    """Issue 31 item 8: a diverged run's ±inf head loaded silently and tagged nothing."""
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "diverged"
+    shutil.copytree(crf_dir, bad)
+    tensors = load_file(bad / "model.safetensors")
+    tensors["crf.transitions"][0, 0] = value
+    tensors["classifier.bias"][1] = -value
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"2 tensor\(s\) hold non-finite values \(inf or NaN\): "
+                                         r"classifier.bias, crf.transitions"):
+        TaggerModel.load(bad)
+    with pytest.raises(ModelError, match="non-finite"):
+        Tagger.load(bad)
+
+
+def test_base_encoder_with_non_finite_weights_is_refused(tiny_base_model, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "base"
+    shutil.copytree(tiny_base_model, bad)
+    weights = next(bad.glob("*.safetensors"))
+    tensors = load_file(weights)
+    name = next(k for k, t in tensors.items() if t.is_floating_point() and "embeddings" in k)
+    tensors[name].view(-1)[0] = float("inf")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="base model .* hold non-finite values"):
+        TaggerModel.from_base(bad, head="crf")
+
+
 def _long_note(n_sentences: int) -> str:
     return " ".join(
         f"Pt John Smith{i} seen 3/{i % 28 + 1}/2091 at Boston unit {i}, MRN 12345{i}."

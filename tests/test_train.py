@@ -147,6 +147,36 @@ def test_existing_output_is_refused_without_force(
     assert (out / "keep.txt").read_text() == "x"
 
 
+@pytest.mark.parametrize("no_dp", [False, True])
+def test_a_non_finite_loss_stops_training_and_leaves_nothing(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    no_dp: bool,
+) -> None:
+    """Issue 31 item 8: a loss that becomes inf midway stops the run before its backward pass;
+    the checkpoints already written (steps 1-2) go too, since a resume would repeat it."""
+    from dphub.train import loop as L
+
+    steps_done: list[int] = []
+    real = L.window_loss
+
+    def poisoned(model, batch, recall_weight):
+        per = real(model, batch, recall_weight)
+        return per * math.inf if len(steps_done) >= 2 else per
+
+    monkeypatch.setattr(L, "window_loss", poisoned)
+    out = tmp_path / "m"
+    # q = 1 (batch 6 of 6 patients): no empty Poisson batch can postpone the poisoned step
+    opts = _opts(corpus, tiny_base_model, out, checkpoint_every=1, batch_size=6, epochs=6.0,
+                 no_dp=no_dp, noise=None if no_dp else 1.0)
+    with pytest.raises(L.TrainingDiverged, match=r"^training stopped at step 3 of 6: the loss "
+                                                 r"became non-finite"):
+        T.train(opts, on_progress=lambda p: steps_done.append(p.step)
+                if p.phase.startswith("train") else None)
+    assert steps_done == [1, 2]
+    assert not out.exists()
+    assert not T.checkpoint_dir_for(out).exists(), "the diverged run's checkpoints are removed"
+
+
 def test_patient_unit_needs_patient_ids(tiny_base_model: Path, tmp_path: Path) -> None:
     notes = synth.generate(4, kind="nursing", seed=1)
     for n in notes:

@@ -116,6 +116,19 @@ def test_resume_never_unpickles_a_planted_checkpoint(
     assert not marker.exists()
 
 
+def test_a_checkpoint_with_non_finite_tensors_is_refused(tmp_path: Path) -> None:
+    """Issue 31 item 8: training stops before it could save inf/NaN, so such a checkpoint was
+    altered or damaged; resuming from it would continue a broken model."""
+    state = {"step": 2, "model": {"w": torch.tensor([1.0, float("inf")])},
+             "rng": {"torch": torch.zeros(8, dtype=torch.uint8)}}
+    checkpoint.save(tmp_path / "ck", state)
+    with pytest.raises(ConfigError, match=r"checkpoint holds non-finite values .*delete"):
+        checkpoint.load(tmp_path / "ck")
+    state["model"]["w"] = torch.tensor([1.0, 2.0])
+    checkpoint.save(tmp_path / "ok", state)
+    assert checkpoint.load(tmp_path / "ok")["model"]["w"].tolist() == [1.0, 2.0]
+
+
 def test_resume_refuses_a_checkpoint_of_another_run(
     corpus: Path, tiny_base_model: Path, tmp_path: Path
 ) -> None:
@@ -133,7 +146,9 @@ def _cli(corpus: Path, base: Path, out: Path, *extra: str) -> list[str]:
         sys.executable, "-m", "dphub.cli.main", "train", str(corpus), "--out", str(out),
         "--base-model", str(base), "--warm-start", "none", "--epochs", "12", "--batch-size", "2",
         "--max-physical-batch", "1", "--noise", "1.0", "--accountant", "rdp",
-        "--checkpoint-every", "3", "--lr", "0.005", "--seed", "7", "--train-layers", "1", *extra,
+        "--checkpoint-every", "3", "--lr", "0.005", "--seed", "7", "--train-layers", "1",
+        "--allow-above-policy",  # ε ≈ 13.7: this test is about resuming, not the policy
+        *extra,
     ]
 
 

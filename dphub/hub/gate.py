@@ -772,7 +772,33 @@ def weights_problems(model_dir: Path, dp: Any = None) -> list[str]:
         elif dtype != want_dtype:
             out.append(f"model.safetensors tensor {_safe_name(name)} is {dtype}, config.json "
                        f"implies {want_dtype}")
+    if not out:  # a well-formed file: now its values
+        out += nonfinite_problems(path)
     return out
+
+
+def nonfinite_problems(path: Path) -> list[str]:
+    """Floating-point tensors holding inf or NaN (one tensor in memory at a time).
+
+    Why: a diverged run (``--lr 1e308``) wrote ±inf into every head and CRF tensor, and the
+    gate, which checked names, shapes and dtypes only, published a model that tags nothing.
+    """
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    bad: list[str] = []
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 - safe_open is not iterable
+                t = fh.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad.append(name)
+    except (SafetensorError, OSError, ValueError):
+        return ["model.safetensors is truncated or not a safetensors file"]
+    if not bad:
+        return []
+    return [f"model.safetensors tensor(s) {_names(sorted(bad))} hold non-finite values (inf or "
+            "NaN): the weights are broken (a diverged training run?) and would tag nothing"]
 
 
 def _header_layout_problems(path: Path) -> list[str]:

@@ -105,7 +105,11 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
     unit = str(dp.get("privacy_unit", "patient"))
     eps = dp.get("epsilon")
     delta = dp.get("delta")
-    paras: list[str] = [summary(dp)]
+    paras: list[str] = []
+    weak = _weak_words(eps, unit)
+    if weak:
+        paras.append(weak)  # the weakness first: a reader may stop after one sentence
+    paras.append(summary(dp))
     first = (
         f"This model was trained with differential privacy (DP-SGD) at "
         f"**epsilon = {_fmt(eps)}**, **delta = {_fmt(delta)}** with the privacy unit "
@@ -118,20 +122,22 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
     if unit in _WEAK_UNIT_WARNING:
         paras.append(f"**{_WEAK_UNIT_WARNING[unit]}**")
     if isinstance(eps, (int, float)) and math.isfinite(eps):
-        factor = (
-            f"(about {math.exp(eps):,.0f})" if eps <= WEAK_EPSILON
-            else f"(astronomically large at epsilon = {_fmt(eps)})"
-        )
-        meaning = (
-            f"What it means: whether or not any one {unit}'s data was used, the trained "
-            f"weights (and anything computed from them) are almost equally likely: the "
-            f"odds of telling the two cases apart grow by a factor of at most e^epsilon "
-            f"{factor}, except with probability delta. Smaller epsilon is stronger protection."
-        )
-        if eps > WEAK_EPSILON:
-            meaning += (
-                f" An epsilon above {WEAK_EPSILON:g} is a weak formal guarantee: treat this "
-                "model's protection as limited."
+        if eps <= WEAK_EPSILON:
+            meaning = (
+                f"What it means: whether or not any one {unit}'s data was used, the trained "
+                f"weights (and anything computed from them) are almost equally likely: the "
+                f"odds of telling the two cases apart grow by a factor of at most e^epsilon "
+                f"(about {math.exp(eps):,.0f}), except with probability delta. Smaller epsilon "
+                "is stronger protection."
+            )
+        else:  # "almost equally likely" would be false comfort at this epsilon
+            meaning = (
+                f"What it means: the odds of telling apart whether any one {unit}'s data was "
+                f"used may grow by a factor of up to e^epsilon, astronomically large at "
+                f"epsilon = {_fmt(eps)}, except with probability delta: the formal bound does "
+                f"not keep the two cases hard to tell apart. An epsilon above {WEAK_EPSILON:g} "
+                "is a weak formal guarantee: treat this model's protection as limited. Smaller "
+                "epsilon is stronger protection."
             )
         paras.append(meaning)
     paras.append(
@@ -162,6 +168,24 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
     not_covered = dp.get("not_covered") or list(NOT_COVERED)
     paras.append("Not covered by this guarantee: " + "; ".join(not_covered) + ".")
     return paras
+
+
+def _weak_words(eps: Any, unit: str) -> str | None:
+    """The opening sentence of a statement whose ε is above :data:`WEAK_EPSILON`, else None.
+
+    Why first: "protects each patient with epsilon = 95.93" reads as protection to anyone who
+    does not know what 95.93 means; the weakness must be the first thing a reader sees.
+    """
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) \
+            or eps <= WEAK_EPSILON:
+        return None
+    return (
+        f"**Weak guarantee: epsilon = {eps:.3g} is {'far ' if eps >= 2 * WEAK_EPSILON else ''}"
+        f"above {WEAK_EPSILON:g}**, the largest "
+        f"epsilon dphub calls meaningful protection (and the default hub policy's maximum). At "
+        f"this epsilon the formal bound says almost nothing about what the weights reveal about "
+        f"any one {unit}; do not rely on it to protect the training data."
+    )
 
 
 def _cross_check_words(dp: Mapping[str, Any]) -> str:

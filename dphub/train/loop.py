@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dphub.errors import PrivacyError
+from dphub.errors import ConfigError, PrivacyError
 from dphub.train.checkpoints import save_checkpoint
 from dphub.train.data import window_loss
 from dphub.train.options import TrainOptions
@@ -41,6 +41,16 @@ from dphub.train.plan import PrivacyPlan
 from dphub.train.results import Progress, ProgressFn
 
 log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(ConfigError):
+    """A loss, gradient or weight became inf or NaN: the run stops, nothing is written.
+
+    Why stop instead of going on: with ``--lr 1e308`` every head and CRF tensor became ±inf, the
+    run finished, and the model "de-identified" notes by removing nothing. Under DP a non-finite
+    per-unit gradient also defeats clipping (the noisy sum becomes NaN whatever the others
+    contributed), so no guarantee could be stated for what follows either.
+    """
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -175,6 +185,29 @@ class TrainLoop:
         self.on_progress(Progress(phase, n, self.plan.steps, loss, self._eps,
                                   self._done / el if el > 0 else None))
 
+    def _diverged(self, what: str, step: int) -> TrainingDiverged:
+        scale = (f" (x{self.opts.rule_lr_scale:g} for the rule projection)"
+                 if self.opts.rule_features else "")
+        return TrainingDiverged(
+            f"training stopped at step {step} of {self.plan.steps}: {what} became non-finite "
+            f"(inf or NaN), so the model would be broken; nothing was written. Most likely the "
+            f"learning rate {self.opts.lr:g}{scale} is too large: train again with a smaller "
+            f"--lr (default {TrainOptions.lr:g})"
+        )
+
+    def _check_loss(self, per: torch.Tensor) -> None:
+        """Before the backward pass: a non-finite loss gives non-finite gradients."""
+        if not bool(torch.isfinite(per.detach()).all()):
+            raise self._diverged("the loss", self.step + 1)
+
+    def _check_step(self) -> None:
+        """After an optimizer step, before its gradients are cleared: the gradient it applied
+        (under DP the noisy one) and the weights it produced are finite."""
+        for what, tensors in (("a gradient", [p.grad for p in self.params]),
+                              ("the weights", list(self.params))):
+            if any(t is not None and not bool(torch.isfinite(t).all()) for t in tensors):
+                raise self._diverged(what, self.step)
+
     def _after_step(self, loss: float, ckpt: Path, fingerprint: str) -> bool:
         """Bookkeeping after a logical step; True when the loop must stop (test kill)."""
         self.losses.append(loss)
@@ -228,6 +261,7 @@ class TrainLoop:
                 aggregate_grad_sample_by_unit(self.model, torch.zeros(0, dtype=torch.long), 0)
             else:
                 per = window_loss(self.model, batch, self.opts.recall_weight)
+                self._check_loss(per)
                 per.mean().backward()
                 step_loss.append(float(per.detach().mean()))
                 aggregate_grad_sample_by_unit(self.model, batch["unit_index"], n_units)
@@ -235,6 +269,8 @@ class TrainLoop:
             # to clip exactly one gradient per sampled unit
             check_one_gradient_per_unit(self.model, n_units)
             self.optimizer.step()
+            if self.step > before:
+                self._check_step()
             self.optimizer.zero_grad(set_to_none=True)
             if self.step > before:
                 loss = float(np.mean(step_loss)) if step_loss else float("nan")
@@ -253,12 +289,15 @@ class TrainLoop:
                 acc = 0.0
                 for chunk in _physical_chunks(batch, self.opts.max_physical_batch):
                     per = window_loss(self.model, chunk, self.opts.recall_weight)
+                    self._check_loss(per)
                     (per.sum() / total).backward()
                     acc += float(per.detach().sum())
                 self.optimizer.step()
+            self.step += 1
+            if n_units:
+                self._check_step()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = acc / total
-            self.step += 1
             if self._after_step(loss, ckpt, fingerprint):
                 return
 

@@ -8,6 +8,7 @@ largest ``T`` whose ε stays within the budget, so training never takes a step t
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -75,13 +76,7 @@ def plan_privacy(opts: TrainOptions, num_units: int) -> PrivacyPlan:
         opts.max_epsilon is not None
         and _eps_quiet(opts.accountant, q, sigma, steps, delta) > opts.max_epsilon
     ):
-        lo, hi = 0, steps  # eps(lo) <= max < eps(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if _eps_quiet(opts.accountant, q, sigma, mid, delta) <= opts.max_epsilon:
-                lo = mid
-            else:
-                hi = mid
+        lo = _steps_within(opts.accountant, q, sigma, steps, delta, opts.max_epsilon)
         if lo == 0:
             raise PrivacyError(
                 f"even one step exceeds --max-epsilon {opts.max_epsilon} "
@@ -90,3 +85,58 @@ def plan_privacy(opts: TrainOptions, num_units: int) -> PrivacyPlan:
         steps = lo
         stopped = True
     return PrivacyPlan(num_units, k, q, steps, planned, sigma, delta, stopped)
+
+
+def _steps_within(accountant: str, q: float, sigma: float, steps: int, delta: float,
+                  max_epsilon: float) -> int:
+    """The largest ``T < steps`` whose ε stays within ``max_epsilon`` (0: not even one step),
+    given that ``steps`` exceeds it (bisection: ε grows with T)."""
+    lo, hi = 0, steps  # eps(lo) <= max < eps(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _eps_quiet(accountant, q, sigma, mid, delta) <= max_epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def projected_epsilon(opts: TrainOptions, plan: PrivacyPlan) -> float | None:
+    """The ε the run will report after its planned steps (None without DP).
+
+    Known before the first step: the accountant needs only (q, σ, T, δ), all fixed by the plan,
+    so a run whose guarantee will be too weak can be stopped before it spends any time.
+    """
+    if plan.noise_multiplier is None or plan.delta is None:
+        return None
+    return _eps_quiet(opts.accountant, plan.sample_rate, plan.noise_multiplier, plan.steps,
+                      plan.delta)
+
+
+def _round_up(x: float, digits: int = 2) -> float:
+    """``x`` rounded up to ``digits`` significant digits (more noise never raises ε)."""
+    scale = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return math.ceil(x / scale) * scale
+
+
+def ways_to_reach(opts: TrainOptions, plan: PrivacyPlan,
+                  max_epsilon: float) -> tuple[float | None, float | None]:
+    """How this run could stay within ``max_epsilon``: (σ for the planned steps, epochs at the
+    planned σ); either is None when it cannot (σ beyond the search range, not even one step).
+
+    Both are checked with the run's own accountant, so following either advice gives an ε the
+    card will show within the bound.
+    """
+    if plan.noise_multiplier is None or plan.delta is None:
+        return None, None
+    from dphub.privacy import accounting
+
+    try:
+        sigma: float | None = _round_up(accounting.noise_for_target_epsilon(
+            opts.accountant, max_epsilon, plan.sample_rate, plan.steps, plan.delta, 0.01))
+    except PrivacyError:
+        sigma = None
+    within = _steps_within(opts.accountant, plan.sample_rate, plan.noise_multiplier, plan.steps,
+                           plan.delta, max_epsilon)
+    epochs = within / plan.steps_per_epoch if within else None
+    return sigma, epochs

@@ -7,7 +7,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -24,10 +24,10 @@ from dphub.train.checkpoints import (
 )
 from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
 from dphub.train.encoder_cache import cached_encoder
-from dphub.train.loop import TrainLoop, quiet_epsilon
+from dphub.train.loop import TrainingDiverged, TrainLoop, quiet_epsilon
 from dphub.train.options import TrainOptions
 from dphub.train.output import build_meta, check_output_dir, write_model_dir
-from dphub.train.plan import plan_privacy
+from dphub.train.plan import PrivacyPlan, plan_privacy
 from dphub.train.results import ProgressFn, TrainResult
 from dphub.train.sources import REPO_ID, initial_model
 
@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 
 def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
-          extra_notes: Sequence[Note] = ()) -> TrainResult:
+          extra_notes: Sequence[Note] = (),
+          on_plan: Callable[[PrivacyPlan], None] | None = None) -> TrainResult:
     """Train a tagger with DP-SGD (or without, for ``no_dp`` baselines) and write its directory.
 
     Returns what was done (steps, ε, δ, σ, q). Raises :class:`DphubError` subclasses for bad
@@ -44,6 +45,9 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     ``extra_notes`` are public synthetic notes trained on beside the corpus (the canary patients
     of :mod:`dphub.audit`): they are units like any other (so the accounting covers them), but
     the card's ``dataset`` block describes the real corpus only.
+
+    ``on_plan`` sees the privacy plan (q, σ, steps, δ: the projected ε) before the first step;
+    it may raise a :class:`DphubError` to stop the run there (the CLI's hub-policy check).
     """
     opts.validate()
     out = Path(opts.out)  # type: ignore[arg-type]
@@ -105,6 +109,8 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
         "sigma = %s", len(dataset), dataset.num_windows, dataset.dropped_windows,
         plan.sample_rate, plan.steps, plan.noise_multiplier,
     )
+    if on_plan is not None:
+        on_plan(plan)
     fingerprint = run_fingerprint(opts, examples, src.base_public_id)
     state = load_checkpoint(ckpt_dir, fingerprint) if opts.resume else None
 
@@ -117,7 +123,14 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
         loop = TrainLoop(opts, plan, model, dataset, tokenizer, on_progress)
         if state is not None:
             loop.restore(state)
-        loop.run(ckpt_dir, fingerprint)
+        try:
+            loop.run(ckpt_dir, fingerprint)
+        except TrainingDiverged:
+            # its checkpoints lead to the same divergence (a resume must keep every option):
+            # leave nothing behind that a rerun with a smaller --lr would trip over
+            with contextlib.suppress(OSError):
+                shutil.rmtree(ckpt_dir)
+            raise
     if opts._stop_after is not None and loop.step < plan.steps:
         raise KeyboardInterrupt  # simulated kill (tests)
     if loop.step != plan.steps:  # pragma: no cover - invariant
