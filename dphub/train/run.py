@@ -7,8 +7,9 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ from dphub.train.encoder_cache import cached_encoder
 from dphub.train.loop import TrainLoop, quiet_epsilon
 from dphub.train.options import TrainOptions
 from dphub.train.output import build_meta, check_output_dir, write_model_dir
-from dphub.train.plan import plan_privacy
+from dphub.train.plan import PrivacyPlan, plan_privacy
 from dphub.train.results import ProgressFn, TrainResult
 from dphub.train.sources import REPO_ID, initial_model
 
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
-          extra_notes: Sequence[Note] = ()) -> TrainResult:
+          extra_notes: Sequence[Note] = (),
+          gradient_audit: Callable[[Any, PrivacyPlan], None] | None = None) -> TrainResult:
     """Train a tagger with DP-SGD (or without, for ``no_dp`` baselines) and write its directory.
 
     Returns what was done (steps, ε, δ, σ, q). Raises :class:`DphubError` subclasses for bad
@@ -43,7 +45,9 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
 
     ``extra_notes`` are public synthetic notes trained on beside the corpus (the canary patients
     of :mod:`dphub.audit`): they are units like any other (so the accounting covers them), but
-    the card's ``dataset`` block describes the real corpus only.
+    the card's ``dataset`` block describes the real corpus only. ``gradient_audit(optimizer,
+    plan)`` is called once the DP optimizer's noise source is installed (the white-box canaries
+    of :class:`dphub.audit.GradientCanaries`); DP runs only.
     """
     opts.validate()
     out = Path(opts.out)  # type: ignore[arg-type]
@@ -115,6 +119,10 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     with cached_encoder(model, opts, examples, pad_id, on_progress):
         loop = TrainLoop(opts, plan, model, dataset, tokenizer, on_progress)
+        if gradient_audit is not None:
+            if loop.engine is None:
+                raise ConfigError("gradient canaries audit the DP noise step: not without DP")
+            gradient_audit(loop.optimizer, plan)
         if state is not None:
             loop.restore(state)
         loop.run(ckpt_dir, fingerprint)
