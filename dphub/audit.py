@@ -17,10 +17,12 @@ contributes on average (``q · steps · C / 2``), "out" otherwise: all ``m`` can
 The canaries never reach the model (the audit tensor is removed before the optimizer's update), so
 the written model is distributed exactly as ``dphub train``'s. Dirac canaries on dedicated
 coordinates do not interfere with each other or with the real gradients, so a noise-free mechanism
-gets every guess right and the bound reaches the audit's ceiling (:func:`max_possible_bound`),
-which :func:`gradient_canary_count` maximises: about 8.24 at δ = 1e-5 and 95 % (30,000 canaries).
-What it checks: that the noise actually added has the scale the accountant assumes, for the
-sampling rate and number of steps it assumes. What it does not check: clipping and the per-unit
+gets every guess right and the bound reaches the audit's ceiling (the bound for ``m`` of ``m``
+right), which :func:`gradient_canary_count` maximises: about 8.24 at δ = 1e-5 and 95 % (30,000
+canaries; no count does better there, the ``2 m δ`` term of the bound sees to that). What it
+checks: that the noise actually added has the scale the accountant assumes, for the sampling rate
+and number of steps it assumes; at ε 8 only coarsely (a missing or ten-fold too small noise fails,
+a halved one does not: docs/privacy.md). What it does not check: clipping and the per-unit
 aggregation of real gradients (the canaries arrive clipped), nor the sampling of real units
 (those have their own tests, see docs/privacy.md).
 
