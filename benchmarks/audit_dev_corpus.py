@@ -7,14 +7,16 @@ Usage (from the repository root; real notes stay on this machine and are never p
     python benchmarks/audit_dev_corpus.py --out /tmp/dev-audit --canaries 32 --epochs 16
 
 Trains on the same patient-disjoint 80 % split as ``benchmarks/train_dev_corpus.py`` (seed 0),
-with ``dphub audit``'s defaults (64 canary patients, 2 notes each, 15 alternative secrets) and
+with the black-box audit's defaults (64 canary patients, 2 notes each, 15 alternative secrets) and
 ``dphub train``'s default recipe, once at ``--target-epsilon 8`` and once with ``--no-dp``, and
-prints one JSON object: per run the ε lower bound and its guesses, the proven ε, the exposure
-summary, and the seconds spent training and auditing (the overhead over ``dphub train``).
-Equivalent commands, for docs/privacy.md::
+prints one JSON object: per run the ε lower bound and its guesses, the ceiling, the proven ε, the
+exposure summary, and the seconds spent training and auditing (the overhead over ``dphub train``).
+``--method gradient`` runs the white-box gradient-canary audit (``dphub audit``'s default) on the
+DP run only. Equivalent commands, for docs/privacy.md::
 
-    dphub audit train.jsonl --out DIR/dp --target-epsilon 8
-    dphub audit train.jsonl --out DIR/nodp --no-dp
+    dphub audit train.jsonl --out DIR/dp --target-epsilon 8 --method patients
+    dphub audit train.jsonl --out DIR/nodp --no-dp --method patients
+    dphub audit train.jsonl --out DIR/dp --target-epsilon 8            # gradient canaries
 
 Expect about the training time of ``train_dev_corpus.py`` (≈ 20 min per run on 2 loaded cores)
 plus the audit's scoring. Extra ``--key value`` pairs become TrainOptions fields.
@@ -62,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", choices=("dp", "nodp"), help="run one of the two audits")
     ap.add_argument("--target-epsilon", type=float, default=8.0)
-    ap.add_argument("--canaries", type=int, default=64)
+    ap.add_argument("--method", choices=("patients", "gradient"), default="patients",
+                    help="patients: black-box canary patients (the numbers in docs/privacy.md's "
+                    "dev-corpus table); gradient: white-box gradient canaries (dp run only)")
+    ap.add_argument("--canaries", type=int, default=None,
+                    help="default: 64 canary patients; gradient: the ceiling-maximising count")
     ap.add_argument("--canary-notes", type=int, default=2)
     ap.add_argument("--candidates", type=int, default=15)
     ap.add_argument("--confidence", type=float, default=0.95)
@@ -82,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"train_patients": len({n.patient_id for n in train_notes}),
                     "train_notes": len(train_notes), "runs": {}}
     aopts = A.AuditOptions(canaries=args.canaries, notes_per_canary=args.canary_notes,
-                           candidates=args.candidates, confidence=args.confidence)
-    runs = [args.only] if args.only else ["dp", "nodp"]
+                           candidates=args.candidates, confidence=args.confidence,
+                           method=args.method)
+    # gradient canaries audit the DP noise step: a --no-dp run has none
+    runs = [args.only] if args.only else ["dp"] if args.method == "gradient" else ["dp", "nodp"]
     with tempfile.TemporaryDirectory(prefix="dphub-audit-dev-") as tmp:
         os.chmod(tmp, 0o700)
         data = Path(tmp) / "train.jsonl"
@@ -105,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 "epsilon_lower_bound": res.epsilon_lower_bound,
                 "proven_epsilon": res.block["proven_epsilon"],
                 "guesses": res.block["guesses"], "correct": res.block["correct"],
-                "exposure": res.block["exposure"],
+                "max_possible_bound": res.block["max_possible_bound"],
+                "verdict_reason": res.block.get("verdict_reason"),
+                "exposure": res.block.get("exposure"),
                 "attack_works": res.attack_works if res.verdict == "not-private" else None,
                 "seconds": res.seconds, "steps": res.train.steps,
             }

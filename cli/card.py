@@ -111,6 +111,8 @@ def _print_audit(card: Any, console: Any) -> None:
     heading = "EMPIRICAL AUDIT (a lower bound, not a proof)"
     if block.get("verdict") == "failed":
         heading = "EMPIRICAL AUDIT: FAILED"
+    elif block.get("verdict") == "inconclusive":
+        heading = "EMPIRICAL AUDIT: INCONCLUSIVE (it could not have failed at this ε)"
     console.print(f"\n[bold]{heading}[/bold]", markup=True)
     typer.echo(f"proven ε = {_fmt(card.epsilon)}; audited lower bound "
                f"ε ≥ {_fmt(block.get('epsilon_lower_bound'))}")

@@ -324,8 +324,9 @@ def train(
     force: bool = FORCE_OPT,
     audit: bool = typer.Option(
         False, "--audit",
-        help="Also audit the run: train with synthetic canary patients and record an empirical "
-        "ε lower bound in the card (what `dphub audit` does with its defaults).",
+        help="Also audit the run and record an empirical ε lower bound in the card (what "
+        "`dphub audit` does with its defaults: white-box gradient canaries; canary patients "
+        "with --no-dp). Exit 3 when the audit is inconclusive.",
     ),
     threads: int | None = threads_option(),
     hub: str | None = typer.Option(
@@ -359,7 +360,7 @@ def train(
         from dphub.audit import AuditOptions
         from dphub.cli.audit import run_and_report
 
-        run_and_report(opts, AuditOptions())
+        run_and_report(opts, AuditOptions(method="patients" if opts.no_dp else "gradient"))
         return
     result = _run_with_progress(training, opts,
                                 on_plan=_plan_check(opts, cfg, allow=allow_above_policy))

@@ -1,8 +1,32 @@
-"""Empirical privacy audit: canary patients, a membership signal, and a one-run ε lower bound.
+"""Empirical privacy audit: canaries, a membership signal, and a one-run ε lower bound.
 
-A proven ε protects only if the code that claims it is right. This module measures how much a
-trained model actually reveals about patients it was trained on, from the *same* training run
-(Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023):
+A proven ε protects only if the code that claims it is right. This module measures, from the
+*same* training run, how much the run reveals about canaries inserted into it (Steinke, Nasr &
+Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023). Two settings:
+
+**White-box gradient canaries** (``method="gradient"``, the default; :class:`GradientCanaries`).
+``m`` Dirac canary gradients, each of norm ``C`` (the clipping norm: a valid clipped unit
+gradient) on its own coordinate of an *audit tensor* that is handed to the DP optimizer's noise
+step beside the model's parameters, so the audit coordinates receive the same noise, from the same
+call (``DPOptimizer.add_noise``, as installed by :func:`dphub.privacy.randomness.install_noise_source`),
+as the model. Each canary is included with probability ½ (bits from the OS) and, when included,
+joins each step with the run's Poisson rate ``q``, exactly like a unit, so the accountant's ε
+covers each canary. The auditor reads the released noisy sum on each canary's coordinate, adds it
+up over the steps, and guesses "in" when the total exceeds half of what an included canary
+contributes on average (``q · steps · C / 2``), "out" otherwise: all ``m`` canaries are guessed.
+The canaries never reach the model (the audit tensor is removed before the optimizer's update), so
+the written model is distributed exactly as ``dphub train``'s. Dirac canaries on dedicated
+coordinates do not interfere with each other or with the real gradients, so a noise-free mechanism
+gets every guess right and the bound reaches the audit's ceiling (the bound for ``m`` of ``m``
+right), which :func:`gradient_canary_count` maximises: about 8.24 at δ = 1e-5 and 95 % (30,000
+canaries; no count does better there, the ``2 m δ`` term of the bound sees to that). What it
+checks: that the noise actually added has the scale the accountant assumes, for the sampling rate
+and number of steps it assumes; at ε 8 only coarsely (a missing or ten-fold too small noise fails,
+a halved one does not: docs/privacy.md). What it does not check: clipping and the per-unit
+aggregation of real gradients (the canaries arrive clipped), nor the sampling of real units
+(those have their own tests, see docs/privacy.md).
+
+**Black-box canary patients** (``method="patients"``):
 
 1. **Canaries.** ``m`` synthetic canary patients, each with a unique random secret — a name made
    of two random whole-word vocabulary pieces (one word piece each, so the model can memorise
@@ -27,13 +51,19 @@ trained model actually reveals about patients it was trained on, from the *same*
    dominated as in the paper's Theorem 5.2 (:func:`p_value`); the audit reports the largest ε
    that this rejects at the given confidence (:func:`epsilon_lower_bound`). A few guess counts
    are tried, with a Bonferroni correction, so the choice costs no validity. ``m`` canaries can
-   show at most :func:`max_possible_bound` (≈ 2.7 for 64): larger claims cannot fail an audit.
+   show at most :func:`max_possible_bound` (≈ 2.7 for 64): larger claims cannot fail the audit,
+   whose verdict is then ``inconclusive``.
 4. **Exposure** (Carlini et al., "The Secret Sharer", USENIX Security 2019): the rank of the true
    secret among the ``R + 1`` candidates by loss; ``exposure = log2(R + 1) - log2(rank)`` (the
    sampling estimate of the paper's exposure; at most ``log2(R + 1)`` bits).
 
-An audit is a **lower bound, not a proof**: a small bound may mean a weak attack, not a strong
-guarantee; a bound above the proven ε means the mechanism does not do what its card claims.
+Verdicts (:func:`judge`): ``failed`` when the bound exceeds the proven ε; ``inconclusive`` when
+even a perfect attack could not have exceeded it (the ceiling is below the proven ε); ``passed``
+otherwise; ``not-private`` for ``--no-dp`` runs. An audit is a **lower bound, not a proof**: a
+passed audit is a sanity check that the mechanism is not grossly broken (at ε 8 the gradient audit
+catches a mechanism with no or almost no noise, not a σ off by a factor of two); the accountant's
+proven ε is the guarantee. A bound above the proven ε means the mechanism does not do what its
+card claims.
 Canary patients are public synthetic data: a model trained with them still carries its proven
 ε for the real patients (the canaries are extra units under the same accounting).
 
@@ -44,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import math
 import os
 import secrets
@@ -59,14 +90,23 @@ from dphub.notes import Note, Span
 
 #: ``empirical_audit.method`` in the card.
 METHOD = "one-run-steinke-nasr-jagielski-2023"
-#: ``empirical_audit.signal`` in the card.
+#: ``empirical_audit.signal`` in the card (black-box canary patients).
 SIGNAL = "secret-loss-ratio-vs-alternatives"
+#: ``empirical_audit.signal`` of the white-box gradient-canary audit.
+GRADIENT_SIGNAL = "noisy-gradient-sum-on-dirac-canary"
+#: ``empirical_audit.setting`` per audit method (``--method``).
+SETTINGS = {"gradient": "white-box-gradient-canaries", "patients": "black-box-canary-patients"}
+#: Gradient canaries: the counts :func:`gradient_canary_count` picks from (largest ceiling wins).
+GRADIENT_COUNTS: tuple[int, ...] = (1_000, 2_000, 5_000, 10_000, 20_000, 30_000, 50_000,
+                                    100_000, 200_000, 300_000, 500_000, 1_000_000)
+#: At most this many gradient canaries (one float each per step: memory and noise draws).
+MAX_GRADIENT_CANARIES = 10_000_000
 #: A non-private audit must reach at least this bound for the attack to count as working.
 ATTACK_MIN_EPSILON = 0.5
 #: Fractions of the canaries the auditor guesses on (half "in", half "out"); Bonferroni-corrected.
 GUESS_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
 #: Verdicts of an audit; a ``failed`` one is never written into a card (see :class:`AuditFailed`).
-VERDICTS = ("passed", "failed", "not-private")
+VERDICTS = ("passed", "failed", "inconclusive", "not-private")
 
 
 class AuditFailed(PrivacyError):
@@ -182,6 +222,130 @@ def one_run_bound(scores: Sequence[float], included: Sequence[bool], delta: floa
         if eps > best.epsilon or best.guesses == 0:
             best = Bound(eps, r, v, confidence)
     return best
+
+
+def judge(bound: float, ceiling: float, proven_epsilon: float | None) -> str:
+    """The verdict of an audit from its bound, its ceiling and the proven ε (None: no DP).
+
+    ``inconclusive`` whenever the ceiling is below the proven ε: no outcome of that audit could
+    have exceeded the claim, so "passed" would say nothing. Rounded as the card records them
+    (4 decimals), so the card's numbers give the same verdict (:func:`check_audit_block`).
+    """
+    if proven_epsilon is None:
+        return "not-private"
+    bound, ceiling, proven = (round(float(x), 4) for x in (bound, ceiling, proven_epsilon))
+    if bound > proven:
+        return "failed"
+    if ceiling < proven:
+        return "inconclusive"
+    return "passed"
+
+
+def verdict_reason(verdict: str, *, bound: float, ceiling: float, proven: float | None,
+                   count: int, confidence: float) -> str:
+    """One sentence of numbers saying why the verdict is what it is (card, CLI and JSON)."""
+    if verdict == "not-private":
+        return (f"no DP claim to check; the attack reached ε ≥ {bound:.4g} of a possible "
+                f"{ceiling:.4g}")
+    if verdict == "failed":
+        return (f"the lower bound ε ≥ {bound:.4g} exceeds the proven ε = {proven:.4g}: the "
+                "mechanism does not deliver its claimed guarantee")
+    if verdict == "inconclusive":
+        return (f"with {count} canaries at {confidence:.0%} confidence no outcome of this audit "
+                f"can show more than ε ≥ {ceiling:.4g}, below the proven ε = {proven:.4g}: it "
+                "could not have failed, so it checks nothing about this claim")
+    return (f"the lower bound ε ≥ {bound:.4g} does not exceed the proven ε = {proven:.4g}, and "
+            f"this audit could have shown up to ε ≥ {ceiling:.4g}")
+
+
+@functools.lru_cache(maxsize=64)
+def gradient_canary_count(delta: float, confidence: float) -> int:
+    """The number of gradient canaries whose ceiling is largest at ``delta`` and ``confidence``.
+
+    The ceiling (every guess right) grows like ``ln(m)`` until the ``2 m δ`` term of the bound
+    (Theorem 5.2) takes over: at δ = 1e-5 and 95 % it peaks near 30,000 canaries at ≈ 8.24 and
+    falls beyond (8.20 at 20,000, 8.13 at 100,000). Canaries are one float each per step.
+    """
+    best, best_m, falls = -1.0, GRADIENT_COUNTS[0], 0
+    for m in GRADIENT_COUNTS:
+        c = epsilon_lower_bound(m, m, m, delta, confidence)
+        if c > best:
+            best, best_m, falls = c, m, 0
+        else:
+            falls += 1
+            if falls == 2:
+                break
+    return best_m
+
+
+class GradientCanaries:
+    """White-box Dirac gradient canaries inserted into DP-SGD's clipped sum before the noise.
+
+    :meth:`install` wraps the DP optimizer's ``add_noise``: at every step an *audit tensor* of
+    ``count`` coordinates, whose clipped sum holds ``C`` for each included canary drawn into the
+    step (Poisson rate ``q``, like a unit) and 0 elsewhere, is appended to the optimizer's
+    parameters for the duration of the real ``add_noise`` call, which adds the same Gaussian
+    noise to it as to the model's parameters; the noisy result is summed per coordinate over the
+    steps (:attr:`sums`), and the tensor is removed before the optimizer's update. The
+    inclusion bits and the per-step draws come from the OS (:mod:`secrets`), never ``--seed``.
+    """
+
+    def __init__(self, count: int) -> None:
+        import numpy as np
+
+        if not 2 <= count <= MAX_GRADIENT_CANARIES:
+            raise ConfigError(f"--canaries must be in [2, {MAX_GRADIENT_CANARIES}] for gradient "
+                              f"canaries, got {count}")
+        self.count = count
+        bits = secrets.randbits(count)
+        self.included = np.array([(bits >> i) & 1 for i in range(count)], dtype=bool)
+        self._rng = np.random.Generator(np.random.PCG64DXSM(secrets.randbits(128)))
+        self.sums = np.zeros(count, dtype=np.float64)
+        self.steps = 0
+        self.norm: float | None = None
+        self.sample_rate: float | None = None
+
+    @property
+    def threshold(self) -> float:
+        """Guess "in" above this total: half an included canary's expected total ``q T C``."""
+        if self.norm is None or self.sample_rate is None:
+            raise PrivacyError("internal: gradient canaries were never installed")
+        return 0.5 * self.sample_rate * self.steps * self.norm
+
+    def guesses(self) -> Any:
+        """"In" (True) or "out" per canary: a function of the released sums only."""
+        return self.sums > self.threshold
+
+    def install(self, optimizer: Any, sample_rate: float) -> None:
+        """Make every noise step of the Opacus ``DPOptimizer`` ``optimizer`` carry the canaries."""
+        import torch
+
+        params = optimizer.params
+        if not params:
+            raise PrivacyError("gradient canaries need trainable parameters")
+        ref = params[0]
+        self.norm, self.sample_rate = float(optimizer.max_grad_norm), float(sample_rate)
+        audit = torch.nn.Parameter(torch.zeros(self.count, dtype=ref.dtype, device=ref.device))
+        real_add_noise = optimizer.add_noise
+        groups = optimizer.param_groups
+
+        def add_noise() -> None:
+            drawn = self.included & (self._rng.random(self.count) < self.sample_rate)
+            audit.summed_grad = torch.from_numpy(drawn * self.norm).to(ref.dtype).to(ref.device)
+            group = groups[-1]["params"]
+            group.append(audit)
+            try:
+                real_add_noise()  # the mechanism's own noise step, audit tensor included
+            finally:
+                if group.pop() is not audit:  # pragma: no cover - invariant
+                    raise PrivacyError("internal: the optimizer's parameters changed mid-step")
+            if audit.grad is None:
+                raise PrivacyError("the noise step did not process the audit canaries")
+            self.sums += audit.grad.detach().to("cpu", torch.float64).numpy().reshape(-1)
+            self.steps += 1
+            audit.grad, audit.summed_grad = None, None
+
+        optimizer.add_noise = add_noise
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,25 +629,41 @@ def score(losses: Sequence[float]) -> CanaryScore:
 # --------------------------------------------------------------------------------------------
 
 
+#: Canary patients of the black-box audit when ``--canaries`` is not given.
+DEFAULT_PATIENT_CANARIES = 64
+
+
 @dataclass
 class AuditOptions:
-    """What ``dphub audit`` adds to the training options."""
+    """What ``dphub audit`` adds to the training options.
 
-    canaries: int = 64
+    ``method``: ``gradient`` (white-box Dirac gradient canaries, the default) or ``patients``
+    (black-box canary patients). ``canaries`` None: :func:`gradient_canary_count` for gradient
+    canaries, :data:`DEFAULT_PATIENT_CANARIES` for canary patients. The note options apply to
+    canary patients only.
+    """
+
+    canaries: int | None = None
     notes_per_canary: int = 2
     candidates: int = 15
     confidence: float = 0.95
     kind: str = "nursing"
     #: cut canary note bodies to this many characters (None: whole synth notes)
     max_note_chars: int | None = None
+    method: str = "gradient"
 
     def validate(self) -> None:
+        if self.method not in SETTINGS:
+            raise ConfigError(f"--method must be gradient or patients, got {self.method!r}")
         if not 0.5 <= self.confidence < 1:
             raise ConfigError(f"--confidence must be in [0.5, 1), got {self.confidence}")
         if self.kind not in ("nursing", "discharge"):
             raise ConfigError(f"--canary-kind must be nursing or discharge, got {self.kind!r}")
-        if self.canaries < 2:
+        if self.canaries is not None and self.canaries < 2:
             raise ConfigError(f"--canaries must be at least 2, got {self.canaries}")
+        if self.canaries is not None and self.canaries > MAX_GRADIENT_CANARIES:
+            raise ConfigError(f"--canaries must be at most {MAX_GRADIENT_CANARIES}, "
+                              f"got {self.canaries}")
         if self.max_note_chars is not None and self.max_note_chars < 0:
             raise ConfigError(f"--canary-note-chars must be >= 0, got {self.max_note_chars}")
 
@@ -539,16 +719,15 @@ def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, de
     bound = one_run_bound([s.score for s in scores], included, delta, audit.confidence)
     inc = [s.exposure for s, c in zip(scores, canaries, strict=True) if c.included]
     exc = [s.exposure for s, c in zip(scores, canaries, strict=True) if not c.included]
-    if proven_epsilon is None:
-        verdict = "not-private"
-    else:
-        verdict = "failed" if bound.epsilon > proven_epsilon else "passed"
+    ceiling = max_possible_bound(len(canaries), delta, audit.confidence)
+    verdict = judge(bound.epsilon, ceiling, proven_epsilon)
 
     def mean(xs: Sequence[float]) -> float | None:
         return round(sum(xs) / len(xs), 4) if xs else None
 
     return {
         "method": METHOD,
+        "setting": SETTINGS["patients"],
         "signal": SIGNAL,
         "canaries": {"count": len(canaries), "included": sum(included),
                      "notes_per_canary": audit.notes_per_canary, "inclusion_probability": 0.5,
@@ -556,12 +735,14 @@ def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, de
         "guesses": bound.guesses,
         "correct": bound.correct,
         "epsilon_lower_bound": round(bound.epsilon, 4),
-        "max_possible_bound": round(max_possible_bound(len(canaries), delta, audit.confidence),
-                                    4),
+        "max_possible_bound": round(ceiling, 4),
         "confidence": audit.confidence,
         "delta": float(delta),
         "proven_epsilon": None if proven_epsilon is None else round(float(proven_epsilon), 4),
         "verdict": verdict,
+        "verdict_reason": verdict_reason(verdict, bound=bound.epsilon, ceiling=ceiling,
+                                         proven=proven_epsilon, count=len(canaries),
+                                         confidence=audit.confidence),
         "exposure": {
             "candidates": audit.candidates + 1,
             "max_bits": round(math.log2(audit.candidates + 1), 4),
@@ -569,6 +750,42 @@ def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, de
             "mean_excluded": mean(exc),
             "max_included": round(max(inc), 4) if inc else None,
         },
+        "date": (today or dt.datetime.now(dt.UTC).date()).isoformat(),
+    }
+
+
+def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: float | None,
+                   confidence: float, today: dt.date | None = None) -> dict[str, Any]:
+    """The card's ``empirical_audit`` block of a white-box gradient-canary audit.
+
+    Every canary is guessed (``r = m``), "in" above :attr:`GradientCanaries.threshold`: a fixed
+    threshold rather than "the top half" because the number of included canaries is itself
+    random, and a top-half rule would cost a noise-free mechanism its perfect score.
+    """
+    import numpy as np
+
+    m = canaries.count
+    correct = int(np.sum(canaries.guesses() == canaries.included))
+    bound = epsilon_lower_bound(m, m, correct, delta, confidence)
+    ceiling = epsilon_lower_bound(m, m, m, delta, confidence)
+    verdict = judge(bound, ceiling, proven_epsilon)
+    return {
+        "method": METHOD,
+        "setting": SETTINGS["gradient"],
+        "signal": GRADIENT_SIGNAL,
+        "canaries": {"count": m, "included": int(canaries.included.sum()),
+                     "inclusion_probability": 0.5, "form": "dirac-gradient", "synthetic": True},
+        "gradient": {"norm": canaries.norm, "steps": canaries.steps},
+        "guesses": m,
+        "correct": correct,
+        "epsilon_lower_bound": round(bound, 4),
+        "max_possible_bound": round(ceiling, 4),
+        "confidence": confidence,
+        "delta": float(delta),
+        "proven_epsilon": None if proven_epsilon is None else round(float(proven_epsilon), 4),
+        "verdict": verdict,
+        "verdict_reason": verdict_reason(verdict, bound=bound, ceiling=ceiling,
+                                         proven=proven_epsilon, count=m, confidence=confidence),
         "date": (today or dt.datetime.now(dt.UTC).date()).isoformat(),
     }
 
@@ -594,33 +811,61 @@ def run_audit(opts: Any, audit: AuditOptions, *,
         )
     if opts.resume:
         raise ConfigError("dphub audit cannot --resume (the canaries are fresh on every run)")
+    if audit.method == "gradient" and opts.no_dp:
+        raise ConfigError(
+            "the gradient-canary audit audits the DP noise step, which a --no-dp run does not "
+            "have; use --method patients to measure the black-box attack without DP"
+        )
     out = Path(opts.out)
     training.check_output_dir(out, Path(opts.data), force=opts.force)
-    pool = name_pool(_tokenizer_for(opts))
-    canaries = make_canaries(audit.canaries, pool, notes_per_canary=audit.notes_per_canary,
-                             alternatives=audit.candidates, kind=audit.kind,
-                             max_note_chars=audit.max_note_chars)
-    extra = [n for c in canaries if c.included for n in c.notes()]
+    extra: list[Note] = []
+    canaries: list[Canary] = []
+    gradient: GradientCanaries | None = None
+    if audit.method == "patients":
+        pool = name_pool(_tokenizer_for(opts))
+        canaries = make_canaries(audit.canaries or DEFAULT_PATIENT_CANARIES, pool,
+                                 notes_per_canary=audit.notes_per_canary,
+                                 alternatives=audit.candidates, kind=audit.kind,
+                                 max_note_chars=audit.max_note_chars)
+        extra = [n for c in canaries if c.included for n in c.notes()]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.audit-{os.getpid()}-{secrets.token_hex(3)}"
     run_opts = replace(opts, out=tmp, force=False,
                        checkpoint_dir=opts.checkpoint_dir or training.checkpoint_dir_for(out))
+    scores: list[CanaryScore] = []
     t0 = time.monotonic()
     try:
-        result = training.train(run_opts, on_progress=on_progress, extra_notes=extra)
+        if audit.method == "gradient":
+            # the count that maximises the ceiling needs δ, known once the plan is: the
+            # canaries are drawn when the loop installs them (gradient_audit is a factory)
+            def install(optimizer: Any, plan: Any) -> None:
+                nonlocal gradient
+                gradient = GradientCanaries(
+                    audit.canaries or gradient_canary_count(float(plan.delta), audit.confidence))
+                gradient.install(optimizer, plan.sample_rate)
+
+            result = training.train(run_opts, on_progress=on_progress, gradient_audit=install)
+        else:
+            result = training.train(run_opts, on_progress=on_progress, extra_notes=extra)
         t1 = time.monotonic()
-        losses = secret_losses(tmp, canaries)
-        scores = [score(x) for x in losses]
         delta = result.delta if result.delta is not None else training.default_delta(
             result.num_units)
-        block = audit_block(scores, canaries, delta=delta, proven_epsilon=result.epsilon,
-                            audit=audit)
+        if gradient is not None:
+            block = gradient_block(gradient, delta=delta, proven_epsilon=result.epsilon,
+                                   confidence=audit.confidence)
+            count = gradient.count
+        else:
+            losses = secret_losses(tmp, canaries)
+            scores = [score(x) for x in losses]
+            block = audit_block(scores, canaries, delta=delta, proven_epsilon=result.epsilon,
+                                audit=audit)
+            count = len(canaries)
         if block["verdict"] == "failed":
             raise AuditFailed(
                 f"audit FAILED: empirical ε lower bound {block['epsilon_lower_bound']:.3g} "
                 f"exceeds the proven ε {block['proven_epsilon']:.3g} at "
                 f"{block['confidence']:.0%} confidence ({block['correct']} of "
-                f"{block['guesses']} membership guesses right on {len(canaries)} canaries); the "
+                f"{block['guesses']} membership guesses right on {count} canaries); the "
                 "training mechanism does not deliver its claimed guarantee, so no model was "
                 f"written to {out}",
                 block,
@@ -662,27 +907,38 @@ def describe(block: Mapping[str, Any], *, markdown: bool = True) -> str:
     ``dphub card show`` print)."""
     b = "**" if markdown else ""
     can = block.get("canaries") or {}
-    exp = block.get("exposure") or {}
+    exp = block.get("exposure")
     bound = block.get("epsilon_lower_bound")
     proven = block.get("proven_epsilon")
     conf = block.get("confidence")
     verdict = block.get("verdict")
-    lines = [
-        f"Empirical audit ({block.get('date')}): {b}ε ≥ {bound}{b} at {conf:.0%} confidence "
-        f"(δ = {block.get('delta'):.2g}), from {block.get('correct')} correct of "
-        f"{block.get('guesses')} membership guesses on {can.get('count')} synthetic canary "
-        f"patients (one-run method of Steinke, Nasr & Jagielski 2023; signal: loss of each "
-        f"canary's secret PHI against {exp.get('candidates', 1) - 1} random alternatives).",
-    ]
     ceiling = block.get("max_possible_bound")
+    head = (f"Empirical audit ({block.get('date')}): {b}ε ≥ {bound}{b} at {conf:.0%} confidence "
+            f"(δ = {block.get('delta'):.2g}), from {block.get('correct')} correct of "
+            f"{block.get('guesses')} membership guesses on {can.get('count')} ")
+    if block.get("signal") == GRADIENT_SIGNAL:
+        grad = block.get("gradient") or {}
+        head += (f"white-box Dirac gradient canaries of norm C = {grad.get('norm')} inserted into "
+                 f"the clipped sum of each of {grad.get('steps')} DP-SGD steps before the noise "
+                 "(one-run method of Steinke, Nasr & Jagielski 2023; signal: the released noisy "
+                 "sum on each canary's coordinate).")
+    else:
+        head += (f"synthetic canary patients (one-run method of Steinke, Nasr & Jagielski 2023; "
+                 f"signal: loss of each canary's secret PHI against "
+                 f"{(exp or {}).get('candidates', 1) - 1} random alternatives).")
+    lines = [head]
+    if ceiling is not None:
+        lines.append(f"The most this audit could show (every guess right) is ε ≥ {ceiling}.")
     if verdict == "passed":
-        lines.append(f"The audited lower bound does not exceed the proven ε = {proven}.")
-        if ceiling is not None and proven is not None and proven > ceiling:
-            lines.append(
-                f"With {can.get('count')} canaries no audit can show more than ε ≥ {ceiling}, "
-                f"so this one could not have failed at ε = {proven}: it checks the mechanism "
-                "only at smaller ε (audit the same recipe with a smaller --target-epsilon)."
-            )
+        lines.append(f"Verdict: passed. The audited lower bound does not exceed the proven "
+                     f"ε = {proven}.")
+    elif verdict == "inconclusive":
+        lines.append(
+            f"Verdict: {b}INCONCLUSIVE{b}. That ceiling is below the proven ε = {proven}, so no "
+            "outcome of this audit could have contradicted the claim: it checks nothing about "
+            "it (use more canaries, --method gradient, or audit the same recipe at a smaller "
+            "--target-epsilon)."
+        )
     elif verdict == "failed":  # only in messages: a failed audit is never written to a card
         lines.append(f"{b}AUDIT FAILED{b}: the audited lower bound exceeds the proven "
                      f"ε = {proven}; the training mechanism does not deliver its claimed "
@@ -690,16 +946,25 @@ def describe(block: Mapping[str, Any], *, markdown: bool = True) -> str:
     else:
         lines.append("The model is not private; the audit measures how much the attack "
                      "recovers without DP.")
-    lines.append(
-        f"Exposure of the canaries' secrets (Secret Sharer, max {exp.get('max_bits')} bits): "
-        f"mean {exp.get('mean_included')} bits for included canaries, "
-        f"{exp.get('mean_excluded')} bits for excluded ones."
-    )
-    lines.append(
-        "An audit is a lower bound, not a proof: a small bound can mean a weak attack; only "
-        "the proven ε is a guarantee. The canaries are public synthetic patients added to "
-        "training; the proven ε still holds for every real patient."
-    )
+    if exp:
+        lines.append(
+            f"Exposure of the canaries' secrets (Secret Sharer, max {exp.get('max_bits')} bits): "
+            f"mean {exp.get('mean_included')} bits for included canaries, "
+            f"{exp.get('mean_excluded')} bits for excluded ones."
+        )
+    if block.get("signal") == GRADIENT_SIGNAL:
+        lines.append(
+            "An audit is a lower bound, not a proof: a passed audit is a sanity check that the "
+            "noise is not missing or grossly too small; only the proven ε is a guarantee. It "
+            "checks the noise step and the accounting, not the clipping of real gradients. The "
+            "canaries never reach the model; the proven ε holds for every real patient."
+        )
+    else:
+        lines.append(
+            "An audit is a lower bound, not a proof: a small bound can mean a weak attack; only "
+            "the proven ε is a guarantee. The canaries are public synthetic patients added to "
+            "training; the proven ε still holds for every real patient."
+        )
     return "\n".join(lines)
 
 
@@ -715,7 +980,8 @@ def check_audit_block(meta: Mapping[str, Any]) -> None:
     """Refuse a card whose audit failed or contradicts its own numbers (for the publish gate).
 
     The schema validates the block's shape (and has no ``failed`` verdict); this checks what a
-    schema cannot: the verdict agrees with the bound and the proven ε of the same card.
+    schema cannot: the verdict agrees with the bound, the ceiling and the proven ε of the same
+    card (a "passed" audit that could not have failed is refused: it must say inconclusive).
     """
     block = meta.get("empirical_audit")
     if block is None:
@@ -727,8 +993,11 @@ def check_audit_block(meta: Mapping[str, Any]) -> None:
         proven is not None and abs(float(proven) - float(recorded)) > 1e-3 * max(1.0, proven)
     ):
         raise CardError("empirical_audit.proven_epsilon: does not match differential_privacy")
-    expected = ("not-private" if proven is None else
-                "failed" if float(block["epsilon_lower_bound"]) > float(proven) else "passed")
+    if not isinstance(block.get("max_possible_bound"), int | float):
+        raise CardError("empirical_audit.max_possible_bound: missing (an audit without its "
+                        "ceiling cannot say whether it could have failed)")
+    expected = judge(float(block["epsilon_lower_bound"]), float(block["max_possible_bound"]),
+                     None if recorded is None else float(recorded))
     if block.get("verdict") != expected:
         raise CardError(f"empirical_audit.verdict: the numbers say {expected!r}")
     if expected == "failed":

@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 
 def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
           extra_notes: Sequence[Note] = (),
-          on_plan: Callable[[PrivacyPlan], None] | None = None) -> TrainResult:
+          on_plan: Callable[[PrivacyPlan], None] | None = None,
+          gradient_audit: Callable[[Any, PrivacyPlan], None] | None = None) -> TrainResult:
     """Train a tagger with DP-SGD (or without, for ``no_dp`` baselines) and write its directory.
 
     Returns what was done (steps, ε, δ, σ, q). Raises :class:`DphubError` subclasses for bad
@@ -48,6 +50,8 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
 
     ``on_plan`` sees the privacy plan (q, σ, steps, δ: the projected ε) before the first step;
     it may raise a :class:`DphubError` to stop the run there (the CLI's hub-policy check).
+    ``gradient_audit(optimizer, plan)`` is called once the DP optimizer's noise source is
+    installed (the white-box canaries of :class:`dphub.audit.GradientCanaries`); DP runs only.
     """
     opts.validate()
     out = Path(opts.out)  # type: ignore[arg-type]
@@ -121,6 +125,10 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     with cached_encoder(model, opts, examples, pad_id, on_progress):
         loop = TrainLoop(opts, plan, model, dataset, tokenizer, on_progress)
+        if gradient_audit is not None:
+            if loop.engine is None:
+                raise ConfigError("gradient canaries audit the DP noise step: not without DP")
+            gradient_audit(loop.optimizer, plan)
         if state is not None:
             loop.restore(state)
         try:
