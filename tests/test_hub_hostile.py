@@ -165,24 +165,27 @@ def test_base_model_pull_from_a_hostile_hub_runs_nothing(model, hub_env, how):
     assert not marker.exists(), marker.read_text()
 
 
-def test_a_missing_object_fetches_nothing_from_a_planted_promisor_remote(model, hub_env, capsys):
-    """A repository that declares a promisor remote makes git fetch a missing object lazily,
-    which runs the remote's ``uploadpack`` program (whatever ``protocol.*.allow`` it also sets).
-    The pull of a repository with a missing object is refused, and nothing runs."""
-    hub, marker = hub_env["hub"], hub_env["tmp"] / "code-ran"
-    assert main(["publish", str(model), "--repo", "acme/deid"]) == 0
-    repo = hub / "models" / "acme" / "deid"
+def _plant_promisor(repo: Path, marker: Path, tmp: Path) -> None:
+    """Declare a promisor remote whose ``uploadpack`` is a planted program (allowing the file
+    transport in the repository's own config) and delete one blob: git then fetches the missing
+    object lazily, which runs the program."""
     prog = _script(repo / "planted-program", marker)
-    elsewhere = hub_env["tmp"] / "elsewhere.git"
+    elsewhere = tmp / "elsewhere.git"
     subprocess.run(["git", "init", "--quiet", "--bare", str(elsewhere)], check=True,
                    env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull})
     with (repo / "config").open("a") as f:
         f.write(f"[remote \"x\"]\n\turl = {elsewhere}\n\tpromisor = true\n"
                 f"\tuploadpack = {prog}\n[protocol \"file\"]\n\tallow = always\n"
                 "[protocol]\n\tallow = always\n")
-    listing = _plain_git(repo, "ls-tree", "refs/heads/main", "config.json").decode()
-    oid = listing.split()[2]
+    oid = _plain_git(repo, "ls-tree", "refs/heads/main", "config.json").decode().split()[2]
     (repo / "objects" / oid[:2] / oid[2:]).unlink()
+
+
+def test_a_missing_object_fetches_nothing_from_a_planted_promisor_remote(model, hub_env, capsys):
+    """The pull of a repository with a missing object is refused, and nothing runs."""
+    hub, marker = hub_env["hub"], hub_env["tmp"] / "code-ran"
+    assert main(["publish", str(model), "--repo", "acme/deid"]) == 0
+    _plant_promisor(hub / "models" / "acme" / "deid", marker, hub_env["tmp"])
     capsys.readouterr()
 
     assert main(["hub", "info", "acme/deid"]) == 0
@@ -190,4 +193,32 @@ def test_a_missing_object_fetches_nothing_from_a_planted_promisor_remote(model, 
     assert main(["pull", "acme/deid"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "cannot be read" in err and "Traceback" not in err
+    assert not marker.exists(), marker.read_text()
+
+
+@pytest.mark.parametrize("how", ["promisor", "config"])
+def test_hub_serve_runs_nothing_from_a_hostile_repository(model, hub_env, tmp_path, how):
+    """``dphub hub serve``: olah reads the repositories with GitPython, i.e. git, under the same
+    environment as the local backend."""
+    pytest.importorskip("olah")
+    from dphub.errors import DphubError
+    from dphub.hub import ops
+    from dphub.hub.serve import start_olah, stop_olah
+
+    hub, marker = hub_env["hub"], tmp_path / "code-ran"
+    ops.publish(model, "acme/deid")
+    repo = hub / "models" / "acme" / "deid"
+    if how == "promisor":
+        _plant_promisor(repo, marker, tmp_path)
+    else:
+        plant(repo, how, marker)
+    proc, url = start_olah(hub, tmp_path / "olah")
+    try:
+        if how == "promisor":
+            with pytest.raises(DphubError):
+                ops.pull("acme/deid", hub=url)
+        else:
+            assert ops.pull("acme/deid", hub=url).path.is_dir()
+    finally:
+        stop_olah(proc)
     assert not marker.exists(), marker.read_text()
