@@ -15,12 +15,18 @@ only. On a CPU without them PyTorch emulates bfloat16 and is *slower* than fp32,
 Cache: ``<cache>/onnx/<encoder digest>/`` (``$DPHUB_CACHE_DIR`` or the platform's user cache
 directory, 0700), keyed by :attr:`~dphub.tagger.Tagger.encoder_digest` (SHA-256 of the encoder
 weights), so every member on one public base shares one file, and the model directory itself
-(pinned by digest in the registry and the manifest) is never touched. ``meta.json`` records the
-SHA-256 of each ``.onnx`` file. Loading checks (1) that digest and (2) that the session reproduces
-the PyTorch encoder on a fixed probe batch (fp32: max abs difference; int8: cosine similarity),
-so a corrupted or swapped file, even with a forged ``meta.json``, is rebuilt; if a fresh build
-still fails the probe the load is refused with a :class:`~dphub.errors.ModelError`. ONNX files
-are protobuf, nothing is unpickled. Builds are atomic and serialised by a lock file.
+(pinned by digest in the registry and the manifest) is never touched. A graph is code that sees
+every note, and the cache key and the probe batch are public, so a file that anyone else wrote
+is never run: (1) the cache directories must belong to the user and be writable by nobody else
+(else one :class:`~dphub.errors.ModelError`); (2) ``meta.json`` records, for each ``.onnx``
+file, an HMAC-SHA256 under a per-user secret key (:func:`cache_key_path`, 0600, kept in the
+dphub home directory, not in the cache, so a cache copied or planted from elsewhere does not
+verify), bound to the encoder digest and the runtime; the session is built from the very bytes
+that were verified; (3) the session must reproduce the PyTorch encoder on a fixed probe batch
+(fp32: max abs difference; int8: cosine similarity). A file that fails (1)-(3), is unreadable or
+is corrupt is rebuilt, with a warning naming its path; if a fresh build still fails the probe
+the load is refused with a :class:`~dphub.errors.ModelError`. ONNX files are protobuf, nothing is
+unpickled. Builds are atomic and serialised by a lock file.
 
 Threads: ONNX Runtime gets ``intra_op_num_threads`` = the thread count given (default: torch's
 ``get_num_threads()``, i.e. ``--threads``), ``inter_op_num_threads = 1``, sequential
@@ -32,8 +38,14 @@ threads burn the CPU that the other thread (and the other work of the process) n
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
+import logging
 import os
+import secrets
+import stat
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,7 +57,6 @@ import torch
 from torch import Tensor, nn
 
 from dphub.errors import ConfigError, ModelError
-from dphub.hub.common import file_sha256
 from dphub.io import atomic_write_bytes, atomic_write_text, cache_root
 
 RUNTIMES: tuple[str, ...] = ("torch", "torch-bf16", "onnx", "onnx-int8")
@@ -53,7 +64,8 @@ RUNTIMES: tuple[str, ...] = ("torch", "torch-bf16", "onnx", "onnx-int8")
 TORCH_RUNTIMES: tuple[str, ...] = ("torch", "torch-bf16")
 #: what `dphub ensemble deid/evaluate` use when neither the flag nor the manifest names one
 DEFAULT_RUNTIME = "torch"
-CACHE_FORMAT = 1
+#: 2: files are authenticated by an HMAC under the user's key (format 1 caches are rebuilt)
+CACHE_FORMAT = 2
 OPSET = 17
 #: probe acceptance: fp32 graphs must match PyTorch closely; int8 ones keep the direction of
 #: every hidden vector (quantization noise is measured as cosine similarity, not abs error).
@@ -62,6 +74,12 @@ OPSET = 17
 FP32_MAX_ABS = 1e-3
 INT8_MIN_COSINE = 0.9
 _FILES = {"onnx": "encoder.onnx", "onnx-int8": "encoder-int8.onnx"}
+#: the per-user key of the cache's HMACs, in the dphub home directory
+CACHE_KEY_FILE = "onnx-cache.key"
+_KEY_BYTES = 32
+_MAC_CONTEXT = b"dphub-onnx-cache-v2"
+
+log = logging.getLogger(__name__)
 
 
 #: oneDNN's cache of compiled kernels (bfloat16 matmuls on CPU): one entry per input shape, 1024
@@ -122,10 +140,122 @@ def bf16_autocast(device: torch.device | str = "cpu") -> Any:
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
+def _check_private_dir(path: Path, *, group_writable_ok: bool = False) -> None:
+    """Refuse a cache directory that is not the user's own or that others may write to.
+
+    Why: a graph planted there would run on every note. ``group_writable_ok`` is for the cache
+    root only (shared with the warm start; created under the user's umask, 002 on many systems):
+    a group member there can only replace the ``onnx`` directory, which is then not the user's
+    and refused.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ModelError(f"ONNX cache directory {path} cannot be used "
+                         f"({e.strerror or type(e).__name__})") from None
+    hint = "set DPHUB_CACHE_DIR to a directory of your own, or use --runtime torch"
+    if not stat.S_ISDIR(st.st_mode):
+        raise ModelError(f"ONNX cache directory {path} is not a directory; {hint}")
+    if st.st_uid != os.geteuid():
+        raise ModelError(f"ONNX cache directory {path} belongs to another user (uid "
+                         f"{st.st_uid}); graphs are only loaded from your own cache: {hint}")
+    if st.st_mode & (0o002 if group_writable_ok else 0o022):
+        raise ModelError(f"ONNX cache directory {path} is writable by other users (mode "
+                         f"{stat.S_IMODE(st.st_mode):o}); graphs are only loaded from a "
+                         f"private cache: {hint}")
+
+
 def _private_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create ``path`` 0700 (or tighten it to 0700 when it is the user's), then check it."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
     with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
+        if path.stat().st_uid == os.geteuid():
+            os.chmod(path, 0o700)
+    _check_private_dir(path)
+
+
+def _cache_dir(digest: str) -> Path:
+    """``<cache>/onnx/<digest>``, every level checked (:func:`_check_private_dir`)."""
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelError(f"cannot create the cache directory {root} "
+                         f"({e.strerror or type(e).__name__})") from None
+    _check_private_dir(root, group_writable_ok=True)
+    _private_dir(root / "onnx")
+    d = root / "onnx" / digest
+    _private_dir(d)
+    return d
+
+
+def cache_key_path() -> Path:
+    """Where the per-user key of the ONNX cache's HMACs lives (the dphub home directory)."""
+    from dphub.hub.common import dphub_home
+
+    return dphub_home() / CACHE_KEY_FILE
+
+
+def cache_key() -> bytes:
+    """The per-user HMAC key, created (random, 0600) on first use.
+
+    Created whole or not at all: written to a private temporary file, then hard-linked to its
+    name, which fails if another process made it first (that key is then used). A key file that
+    is not a regular 0600 file of this user with the right size is refused, not replaced: the
+    user should see why.
+    """
+    path = cache_key_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not path.exists():
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(secrets.token_bytes(_KEY_BYTES))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, path)
+            finally:
+                os.unlink(tmp)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            key = fh.read(_KEY_BYTES + 1)
+    except OSError as e:
+        raise ModelError(f"cannot read or create the ONNX cache key {path} "
+                         f"({e.strerror or type(e).__name__})") from None
+    if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
+            or len(key) != _KEY_BYTES):
+        raise ModelError(f"the ONNX cache key {path} is not a private key file of yours "
+                         f"({_KEY_BYTES} bytes, mode 600); remove it and a new one is made "
+                         "(cached ONNX graphs are then rebuilt)")
+    return key
+
+
+def file_mac(key: bytes, digest: str, runtime: str, data: bytes) -> str:
+    """HMAC-SHA256 of an ONNX file's bytes, bound to the encoder digest and the runtime (a
+    genuine graph of another encoder or runtime does not verify in this place)."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    mac.update(b"\0".join((_MAC_CONTEXT, digest.encode(), runtime.encode(), b"")))
+    mac.update(data)
+    return mac.hexdigest()
+
+
+def _verified_bytes(path: Path, key: bytes, digest: str, runtime: str,
+                    macs: dict[str, Any]) -> tuple[bytes | None, str]:
+    """The bytes of ``path`` if their HMAC is the recorded one, else (None, why)."""
+    want = macs.get(runtime)
+    if not isinstance(want, str):
+        return None, "no authentication code is recorded for it"
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return None, f"it cannot be read ({e.strerror or type(e).__name__})"
+    if not hmac.compare_digest(file_mac(key, digest, runtime, data), want):
+        return None, "it does not match its authentication code (changed or not built here)"
+    return data, ""
 
 
 class _EncoderGraph(nn.Module):
@@ -156,8 +286,9 @@ def _probe_batch(vocab_size: int) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def export_encoder(encoder: nn.Module, path: Path) -> None:
-    """Export ``encoder`` (fp32, eval) to ONNX at ``path`` (dynamic batch and length), atomically.
+def export_encoder(encoder: nn.Module, path: Path) -> bytes:
+    """Export ``encoder`` (fp32, eval) to ONNX at ``path`` (dynamic batch and length), atomically;
+    returns the bytes written (what the cache authenticates and loads).
 
     Uses the TorchScript-based exporter (``dynamo=False``): it handles transformers' BERT without
     extra packages and gives one static graph with dynamic axes.
@@ -177,7 +308,9 @@ def export_encoder(encoder: nn.Module, path: Path) -> None:
                               "hidden": {0: "batch", 1: "length"}},
                 dynamo=False,
             )
-        atomic_write_bytes(path, tmp.read_bytes())
+        data = tmp.read_bytes()
+        atomic_write_bytes(path, data)
+        return data
     except ModelError:
         raise
     except Exception as e:  # the exporter raises many types; say which step failed
@@ -193,10 +326,10 @@ INT8_RECIPE: dict[str, Any] = {"weight_type": "QInt8", "per_channel": True,
                                "op_types": ["MatMul"], "exclude": []}
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
+def quantize_int8(src: Path, dst: Path) -> bytes:
     """Dynamic int8 quantization of the fp32 graph's MatMuls (int8 weights, uint8 activations
     quantized at run time; :data:`INT8_RECIPE`'s ``exclude`` names substrings of nodes kept in
-    fp32), written atomically to ``dst``."""
+    fp32), written atomically to ``dst``; returns the bytes written."""
     import logging
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -221,14 +354,18 @@ def quantize_int8(src: Path, dst: Path) -> None:
                                  nodes_to_exclude=exclude)
         finally:
             root.setLevel(level)
-        atomic_write_bytes(dst, tmp.read_bytes())
+        data = tmp.read_bytes()
+        atomic_write_bytes(dst, data)
+        return data
     except Exception as e:
         raise ModelError(f"cannot quantize the ONNX encoder ({type(e).__name__})") from None
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _session(path: Path, threads: int) -> Any:
+def _session(model: bytes, threads: int, name: str) -> Any:
+    """An ONNX Runtime session of the serialized graph ``model`` (the bytes that were verified,
+    not the path, so the file cannot change between the check and the load)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -241,10 +378,9 @@ def _session(path: Path, threads: int) -> Any:
     # spinning cost 27 % more CPU and 22 % more wall time per batch (docs/speed.md)
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
-        return ort.InferenceSession(str(path), sess_options=opts,
-                                    providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # a corrupt protobuf raises ORT's own exception types
-        raise ModelError(f"{path.name}: not a loadable ONNX file ({type(e).__name__})") from None
+        raise ModelError(f"{name}: not a loadable ONNX file ({type(e).__name__})") from None
 
 
 def _probe_ok(runtime: str, sess: Any, encoder: nn.Module) -> bool:
@@ -272,7 +408,8 @@ def _probe_ok(runtime: str, sess: Any, encoder: nn.Module) -> bool:
 @dataclass
 class CacheStatus:
     """How :func:`load_encoder` got its session: ``cached`` (verified file), ``built`` (none
-    yet) or ``rebuilt`` (a file failed its digest or the probe and was replaced)."""
+    yet) or ``rebuilt`` (a file failed its authentication code, could not be loaded or failed
+    the probe, and was replaced)."""
 
     runtime: str
     path: Path
@@ -308,8 +445,8 @@ def load_encoder(runtime: str, encoder: nn.Module, digest: str, *, threads: int 
     """An ONNX Runtime session computing ``encoder`` (digest ``digest``), from the cache or built.
 
     ``progress`` receives short status lines (no note text) before slow steps (export, int8
-    quantization). Raises :class:`ModelError` when onnxruntime is missing or a fresh build does
-    not reproduce the encoder.
+    quantization). Raises :class:`ModelError` when onnxruntime is missing, the cache directory is
+    not private to the user, or a fresh build does not reproduce the encoder.
     """
     check_runtime(runtime)
     if runtime in TORCH_RUNTIMES:
@@ -323,7 +460,7 @@ def load_encoder(runtime: str, encoder: nn.Module, digest: str, *, threads: int 
             c in "0123456789abcdef" for c in digest):
         raise ModelError("internal: an encoder digest must be 64 hex characters")
     threads = threads or torch.get_num_threads()
-    d = cache_root() / "onnx" / digest
+    d = _cache_dir(digest)  # checked on every call: a refused directory is never trusted
     memo = (str(d), runtime, threads)
     hit = _LOADED.get(memo)
     if hit is not None and hit[0] == _stat_sig(hit[1][1].path):
@@ -347,39 +484,47 @@ _LOADED: dict[tuple[str, str, int], tuple[Any, tuple[OnnxEncoder, CacheStatus]]]
 
 def _load(runtime: str, encoder: nn.Module, digest: str, d: Path, threads: int,
           progress: Callable[[str], None] | None) -> tuple[OnnxEncoder, CacheStatus]:
-    _private_dir(d)
     target = d / _FILES[runtime]
     say = progress or (lambda _msg: None)
+    key = cache_key()
     with _build_lock(d):
         meta = _read_meta(d)
-        files = meta.get("files") if meta.get("encoder_digest") == digest else None
-        files = dict(files) if isinstance(files, dict) else {}
+        macs = meta.get("macs") if (meta.get("encoder_digest") == digest
+                                    and meta.get("format") == CACHE_FORMAT) else None
+        macs = dict(macs) if isinstance(macs, dict) else {}
         if meta.get("int8_recipe") != INT8_RECIPE:  # made another way: not this runtime's file
-            files.pop("onnx-int8", None)
+            macs.pop("onnx-int8", None)
         status = "built"
-        if target.is_file():
-            if files.get(runtime) == file_sha256(target):
-                sess = _session(target, threads)
-                if _probe_ok(runtime, sess, encoder):
-                    return OnnxEncoder(sess, runtime), CacheStatus(runtime, target, "cached")
+        if target.exists():
+            data, why = _verified_bytes(target, key, digest, runtime, macs)
+            if data is not None:
+                try:
+                    sess = _session(data, threads, target.name)
+                except ModelError:
+                    sess, why = None, "ONNX Runtime cannot load it"
+                if sess is not None:
+                    if _probe_ok(runtime, sess, encoder):
+                        return OnnxEncoder(sess, runtime), CacheStatus(runtime, target, "cached")
+                    why = "it does not reproduce the encoder on the probe batch"
+            log.warning("rebuilding the ONNX encoder %s: %s", target, why)
             status = "rebuilt"
         fp32 = d / _FILES["onnx"]
-        if runtime == "onnx" or not (fp32.is_file() and files.get("onnx") == file_sha256(fp32)):
+        if runtime == "onnx" or _verified_bytes(fp32, key, digest, "onnx", macs)[0] is None:
             say(f"exporting encoder {digest[:12]} to ONNX (once per encoder)")
-            export_encoder(encoder, fp32)
-            files["onnx"] = file_sha256(fp32)
+            data = export_encoder(encoder, fp32)
+            macs["onnx"] = file_mac(key, digest, "onnx", data)
         if runtime == "onnx-int8":
             say(f"quantizing ONNX encoder {digest[:12]} to int8 (once per encoder)")
-            quantize_int8(fp32, target)
-            files["onnx-int8"] = file_sha256(target)
+            data = quantize_int8(fp32, target)
+            macs["onnx-int8"] = file_mac(key, digest, "onnx-int8", data)
         import onnxruntime
 
         atomic_write_text(d / "meta.json", json.dumps({
-            "format": CACHE_FORMAT, "encoder_digest": digest, "files": files, "opset": OPSET,
+            "format": CACHE_FORMAT, "encoder_digest": digest, "macs": macs, "opset": OPSET,
             "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
             "int8_recipe": INT8_RECIPE,
         }, indent=2, sort_keys=True) + "\n")
-        sess = _session(target, threads)
+        sess = _session(data, threads, target.name)
         if not _probe_ok(runtime, sess, encoder):
             raise ModelError(f"the {runtime} encoder built in {d} does not reproduce the PyTorch "
                              "encoder on the probe batch; use --runtime torch")

@@ -24,6 +24,7 @@ pytest.importorskip("onnxruntime")
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DPHUB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "home"))  # the cache's HMAC key lives there
     monkeypatch.setattr(runtime, "_LOADED", {})  # no session kept from another test
     return tmp_path / "cache" / "onnx"
 
@@ -54,7 +55,7 @@ def test_cache_is_keyed_by_encoder_digest(tiny_tagger_dir: Path, cache: Path,
     status = a.use_runtime("onnx", threads=1)
     assert status.path.parent == cache / a.encoder_digest
     meta = json.loads((status.path.parent / "meta.json").read_text())
-    assert meta["encoder_digest"] == a.encoder_digest and set(meta["files"]) == {"onnx"}
+    assert meta["encoder_digest"] == a.encoder_digest and set(meta["macs"]) == {"onnx"}
     assert (status.path.parent.stat().st_mode & 0o777) == 0o700
     runtime._LOADED.clear()  # a new process: the file is found and verified, not rebuilt
     copy = shutil.copytree(tiny_tagger_dir, tmp_path / "copy")  # same encoder, other directory
@@ -75,7 +76,8 @@ def test_tampered_cache_is_rebuilt(tiny_tagger_dir: Path, cache: Path, notes: li
     assert t2.use_runtime("onnx", threads=1).status == "rebuilt"
     for x, y in zip(ref, t2.token_scores(notes, batch_size=4), strict=True):
         assert np.allclose(x.phi_prob, y.phi_prob, atol=1e-4)
-    # 2. another encoder's graph with a forged meta.json: the probe batch catches it
+    # 2. another encoder's graph with a forged meta.json (without the key: its SHA-256 in place
+    # of the authentication code)
     from conftest import make_tiny_base_model
 
     from dphub.tagger import TaggerModel
@@ -84,10 +86,130 @@ def test_tampered_cache_is_rebuilt(tiny_tagger_dir: Path, cache: Path, notes: li
     runtime.export_encoder(other.encoder, path)
     d = path.parent
     meta = json.loads((d / "meta.json").read_text())
-    meta["files"]["onnx"] = file_sha256(path)
+    meta["macs"]["onnx"] = file_sha256(path)
     (d / "meta.json").write_text(json.dumps(meta))
     runtime._LOADED.clear()
     assert Tagger.load(tiny_tagger_dir).use_runtime("onnx", threads=1).status == "rebuilt"
+
+
+def _forge_meta(d: Path, runtime_name: str, path: Path) -> None:
+    """What an attacker without the user's key can write: the file's SHA-256 (all that format 1
+    checked) and an authentication code under a key of their own."""
+    meta = json.loads((d / "meta.json").read_text())
+    meta.setdefault("files", {})[runtime_name] = file_sha256(path)
+    meta.setdefault("macs", {})[runtime_name] = runtime.file_mac(
+        b"k" * 32, d.name, runtime_name, path.read_bytes()) if hasattr(runtime, "file_mac") \
+        else "0" * 64
+    (d / "meta.json").write_text(json.dumps(meta))
+
+
+def _john_graph(tagger: Tagger, path: Path) -> bytes:
+    """Write at ``path`` the tagger's encoder with the embedding of the word piece "john" (not in
+    the public probe batch) changed: a graph that passes the probe and misbehaves on names."""
+    import copy
+
+    import onnxruntime as ort
+
+    john = tagger.tokenizer.convert_tokens_to_ids("john")
+    assert john not in runtime._probe_batch(30522)["input_ids"]
+    evil = copy.deepcopy(tagger.model.encoder).eval()
+    with torch.no_grad():
+        row = evil.embeddings.word_embeddings.weight[john]
+        evil.embeddings.word_embeddings.weight[john] = -50 * row
+    runtime.export_encoder(evil, path)
+    assert runtime._probe_ok("onnx", ort.InferenceSession(str(path)), tagger.model.encoder)
+    return path.read_bytes()
+
+
+def test_a_planted_graph_that_passes_the_probe_is_rebuilt(
+        tiny_tagger_dir: Path, cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 31 item 10: the probe batch is public, so a graph can behave on it and misbehave on
+    real input. The probe passes the planted graph; the authentication code does not."""
+    import logging
+
+    from dphub.notes import Note
+
+    note = [Note("n1", "Call John Smith at home.")]
+    t = Tagger.load(tiny_tagger_dir)
+    ref = t.token_scores(note, batch_size=1)
+    path = t.use_runtime("onnx", threads=1).path
+    _john_graph(t, path)
+    _forge_meta(path.parent, "onnx", path)
+    runtime._LOADED.clear()
+    fresh = Tagger.load(tiny_tagger_dir)
+    with caplog.at_level(logging.WARNING, logger="dphub.runtime"):
+        status = fresh.use_runtime("onnx", threads=1)
+    assert status.status == "rebuilt"
+    assert [r.getMessage() for r in caplog.records if str(path) in r.getMessage()], \
+        "the rebuilt path is named in a log line"
+    assert "John" not in caplog.text
+    got = fresh.token_scores(note, batch_size=1)
+    assert np.allclose(ref[0].phi_prob, got[0].phi_prob, atol=1e-4)
+    assert runtime.file_mac(runtime.cache_key(), path.parent.name, "onnx",
+                            path.read_bytes()) == json.loads(
+        (path.parent / "meta.json").read_text())["macs"]["onnx"]
+
+
+def test_an_int8_graph_is_never_quantized_from_a_planted_fp32_graph(
+        tiny_tagger_dir: Path, cache: Path) -> None:
+    t = Tagger.load(tiny_tagger_dir)
+    fp32 = t.use_runtime("onnx", threads=1).path
+    planted = _john_graph(t, fp32)
+    _forge_meta(fp32.parent, "onnx", fp32)
+    runtime._LOADED.clear()
+    assert Tagger.load(tiny_tagger_dir).use_runtime("onnx-int8", threads=1).status == "built"
+    assert fp32.read_bytes() != planted, "the fp32 graph was exported again before quantizing"
+
+
+def test_a_cache_copied_from_elsewhere_is_rebuilt(tiny_tagger_dir: Path, cache: Path,
+                                                  tmp_path: Path) -> None:
+    """The key lives in the dphub home, not in the cache: a cache made under another key (another
+    user, another machine) verifies nothing and is rebuilt; the key file is private."""
+    Tagger.load(tiny_tagger_dir).use_runtime("onnx", threads=1)
+    key = runtime.cache_key_path()
+    assert key.parent == tmp_path / "home" and (key.stat().st_mode & 0o777) == 0o600
+    assert not any(p.name == key.name for p in cache.parent.rglob("*"))
+    key.unlink()
+    runtime._LOADED.clear()
+    assert Tagger.load(tiny_tagger_dir).use_runtime("onnx", threads=1).status == "rebuilt"
+    key.chmod(0o644)
+    runtime._LOADED.clear()
+    with pytest.raises(ModelError, match="not a private key file"):
+        Tagger.load(tiny_tagger_dir).use_runtime("onnx", threads=1)
+
+
+def test_a_cache_directory_of_another_user_or_writable_by_others_is_refused(
+        tiny_tagger_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import os
+
+    t = Tagger.load(tiny_tagger_dir)
+    d = t.use_runtime("onnx", threads=1).path.parent
+    runtime._LOADED.clear()
+    if os.geteuid() == 0:
+        os.chown(d, 4242, -1)
+    else:  # not root: the directory cannot be given away; the owner check sees another user
+        real = os.geteuid()
+        monkeypatch.setattr(runtime.os, "geteuid", lambda: real + 1)
+    with pytest.raises(ModelError, match="belongs to another user") as err:
+        Tagger.load(tiny_tagger_dir).use_runtime("onnx", threads=1)
+    assert err.value.exit_code == 2 and str(d) in err.value.message
+    monkeypatch.undo()
+    monkeypatch.setenv("DPHUB_CACHE_DIR", str(cache.parent))
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "home"))
+    if os.geteuid() == 0:
+        os.chown(d, 0, -1)
+    runtime._LOADED.clear()
+    assert Tagger.load(tiny_tagger_dir).use_runtime("onnx", threads=1).status == "cached"
+    cache.parent.chmod(0o777)  # the cache root, writable by everyone
+    runtime._LOADED.clear()
+    m = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", str(tiny_tagger_dir), "-e", str(m)]) in (0, None)
+    capsys.readouterr()
+    assert main(["ensemble", "runtime", "onnx", "-e", str(m)]) == 2
+    err_text = capsys.readouterr().err
+    assert err_text.startswith("error: ONNX cache directory") and "writable by other" in err_text
+    assert len(err_text.strip().splitlines()) == 1
 
 
 def test_a_build_that_fails_the_probe_is_refused(tiny_tagger_dir: Path, cache: Path,

@@ -15,6 +15,15 @@ slower; ``git gc`` still packs them with the usual compression if a hub operator
 
 Every blob read back is re-hashed (git does not re-check loose objects on read), so an object file
 modified on disk is detected on pull.
+
+A hub is data: nothing in it may run. git reads a repository's own config and runs its hooks,
+so a hub repository could name programs (``gpg.program`` under ``log.showSignature``,
+``core.fsmonitor``, a hooks directory, a promisor remote's ``uploadpack`` fetched from lazily on a
+missing object, ...). Every git call here therefore goes through :func:`git_env`: no system or
+global config, none of the user's ``GIT_*`` variables, command-line-scope config that overrides
+the repository's (hooks, signatures, fsmonitor, pager, transports), and ``PATH`` /
+``GIT_EXEC_PATH`` that name no directory, so git can start no sub-process by name (no lazy fetch,
+no auto gc, no remote helper, no configured program); git itself is run by absolute path.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -48,13 +57,69 @@ _IDENTITY = {
     "GIT_AUTHOR_NAME": "dphub", "GIT_AUTHOR_EMAIL": "dphub@localhost",
     "GIT_COMMITTER_NAME": "dphub", "GIT_COMMITTER_EMAIL": "dphub@localhost",
 }
-#: git config (through the environment, git >= 2.31) for writing model files: loose objects
-#: with zlib level 0. Weights barely compress, and level 1 (git's default) costs 4 s per 87 MB.
-_STORE_UNCOMPRESSED = {
-    "GIT_CONFIG_COUNT": "1",
-    "GIT_CONFIG_KEY_0": "core.looseCompression",
-    "GIT_CONFIG_VALUE_0": "0",
-}
+#: git config for writing model files: loose objects with zlib level 0. Weights barely compress,
+#: and level 1 (git's default) costs 4 s per 87 MB.
+_STORE_UNCOMPRESSED = (("core.looseCompression", "0"),)
+#: Config of the command-line scope (``GIT_CONFIG_COUNT``, git >= 2.31): read after the
+#: repository's config file and every file it includes, so these win over whatever a hub
+#: repository sets. Transports, credential helpers, remote helpers and auto gc need a sub-process,
+#: which :func:`git_env` makes impossible; they are switched off here as well.
+SAFE_GIT_CONFIG: tuple[tuple[str, str], ...] = (
+    ("core.hooksPath", os.devnull),  # no hook: reference-transaction, post-index-change, ...
+    ("core.fsmonitor", "false"),
+    ("core.pager", "cat"),
+    ("core.sshCommand", "false"),
+    ("core.useReplaceRefs", "false"),  # read the objects that are there, not replace refs
+    ("log.showSignature", "false"),  # `log` of a gpgsig commit would run gpg.program
+    ("log.mailmap", "false"),
+    ("commit.gpgSign", "false"),  # commit-tree would sign with gpg.program
+    ("tag.gpgSign", "false"),
+    ("gpg.program", "false"),
+    ("gpg.openpgp.program", "false"),
+    ("gpg.x509.program", "false"),
+    ("gpg.ssh.program", "false"),
+    ("gpg.ssh.defaultKeyCommand", "false"),
+    ("credential.helper", ""),  # the empty value clears the list
+    ("protocol.allow", "never"),
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+)
+
+
+def git_executable() -> str:
+    """Absolute path of git, looked up in the absolute entries of ``PATH`` only (a relative entry
+    such as ``.`` would let the current directory supply a program named git)."""
+    dirs = [d for d in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(d)]
+    found = shutil.which("git", path=os.pathsep.join(dirs))
+    if found is None:
+        raise HubError("git was not found on PATH; the local hub needs git (>= 2.31)")
+    return found
+
+
+def git_env(config: Iterable[tuple[str, str]] = (), **extra: str) -> dict[str, str]:
+    """Environment for a git process that reads a hub repository and runs nothing from it.
+
+    The user's ``GIT_*`` variables are dropped (``GIT_DIR``, ``GIT_INDEX_FILE``,
+    ``GIT_OBJECT_DIRECTORY``, ``GIT_CONFIG_PARAMETERS``, ... are set inside git hooks and would
+    redirect reads and writes), system and global config are not read, and
+    :data:`SAFE_GIT_CONFIG` plus ``config`` are given in the command-line scope. ``PATH`` and
+    ``GIT_EXEC_PATH`` name no directory: git finds no sub-command, remote helper or program by
+    name, so a lazy fetch from a promisor remote (``remote.*.promisor``, which would run the
+    repository's ``remote.*.uploadpack``) cannot start whatever the repository configures.
+    """
+    entries = [*SAFE_GIT_CONFIG, *config]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update({
+        "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0",
+        "GIT_NO_REPLACE_OBJECTS": "1", "GIT_PAGER": "cat",
+        "PATH": os.devnull, "GIT_EXEC_PATH": os.devnull,
+        "GIT_CONFIG_COUNT": str(len(entries)),
+    })
+    for i, (key, value) in enumerate(entries):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    env.update(extra)
+    return env
 
 
 @dataclass(frozen=True)
@@ -78,15 +143,13 @@ class LocalHub:
         return self.root / "models" / org / name
 
     def _git(self, repo_dir: Path, *args: str, input: bytes | None = None,
-             env: dict[str, str] | None = None, check: bool = True) -> bytes:
-        full_env = {
-            **os.environ, **_IDENTITY,
-            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0",
-            **(env or {}),
-        }
+             env: dict[str, str] | None = None, config: Iterable[tuple[str, str]] = (),
+             check: bool = True) -> bytes:
+        """Run ``git --git-dir=repo_dir args`` safely (:func:`git_env`); the explicit
+        ``--git-dir`` means git never discovers a repository from the working directory."""
         proc = subprocess.run(
-            ["git", f"--git-dir={repo_dir}", *args], input=input, env=full_env,
-            capture_output=True, check=False,
+            [git_executable(), "--no-pager", f"--git-dir={repo_dir}", *args], input=input,
+            env=git_env(config, **_IDENTITY, **(env or {})), capture_output=True, check=False,
         )
         if check and proc.returncode != 0:
             # git's stderr names objects and refs, never file contents.
@@ -146,10 +209,9 @@ class LocalHub:
         d.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", suffix=".init", dir=d.parent))
         try:
-            subprocess.run(["git", "init", "--quiet", "--bare", f"--initial-branch={BRANCH}",
-                            str(tmp)], check=True, capture_output=True,
-                           env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1",
-                                "GIT_CONFIG_GLOBAL": os.devnull})
+            subprocess.run([git_executable(), "init", "--quiet", "--bare",
+                            f"--initial-branch={BRANCH}", str(tmp)], check=True,
+                           capture_output=True, env=git_env())
             os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the repo from a shared server
             os.replace(tmp, d)
         except BaseException:
@@ -182,7 +244,7 @@ class LocalHub:
             rels = [p.relative_to(model_dir).as_posix() for p in files]
             oids = self._git(d, "hash-object", "-w", "--no-filters", "--stdin-paths",
                              input="".join(f"{p}\n" for p in files).encode(),
-                             env=_STORE_UNCOMPRESSED).decode().split()
+                             config=_STORE_UNCOMPRESSED).decode().split()
             fd, index = tempfile.mkstemp(prefix=".index.", dir=d)
             os.close(fd)
             os.unlink(index)  # git wants to create it itself
@@ -194,7 +256,7 @@ class LocalHub:
             finally:
                 Path(index).unlink(missing_ok=True)
             parents = ["-p", old] if old else []
-            commit = self._git(d, "commit-tree", tree, *parents,
+            commit = self._git(d, "commit-tree", "--no-gpg-sign", tree, *parents,
                                input=message.encode()).decode().strip()
             txn = ["start", f"update refs/heads/{BRANCH} {commit} {old or _ZERO}"]
             if tag is not None:
@@ -288,7 +350,8 @@ class LocalHub:
             oid, name = line.split(" ", 1)
             tags.setdefault(oid, []).append(name)
         limit = [f"--max-count={max_count}"] if max_count else []
-        out = self._git(d, "log", "--format=%H%x00%cI%x00%s", *limit, f"refs/heads/{BRANCH}",
+        out = self._git(d, "log", "--no-show-signature", "--no-mailmap", "--no-notes",
+                        "--format=%H%x00%cI%x00%s", *limit, f"refs/heads/{BRANCH}",
                         check=False).decode("utf-8", "replace")
         revs = []
         for line in out.splitlines():

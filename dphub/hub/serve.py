@@ -2,7 +2,9 @@
 
 olah looks local git repos up as ``<mirrors-path>/<repo_type>/<org>/<repo>``, which is the local
 hub layout (``<hub>/models/<org>/<name>``, bare repos). ``offline = true`` keeps it from ever
-contacting huggingface.co; its download cache and logs go to a scratch directory.
+contacting huggingface.co; its download cache and logs go to a scratch directory. olah reads the
+repositories with GitPython, i.e. with git: it runs under the same git environment as the local
+backend (:func:`dphub.hub.local.git_env`), so nothing a hub repository configures can run.
 """
 
 from __future__ import annotations
@@ -59,8 +61,12 @@ def start_olah(hub_dir: Path, workdir: Path, port: int | None = None,
     port = port or free_port(host)
     config = write_olah_config(Path(hub_dir), workdir, port, host)
     log = open(workdir / "olah.out", "wb")  # noqa: SIM115 - lives as long as the process
+    from dphub.hub.local import git_env, git_executable
+
+    # PATH names no directory (see git_env), so GitPython is given git's absolute path
+    env = git_env(GIT_PYTHON_GIT_EXECUTABLE=git_executable())
     proc = subprocess.Popen(olah_command(config, workdir), stdout=log, stderr=subprocess.STDOUT,
-                            cwd=workdir)
+                            cwd=workdir, env=env)
     url = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
