@@ -146,7 +146,8 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
             "Before private training the model was warm-started on public synthetic notes. That "
             "step uses no private data and costs no epsilon."
         )
-    lineage = dp.get("lineage") or []
+    lineage = [e for e in dp.get("lineage") or [] if e.get("role") != "teacher"]
+    teachers = [e for e in dp.get("lineage") or [] if e.get("role") == "teacher"]
     if lineage:
         parts = [
             f"{e.get('repo')}@{e.get('revision')} (epsilon = {_fmt(e.get('epsilon'))}, "
@@ -158,10 +159,39 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
             "only the data of this training round; data used by the source models is covered "
             "by their own guarantees, and a unit present in both datasets adds the epsilons up."
         )
+    if teachers:
+        paras.append(_teacher_words(dp, teachers))
     paras.append(_randomness_words(dp))
     not_covered = dp.get("not_covered") or list(NOT_COVERED)
     paras.append("Not covered by this guarantee: " + "; ".join(not_covered) + ".")
     return paras
+
+
+def _teacher_words(dp: Mapping[str, Any], teachers: list[Any]) -> str:
+    """The teachers of a distilled model: which ones the claim composes, and how."""
+    def part(e: Mapping[str, Any]) -> str:
+        return (f"{e.get('repo')}@{e.get('revision')} (epsilon = {_fmt(e.get('epsilon'))}, "
+                f"delta = {_fmt(e.get('delta'))}, unit {e.get('privacy_unit')})")
+
+    composed = [part(e) for e in teachers if e.get("composed") is True]
+    declared = [part(e) for e in teachers if e.get("composed") is not True]
+    words = "This model learnt labels made by an ensemble of models."
+    comp = dp.get("composition") or {}
+    if composed:
+        words += (
+            " Teachers that may have been trained on the same units: " + "; ".join(composed)
+            + ". The epsilon and delta above are this training run's own (epsilon = "
+            f"{_fmt(comp.get('run_epsilon'))}, delta = {_fmt(comp.get('run_delta'))}) plus "
+            "theirs, by basic composition (epsilons and deltas add up): a valid upper bound "
+            "for a unit in all of these datasets."
+        )
+    if declared:
+        words += (
+            " Teachers declared by the trainer to share no unit with this model's training "
+            "data, so not composed (each protects its own units by its own guarantee): "
+            + "; ".join(declared) + "."
+        )
+    return words
 
 
 def _cross_check_words(dp: Mapping[str, Any]) -> str:
