@@ -20,8 +20,13 @@ NOT_COVERED: tuple[str, ...] = (
     "public tokenizer",
     "dataset counts in this card (patients, notes, sequences, PHI per category), published "
     "as coarse ranges",
-    "the sample rate (derived from the number of privacy units)",
+    "the sample rate q = 1/k and the steps, with k = round(N / batch size): they locate the "
+    "number of units N to within half a batch",
 )
+
+#: ``not_covered`` of a run whose expected batch is one unit: then k = N and q = 1/N exactly.
+EXACT_UNITS_NOT_COVERED = ("the exact number of units: with a batch size of 1 the sample rate "
+                           "is q = 1/N")
 
 #: Above this ε the statement says the formal guarantee is weak (e^10 ≈ 22,000).
 WEAK_EPSILON = 10.0
