@@ -87,6 +87,22 @@ def add_cmd(
         manifest.add(entry)
     typer.echo(f"added {entry.name} ({entry.kind}"
                + (f", revision {entry.revision}" if entry.revision else "") + f") to {manifest_path}")
+    if entry.kind == "rules":
+        typer.echo(_min_age_note(entry, manifest_path))
+
+
+def _min_age_note(entry: Any, manifest_path: Path) -> str:
+    """Which ages a rule member flags, said where it is chosen (issue: the README's figures use
+    ``min_age = 90`` while the default flags every age, and the two differ in precision)."""
+    from dphub.ensemble.rules import RuleOptions
+
+    min_age = RuleOptions.from_dict(entry.options).min_age
+    if min_age:
+        return f"{entry.name}: flags ages of {min_age} and over (min_age = {min_age})"
+    return (f"{entry.name}: flags EVERY age (min_age = 0, as i2b2-2014 and dphub's own models "
+            "label ages). HIPAA Safe Harbor needs only ages over 89, which is what the README's "
+            f"rule figures use: give this member options = {{ min_age = 90 }} in "
+            f"{manifest_path} for fewer false positives on ages")
 
 
 @ensemble_app.command("remove")
@@ -123,6 +139,9 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
                   "decode" if m.threshold is None and m.kind in ("registry", "dir")
                   else _fmt(m.threshold))
     Console().print(t)
+    for m in manifest.members:
+        if m.kind == "rules":
+            typer.echo(_min_age_note(m, manifest_path))
 
 
 @ensemble_app.command("show")
