@@ -85,6 +85,18 @@ def test_distilled_student_is_local_only_and_refused_by_the_gate(
         gate.check_card(out)
 
 
+def test_rule_design_is_not_covered_for_students_without_rule_features(
+        notes: list[Note], tiny_base_model: Path, tmp_path: Path) -> None:
+    """Issue 31 #6: labels made by the rule member carry its design (tuned on the dev corpus)
+    even when the student takes no rule features."""
+    from dphub.privacy.statement import RULES_NOT_COVERED
+
+    out = tmp_path / "s"
+    distill(_rules(), notes, local_options(_opts(tiny_base_model, out, batch_size=2,
+                                                 rule_features=False), dp=True))
+    assert load_card(out).dp["not_covered"].count(RULES_NOT_COVERED) == 1
+
+
 def test_dp_student_is_an_ordinary_publishable_dp_model(
         notes: list[Note], tiny_base_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "dp-student"
@@ -95,6 +107,10 @@ def test_dp_student_is_an_ordinary_publishable_dp_model(
     dp = meta["differential_privacy"]
     assert dp["private"] is True and "local_only" not in dp
     assert dp["training_labels"] == "ensemble"
+    # the rule member (teacher and rule features) was designed on a private dev corpus
+    from dphub.privacy.statement import RULES_NOT_COVERED
+
+    assert dp["not_covered"].count(RULES_NOT_COVERED) == 1
 
 
 def _student_slot(path: Path, name: str = "s1") -> Slot:

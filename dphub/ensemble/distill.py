@@ -247,7 +247,8 @@ def distill(
         assert result is not None
     claim: dict[str, Any] = {}
     if not opts.no_dp:
-        claim = _amend_dp_card(out, teachers, calibrated=_has_calibrated_thresholds(ensemble))
+        claim = _amend_dp_card(out, teachers, calibrated=_has_calibrated_thresholds(ensemble),
+                               rules=_has_rule_member(ensemble))
     return OwnerResult(
         out_dir=out, train=result, notes=len(train_notes), gold_notes=len(labelled),
         pseudo_notes=len(unlabelled),
@@ -381,19 +382,27 @@ def _run_budget(opts: TrainOptions, teachers: Sequence[dict[str, Any]]) -> Train
     return replace(opts, max_epsilon=left)
 
 
-def _amend_dp_card(out: Path, teachers: Sequence[dict[str, Any]], *, calibrated: bool
-                   ) -> dict[str, Any]:
-    """Rewrite a DP student's card with its teachers composed (and the calibration caveat).
+def _has_rule_member(ensemble: Ensemble) -> bool:
+    from dphub.ensemble.rules import RuleMember
 
-    Returns the final block (its ``epsilon`` and ``delta`` are the claim).
-    """
+    return any(isinstance(s.member, RuleMember) for s in ensemble.slots)
+
+
+def _amend_dp_card(out: Path, teachers: Sequence[dict[str, Any]], *, calibrated: bool,
+                   rules: bool = False) -> dict[str, Any]:
+    """Rewrite a DP student's card with its teachers composed and the caveats of its labels
+    (calibrated thresholds; the rule member's design). Returns the final block (its
+    ``epsilon`` and ``delta`` are the claim)."""
     from dphub.card import compose_teachers, load_card, write_card
+    from dphub.privacy.statement import RULES_NOT_COVERED
 
     card = load_card(out)
     dp = compose_teachers(card.meta["differential_privacy"], teachers)
-    if calibrated:
-        dp["not_covered"] = [*dp.get("not_covered", []), CALIBRATION_NOT_COVERED]
-    if teachers or calibrated:
+    before = list(dp.get("not_covered", []))
+    extra = [c for c, on in ((CALIBRATION_NOT_COVERED, calibrated), (RULES_NOT_COVERED, rules))
+             if on and c not in before]
+    dp["not_covered"] = before + extra
+    if teachers or extra:
         write_card(out, {**card.meta, "differential_privacy": dp})
     return dp
 

@@ -24,6 +24,12 @@ NOT_COVERED: tuple[str, ...] = (
     "number of units N to within half a batch",
 )
 
+#: ``not_covered`` of a model whose inputs or labels come from the rule member (rule features,
+#: or a student of an ensemble with it): its design was tuned on a private development corpus.
+RULES_NOT_COVERED = ("the rule member's patterns and word lists (rule features, rule-made "
+                     "labels), designed while reading the notes of the PhysioNet deid "
+                     "development corpus")
+
 #: ``not_covered`` of a run whose expected batch is one unit: then k = N and q = 1/N exactly.
 EXACT_UNITS_NOT_COVERED = ("the exact number of units: with a batch size of 1 the sample rate "
                            "is q = 1/N")
@@ -225,19 +231,31 @@ def summary(dp: Mapping[str, Any]) -> str:
     )
 
 
+#: The one seed a DP model publishes (``training_config.json`` ``dphub_training.seed``, ``--seed``)
+#: and why it is harmless: DP-SGD's guarantee holds for any fixed value of randomness that does not
+#: depend on the data (the initial weights, dropout masks), so publishing it costs nothing.
+_INIT_SEED_WORDS = (
+    "The seed published in training_config.json (--seed) is another one: it seeds only "
+    "randomness that does not depend on the data (the initial weights of the new layers, the "
+    "public warm start, dropout), never the noise or the sampling; the guarantee holds whatever "
+    "its value."
+)
+
+
 def _randomness_words(dp: Mapping[str, Any]) -> str:
     """Where the mechanism's noise and sampling came from (``mechanism_rng``)."""
     mode = dp.get("mechanism_rng")
     if mode == "csprng":
         return (
             "Randomness: every noise and sampling draw came from the operating system's "
-            "cryptographically secure generator (secure mode); no seed exists to publish."
+            "cryptographically secure generator (secure mode); the mechanism has no seed to "
+            "publish. " + _INIT_SEED_WORDS
         )
     if mode == "os-seeded":
         return (
             "Randomness: noise and sampling came from a generator seeded afresh from the "
-            "operating system's cryptographically secure generator for this run; the seed was "
-            "never stored or published, so training cannot be replayed."
+            "operating system's cryptographically secure generator for this run; that seed was "
+            "never stored or published, so training cannot be replayed. " + _INIT_SEED_WORDS
         )
     return (
         "Randomness: this card does not say where the noise came from (trained before dphub "
