@@ -100,8 +100,8 @@ def _min_age_note(entry: Any, manifest_path: Path) -> str:
     if min_age:
         return f"{entry.name}: flags ages of {min_age} and over (min_age = {min_age})"
     return (f"{entry.name}: flags EVERY age (min_age = 0, as i2b2-2014 and dphub's own models "
-            "label ages). HIPAA Safe Harbor needs only ages over 89, which is what the README's "
-            f"rule figures use: give this member options = {{ min_age = 90 }} in "
+            "label ages). HIPAA Safe Harbor needs only ages over 89, as in the README's rule "
+            f"figures: give this member options = {{ min_age = 90 }} in "
             f"{manifest_path} for fewer false positives on ages")
 
 
@@ -629,7 +629,8 @@ def _report_owner(res: Any) -> None:
         composed = [e for e in res.teachers if e["composed"]]
         if composed:
             what += (f"; composed with {len(composed)} teacher(s) that may have seen these "
-                     f"patients (this run alone: ε = {t.epsilon:.3f}, δ = {t.delta:.2g})")
+                     f"patients (this run alone: ε = {t.epsilon:.3f}, δ = {t.delta:.2g}; "
+                     "declare a member trained on other patients with --disjoint-teacher NAME)")
     typer.echo(f"wrote {res.out_dir}: {what}; {res.notes} training notes ({res.gold_notes} with "
                f"gold labels, {res.pseudo_notes} labelled by the ensemble), {t.steps} steps")
     typer.echo(f"use it: dphub ensemble add {res.out_dir}  (or dphub deid NOTES --model "

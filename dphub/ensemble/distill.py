@@ -377,8 +377,10 @@ def _run_budget(opts: TrainOptions, teachers: Sequence[dict[str, Any]]) -> Train
         return opts
     left = opts.max_epsilon - spent
     if left <= 0:
-        raise ConfigError(f"--max-epsilon {opts.max_epsilon:g}: the composed teachers already "
-                          f"spent ε {spent:g} on these patients; nothing is left for this run")
+        raise ConfigError(f"--max-epsilon {opts.max_epsilon:g}: the composed teachers may "
+                          f"already have spent ε {spent:g} on these patients; nothing is left "
+                          "for this run (declare a member trained on other patients with "
+                          "--disjoint-teacher NAME)")
     return replace(opts, max_epsilon=left)
 
 
