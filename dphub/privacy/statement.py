@@ -194,7 +194,7 @@ def _teacher_words(dp: Mapping[str, Any], teachers: list[Any]) -> str:
             + ". The epsilon and delta above are this training run's own (epsilon = "
             f"{_fmt(comp.get('run_epsilon'))}, delta = {_fmt(comp.get('run_delta'))}) plus "
             "theirs, by basic composition (epsilons and deltas add up): a valid upper bound "
-            "for a unit in all of these datasets."
+            "whichever of these datasets a unit was in."
         )
     if declared:
         words += (
