@@ -146,7 +146,9 @@ def test_second_dp_distillation_composes_the_first_student(
     assert dp["delta"] == pytest.approx(res.train.delta + first["delta"])
     assert res.epsilon == dp["epsilon"]
     [entry] = dp["lineage"]
-    assert entry["role"] == "teacher" and entry["composed"] is True and entry["repo"] == "s1"
+    assert entry["role"] == "teacher" and entry["composed"] is True
+    assert entry["repo"] == "local-teacher-2"  # never the local directory's name
+    assert entry["revision"] == load_card(s1).dp["weights_sha256"]
     assert entry["epsilon"] == first["epsilon"] and entry["privacy_unit"] == "patient"
     body = load_card(s2).body
     assert "teacher (same units possible: composed)" in body and "basic composition" in body

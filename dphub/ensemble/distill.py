@@ -281,8 +281,11 @@ _PUBLIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z
 
 
 def _public_name(name: str, i: int) -> str:
-    """A member name as the card may show it (a hub id or a plain name), else ``teacher-<i>``."""
-    return name if _PUBLIC_NAME.match(name) and ".." not in name else f"teacher-{i}"
+    """A member name as the card may show it: a hub id (``org/name``, a pulled member), else
+    ``local-teacher-<i>``. A directory member's name is its local directory's, which may name a
+    ward or a user: it never reaches the card (its weights digest identifies it)."""
+    ok = "/" in name and _PUBLIC_NAME.match(name) and ".." not in name
+    return name if ok else f"local-teacher-{i}"
 
 
 def _public_revision(rev: str | None) -> str:
@@ -340,7 +343,7 @@ def teacher_lineage(ensemble: Ensemble, unit: str, *,
                           f"(members: {', '.join(names)})")
     out: list[dict[str, Any]] = []
     for i, slot in enumerate(ensemble.slots, 1):
-        eps, delta, t_unit = slot.epsilon, slot.delta, slot.unit
+        eps, delta, t_unit, rev = slot.epsilon, slot.delta, slot.unit, slot.revision
         path = getattr(slot.member, "path", None)
         if isinstance(slot.member, ModelMember) and path is not None:
             dp = _teacher_card(slot.name, Path(path))
@@ -350,6 +353,7 @@ def teacher_lineage(ensemble: Ensemble, unit: str, *,
                 raise ConfigError(f"--dp: member {slot.name!r} was trained without differential "
                                   "privacy (its card says so); remove it from the ensemble")
             eps, delta, t_unit = dp.get("epsilon"), dp.get("delta"), dp.get("privacy_unit")
+            rev = rev or dp.get("weights_sha256")
         elif eps == 0:
             continue  # a member without training data (the rule member)
         why = f"--dp: cannot state the composition with member {slot.name!r}"
@@ -364,8 +368,8 @@ def teacher_lineage(ensemble: Ensemble, unit: str, *,
                 f"per {t_unit}, or declare it trained on none of these patients "
                 f"(--disjoint-teacher {slot.name})"
             )
-        out.append({"repo": _public_name(slot.name, i), "revision": _public_revision(
-                    slot.revision), "epsilon": float(eps), "delta": float(delta),
+        out.append({"repo": _public_name(slot.name, i), "revision": _public_revision(rev),
+                    "epsilon": float(eps), "delta": float(delta),
                     "privacy_unit": str(t_unit), "composed": composed})
     return out
 
