@@ -87,6 +87,22 @@ def add_cmd(
         manifest.add(entry)
     typer.echo(f"added {entry.name} ({entry.kind}"
                + (f", revision {entry.revision}" if entry.revision else "") + f") to {manifest_path}")
+    if entry.kind == "rules":
+        typer.echo(_min_age_note(entry, manifest_path))
+
+
+def _min_age_note(entry: Any, manifest_path: Path) -> str:
+    """Which ages a rule member flags, said where it is chosen (issue: the README's figures use
+    ``min_age = 90`` while the default flags every age, and the two differ in precision)."""
+    from dphub.ensemble.rules import RuleOptions
+
+    min_age = RuleOptions.from_dict(entry.options).min_age
+    if min_age:
+        return f"{entry.name}: flags ages of {min_age} and over (min_age = {min_age})"
+    return (f"{entry.name}: flags EVERY age (min_age = 0, as i2b2-2014 and dphub's own models "
+            "label ages). HIPAA Safe Harbor needs only ages over 89, as in the README's rule "
+            f"figures: give this member options = {{ min_age = 90 }} in "
+            f"{manifest_path} for fewer false positives on ages")
 
 
 @ensemble_app.command("remove")
@@ -123,6 +139,9 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
                   "decode" if m.threshold is None and m.kind in ("registry", "dir")
                   else _fmt(m.threshold))
     Console().print(t)
+    for m in manifest.members:
+        if m.kind == "rules":
+            typer.echo(_min_age_note(m, manifest_path))
 
 
 @ensemble_app.command("show")
@@ -604,7 +623,14 @@ def _report_owner(res: Any) -> None:
     if res.local_only:
         what = f"{LOCAL_ONLY_STATEMENT.upper()} (no DP; the publish gate refuses it)"
     else:
-        what = f"ε = {t.epsilon:.3f}, δ = {t.delta:.2g} (DP, publishable)"
+        eps = res.epsilon if res.epsilon is not None else t.epsilon
+        delta = res.delta if res.delta is not None else t.delta
+        what = f"ε = {eps:.3f}, δ = {delta:.2g} (DP, publishable)"
+        composed = [e for e in res.teachers if e["composed"]]
+        if composed:
+            what += (f"; composed with {len(composed)} teacher(s) that may have seen these "
+                     f"patients (this run alone: ε = {t.epsilon:.3f}, δ = {t.delta:.2g}; "
+                     "declare a member trained on other patients with --disjoint-teacher NAME)")
     typer.echo(f"wrote {res.out_dir}: {what}; {res.notes} training notes ({res.gold_notes} with "
                f"gold labels, {res.pseudo_notes} labelled by the ensemble), {t.steps} steps")
     typer.echo(f"use it: dphub ensemble add {res.out_dir}  (or dphub deid NOTES --model "
@@ -630,6 +656,12 @@ def distill_cmd(
         False, "--soft-labels",
         help="Soft labels: each ensemble span's score is the probability the student learns "
              "for its tag (the rest goes to O); local (non-DP) students only.",
+    ),
+    disjoint_teacher: list[str] = typer.Option(
+        [], "--disjoint-teacher", metavar="NAME",
+        help="With --dp: declare that member NAME was trained on none of these patients, so "
+             "its ε is not composed into the student's (recorded on the card as your "
+             "declaration). Default: every member with ε > 0 may have seen them and is composed.",
     ),
     aggregate: str | None = AGGREGATE_OPT,
     fmt: str | None = FORMAT_OPT,
@@ -687,6 +719,7 @@ def distill_cmd(
                               batch_size=batch_size)
     with ProgressReporter() as reporter, disk_full_as_error(out):
         res = distill(ensemble, notes, opts, labelled=gold, rounds=rounds, batch_size=batch_size,
+                      disjoint_teachers=disjoint_teacher,
                       on_label=reporter.count_callback("label", "notes"),
                       on_progress=reporter.train_callback())
     _report_owner(res)

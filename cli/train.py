@@ -70,7 +70,7 @@ label_schema = "hipaa"         # hipaa | i2b2-2014
 # --noise or --target-epsilon replaces whichever of the two is set here.
 # target_epsilon = 8.0
 # noise = 1.0                  # noise multiplier sigma
-# delta = 1e-5                 # default min(1e-5, 1/(10 N)); must be <= 1/N units
+# delta = 1e-5                 # default min(1e-5, 1/(10 N)) rounded down to 1, 2, 5 x 10^-k; must be <= 1/N units
 privacy_unit = "patient"       # patient | note | sequence (only patient protects patients)
 accountant = "prv"             # prv | rdp
 max_grad_norm = 1.0            # per-unit clipping bound C
@@ -183,7 +183,7 @@ TARGET_EPSILON_OPT = typer.Option(
     )
 DELTA_OPT = typer.Option(
         None, "--delta", parser=finite_float(min=0.0, max=1.0, min_open=True, max_open=True),
-        metavar=FLOAT, show_default="min(1e-5, 1/(10 N units))",
+        metavar=FLOAT, show_default="min(1e-5, 1/(10 N units)) rounded down to 1, 2 or 5 x 10^-k",
         help="δ of the (ε, δ) guarantee; must stay below 1/N.",
     )
 EPOCHS_OPT = typer.Option(
@@ -192,7 +192,9 @@ EPOCHS_OPT = typer.Option(
     )
 BATCH_SIZE_OPT = typer.Option(
         None, "--batch-size", min=1, show_default="96",
-        help="Expected units per logical step (Poisson sampling rate = batch / units).",
+        help="Expected units per logical step (Poisson sampling rate = batch / units; the "
+             "published rate locates the number of units to within half a batch, and 1 "
+             "publishes it exactly: the card says so).",
     )
 MAX_PHYSICAL_BATCH_OPT = typer.Option(
         None, "--max-physical-batch", min=1, show_default="16",

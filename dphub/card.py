@@ -35,7 +35,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -193,6 +193,58 @@ def dp_block(
     if weights_sha256 is not None:
         block["weights_sha256"] = weights_sha256
     return block
+
+
+#: ``lineage`` roles: ``init_from`` (``--init-from``: a model this one was fine-tuned from; entries
+#: without a role are this) and ``teacher`` (``ensemble distill``: a member whose labels this model
+#: learnt). ``composed`` teachers may have seen this model's units: their ε and δ are in the claim.
+LINEAGE_TEACHER = "teacher"
+#: ``composition.method``: basic sequential composition, ε and δ add up (a valid upper bound for
+#: any mechanisms, whatever their accountants).
+BASIC_COMPOSITION = "basic"
+
+
+def composed_lineage(dp: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The lineage entries whose ε and δ the card's claim must include (composed teachers)."""
+    return [e for e in dp.get("lineage") or []
+            if isinstance(e, Mapping) and e.get("role") == LINEAGE_TEACHER
+            and e.get("composed") is True]
+
+
+def run_delta(dp: Mapping[str, Any]) -> float:
+    """δ of this training run's own accounting: ``composition.run_delta`` when the card composes
+    teachers (its ``delta`` is then the sum), else ``delta``."""
+    comp = dp.get("composition")
+    if isinstance(comp, Mapping) and comp.get("run_delta") is not None:
+        return float(comp["run_delta"])
+    return float(dp["delta"])
+
+
+def compose_teachers(dp: Mapping[str, Any], teachers: Sequence[Mapping[str, Any]]
+                     ) -> dict[str, Any]:
+    """``dp`` (a run's private block) with ``teachers`` added to its lineage and composed.
+
+    Each teacher is ``{repo, revision, epsilon, delta, privacy_unit, composed}``; those with
+    ``composed`` true may have seen this run's units, so the claim becomes this run's (ε, δ) plus
+    theirs (basic composition, :data:`BASIC_COMPOSITION`); ``composition`` keeps this run's own
+    ε and δ so the accounting can still be recomputed. A teacher's ε is its card's claim, which
+    already composes its own teachers.
+    """
+    out = dict(dp)
+    lineage = [dict(e) for e in dp.get("lineage") or []]
+    lineage += [{**dict(t), "role": LINEAGE_TEACHER, "composed": bool(t.get("composed"))}
+                for t in teachers]
+    if not lineage:
+        return out
+    out["lineage"] = lineage
+    parts = [t for t in teachers if t.get("composed")]
+    if parts:
+        run_eps, run_d = float(dp["epsilon"]), run_delta(dp)
+        out["composition"] = {"method": BASIC_COMPOSITION, "run_epsilon": run_eps,
+                              "run_delta": run_d}
+        out["epsilon"] = run_eps + sum(float(t["epsilon"]) for t in parts)
+        out["delta"] = run_d + sum(float(t["delta"]) for t in parts)
+    return out
 
 
 def coarsen_count(n: int) -> str:
@@ -435,6 +487,7 @@ _DP_ROWS: tuple[tuple[str, str], ...] = (
     ("grad_sample_mode", "grad-sample mode"),
     ("secure_rng", "secure RNG"),
     ("mechanism_rng", "noise and sampling randomness"),
+    ("composition", "composition of this run with its teachers (ε and δ add up)"),
     ("weights_sha256", "weights SHA-256"),
     ("recall_weighting", "recall weighting"),
     ("public_pretraining", "public warm start (costs no ε)"),
@@ -833,9 +886,16 @@ def _audit_section(meta: Mapping[str, Any]) -> str:
     return audit_section(meta)
 
 
+def _lineage_title(e: Mapping[str, Any]) -> str:
+    if e.get("role") != LINEAGE_TEACHER:
+        return "initialised from"
+    return ("teacher (same units possible: composed)" if e.get("composed") is True
+            else "teacher (declared to share no unit: not composed)")
+
+
 def _lineage_rows(dp: Mapping[str, Any]) -> str:
     rows = [
-        f"| initialised from | {_fmt(e.get('repo'))}@{_fmt(e.get('revision'))} "
+        f"| {_lineage_title(e)} | {_fmt(e.get('repo'))}@{_fmt(e.get('revision'))} "
         f"(ε = {_fmt(e.get('epsilon'))}, δ = {_fmt(e.get('delta'))}, "
         f"unit {_fmt(e.get('privacy_unit'))}) |"
         for e in dp.get("lineage") or []
@@ -1188,24 +1248,33 @@ def accounting_problems(dp: Mapping[str, Any]) -> list[str]:
     * the recorded dp-accounting ε must equal its recomputation within ``RECORD_RTOL``;
     * the claim may lie at most ``CROSS_CHECK_RTOL`` (1 %) below dp-accounting's ε (Opacus's
       PRV is never below PLD on the measured grid; RDP↔RDP within 0.83 % for ε ≲ 12, see
-      ``accounting``).
+      ``accounting``);
+    * with composed teachers in the lineage (:func:`composed_lineage`), the run's recomputed ε
+      plus the teachers' recorded ε is the floor of the claim, and δ must cover the run's δ
+      plus theirs (:func:`composition_problems`).
     """
     key = (
         str(dp["accountant"]),
         float(dp["sample_rate"]),
         float(dp["noise_multiplier"]),
         int(dp["steps"]),
-        float(dp["delta"]),
+        run_delta(dp),
     )
     cc = dp["cross_check"]
     try:
-        primary = _epsilon_opacus(*key)
-        independent = _epsilon_independent(str(cc["method"]), *key[1:])
+        run_primary = _epsilon_opacus(*key)
+        run_independent = _epsilon_independent(str(cc["method"]), *key[1:])
     except DphubError as e:
         return [f"differential_privacy: accounting fields are inconsistent ({e})"]
+    problems = composition_problems(dp)
     claimed = float(dp["epsilon"])
     fields = f"{key[0]}, q={key[1]:g}, sigma={key[2]:g}, steps={key[3]}, delta={key[4]:g}"
-    problems = []
+    # the claim covers this run plus every composed teacher (basic composition): its floor is
+    # the sum; without teachers, spent is 0
+    spent = sum(float(e["epsilon"]) for e in composed_lineage(dp))
+    if spent:
+        fields += f", plus composed teachers' epsilon {spent:g}"
+    primary, independent = run_primary + spent, run_independent + spent
     if accounting.below(claimed, primary, accounting.CLAIM_RTOL):
         problems.append(
             f"differential_privacy.epsilon: claims {claimed:.6g} but the recorded accounting "
@@ -1213,10 +1282,10 @@ def accounting_problems(dp: Mapping[str, Any]) -> list[str]:
             f"{_pct(accounting.CLAIM_RTOL)} below it is refused"
         )
     recorded = float(cc["epsilon"])
-    if not accounting.agree(recorded, independent, accounting.RECORD_RTOL):
+    if not accounting.agree(recorded, run_independent, accounting.RECORD_RTOL):
         problems.append(
             f"differential_privacy.cross_check.epsilon: records {recorded:.6g} but dp-accounting "
-            f"({cc['method']}) gives {independent:.6g} for {fields} "
+            f"({cc['method']}) gives {run_independent:.6g} for {fields} "
             f"(tolerance {_pct(accounting.RECORD_RTOL)})"
         )
     if accounting.below(claimed, independent, accounting.CROSS_CHECK_RTOL):
@@ -1226,6 +1295,50 @@ def accounting_problems(dp: Mapping[str, Any]) -> list[str]:
             f"{_pct(accounting.CROSS_CHECK_RTOL)})"
         )
     return problems
+
+
+def composition_problems(dp: Mapping[str, Any]) -> list[str]:
+    """The claim against the composition its lineage records (the published rule).
+
+    Composed teachers (lineage entries with ``role: teacher``, ``composed: true``) may have seen
+    this model's units: the card's δ must cover the run's δ (``composition.run_delta``) plus
+    theirs, and ``composition`` must say how (``basic``). Their ε is checked by
+    :func:`accounting_problems` (the run's ε is recomputed there, never read from the card). A
+    teacher of another privacy unit cannot be composed into a claim per this unit.
+    """
+    teachers = composed_lineage(dp)
+    comp = dp.get("composition")
+    if not teachers:
+        if comp is not None:
+            return ["differential_privacy.composition: recorded but the lineage lists no "
+                    "composed teacher"]
+        return []
+    if not isinstance(comp, Mapping) or comp.get("method") != BASIC_COMPOSITION:
+        return ["differential_privacy.composition: the lineage lists composed teachers but the "
+                f"card does not record their composition (method {BASIC_COMPOSITION!r})"]
+    problems = []
+    unit = dp.get("privacy_unit")
+    other = [i for i, e in enumerate(dp.get("lineage") or [])
+             if e in teachers and not unit_covers(str(e.get("privacy_unit")), str(unit))]
+    if other:
+        problems.append(f"differential_privacy.lineage.{other[0]}: a composed teacher protects "
+                        f"a finer unit than {unit}; its epsilon does not bound a {unit}'s loss")
+    need = run_delta(dp) + sum(float(e["delta"]) for e in teachers)
+    if float(dp["delta"]) < need * (1 - 1e-9):
+        problems.append(f"differential_privacy.delta: claims {float(dp['delta']):.6g} but this "
+                        f"run's delta plus the composed teachers' is {need:.6g}")
+    return problems
+
+
+#: privacy units from the coarsest: a guarantee per patient bounds one per note or sequence
+_UNIT_ORDER = ("patient", "note", "sequence")
+
+
+def unit_covers(teacher_unit: str, unit: str) -> bool:
+    """A guarantee per ``teacher_unit`` bounds the loss of one ``unit`` (same or coarser)."""
+    if teacher_unit not in _UNIT_ORDER or unit not in _UNIT_ORDER:
+        return False
+    return _UNIT_ORDER.index(teacher_unit) <= _UNIT_ORDER.index(unit)
 
 
 def meta_problems(
@@ -1407,6 +1520,8 @@ def dp_summary(card: ModelCard) -> dict[str, Any]:
             dataset_name = (result.get("dataset") or {}).get("name")
             evals = {m.get("type"): m.get("value") for m in result.get("metrics", [])}
     lineage = [f"{e.get('repo')}@{e.get('revision')}" for e in dp.get("lineage") or []]
+    init = [f"{e.get('repo')}@{e.get('revision')}" for e in dp.get("lineage") or []
+            if isinstance(e, dict) and e.get("role") != LINEAGE_TEACHER]
     model_name = meta.get("model_name")
     if model_name is None:
         index = meta.get("model-index") or []
@@ -1440,6 +1555,6 @@ def dp_summary(card: ModelCard) -> dict[str, Any]:
         # why a status next to the numbers: they come from the trainer's private held-out notes
         "eval_privacy": EVAL_PRIVACY_STATUS if dataset_name is not None else None,
         "card_text": sorted(_card_texts(meta)),
-        "init_from": lineage[0] if lineage else None,
+        "init_from": init[0] if init else None,
         "lineage": lineage,
     }

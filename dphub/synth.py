@@ -84,8 +84,8 @@ _PROFESSIONS = (
 )
 
 _HOSPITAL_SUFFIXES = (
-    "Hospital", "General Hospital", "Medical Center", "Memorial Hospital", "Regional Hospital",
-    "Community Hospital", "Health Center",
+    "Hospital", "General Hospital", "Health Center", "Medical Center", "Memorial Hospital",
+    "Regional Hospital", "Community Hospital",
 )
 
 _REHAB_WORDS = ("Rehab", "Rehabilitation Hospital", "Nursing Home", "Manor", "Care Center")
@@ -251,7 +251,7 @@ def _hospital(fake: Faker, rng: random.Random, city: str) -> Hospital:
         name = f"{base} {suffix}"
     elif r < 0.6:
         base = city
-        suffix = rng.choice(("General Hospital", "Medical Center", "Hospital"))
+        suffix = rng.choice(("General Hospital", "Hospital", "Medical Center"))
         name = f"{base} {suffix}"
     elif r < 0.8:
         saint = fake.first_name_female() if rng.random() < 0.6 else fake.first_name_male()
@@ -755,7 +755,7 @@ class _NoteWriter:
 # --------------------------------------------------------------------------------------------
 
 _NURSING_OPENERS = (
-    "{AGE_PHRASE} {sex} admitted in transfer from {OHOSP} for {dx} post fall at home. ",
+    "{AGE_PHRASE} {sex} sent over from {OHOSP} for {dx} after a fall at home. ",
     "{AGE_PHRASE} {sex} with hx {dx}, {dx}, s/p MI {YEAR}, admitted {DATE_SHORT} with {dx}. ",
     "Pt is a {AGE_PHRASE} {sex} s/p {proc} on {DATE_SHORT}, transferred from {OHOSP} ER. ",
     "{PT} is a {AGE_PHRASE} {sex} admitted to {HOSP} {unit} on {ADMIT} after being found down. ",
@@ -765,13 +765,13 @@ _NURSING_OPENERS = (
 
 _NURSING_SECTIONS: dict[str, tuple[str, ...]] = {
     "NEURO": (
-        "A+Ox3, MAE, PERRL. ", "sedated on propofol {num} mcg/kg/min, arousable to voice. ",
-        "{sign}. ", "lethargic but follows simple commands. ", "Ativan {num} mg IV given for agitation. ",
+        "fully oriented, moving all limbs, PERRL. ", "sedated on propofol {num} mcg/kg/min, arousable to voice. ",
+        "{sign}. ", "lethargic but follows simple commands. ", "Ativan {num} mg IV for agitation. ",
         "pt calm, sleeping in naps overnight. ", "{PT_FIRST} oriented x2, confused to time. ",
-        "c/o pain, medicated with {med} with good effect. ",
+        "c/o pain, {med} given, pain relieved. ",
     ),
     "CV": (
-        "HR {hr} {rhythm}, BP {bp}, no ectopy noted. ", "{med} gtt titrated to keep SBP > {num}. ",
+        "HR {hr} {rhythm}, BP {bp}, no ectopy noted. ", "{med} gtt adjusted for SBP goal > {num}. ",
         "{lab}, repleted with {num} meq KCL. ", "{device} in place, CVP {num}. ",
         "HR {hr}-{hr} {rhythm}, {sign}. ", "BP {bp} on {med} {num} mcg/min. ",
         "pulses palp, extremities warm. ", "pacer DDD, serial # {DEVICE} checked by EP. ",
@@ -779,21 +779,21 @@ _NURSING_SECTIONS: dict[str, tuple[str, ...]] = {
         "heparin gtt at {num} units/hr, PTT {lab}. ",
     ),
     "RESP": (
-        "LS coarse bilat, sx for thick tan sputum. ", "on {num}L NC with sats {sat}%. ",
+        "LS rhonchorous throughout, suctioned for tan secretions. ", "{num}L nasal cannula, SpO2 {sat}%. ",
         "vent settings AC {num}/500/40%/5, RR {rr}. ", "LS clear upper, diminished bases. ",
         "{lab}. ", "weaned to CPAP {num}/5, tolerating well. ",
-        "RR {rr}, sats {sat}% on 40% face tent. ", "nebs given by RT, {med} q4h. ",
+        "RR {rr}, sats {sat}% via face tent at 40%. ", "nebs given by RT, {med} q4h. ",
         "CXR with ? LLL infiltrate. ",
     ),
     "GI": (
-        "abd soft, +BS, tolerating {tf} at {num} cc/hr. ", "NPO except meds. ",
-        "no BM this shift, {med} given. ", "OGT to LCWS, draining bilious fluid. ",
-        "guaiac positive stool x1, {lab}. ", "FS {num}, covered per SS insulin. ",
+        "abdomen soft with active BS; {tf} infusing at {num} cc/hr. ", "NPO except meds. ",
+        "no stool today, {med} given. ", "OGT on low intermittent suction, bilious output. ",
+        "guaiac positive stool x1, {lab}. ", "FS {num}, SS insulin coverage given. ",
         "abd distended, firm, hypoactive BS. ",
     ),
     "GU": (
-        "{device} draining clear yellow urine, {num}-{num} cc/hr. ", "{lab}, {lab}. ",
-        "lasix {num} mg IV given with good diuresis. ", "UO marginal, MD aware. ",
+        "{device} patent, output yellow and clear, {num}-{num} cc/hr. ", "{lab}, {lab}. ",
+        "lasix {num} mg IV, diuresed well. ", "UO marginal, MD aware. ",
     ),
     "ID": (
         "Tmax {temp}, on {med} and {med}. ", "cultures sent {DATE_SHORT}, pending. ",
@@ -801,11 +801,11 @@ _NURSING_SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "SKIN": (
         "coccyx with stage II decub, duoderm applied. ", "skin intact, turned q2h. ",
-        "{device} site clean and dry. ", "incision C/D/I, staples intact. ",
+        "{device} site without redness or drainage. ", "incision C/D/I, staples intact. ",
     ),
     "SOCIAL": (
-        "{REL} in to visit, updated by Dr. {DR}. ", "{REL} called, will be in tomorrow. ",
-        "{REL} can be reached at {REL_PHONE}. ", "family meeting with {REL} and {REL}, pt now DNR/DNI. ",
+        "{REL} visited; Dr. {DR} gave an update. ", "{REL} called, will be in tomorrow. ",
+        "{REL} reachable by phone at {REL_PHONE}. ", "family meeting with {REL} and {REL}, pt now DNR/DNI. ",
         "pt lives with {REL} in {CITY}. ", "pt is a retired {PROF}. ", "pt works as a {PROF} at {ORG}. ",
         "{REL} visited, very supportive; {REL_NAME} is HCP. ", "pt emigrated from {COUNTRY} in {YEAR}. ",
         "{REL} here from {CITY}, {STATE}, staying at hotel. ", "no family contact this shift. ",
@@ -814,9 +814,9 @@ _NURSING_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 _NURSING_PLANS = (
-    "Dr. {DR} aware. ", "per Dr. {DR} plan for cath in am. ", "f/u {lab} in am. ",
+    "Dr. {DR} aware. ", "per Dr. {DR}, cath planned for am. ", "f/u {lab} in am. ",
     "possible transfer back to {OHOSP} {DATE_SHORT}. ", "to go for MRI {DATE_SHORT}. ",
-    "MD paged {PAGER} re low UO. ", "will continue to monitor, may need {med}. ",
+    "MD paged {PAGER} re low UO. ", "will keep monitoring, may need {med}. ",
     "wean vent as tol, cont {med}. ", "call Dr. {DR} at {PHONE} with any changes. ",
     "continue plan of care, supportive care to pt and family. ", "screen for {REHAB}. ",
     "D/C {device} {DATE_SHORT}. ", "{RN} RN to follow. ",
@@ -832,15 +832,15 @@ _NURSING_EXTRAS = (
     "pt seen in {HOSP} clinic {DATE}. ", "last admission {HOSP} {DATE} for {dx}. ",
     "{sign}. ", "given {dose}. ", "recent trip to {COUNTRY}. ",
     "records faxed to {OHOSP}, fax {FAX}. ", "family asks updates be emailed to {EMAIL}. ",
-    "pt wants to go home to {CITY}. ", "pt enrolled in study, id {IDNUM}. ",
+    "pt asking to return home to {CITY}. ", "pt enrolled in study, id {IDNUM}. ",
 )
 
 
 def _nursing_note(w: _NoteWriter) -> None:
     rng = w.rng
     if rng.random() < 0.35:
-        w.render(rng.choice(("Nursing Progress Note 7a-7p\n", "NPN 7P-7A\n", "MICU NSG NOTE\n",
-                             "Nursing note {TODAY}\n", "CCU Nursing Admission Note\n")))
+        w.render(rng.choice(("Nursing note, day shift\n", "NPN 7P-7A\n", "MICU NSG NOTE\n",
+                             "Nursing note {TODAY}\n", "CCU RN admit note\n")))
     if rng.random() < 0.5:
         w.render("O: " if rng.random() < 0.5 else "")
         w.render(rng.choice(_NURSING_OPENERS))
@@ -896,7 +896,7 @@ def _discharge_note(w: _NoteWriter) -> None:
         "In the ED, vitals were T {temp} HR {hr} BP {bp} RR {rr} O2 sat {sat}% on RA. ",
         "{He} was seen by Dr. {DR} in clinic on {DATE}, who noted {sign}. ",
     )))
-    r("{He} was admitted to the {unit} for further care.\n\n")
+    r("{He} was then moved to the {unit} for further care.\n\n")
     r("Past Medical History:\n- {dx}\n- {dx}, diagnosed {YEAR}\n- s/p {proc} ({YEAR})\n- {dx}\n\n")
     r("Social History:\n")
     r(rng.choice((
@@ -1318,7 +1318,7 @@ _RN_SYSTEMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         "EP (Dr. {DRN}) to interrogate pacer {RDATE}. ",
     )),
     "Resp": ((
-        "LS coarse bilat, dim at bases. ", "LS clear, sats {sat}% on {n} NC. ",
+        "coarse LS on both sides, dim at bases. ", "LS clear, sats {sat}% on {n} NC. ",
         "on AC {n}/{n}0/{n}0%/PEEP {n}, RR {n}. ", "weaned to PS {frac}, tol well. ",
         "sx for sm amt thick tan sputum. ", "{rlab}. ", "CXR this am with ? LLL infiltrate. ",
         "nebs by RT, {rmed} q4h. ", "face tent 40%, sats {sat}%. ", "trach care done, {look} in place. ",

@@ -500,10 +500,14 @@ def owner_trainings(args: argparse.Namespace, work: Path, data: dict[str, list[A
         return out
     unlabelled = [replace(n, spans=[], labelled=False) for n in train_notes]  # Scenario A
     names = ", ".join(s.name for s in teacher.slots)
+    # the sites' models saw other patients than owner-train's (the reproduction splits the
+    # corpus by site): declared, so a DP student's ε is not composed with theirs
+    sites = [s.name for s in teacher.slots if s.epsilon]
     for name, rounds, dp, soft, rule in STUDENTS:
         def fit(o: Any, progress: Any, rounds: int = rounds, rule: str = rule) -> Any:
             return distill(Ensemble(teacher.slots, rule), unlabelled, o, rounds=rounds,
-                           batch_size=len(unlabelled), on_progress=progress).train
+                           batch_size=len(unlabelled), on_progress=progress,
+                           disjoint_teachers=sites if not o.no_dp else ()).train
 
         how = (f"{'DP' if dp else 'no DP, local only'}; labels: {names} ({rule}) on owner-train"
                + (f", {rounds} rounds" if rounds > 1 else "") + (", soft" if soft else ""))

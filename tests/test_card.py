@@ -339,6 +339,48 @@ def test_statement_lineage_and_warm_start(tmp_path: Path, dp: dict[str, Any]) ->
     assert C.dp_summary(card)["init_from"] == "hospital-a/deid@v1"
 
 
+def _teacher(eps: float, composed: bool = True, unit: str = "patient") -> dict[str, Any]:
+    return {"repo": "s1", "revision": "ab" * 32, "epsilon": eps, "delta": 1e-5,
+            "privacy_unit": unit, "composed": composed}
+
+
+def test_composed_teachers_are_part_of_the_claim(tmp_path: Path, dp: dict[str, Any]) -> None:
+    """Issue 31 #1, the published rule: a card's ε and δ cover the run plus every composed
+    teacher of its lineage; one below the sum, a missing composition or a finer-unit teacher
+    is refused by validation (which `card validate` and the gate run)."""
+    block = C.compose_teachers(copy.deepcopy(dp), [_teacher(4.0), _teacher(9.0, False)])
+    assert block["epsilon"] == pytest.approx(dp["epsilon"] + 4.0)
+    assert block["delta"] == pytest.approx(2e-5)
+    assert block["composition"] == {"method": "basic", "run_epsilon": dp["epsilon"],
+                                    "run_delta": 1e-5}
+    assert [e["composed"] for e in block["lineage"]] == [True, False]
+    C.write_card(tmp_path, C.card_meta(block, dict(DATASET), base_model="org/base"))
+    card = C.validate_card(tmp_path)
+    assert "basic composition" in card.body and "declared by the trainer" in card.body
+    assert C.dp_summary(card)["init_from"] is None
+    # the run's own accounting: the claim without the teacher is refused
+    for key, value in (("epsilon", dp["epsilon"]), ("epsilon", dp["epsilon"] + 3.9),
+                       ("delta", 1.5e-5)):
+        bad = {**copy.deepcopy(block), key: value}
+        assert any(p.startswith(f"differential_privacy.{key}") for p in C.meta_problems(
+            C.card_meta(bad, dict(DATASET), base_model="org/base"))), (key, value)
+    no_comp = {k: v for k, v in copy.deepcopy(block).items() if k != "composition"}
+    assert any("composition" in p for p in C.meta_problems(
+        C.card_meta(no_comp, dict(DATASET), base_model="org/base")))
+    finer = C.compose_teachers(copy.deepcopy(dp), [_teacher(4.0, unit="note")])
+    assert any("finer unit" in p for p in C.meta_problems(
+        C.card_meta(finer, dict(DATASET), base_model="org/base")))
+
+
+def test_randomness_paragraph_says_which_seed_is_published(dp: dict[str, Any]) -> None:
+    """Issue 31 #6: the card said no seed was published while training_config.json publishes
+    --seed; it now says which seed that is and why it is harmless."""
+    for rng, secure in (("os-seeded", False), ("csprng", True)):
+        s = privacy_statement({**dp, "mechanism_rng": rng, "secure_rng": secure})
+        assert "The seed published in training_config.json (--seed)" in s
+        assert "never the noise or the sampling" in s
+
+
 def _synthetic_notes(n: int = 12) -> list[Note]:
     fake = Faker()
     Faker.seed(7)

@@ -114,6 +114,23 @@ def test_manifest_add_list_show_remove(models: dict[str, Path], tmp_path: Path,
     assert main(["ensemble", "add", "rules:fancy", "--ensemble", str(m)]) == 2
 
 
+def test_rule_member_says_which_ages_it_flags(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31 #16: the default flags every age while the README's rule figures use
+    min_age = 90; `ensemble add` and `ensemble list` say which one is in effect and how to
+    change it."""
+    m = tmp_path / "ens.toml"
+    capsys.readouterr()
+    assert main(["ensemble", "add", "rules:default", "--ensemble", str(m)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "flags EVERY age (min_age = 0" in out and "min_age = 90" in out
+    m.write_text(m.read_text().replace('kind = "rules",',
+                                       'kind = "rules", options = { min_age = 90 },'))
+    assert main(["ensemble", "list", "--ensemble", str(m)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "rules:default: flags ages of 90 and over (min_age = 90)" in out
+
+
 def test_pinned_weights_are_verified(models: dict[str, Path], tmp_path: Path) -> None:
     import shutil
 

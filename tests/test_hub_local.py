@@ -44,6 +44,17 @@ def test_publish_search_pull_round_trip(model, hub_env):
     assert resolve_model(str(model)) == model
 
 
+def test_default_commit_message_names_the_repo_not_the_local_directory(model_template,
+                                                                        hub_env):
+    """Issue 31 #6: the local directory's name (a ward, a patient, a user) never reaches the
+    hub; the default message names the repo id and the guarantee."""
+    local = copy_model(model_template, hub_env["tmp"] / "ward7-jdoe-export")
+    ops.publish(local, "acme/deid")
+    [rev] = ops.info("acme/deid")
+    assert "ward7-jdoe-export" not in (rev.message or "")
+    assert (rev.message or "").startswith("Publish acme/deid (epsilon=")
+
+
 def test_second_publish_is_a_new_revision_and_old_one_stays_pullable(model, hub_env):
     old, s1 = ops.publish(model, "acme/deid", tag="v1")
     write_card(model, card_meta(noise=1.5))

@@ -223,6 +223,24 @@ def test_training_with_n_q_below_one_in_floating_point(tiny_base_model: Path,
         batch_size=1, epochs=0.1, noise=1.0, accountant="rdp", max_length=32, stride=4,
     ))
     assert res.steps == 5 and res.sample_rate == pytest.approx(1 / 49)
+    # q = 1/N publishes N exactly (issue 31 #5): the card says so
+    from dphub.card import load_card
+    from dphub.privacy.statement import EXACT_UNITS_NOT_COVERED
+
+    assert EXACT_UNITS_NOT_COVERED in load_card(tmp_path / "m").dp["not_covered"]
+
+
+@pytest.mark.parametrize("first", [10_001, 20_001, 123_400])
+def test_default_delta_does_not_reveal_the_number_of_units(first: int) -> None:
+    """Issue 31 #5: δ = 1/(10 N) unrounded inverted to N above 10,000 units; on the 1-2-5 grid,
+    rounded down (δ ≤ 1/(10 N) still), a hundred neighbouring N publish one δ."""
+    deltas = {T.default_delta(n) for n in range(first, first + 100)}
+    assert len(deltas) == 1
+    [delta] = deltas
+    assert delta <= 1 / (10 * (first + 99)) and f"{delta:g}"[0] in "125"
+    plan = T.plan_privacy(T.TrainOptions(data=Path("x"), out=Path("y"), noise=1.0,
+                                         accountant="rdp", epochs=1.0), first)
+    assert plan.delta == delta
 
 
 # ---------------------------------------------------------------- outputs never replace inputs

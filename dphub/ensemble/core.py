@@ -39,6 +39,7 @@ class Slot:
     unit: str | None = None
     revision: str | None = None
     label_thresholds: dict[str, float] | None = None
+    delta: float | None = None
 
     @property
     def name(self) -> str:
@@ -147,7 +148,7 @@ def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = 
     if int8:
         member.quantize_int8()
     return Slot(member, entry.threshold, entry.epsilon, entry.unit, entry.revision,
-                dict(entry.label_thresholds) or None)
+                dict(entry.label_thresholds) or None, entry.delta)
 
 
 def peer_member(entry: MemberEntry) -> Member:
@@ -185,7 +186,7 @@ def owner_slot(model_dir: Path, *, threshold: float | None = None, batch_size: i
         member.quantize_int8()
     # the weights digest as revision: a resumed run refuses a retrained model (outputs would mix)
     return Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
-                weights_digest(p))
+                weights_digest(p), delta=priv.get("delta"))
 
 
 def build_ensemble(

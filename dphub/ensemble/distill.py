@@ -20,6 +20,17 @@ patient-level guarantee covers them. Calibrated thresholds were chosen on the ow
 notes, though: the card's ``not_covered`` then says so. A member without ε (another local
 model) or a second round would break that argument, so ``dp=True`` refuses both.
 
+A DP member may itself have been trained on these patients (a student of an earlier ``distill
+--dp``, added to the ensemble as the CLI suggests, or the owner's own ``dphub train`` model):
+the student's output then depends on those patients twice. dphub cannot tell which patients a
+model saw (no card records its data), so every member with ε > 0 is a *teacher* that is composed
+by default (:func:`teacher_lineage`): the card's lineage records it with its ε, δ and unit and
+the claim becomes the run's (ε, δ) plus the teachers' (basic composition, checked by the gate and
+``card validate``). The trainer may declare a member disjoint (``--disjoint-teacher NAME``: it
+saw none of these patients), recorded as such and not composed. When the composition cannot be
+stated (a teacher without δ or unit, one protecting a finer unit, a card that does not validate
+or does not belong to its weights), the run is refused before any labelling.
+
 Where text goes: the pseudo-labelled training notes are written to a fresh 0700 directory beside
 the output (files 0600 via :func:`dphub.io.atomic_open`), read by the training, and removed when
 the run ends, failed or not. Nothing is printed or logged but counts; the model directory is built
@@ -29,11 +40,13 @@ under a temp name (0700) and renamed into place only when training completed.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.errors import ConfigError, InputError
@@ -69,6 +82,10 @@ class OwnerResult:
     rounds: int = 1
     local_only: bool = True
     round_spans: list[int] = field(default_factory=list)
+    #: the card's claim (a DP student: the run's ε and δ plus its composed teachers')
+    epsilon: float | None = None
+    delta: float | None = None
+    teachers: list[dict[str, Any]] = field(default_factory=list)
 
 
 def pseudo_label(ensemble: Ensemble, notes: Sequence[Note], *, batch_size: int = 16,
@@ -181,6 +198,7 @@ def distill(
     labelled: Sequence[Note] = (),
     rounds: int = 1,
     batch_size: int = 16,
+    disjoint_teachers: Collection[str] = (),
     on_label: CountFn | None = None,
     on_progress: ProgressFn | None = None,
 ) -> OwnerResult:
@@ -191,15 +209,22 @@ def distill(
     (:func:`combine_labels`). Each round after the first adds the previous student to the
     labelling ensemble (``any``). ``opts.soft_labels``: the student learns each pseudo-span's
     tag with the span's score as its probability (:func:`dphub.tagger.soft_crf_nll`; gold
-    spans stay certain).
+    spans stay certain). ``disjoint_teachers``: member names the trainer declares were trained
+    on none of these patients (DP only; :func:`teacher_lineage`).
     """
     if rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     if not notes and not labelled:
         raise InputError("no notes to distil")
     opts.check_soft_labels()  # before the labelling, not after it
+    teachers: list[dict[str, Any]] = []
     if not opts.no_dp:
         _check_dp_teacher(ensemble, rounds)
+        teachers = teacher_lineage(ensemble, opts.privacy_unit, disjoint=disjoint_teachers)
+        opts = _run_budget(opts, teachers)
+    elif disjoint_teachers:
+        raise ConfigError("--disjoint-teacher applies to DP students (--dp): a local model "
+                          "claims no guarantee to compose")
     out = _check_out(opts.out, opts.force)
     opts = replace(opts, training_labels="gold+ensemble" if labelled else "ensemble")
     teacher = ensemble
@@ -220,13 +245,16 @@ def distill(
             if not last:
                 teacher = _with_student(ensemble, work / f"student-{r}", r)
         assert result is not None
-    if not opts.no_dp and _has_calibrated_thresholds(ensemble):
-        _note_calibration_not_covered(out)
+    claim: dict[str, Any] = {}
+    if not opts.no_dp:
+        claim = _amend_dp_card(out, teachers, calibrated=_has_calibrated_thresholds(ensemble),
+                               rules=_has_rule_member(ensemble))
     return OwnerResult(
         out_dir=out, train=result, notes=len(train_notes), gold_notes=len(labelled),
         pseudo_notes=len(unlabelled),
         pseudo_spans=round_spans[-1], rounds=rounds, local_only=opts.local_only,
-        round_spans=round_spans,
+        round_spans=round_spans, epsilon=claim.get("epsilon", result.epsilon),
+        delta=claim.get("delta", result.delta), teachers=teachers,
     )
 
 
@@ -249,22 +277,148 @@ def _check_dp_teacher(ensemble: Ensemble, rounds: int) -> None:
                           "patients, so the ε of the rounds would add up; use one round")
 
 
+_PUBLIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+
+
+def _public_name(name: str, i: int) -> str:
+    """A member name as the card may show it: a hub id (``org/name``, a pulled member), else
+    ``local-teacher-<i>``. A directory member's name is its local directory's, which may name a
+    ward or a user: it never reaches the card (its weights digest identifies it)."""
+    ok = "/" in name and _PUBLIC_NAME.match(name) and ".." not in name
+    return name if ok else f"local-teacher-{i}"
+
+
+def _public_revision(rev: str | None) -> str:
+    """A registry commit as is; a directory pin ``sha256:<hex>`` as its hex; none: ``local``."""
+    r = (rev or "").removeprefix("sha256:")
+    return r if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", r) else "local"
+
+
+def _teacher_card(name: str, path: Path) -> dict[str, Any]:
+    """A model member's ``differential_privacy`` block, validated and bound to its weights.
+
+    The ε composed is the card's claim, so the card must hold up: schema and recomputed
+    accounting (:func:`dphub.card.validate_meta`), and its ``weights_sha256`` equal to the
+    weights this member runs. Otherwise what the teacher saw is unknown: refused.
+    """
+    from dphub.card import load_card, validate_meta
+    from dphub.errors import DphubError
+    from dphub.hub.common import file_sha256
+
+    why = f"--dp: cannot state the composition with member {name!r}"
+    try:
+        card = load_card(path)
+        validate_meta(card.meta)
+    except DphubError as e:
+        raise ConfigError(f"{why}: its model card does not validate ({e.message}); remove it "
+                          "from the ensemble") from None
+    dp = dict(card.meta.get("differential_privacy") or {})
+    sha = dp.get("weights_sha256")
+    weights = path / "model.safetensors"
+    if sha is not None and (not weights.is_file() or file_sha256(weights) != sha):
+        raise ConfigError(f"{why}: its card does not describe its weights (weights_sha256 "
+                          "differs); remove it from the ensemble")
+    return dp
+
+
+def teacher_lineage(ensemble: Ensemble, unit: str, *,
+                    disjoint: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The lineage entries of a DP student's teachers: every member that holds private data.
+
+    Members with ε 0 hold none (the rule member; a public-synthetic base, checked on its card)
+    and are left out. Every other member may have been trained on the student's patients: dphub
+    records no data provenance it could compare, so it is ``composed`` unless named in
+    ``disjoint`` (the trainer's declaration, recorded). Raises :class:`ConfigError` when the
+    composition cannot be stated: no δ or unit, a composed teacher protecting a finer unit than
+    ``unit`` (a note-level ε does not bound a patient's loss), or a card that does not hold up
+    (:func:`_teacher_card`).
+    """
+    from dphub.card import is_public_model, unit_covers
+    from dphub.ensemble.members import ModelMember
+
+    names = [s.name for s in ensemble.slots]
+    unknown = sorted(set(disjoint) - set(names))
+    if unknown:
+        raise ConfigError(f"--disjoint-teacher {unknown[0]!r}: no such member in the ensemble "
+                          f"(members: {', '.join(names)})")
+    out: list[dict[str, Any]] = []
+    for i, slot in enumerate(ensemble.slots, 1):
+        eps, delta, t_unit, rev = slot.epsilon, slot.delta, slot.unit, slot.revision
+        path = getattr(slot.member, "path", None)
+        if isinstance(slot.member, ModelMember) and path is not None:
+            dp = _teacher_card(slot.name, Path(path))
+            if is_public_model(dp):
+                continue  # public synthetic notes only: no patient to compose
+            if dp.get("private") is not True:
+                raise ConfigError(f"--dp: member {slot.name!r} was trained without differential "
+                                  "privacy (its card says so); remove it from the ensemble")
+            eps, delta, t_unit = dp.get("epsilon"), dp.get("delta"), dp.get("privacy_unit")
+            rev = rev or dp.get("weights_sha256")
+        elif eps == 0:
+            continue  # a member without training data (the rule member)
+        why = f"--dp: cannot state the composition with member {slot.name!r}"
+        missing = [w for w, v in (("ε", eps), ("δ", delta), ("privacy unit", t_unit)) if v is None]
+        if missing:
+            raise ConfigError(f"{why}: it records no {missing[0]}; remove it from the ensemble")
+        composed = slot.name not in disjoint
+        if composed and not unit_covers(str(t_unit), unit):
+            raise ConfigError(
+                f"{why}: it protects each {t_unit}, a finer unit than this student's {unit}, so "
+                f"its ε does not bound what one {unit} can lose. Remove it, train the student "
+                f"per {t_unit}, or declare it trained on none of these patients "
+                f"(--disjoint-teacher {slot.name})"
+            )
+        out.append({"repo": _public_name(slot.name, i), "revision": _public_revision(rev),
+                    "epsilon": float(eps), "delta": float(delta),
+                    "privacy_unit": str(t_unit), "composed": composed})
+    return out
+
+
+def _run_budget(opts: TrainOptions, teachers: Sequence[dict[str, Any]]) -> TrainOptions:
+    """``--max-epsilon`` bounds the composed claim: the run gets what the teachers left."""
+    spent = sum(t["epsilon"] for t in teachers if t["composed"])
+    if opts.max_epsilon is None or not spent:
+        return opts
+    left = opts.max_epsilon - spent
+    if left <= 0:
+        raise ConfigError(f"--max-epsilon {opts.max_epsilon:g}: the composed teachers may "
+                          f"already have spent ε {spent:g} on these patients; nothing is left "
+                          "for this run (declare a member trained on other patients with "
+                          "--disjoint-teacher NAME)")
+    return replace(opts, max_epsilon=left)
+
+
+def _has_rule_member(ensemble: Ensemble) -> bool:
+    from dphub.ensemble.rules import RuleMember
+
+    return any(isinstance(s.member, RuleMember) for s in ensemble.slots)
+
+
+def _amend_dp_card(out: Path, teachers: Sequence[dict[str, Any]], *, calibrated: bool,
+                   rules: bool = False) -> dict[str, Any]:
+    """Rewrite a DP student's card with its teachers composed and the caveats of its labels
+    (calibrated thresholds; the rule member's design). Returns the final block (its
+    ``epsilon`` and ``delta`` are the claim)."""
+    from dphub.card import compose_teachers, load_card, write_card
+    from dphub.privacy.statement import RULES_NOT_COVERED
+
+    card = load_card(out)
+    dp = compose_teachers(card.meta["differential_privacy"], teachers)
+    before = list(dp.get("not_covered", []))
+    extra = [c for c, on in ((CALIBRATION_NOT_COVERED, calibrated), (RULES_NOT_COVERED, rules))
+             if on and c not in before]
+    dp["not_covered"] = before + extra
+    if teachers or extra:
+        write_card(out, {**card.meta, "differential_privacy": dp})
+    return dp
+
+
 def _with_student(ensemble: Ensemble, student_dir: Path, r: int) -> Ensemble:
     """The labelling ensemble of the next round: the original members plus this student."""
     from dphub.ensemble.members import ModelMember
 
     member = ModelMember.load(student_dir, f"student-round-{r}")
     return Ensemble([*ensemble.slots, Slot(member)], ensemble.rule)
-
-
-def _note_calibration_not_covered(out: Path) -> None:
-    """A DP student labelled with calibrated thresholds: the card says what ε does not cover."""
-    from dphub.card import load_card, write_card
-
-    card = load_card(out)
-    dp = card.meta["differential_privacy"]
-    dp["not_covered"] = [*dp.get("not_covered", []), CALIBRATION_NOT_COVERED]
-    write_card(out, card.meta)
 
 
 def train_local(

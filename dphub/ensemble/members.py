@@ -51,12 +51,16 @@ class ModelMember:
         self.unit = unit
         self.revision = revision
         self.batch_size = batch_size
+        #: the model directory it was loaded from (its card states the member's guarantee)
+        self.path: Path | None = None
 
     @classmethod
     def load(cls, path: Path, name: str | None = None, **meta: Any) -> ModelMember:
         from dphub.tagger import Tagger
 
-        return cls(Tagger.load(path), name or Path(path).name, **meta)
+        member = cls(Tagger.load(path), name or Path(path).name, **meta)
+        member.path = Path(path)
+        return member
 
     def quantize_int8(self) -> None:
         """Dynamic int8 quantization of the encoder's Linear layers (CPU inference speed-up).

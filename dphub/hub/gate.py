@@ -618,7 +618,10 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
             "does not say no_dp: false"
         out.append(f"training_config.json {what} but the card claims a private model: "
                    "the card does not belong to these weights")
-    differ = [key for key in BOUND_FIELDS if not _same(cfg.get(key), dp.get(key))]
+    # a card composing teachers claims their δ too; the run's own δ is composition.run_delta
+    comp = dp.get("composition")
+    bound = {**dp, "delta": comp.get("run_delta")} if isinstance(comp, dict) else dp
+    differ = [key for key in BOUND_FIELDS if not _same(cfg.get(key), bound.get(key))]
     if differ:
         out.append(f"training_config.json {', '.join(differ)} "
                    f"differ{'s' if len(differ) == 1 else ''} from the card's differential_privacy "

@@ -79,9 +79,10 @@ def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
         raise PublishRefused(f"refusing to publish {model_dir}: {why} (hub policy: "
                              f"{policy.describe()}); {policy_hint(hub)}")
     backend = open_hub(hub, api=api)
+    # the repo id, never the local directory's name (which may name a patient, a ward, a user)
     msg = message or (
-        f"Publish {Path(model_dir).name} (public synthetic data only, epsilon=0)" if summary.public
-        else f"Publish {Path(model_dir).name} (epsilon={summary.epsilon:g}, "
+        f"Publish {repo_id} (public synthetic data only, epsilon=0)" if summary.public
+        else f"Publish {repo_id} (epsilon={summary.epsilon:g}, "
              f"delta={summary.delta:g}, unit={summary.unit})")
     sha = backend.publish(Path(model_dir), repo_id, msg, tag)
     return sha, summary

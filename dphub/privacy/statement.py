@@ -20,8 +20,19 @@ NOT_COVERED: tuple[str, ...] = (
     "public tokenizer",
     "dataset counts in this card (patients, notes, sequences, PHI per category), published "
     "as coarse ranges",
-    "the sample rate (derived from the number of privacy units)",
+    "the sample rate q = 1/k and the steps, with k = round(N / batch size): they locate the "
+    "number of units N to within half a batch",
 )
+
+#: ``not_covered`` of a model whose inputs or labels come from the rule member (rule features,
+#: or a student of an ensemble with it): its design was tuned on a private development corpus.
+RULES_NOT_COVERED = ("the rule member's patterns and word lists (rule features, rule-made "
+                     "labels), designed while reading the notes of the PhysioNet deid "
+                     "development corpus")
+
+#: ``not_covered`` of a run whose expected batch is one unit: then k = N and q = 1/N exactly.
+EXACT_UNITS_NOT_COVERED = ("the exact number of units: with a batch size of 1 the sample rate "
+                           "is q = 1/N")
 
 #: Above this ε the statement says the formal guarantee is weak (e^10 ≈ 22,000).
 WEAK_EPSILON = 10.0
@@ -152,7 +163,8 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
             "Before private training the model was warm-started on public synthetic notes. That "
             "step uses no private data and costs no epsilon."
         )
-    lineage = dp.get("lineage") or []
+    lineage = [e for e in dp.get("lineage") or [] if e.get("role") != "teacher"]
+    teachers = [e for e in dp.get("lineage") or [] if e.get("role") == "teacher"]
     if lineage:
         parts = [
             f"{e.get('repo')}@{e.get('revision')} (epsilon = {_fmt(e.get('epsilon'))}, "
@@ -164,6 +176,8 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
             "only the data of this training round; data used by the source models is covered "
             "by their own guarantees, and a unit present in both datasets adds the epsilons up."
         )
+    if teachers:
+        paras.append(_teacher_words(dp, teachers))
     paras.append(_randomness_words(dp))
     not_covered = dp.get("not_covered") or list(NOT_COVERED)
     paras.append("Not covered by this guarantee: " + "; ".join(not_covered) + ".")
@@ -186,6 +200,33 @@ def _weak_words(eps: Any, unit: str) -> str | None:
         f"this epsilon the formal bound says almost nothing about what the weights reveal about "
         f"any one {unit}; do not rely on it to protect the training data."
     )
+
+
+def _teacher_words(dp: Mapping[str, Any], teachers: list[Any]) -> str:
+    """The teachers of a distilled model: which ones the claim composes, and how."""
+    def part(e: Mapping[str, Any]) -> str:
+        return (f"{e.get('repo')}@{e.get('revision')} (epsilon = {_fmt(e.get('epsilon'))}, "
+                f"delta = {_fmt(e.get('delta'))}, unit {e.get('privacy_unit')})")
+
+    composed = [part(e) for e in teachers if e.get("composed") is True]
+    declared = [part(e) for e in teachers if e.get("composed") is not True]
+    words = "This model learnt labels made by an ensemble of models."
+    comp = dp.get("composition") or {}
+    if composed:
+        words += (
+            " Teachers that may have been trained on the same units: " + "; ".join(composed)
+            + ". The epsilon and delta above are this training run's own (epsilon = "
+            f"{_fmt(comp.get('run_epsilon'))}, delta = {_fmt(comp.get('run_delta'))}) plus "
+            "theirs, by basic composition (epsilons and deltas add up): a valid upper bound "
+            "whichever of these datasets a unit was in."
+        )
+    if declared:
+        words += (
+            " Teachers declared by the trainer to share no unit with this model's training "
+            "data, so not composed (each protects its own units by its own guarantee): "
+            + "; ".join(declared) + "."
+        )
+    return words
 
 
 def _cross_check_words(dp: Mapping[str, Any]) -> str:
@@ -214,19 +255,31 @@ def summary(dp: Mapping[str, Any]) -> str:
     )
 
 
+#: The one seed a DP model publishes (``training_config.json`` ``dphub_training.seed``, ``--seed``)
+#: and why it is harmless: DP-SGD's guarantee holds for any fixed value of randomness that does not
+#: depend on the data (the initial weights, dropout masks), so publishing it costs nothing.
+_INIT_SEED_WORDS = (
+    "The seed published in training_config.json (--seed) is another one: it seeds only "
+    "randomness that does not depend on the data (the initial weights of the new layers, the "
+    "public warm start, dropout), never the noise or the sampling; the guarantee holds whatever "
+    "its value."
+)
+
+
 def _randomness_words(dp: Mapping[str, Any]) -> str:
     """Where the mechanism's noise and sampling came from (``mechanism_rng``)."""
     mode = dp.get("mechanism_rng")
     if mode == "csprng":
         return (
             "Randomness: every noise and sampling draw came from the operating system's "
-            "cryptographically secure generator (secure mode); no seed exists to publish."
+            "cryptographically secure generator (secure mode); the mechanism has no seed to "
+            "publish. " + _INIT_SEED_WORDS
         )
     if mode == "os-seeded":
         return (
             "Randomness: noise and sampling came from a generator seeded afresh from the "
-            "operating system's cryptographically secure generator for this run; the seed was "
-            "never stored or published, so training cannot be replayed."
+            "operating system's cryptographically secure generator for this run; that seed was "
+            "never stored or published, so training cannot be replayed. " + _INIT_SEED_WORDS
         )
     return (
         "Randomness: this card does not say where the noise came from (trained before dphub "

@@ -201,9 +201,24 @@ def _choice(flag: str, value: str, allowed: Sequence[str]) -> None:
 
 
 def default_delta(num_units: int) -> float:
-    """δ when none is given: ``min(1e-5, 1 / (10 N))`` — always well below ``1 / N``.
+    """δ when none is given: ``min(1e-5, 1 / (10 N))`` rounded *down* to the 1-2-5 grid.
 
     δ bounds the probability that the ε guarantee fails for some unit; it must be much smaller
-    than the chance of picking one unit at random (1/N).
+    than the chance of picking one unit at random (1/N). Why the grid: δ is published, and
+    ``1 / (10 N)`` unrounded inverts to the exact N above 10,000 units (N is published only as
+    a coarse range); on the grid it says no more than that range. Down, not to the nearest: a
+    smaller δ keeps the guarantee's condition δ ≤ 1/(10 N).
     """
-    return min(1e-5, 1.0 / (10 * max(num_units, 1)))
+    return round_down_125(min(1e-5, 1.0 / (10 * max(num_units, 1))))
+
+
+def round_down_125(x: float) -> float:
+    """The largest ``m · 10^e`` (m in 1, 2, 5) not above ``x > 0``, as its shortest float."""
+    import math
+
+    e = math.floor(math.log10(x))
+    for m in (5, 2, 1):
+        v = float(f"{m}e{e}")
+        if v <= x * (1 + 1e-12):  # x may sit a rounding error below its grid value
+            return v
+    return float(f"5e{e - 1}")

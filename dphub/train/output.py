@@ -95,6 +95,16 @@ def build_meta(
             mechanism_rng=dp_mode(opts.secure_rng),
             weights_sha256=weights_sha256, **common,
         )
+    if not opts.no_dp and opts.rule_features:
+        from dphub.privacy.statement import RULES_NOT_COVERED
+
+        dp["not_covered"] = [*dp["not_covered"], RULES_NOT_COVERED]
+    if not opts.no_dp and plan.steps_per_epoch == plan.num_units > 1:
+        # q = 1/k is the mechanism's sampling rate (the gate recomputes ε from it, so it is
+        # published as used); with k = N it publishes N itself: the card says so
+        from dphub.privacy.statement import EXACT_UNITS_NOT_COVERED
+
+        dp["not_covered"] = [*dp["not_covered"], EXACT_UNITS_NOT_COVERED]
     if opts.local_only:  # trained without DP on the owner's notes: it must never leave
         dp["local_only"] = True
     if opts.training_labels is not None:
