@@ -181,3 +181,9 @@ def normalize(text: str) -> NormalizedText | None:
     if norm == text:
         return None
     return NormalizedText(norm, len(text), tuple(pieces))
+
+
+def normalized_text(text: str) -> str:
+    """``text`` as members read it (the text itself when nothing changes)."""
+    n = normalize(text)
+    return text if n is None else n.text

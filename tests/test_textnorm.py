@@ -174,3 +174,15 @@ def test_cli_ensemble_deid_hides_every_case(tmp_path: Path) -> None:
                  "--ensemble", str(manifest)]) == 0
     rec = json.loads((spans_out / "zwsp.jsonl").read_text(encoding="utf-8"))
     assert [(s["start"], s["end"]) for s in rec["spans"]] == [(5, 10), (11, 17), (21, 34)]
+
+
+def test_surrogates_are_drawn_from_the_value_as_read() -> None:
+    """A disguised value gets the surrogate of the plain value (one person, one surrogate), and
+    a fullwidth date is shifted as a date rather than scrambled digit by digit."""
+    key = b"0123456789abcdef-textnorm"
+    plain = Note("p", "Call John Smith at 555-123-4567 on 03/14/2021", "pt")
+    want = render(plain, _rules().deid([plain])[0].spans, "surrogate", key=key)
+    disguised = Note("d", f"Call Jo{ZW}hn Sm\u00adith at {_fw('555-123-4567')} on {_fw('03/14/2021')}",
+                     "pt")
+    got = render(disguised, _rules().deid([disguised])[0].spans, "surrogate", key=key)
+    assert got == want and got.isascii()
