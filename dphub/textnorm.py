@@ -40,6 +40,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from dphub.notes import Span
 
@@ -71,15 +72,17 @@ _KEPT_CONTROLS = frozenset("\t\n\x0b\x0c\r\x85")
 
 #: a note with none of these and only ASCII needs no normalisation (the fast path)
 _ASCII_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
-#: what the slow path looks at: escape sequences, a character with its combining marks, any
-#: other character outside printable ASCII (everything between matches is copied as it is)
+#: what the slow path looks at: escape sequences, and any character outside printable ASCII
+#: with the combining marks after it (everything between matches is copied as it is; marks
+#: after an ASCII letter are joined to it in :func:`normalize`). Every branch starts with a
+#: character outside printable ASCII, so the scan skips plain text quickly.
 _UNIT = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]"  # CSI (ESC[31m), 8-bit CSI
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC (titles, hyperlinks)
     r"|\x1b[ -/]*[0-~]"  # other escapes (ESC(B, ESC=)
-    f"|[^{_MARKS}][{_MARKS}\U000e0100-\U000e01ef]+"  # a character with its combining marks
-    r"|[^\t\n\x0b\x0c\r\x20-\x7e]"
+    f"|[^\\t\\n\\x0b\\x0c\\r\\x20-\\x7e][{_MARKS}\U000e0100-\U000e01ef]*"
 )
+_LOOKALIKE = re.compile(f"[{''.join(CONFUSABLES)}]")
 #: a letter run that holds a look-alike letter
 _LOOKALIKE_WORD = re.compile(f"[^\\W\\d_]*[{''.join(CONFUSABLES)}][^\\W\\d_]*")
 
@@ -100,6 +103,7 @@ def _dropped(c: str) -> bool:
     return cat == "Cf" or (cat == "Cc" and c not in _KEPT_CONTROLS)
 
 
+@lru_cache(maxsize=4096)
 def _unit_text(unit: str) -> str:
     if unit[0] in "\x1b\x9b" and len(unit) > 1 and not _MARK_RE.match(unit[1]):
         return ""  # an escape sequence
@@ -162,10 +166,12 @@ def normalize(text: str) -> NormalizedText | None:
     npos = 0  # length of the normalised text so far
     for m in _UNIT.finditer(text):
         a, b = m.span()
+        if a > pos and _MARK_RE.match(text, a):
+            a -= 1  # combining marks after a plain letter: NFKC them together ("e" + acute)
         if a > pos:
             parts.append(text[pos:a])
             npos += a - pos
-        out = _unit_text(m.group(0))
+        out = _unit_text(text[a:b])
         if out:
             parts.append(out)
         if len(out) != b - a:
@@ -174,7 +180,7 @@ def normalize(text: str) -> NormalizedText | None:
         pos = b
     parts.append(text[pos:])
     norm = "".join(parts)
-    if not norm.isascii():  # look-alike letters, one for one: offsets do not move
+    if not norm.isascii() and _LOOKALIKE.search(norm):  # one for one: offsets do not move
         norm = _LOOKALIKE_WORD.sub(
             lambda w: w.group(0).translate(_CONFUSABLE_TABLE)
             if _latin_or_lookalike(w.group(0)) else w.group(0), norm)

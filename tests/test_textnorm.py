@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dphub import synth
 from dphub.cli.main import main
@@ -186,3 +188,23 @@ def test_surrogates_are_drawn_from_the_value_as_read() -> None:
                      "pt")
     got = render(disguised, _rules().deid([disguised])[0].spans, "surrogate", key=key)
     assert got == want and got.isascii()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "J", "o", "7", " ", "-", "/", "\n", ZW, "\u00ad", "\ufeff",
+                                 "\x1b[31m", "\x1b", "[", "\u043e", "\u0422", "\u0418", "\uff15",
+                                 "\u0301", "\ufb01", "\u00bd", "\x00", "\u00e9"]), max_size=30))
+def test_mapping_is_monotonic_in_bounds_and_normalising_twice_changes_nothing(
+        parts: list[str]) -> None:
+    text = "".join(parts)
+    n = normalize(text)
+    if n is None:
+        return
+    assert normalize(n.text) is None
+    last = (0, 0)
+    for i in range(len(n.text)):
+        a, b = n.to_original(i, i + 1)
+        assert 0 <= a < b <= len(text) and (a, b) >= last
+        last = (a, b)
+    if n.text:
+        assert n.spans_to_original([Span(0, len(n.text), "NAME")])[0].end <= len(text)
