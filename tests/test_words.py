@@ -219,6 +219,12 @@ def test_a_title_keeps_its_period_and_space() -> None:
     # a model flagged the title's period and the space with the name
     assert _tag(text, [Span(10, 17, "DOCTOR", 0.9), Span(24, 31, "NAME", 0.9)]) == (
         "Seen by Dr. [**NAME**] and MR. [**NAME**].")
+    # or the title with the name: the title is no part of it
+    assert _tag(text, [Span(8, 17, "DOCTOR", 0.9), Span(22, 31, "PATIENT", 0.9)]) == (
+        "Seen by Dr. [**NAME**] and MR. [**NAME**].")
+    # a title alone, or a word that only starts like one, is left as flagged
+    assert _tag("Drake Mrsic", [Span(0, 5, "NAME", 0.9), Span(6, 11, "NAME", 0.9)]) == (
+        "[**NAME**] [**NAME**]")
 
 
 def test_a_hyphenated_age_keeps_its_words() -> None:
@@ -277,4 +283,4 @@ def test_trimming_uncovers_only_punctuation_space_and_age_words(
         assert not text[s.start].isspace() and not text[s.end - 1].isspace()
     for s in snapped:
         for i in set(range(s.start, s.end)) - covered:
-            assert not text[i].isalnum() or s.label == "AGE", (s, text[s.start : s.end])
+            assert not text[i].isalnum() or s.label in ("AGE", "NAME"), (s, text[s.start : s.end])

@@ -23,11 +23,12 @@ snapping, but for the minutes of such a time; entity-level (strict) scores and e
 
 :func:`trim_spans` then cuts what is not the entity from the edges of each span: whitespace and
 punctuation ("Dr. Smith" flagged from the period came out as ``Dr[**NAME**]``; "31-year-old" with
-its hyphen as ``[**AGE**]year-old``), and the age words after the number of an AGE span
-("31-year-old" flagged whole keeps "-year-old"; "64yo" is one word and stays whole). Brackets stay when their partner is inside the
-span ("(617) 555-0143"), as does the apostrophe of a two-digit year ("'88"). Trimming only ever
-uncovers characters that are no letter or digit, or the age words, so token-binary scores of the
-other labels are unchanged by it as well.
+its hyphen as ``[**AGE**]year-old``), the age words after the number of an AGE span
+("31-year-old" flagged whole keeps "-year-old"; "64yo" is one word and stays whole), and a title
+before the name of a NAME span ("Dr. Smith" flagged whole keeps "Dr. "). Brackets stay when their
+partner is inside the span ("(617) 555-0143"), as does the apostrophe of a two-digit year
+("'88"). Trimming only ever uncovers characters that are no letter or digit, age words or titles,
+so token-binary scores of other words are unchanged by it as well.
 """
 
 from __future__ import annotations
@@ -156,6 +157,8 @@ _AGE_WORDS = re.compile(
     r"(?:[\s-]*(?:years?|yrs?|y/?o|y\.o|yo[mf]|old|months?|mos?|weeks?|wks?|days?)\b\.?)+[\s.-]*$",
     re.IGNORECASE,
 )
+#: a title before a name ("Dr. Smith" flagged whole): not part of the name
+_TITLE = re.compile(r"(?:dr|doctor|mr|mrs|ms|miss|mx|prof|professor)\b\.?[\s.]*", re.IGNORECASE)
 _OPENERS = {"(": ")", "[": "]", "{": "}", "<": ">", "\u201c": "\u201d", "\u2018": "\u2019",
             "\u00ab": "\u00bb"}
 _CLOSERS = {v: k for k, v in _OPENERS.items()}
@@ -167,8 +170,9 @@ def _edge(c: str) -> bool:
 
 
 def trim_spans(text: str, spans: Sequence[Span]) -> list[Span]:
-    """``spans`` without whitespace and punctuation at their edges (and an AGE span without the
-    age words after its number); spans left with nothing are dropped. Invalid spans are kept
+    """``spans`` without whitespace and punctuation at their edges (an AGE span without the
+    age words after its number, a NAME span without a title before the name); spans left with
+    nothing are dropped. Invalid spans are kept
     as they are (the renderer reports them)."""
     out: list[Span] = []
     n = len(text)
@@ -177,7 +181,8 @@ def trim_spans(text: str, spans: Sequence[Span]) -> list[Span]:
             out.append(s)
             continue
         a, b = s.start, s.end
-        if is_known(s.label) and category_of(s.label) == "AGE":
+        category = category_of(s.label) if is_known(s.label) else None
+        if category == "AGE":
             m = _AGE_WORDS.search(text, a, b)
             # whole words only: "64yo" is one word and stays whole
             while (m is not None and m.start() > a and text[m.start() - 1].isalnum()
@@ -191,6 +196,10 @@ def trim_spans(text: str, spans: Sequence[Span]) -> list[Span]:
                     c in "'\u2019" and a + 1 < b and text[a + 1].isdigit()):
                 break
             a += 1
+        if category == "NAME":
+            m = _TITLE.match(text, a, b)
+            if m is not None and m.end() < b and (a == 0 or not text[a - 1].isalnum()):
+                a = m.end()
         while b > a and _edge(text[b - 1]):
             c = text[b - 1]
             if c in _CLOSERS and _CLOSERS[c] in text[a : b - 1]:
