@@ -16,7 +16,9 @@ The normalisation (:func:`normalize`):
 * removes terminal escape sequences whole (CSI such as ``ESC[31m``, OSC, two-character escapes);
 * applies NFKC to each character together with its combining marks (fullwidth and mathematical
   letters and digits become ASCII, ``ﬁ`` becomes ``fi``), then drops combining marks that NFKC
-  could not compose into a letter (``J̵ohn``);
+  could not compose into a letter (``J̵ohn``); symbols (``™``), fractions (``½``), the micro
+  sign and superscripts after a letter or digit (``10³/µL``, ``m²``) are kept as written, so
+  ordinary clinical text reads as before;
 * maps Cyrillic, Greek and Armenian letters that look like Latin ones to those Latin letters, in
   words made only of Latin letters and such look-alikes (``Јоhn``, an all-Cyrillic ``ТОМ``), so
   a word really written in another script (``Иван``) is left alone.
@@ -103,11 +105,23 @@ def _dropped(c: str) -> bool:
     return cat == "Cf" or (cat == "Cc" and c not in _KEPT_CONTROLS)
 
 
+def _kept_as_written(c: str, after_alnum: bool) -> bool:
+    """Characters NFKC would change that keep their meaning as written: symbols ("™" is no
+    "TM" glued to the word before it), fractions ("½"), the micro sign (NFKC makes it Greek),
+    and superscripts or subscripts right after a letter or digit ("10³/µL", "m²"); standing
+    alone, a run of superscript digits is read as digits (a disguised phone number)."""
+    if c == "\u00b5" or unicodedata.category(c)[0] == "S":
+        return True
+    tag = unicodedata.decomposition(c)
+    return tag.startswith("<fraction>") or (after_alnum and tag.startswith(("<super>", "<sub>")))
+
+
 @lru_cache(maxsize=4096)
-def _unit_text(unit: str) -> str:
+def _unit_text(unit: str, after_alnum: bool) -> str:
     if unit[0] in "\x1b\x9b" and len(unit) > 1 and not _MARK_RE.match(unit[1]):
         return ""  # an escape sequence
-    return "".join(c for c in unicodedata.normalize("NFKC", unit) if not _dropped(c))
+    text = unit if _kept_as_written(unit[0], after_alnum) else unicodedata.normalize("NFKC", unit)
+    return "".join(c for c in text if not _dropped(c))
 
 
 @dataclass(frozen=True)
@@ -171,7 +185,7 @@ def normalize(text: str) -> NormalizedText | None:
         if a > pos:
             parts.append(text[pos:a])
             npos += a - pos
-        out = _unit_text(text[a:b])
+        out = _unit_text(text[a:b], a > 0 and text[a - 1].isascii() and text[a - 1].isalnum())
         if out:
             parts.append(out)
         if len(out) != b - a:

@@ -112,11 +112,12 @@ def test_every_member_reads_the_normalised_note_and_answers_in_original_offsets(
 
 
 def test_nfkc_expansion_maps_back_to_the_whole_character() -> None:
-    text = "Dose \u00bd tab, \ufb01le e\u0301 \U0001d409\U0001d428\U0001d421\U0001d427 Smith"
+    text = "Dose \u2488 tab, \ufb01le e\u0301 \U0001d409\U0001d428\U0001d421\U0001d427 Smith"
     n = normalize(text)
-    assert n is not None and n.text == "Dose 1\u20442 tab, file \u00e9 John Smith"
+    assert n is not None and n.text == "Dose 1. tab, file \u00e9 John Smith"
     one = n.text.index("1")
-    assert n.to_original(one, one + 1) == (5, 6)  # "1" of "1/2" is the whole "½"
+    assert n.to_original(one, one + 1) == (5, 6)  # "1" of "1." is the whole "⒈"
+    assert n.to_original(one + 1, one + 2) == (5, 6)
     f = n.text.index("file")
     assert n.to_original(f, f + 1) == (text.index("\ufb01"), text.index("\ufb01") + 1)
     e = n.text.index("\u00e9")
@@ -138,6 +139,17 @@ def test_plain_and_ordinary_notes_are_not_copied() -> None:
     assert normalize("Pt seen 03/14/2021, BP 120/80.\n\tOK\r\n") is None
     # ordinary non-ASCII (accents, degrees, typographic quotes) reads as it is
     assert normalize("Caf\u00e9 38.5\u00b0C, pt\u2019s \u201cgood\u201d") is None
+    # units, exponents, fractions and symbols keep their meaning as written
+    assert normalize("WBC 5.2 x10\u00b3/\u00b5L, BSA 1.9 m\u00b2, \u00bd tab Tylenol\u2122") is None
+
+
+def test_superscript_digits_standing_alone_are_digits() -> None:
+    sup = str.maketrans("0123456789", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
+    text = "Call " + "555-123-4567".translate(sup) + " today"
+    n = normalize(text)
+    assert n is not None and n.text == "Call 555-123-4567 today"
+    note = Note("s", text)
+    assert render(note, _rules().deid([note])[0].spans, "tag") == "Call [**CONTACT**] today"
 
 
 def test_normal_notes_give_byte_identical_spans() -> None:
@@ -193,7 +205,8 @@ def test_surrogates_are_drawn_from_the_value_as_read() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(["a", "J", "o", "7", " ", "-", "/", "\n", ZW, "\u00ad", "\ufeff",
                                  "\x1b[31m", "\x1b", "[", "\u043e", "\u0422", "\u0418", "\uff15",
-                                 "\u0301", "\ufb01", "\u00bd", "\x00", "\u00e9"]), max_size=30))
+                                 "\u0301", "\ufb01", "\u00bd", "\x00", "\u00e9", "\u00b2", "\u00b5",
+                                 "\u2122", "\u2488"]), max_size=30))
 def test_mapping_is_monotonic_in_bounds_and_normalising_twice_changes_nothing(
         parts: list[str]) -> None:
     text = "".join(parts)
