@@ -176,12 +176,15 @@ def trim_spans(text: str, spans: Sequence[Span]) -> list[Span]:
     as they are (the renderer reports them)."""
     out: list[Span] = []
     n = len(text)
+    categories: dict[str, str | None] = {}
     for s in spans:
         if not (0 <= s.start < s.end <= n):
             out.append(s)
             continue
         a, b = s.start, s.end
-        category = category_of(s.label) if is_known(s.label) else None
+        if s.label not in categories:
+            categories[s.label] = category_of(s.label) if is_known(s.label) else None
+        category = categories[s.label]
         if category == "AGE":
             m = _AGE_WORDS.search(text, a, b)
             # whole words only: "64yo" is one word and stays whole
