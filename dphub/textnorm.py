@@ -18,7 +18,7 @@ The normalisation (:func:`normalize`):
   letters and digits become ASCII, ``ﬁ`` becomes ``fi``), then drops combining marks that NFKC
   could not compose into a letter (``J̵ohn``); symbols (``™``), fractions (``½``), the micro
   sign and superscripts after a letter or digit (``10³/µL``, ``m²``) are kept as written, so
-  ordinary clinical text reads as before;
+  ordinary clinical text reads as before; decimal digits of other scripts become ASCII digits;
 * maps Cyrillic, Greek and Armenian letters that look like Latin ones to those Latin letters, in
   words made only of Latin letters and such look-alikes (``Јоhn``, an all-Cyrillic ``ТОМ``), so
   a word really written in another script (``Иван``) is left alone.
@@ -121,7 +121,9 @@ def _unit_text(unit: str, after_alnum: bool) -> str:
     if unit[0] in "\x1b\x9b" and len(unit) > 1 and not _MARK_RE.match(unit[1]):
         return ""  # an escape sequence
     text = unit if _kept_as_written(unit[0], after_alnum) else unicodedata.normalize("NFKC", unit)
-    return "".join(c for c in text if not _dropped(c))
+    # decimal digits of any script ("٥٥٥", "५५५") read as ASCII digits
+    return "".join(str(unicodedata.digit(c)) if c.isdecimal() and not c.isascii() else c
+                   for c in text if not _dropped(c))
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ def normalize(text: str) -> NormalizedText | None:
     pieces: list[tuple[int, int, int, int]] = []
     pos = 0  # original position copied up to
     npos = 0  # length of the normalised text so far
+    run_end, run_kept = -1, False  # the superscript run the next character may continue
     for m in _UNIT.finditer(text):
         a, b = m.span()
         if a > pos and _MARK_RE.match(text, a):
@@ -185,7 +188,14 @@ def normalize(text: str) -> NormalizedText | None:
         if a > pos:
             parts.append(text[pos:a])
             npos += a - pos
-        out = _unit_text(text[a:b], a > 0 and text[a - 1].isascii() and text[a - 1].isalnum())
+        if a == run_end:  # a run of superscripts is read one way: "⁵⁵⁵" as "555", "10²³" kept
+            after_alnum = run_kept
+        else:
+            last = parts[-1][-1] if parts else ""  # the character read just before this one
+            after_alnum = last.isascii() and last.isalnum()
+        out = _unit_text(text[a:b], after_alnum)
+        if unicodedata.decomposition(text[a]).startswith(("<super>", "<sub>")):
+            run_end, run_kept = b, after_alnum
         if out:
             parts.append(out)
         if len(out) != b - a:

@@ -45,6 +45,9 @@ CASES = {
     "cyrillic-o": ("Call J\u043ehn Smith at 555-123-4567", ["John", "Smith", "555-123-4567"]),
     "fullwidth-phone": (f"Call John Smith at {_fw('555-123-4567')}", ["John", "Smith", "555-123-4567"]),
     "fullwidth-date": (f"Seen on {_fw('03/14/2021')} by the team", ["03/14/2021"]),
+    # digits of another script (Arabic-Indic): also decimal digits a reader reads as a number
+    "arabic-indic-phone": ("Call John Smith at " + "555-123-4567".translate(
+        {ord(d): 0x0660 + int(d) for d in "0123456789"}), ["John", "Smith", "555-123-4567"]),
 }
 
 
@@ -206,7 +209,7 @@ def test_surrogates_are_drawn_from_the_value_as_read() -> None:
 @given(st.lists(st.sampled_from(["a", "J", "o", "7", " ", "-", "/", "\n", ZW, "\u00ad", "\ufeff",
                                  "\x1b[31m", "\x1b", "[", "\u043e", "\u0422", "\u0418", "\uff15",
                                  "\u0301", "\ufb01", "\u00bd", "\x00", "\u00e9", "\u00b2", "\u00b5",
-                                 "\u2122", "\u2488"]), max_size=30))
+                                 "\u2122", "\u2488", "\u2075", "\u0665"]), max_size=30))
 def test_mapping_is_monotonic_in_bounds_and_normalising_twice_changes_nothing(
         parts: list[str]) -> None:
     text = "".join(parts)
