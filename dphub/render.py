@@ -77,6 +77,7 @@ from typing import Any, ClassVar
 from dphub.errors import ConfigError, InputError
 from dphub.labels import category_of, fine_of
 from dphub.notes import Note, Span, merge_overlapping
+from dphub.textnorm import normalized_text
 
 __all__ = [
     "RENDERERS",
@@ -687,7 +688,8 @@ class SurrogateRenderer(Renderer):
         forbidden = {
             _normalize(w)
             for s in merged
-            for w in [*_WORD_RE.findall(note.span_text(s)), note.span_text(s)]
+            for w in [*_WORD_RE.findall(normalized_text(note.span_text(s))),
+                      normalized_text(note.span_text(s))]
         }
         forbidden.discard("")
         ctx = _Ctx(patient, date_offset_days(self._key, patient), frozenset(forbidden))
@@ -698,7 +700,8 @@ class SurrogateRenderer(Renderer):
         memo: dict[tuple[str, str], str] = {}
 
         def replacement(span: Span) -> str:
-            raw = note.span_text(span)
+            # the value as members read it: no invisible characters, fullwidth digits as ASCII
+            raw = normalized_text(note.span_text(span))
             core = raw.strip()
             if not core:
                 return raw

@@ -51,7 +51,7 @@ def test_an_ensemble_runs_each_distinct_encoder_once(
 ) -> None:
     from conftest import make_tiny_base_model
 
-    from dphub.ensemble.words import snap_to_words
+    from dphub.ensemble.words import snap_to_words, trim_spans
 
     other_dir = tmp_path / "other"
     other_base = make_tiny_base_model(tmp_path / "other-base" / "tiny-bert", seed=1)
@@ -62,7 +62,7 @@ def test_an_ensemble_runs_each_distinct_encoder_once(
     assert set(groups) == {"m0", "m1", "m2"} and len(set(groups.values())) == 1
 
     notes = synth.generate(6, kind="nursing", seed=4)
-    expected = {s.name: [snap_to_words(n.text, spans) for n, spans
+    expected = {s.name: [trim_spans(n.text, snap_to_words(n.text, spans)) for n, spans
                          in zip(notes, s.member.tag(notes), strict=True)] for s in slots}
     n_windows = len(members[0].encode(notes).windows)
     encoded_rows: list[int] = []

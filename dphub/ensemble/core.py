@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,12 @@ from dphub.ensemble.manifest import (
 )
 from dphub.ensemble.members import Member, ModelMember
 from dphub.ensemble.rules import RULES_DEFAULT, RuleMember, RuleOptions
-from dphub.ensemble.words import snap_to_words, word_runs
+from dphub.ensemble.words import snap_to_words, trim_spans, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
 from dphub.rule_features import shared_rule_member
 from dphub.scores import LabelThresholds
+from dphub.textnorm import normalize
 
 
 @dataclass
@@ -82,26 +83,47 @@ class Ensemble:
         self.rule.check(names)
 
     def member_spans(self, notes: Sequence[Note]) -> list[dict[str, list[Span]]]:
-        """Each member's spans per note, snapped to whole words.
+        """Each member's spans per note, snapped to whole words and trimmed to the entity.
 
         The one place every member's output passes through before aggregation, rendering and
-        evaluation, so no output mode can cut a word in two (:mod:`dphub.ensemble.words`).
+        evaluation, so no output mode can cut a word in two or keep a title's period inside a
+        name (:mod:`dphub.ensemble.words`). Members read each note with invisible and look-alike
+        characters normalised (:mod:`dphub.textnorm`); their spans come back in the note's own
+        offsets. A member with ``reads_raw_text`` (spans given in original offsets, such as
+        :class:`~dphub.ensemble.members.FixedMember`) reads the note as it is.
         """
         per_note: list[dict[str, list[Span]]] = [{} for _ in notes]
-        runs = [word_runs(n.text) for n in notes]
+        norms = [normalize(n.text) for n in notes]
+        seen = [n if m is None else replace(n, text=m.text) for n, m in zip(notes, norms,
+                                                                            strict=True)]
+        runs = [word_runs(n.text) for n in seen]
+        raw_runs: dict[int, tuple[list[int], list[int]]] = {}
         shared = shared_encoder_groups(self.slots)
         encoded: dict[Any, Any] = {}
         for slot in self.slots:
+            raw = bool(getattr(slot.member, "reads_raw_text", False))
+            given = notes if raw else seen
             key = shared.get(slot.name)
             if key is None:
-                tagged = slot.member.tag(notes, threshold=slot.tag_threshold)
+                tagged = slot.member.tag(given, threshold=slot.tag_threshold)
             else:  # members on one encoder: its pass runs once, each applies its own head + CRF
                 if key not in encoded:
-                    encoded[key] = slot.member.encode(notes)
-                tagged = slot.member.tag(notes, threshold=slot.tag_threshold,
+                    encoded[key] = slot.member.encode(given)
+                tagged = slot.member.tag(given, threshold=slot.tag_threshold,
                                          encoded=encoded[key])
             for i, spans in enumerate(tagged):
-                per_note[i][slot.name] = snap_to_words(notes[i].text, spans, runs[i])
+                norm = norms[i]
+                if raw and norm is not None:
+                    if i not in raw_runs:
+                        raw_runs[i] = word_runs(notes[i].text)
+                    text, note_runs = notes[i].text, raw_runs[i]
+                else:
+                    text, note_runs = given[i].text, runs[i]
+                spans = trim_spans(text, snap_to_words(text, spans, note_runs))
+                if norm is not None and not raw:
+                    # back to the note's offsets; a character NFKC expanded can join two spans
+                    spans = snap_to_words(notes[i].text, norm.spans_to_original(spans), ([], []))
+                per_note[i][slot.name] = spans
         return per_note
 
     def deid(self, notes: Sequence[Note]) -> list[NoteResult]:

@@ -5,6 +5,10 @@
 * :class:`~dphub.ensemble.rules.RuleMember` (``rules:default``) needs no data (ε = 0).
 * :class:`FixedMember` returns given spans; it makes aggregation testable by hand.
 
+Members read notes with invisible and look-alike characters normalised (:mod:`dphub.textnorm`)
+and answer in offsets of the text they read; the ensemble maps them back. A member whose spans
+are already in the original offsets says so with ``reads_raw_text = True``.
+
 Each member tags with its own tokenizer and windows and answers in character spans, so members
 with different tokenizers combine on characters (:mod:`dphub.ensemble.aggregate`).
 """
@@ -130,6 +134,8 @@ class FixedMember:
     epsilon: float | None = None
     unit: str | None = None
     revision: str | None = None
+    #: its spans are given in the note's own offsets: the ensemble hands it the note unnormalised
+    reads_raw_text: bool = True
 
     def __init__(self, name: str, spans_by_id: Mapping[str, Sequence[Span]]) -> None:
         self.name = name
