@@ -1,0 +1,106 @@
+"""Issue 31 #11-#13, #15: output locations that cannot be written, unbounded numbers and files.
+
+A read-only file system (EROFS) or a location this user may not write (EACCES) is the user's to
+fix: one ``error:`` line naming the path, exit 2, no crash log. Root ignores permission bits, so
+the tests make ``os.open`` (write flags) and ``os.mkdir`` fail under one directory, which is what
+the kernel does on a read-only mount (checked by hand with ``mount -o ro``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from dphub.cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def _private_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Crash logs go to tempfile's directory: point it at this test's own folder."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    monkeypatch.chdir(tmp_path)
+
+
+def _crash_logs(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "tmp").glob("dphub-crash-*"))
+
+
+def _deny_writes(monkeypatch: pytest.MonkeyPatch, root: Path, code: int) -> None:
+    """Every create/write under ``root`` fails with ``code``, as on a read-only mount."""
+    prefix = str(root.resolve())
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def inside(path: object) -> bool:
+        return os.path.abspath(os.fsdecode(path)).startswith(prefix)  # type: ignore[arg-type]
+
+    def open_(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if inside(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(code, os.strerror(code), os.fsdecode(path))  # type: ignore[arg-type]
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    def mkdir(path: object, *args: object, **kwargs: object) -> None:
+        if inside(path):
+            raise OSError(code, os.strerror(code), os.fsdecode(path))  # type: ignore[arg-type]
+        real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+
+
+def _commands(tmp_path: Path, ro: Path) -> dict[str, list[str]]:
+    return {
+        "data synth --out": ["data", "synth", "--n", "3", "--out", str(ro / "s.jsonl")],
+        "hub policy --hub (new)": ["hub", "policy", "--hub", str(ro / "hub"),
+                                   "--max-epsilon", "5"],
+        "hub policy --hub": ["hub", "policy", "--hub", str(ro), "--max-epsilon", "5"],
+        "ensemble add -e": ["ensemble", "add", "rules:default", "-e", str(ro / "m.toml")],
+        "deid --out": ["deid", str(tmp_path / "notes"), "--model", "rules:default",
+                       "--out", str(ro / "out")],
+        "ensemble deid --out": ["ensemble", "deid", str(tmp_path / "notes"), "-e",
+                                str(tmp_path / "e.toml"), "--out", str(ro / "out")],
+        "ensemble train --out": ["ensemble", "train", str(tmp_path / "s.jsonl"), "--out",
+                                 str(ro / "m"), "--epochs", "1", "--threads", "1"],
+    }
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES])
+@pytest.mark.parametrize("which", ["data synth --out", "hub policy --hub (new)", "hub policy --hub",
+                                   "ensemble add -e", "deid --out", "ensemble deid --out",
+                                   "ensemble train --out"])
+def test_unwritable_output_is_one_error_line(which: str, code: int, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("Seen by Dr. Smith on 03/14/2021.\n")
+    if which == "ensemble deid --out":
+        assert main(["ensemble", "add", "rules:default", "-e", str(tmp_path / "e.toml")]) == 0
+    if which == "ensemble train --out":
+        assert main(["data", "synth", "--n", "4", "--out", str(tmp_path / "s.jsonl")]) == 0
+    capsys.readouterr()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    _deny_writes(monkeypatch, ro, code)
+    assert main(_commands(tmp_path, ro)[which]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert str(ro) in lines[0] and os.strerror(code) in lines[0]
+    assert "unexpected" not in err and "Traceback" not in err
+    assert not _crash_logs(tmp_path)
+
+
+def test_other_os_errors_still_get_a_crash_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the user's errnos are mapped: an I/O error stays a crash with its private log."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    _deny_writes(monkeypatch, ro, errno.EBADF)
+    assert main(["hub", "policy", "--hub", str(ro), "--max-epsilon", "5"]) == 1
+    assert "unexpected OSError" in capsys.readouterr().err
+    assert _crash_logs(tmp_path)
