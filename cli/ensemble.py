@@ -244,8 +244,8 @@ KEY_OPT = typer.Option(
 )
 BATCH_OPT = typer.Option(16, "--batch-size", min=1, help="Notes per batch.")
 # `--threads` as everywhere else; `--workers` kept as the old spelling of the same option.
-WORKERS_OPT = typer.Option(
-    None, "--threads", "--workers", min=1, show_default="all cores",
+WORKERS_OPT = threads_option(
+    "--workers",
     help="CPU threads for torch (intra-op parallelism); with --engine ray, per actor (default 1).",
 )
 RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run in OUT.")
