@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +90,46 @@ def _short_path(path: str | os.PathLike[str] | bytes) -> str:
 
 def _disk_full(where: str | os.PathLike[str] | None, code: int = errno.ENOSPC) -> DiskFullError:
     return DiskFullError(os_error_message(OSError(code, os.strerror(code)), where))
+
+
+def read_small_file(path: str | os.PathLike[str], cap: int, *, what: str) -> bytes:
+    """The bytes of the regular file ``path``, refused (:class:`ConfigError`) unless it is a
+    regular file of at most ``cap`` bytes. ``FileNotFoundError`` propagates (callers decide
+    whether a missing file is a default or an error); other ``OSError`` s do too.
+
+    Why: ``read_bytes`` then a size check blocked forever on a FIFO and read a link to
+    ``/dev/zero`` until ``MemoryError``. The file is opened non-blocking (a FIFO opens at once),
+    its type is checked on the open descriptor (no race with a swapped path), and at most
+    ``cap + 1`` bytes are read, whatever ``st_size`` says (``/proc`` files report 0).
+    """
+    from dphub.errors import ConfigError
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a directory"
+                    if stat.S_ISDIR(mode) else "a device" if stat.S_ISCHR(mode) or
+                    stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "special")
+            raise ConfigError(f"{_short_path(path)}: {what} must be a regular file, not {kind}")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= cap:
+            block = os.read(fd, min(1 << 16, cap + 1 - size))
+            if not block:
+                break
+            chunks.append(block)
+            size += len(block)
+    finally:
+        os.close(fd)
+    if size > cap:
+        raise ConfigError(f"{_short_path(path)}: {what} is larger than {_size(cap)}")
+    return b"".join(chunks)
+
+
+def _size(n: int) -> str:
+    return f"{n // (1 << 20)} MB" if n >= 1 << 20 and n % (1 << 20) == 0 else \
+        f"{n // 1024} kB" if n % 1024 == 0 else f"{n} bytes"
 
 
 def cache_root() -> Path:

@@ -104,3 +104,47 @@ def test_other_os_errors_still_get_a_crash_log(tmp_path: Path, monkeypatch: pyte
     assert main(["hub", "policy", "--hub", str(ro), "--max-epsilon", "5"]) == 1
     assert "unexpected OSError" in capsys.readouterr().err
     assert _crash_logs(tmp_path)
+
+
+# ---------------------------------------------------------------------------- #13: numbers
+def test_offsets_beyond_int_parsing_fail_their_record(tmp_path: Path) -> None:
+    """A span number of more than 4,300 digits raised ValueError from int() (a crash that
+    aborted the whole run); now a FormatError of that record, like any malformed offset."""
+    from dphub import formats
+    from dphub.errors import FormatError
+    from dphub.formats.physionet import read_span_list
+
+    huge = "9" * 5000
+    phi = tmp_path / "x.phi"
+    phi.write_text(f"Patient 1\tNote 1\n0\t0\t{huge}\n")
+    with pytest.raises(FormatError, match="x.phi:2: end is out of range"):
+        read_span_list(phi)
+    brat = tmp_path / "brat"
+    brat.mkdir()
+    (brat / "a.txt").write_text("John Smith\n")
+    (brat / "a.ann").write_text(f"T1\tNAME 0 {huge}\tJohn Smith\n")
+    with pytest.raises(FormatError, match="a.ann:1: end is out of range"):
+        list(formats.read(brat, "brat"))
+    (brat / "a.ann").write_text("T1\tNAME 0 10\tJohn Smith\n")
+    assert [(s.start, s.end) for s in next(iter(formats.read(brat, "brat"))).spans] == [(0, 10)]
+
+
+def test_huge_k_in_an_aggregate_rule_is_refused_in_one_short_line() -> None:
+    from dphub.ensemble.aggregate import AggregateRule
+    from dphub.errors import ConfigError
+
+    for k in ("9" * 5000, "9" * 10):
+        with pytest.raises(ConfigError, match="K is larger than any ensemble") as info:
+            AggregateRule.parse(f"k-of-n:{k}")
+        assert len(info.value.message) < 200
+    assert AggregateRule.parse("k-of-n:3").k == 3
+
+
+def test_overlong_deidpl_path_is_one_error_line(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    for spec in ("a" * 5000, "a/" * 3000):
+        assert main(["ensemble", "add", f"deidpl:{spec}", "-e", str(tmp_path / "e.toml")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: deid.pl directory ")
+        assert len(err[0]) < 400
+    assert not _crash_logs(tmp_path)

@@ -390,3 +390,30 @@ def test_peer_files_are_private_even_with_a_loose_umask(tool) -> None:
         os.umask(old)
     seen = json.loads(log.read_text())
     assert not seen["text_mode"] & (stat.S_IRWXG | stat.S_IRWXO)
+
+
+def test_a_huge_span_number_from_deidpl_fails_only_its_note(tool, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    """Issue 31 #13: a .phi span number of more than 4,300 digits raised ValueError inside
+    int() and aborted the whole run; now that batch fails, is retried note by note, and only
+    the note deid.pl answered with such a number fails (exit 3)."""
+    d, perl, _ = tool
+    (d / "deid.pl").write_text(FAKE_DEIDPL.replace(
+        'out.append("\\n%d\\t%d\\t%d" % (i, i, i + len(tb)))',
+        'out.append("\\n%d\\t%d\\t%s" % (i, i, "9" * 5000 if t == "HUGE" else i + len(tb)))'),
+        encoding="utf-8")
+    (d / "targets.txt").write_text("Ngata\nHUGE\n", encoding="utf-8")
+    m = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", f"deidpl:{d}", "--ensemble", str(m)]) == 0
+    with Manifest.editing(m) as manifest:
+        manifest.get("deidpl").options["perl"] = str(perl)
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("".join(json.dumps({"id": f"n{i}", "text": t}) + "\n" for i, t in
+                             enumerate(["Zoë Ngata visited", "HUGE trouble", "Ngata again"])),
+                     encoding="utf-8")
+    capsys.readouterr()
+    rc = main(["ensemble", "deid", str(notes), "--out", str(tmp_path / "o"), "--ensemble", str(m)])
+    cap = capsys.readouterr()
+    assert rc == 3, cap.err
+    assert "1 note(s) failed" in cap.err and "2 note(s) de-identified" in cap.out
+    assert "unexpected" not in cap.err and "HUGE" not in cap.err

@@ -59,6 +59,7 @@ from typing import Any
 import tomli_w
 from filelock import FileLock, Timeout
 
+from dphub.config import check_integer_sizes
 from dphub.errors import ConfigError, DphubError
 from dphub.io import atomic_write_text
 
@@ -141,6 +142,10 @@ class Manifest:
             data = tomllib.loads(p.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{p}: not a valid TOML manifest ({e})") from None
+        except ValueError:  # an integer of more than 4,300 digits (Python's int parsing limit)
+            raise ConfigError(f"{p}: not a valid TOML manifest (an integer is too large)"
+                              ) from None
+        check_integer_sizes(data, p)
         members = [MemberEntry.from_dict(m, str(p)) for m in data.get("members", [])]
         names = [m.name for m in members]
         if len(set(names)) != len(names):

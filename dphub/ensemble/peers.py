@@ -68,10 +68,15 @@ class PeerToolError(DphubError):
 def deidpl_paths(spec_path: str | Path, config: str | None = None) -> tuple[Path, str]:
     """``(directory, config file name)`` of a ``deidpl:`` spec: a directory or its config file."""
     p = Path(spec_path).expanduser()
-    if p.is_file() and config is None:
+    try:
+        is_file, is_dir = p.is_file(), p.is_dir()
+    except OSError as e:  # a path too long for the file system (ENAMETOOLONG), ...
+        raise PeerToolError(f"deid.pl directory {_short(p)}: {e.strerror}") from None
+    if is_file and config is None:
         p, config = p.parent, p.name
-    if not p.is_dir():
-        raise PeerToolError(f"deid.pl directory {p} not found")
+        is_dir = True
+    if not is_dir:
+        raise PeerToolError(f"deid.pl directory {_short(p)} not found")
     if not (p / "deid.pl").is_file():
         raise PeerToolError(f"{p}: no deid.pl in this directory")
     if config is None:
@@ -81,6 +86,12 @@ def deidpl_paths(spec_path: str | Path, config: str | None = None) -> tuple[Path
     if Path(config).name != config or not (p / config).is_file():
         raise PeerToolError(f"{p}: no config file {config!r} in this directory")
     return p.resolve(), config
+
+
+def _short(p: Path | str) -> str:
+    """A path for a one-line message (a 5,000-character path is cut in the middle)."""
+    text = str(p)
+    return text if len(text) <= 200 else text[:100] + "..." + text[-80:]
 
 
 def deidpl_digest(directory: Path, config: str) -> str:
@@ -233,7 +244,9 @@ class DeidPlMember:
         out: list[list[Span]] = [[] for _ in notes]
         for note_key, pairs in index.items():
             p, _, n = note_key.rpartition("-")
-            i = key.get((int(p), int(n))) if p.isdigit() and n.isdigit() else None
+            numeric = p.isascii() and p.isdigit() and n.isascii() and n.isdigit() \
+                and len(p) < 19 and len(n) < 19  # a huge number is no record we wrote
+            i = key.get((int(p), int(n))) if numeric else None
             if i is None:
                 raise PeerToolError(f"member {self.name!r}: deid.pl answered for a record it "
                                     "was not given")
