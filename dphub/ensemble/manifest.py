@@ -33,8 +33,9 @@ so concurrent ``dphub ensemble add`` commands never lose each other's members. E
     name = "deidpl"
     kind = "deidpl"              # deid.pl run as a separate program (dphub.ensemble.peers)
     path = "/opt/deid-1.1"       # the owner's directory (this manifest is local, never published)
-    revision = "sha256:..."      # deid.pl + config + lists/ + dict/, checked at load
-    [members.options]            # config (file in path), perl, timeout (s), renumber_patients
+    revision = "sha256:..."      # deid.pl + config + lists/ + dict/ + *.pm, checked at load
+    [members.options]            # config (file in path), perl (a perl interpreter), timeout
+                                 # (s per batch, default 600), renumber_patients (true/false)
     config = "deid-output.config"
 
     [[members]]
@@ -262,16 +263,24 @@ def card_privacy(model_dir: Path) -> dict[str, Any]:
             "privacy_unit": dp.get("privacy_unit")}
 
 
-def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | None = None) -> MemberEntry:
+def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | None = None,
+                    timeout: float | None = None) -> MemberEntry:
     """Resolve ``REPO[@rev]``, ``DIR``, ``rules:default``, ``deidpl:DIR[/CONFIG]`` or
-    ``presidio:default`` into a pinned manifest entry."""
+    ``presidio:default`` into a pinned manifest entry (``timeout``: seconds a deid.pl run may
+    take, deid.pl members only)."""
+    if timeout is not None and not spec.startswith("deidpl:"):
+        raise ConfigError("--timeout applies to deid.pl members (deidpl:DIR) only")
     if spec.startswith("deidpl:"):
-        from dphub.ensemble.peers import deidpl_digest, deidpl_paths
+        from dphub.ensemble.peers import deidpl_digest, deidpl_options, deidpl_paths
 
         directory, config = deidpl_paths(spec[len("deidpl:"):])
+        options: dict[str, Any] = {"config": config}
+        if timeout is not None:
+            options["timeout"] = timeout
+        deidpl_options(options, name or "deidpl")
         return MemberEntry(name=name or "deidpl", kind="deidpl", path=str(directory),
                            revision=deidpl_digest(directory, config), threshold=threshold,
-                           options={"config": config})
+                           options=options)
     if spec.startswith("presidio:"):
         from dphub.ensemble.peers import check_spec, presidio_versions
 
