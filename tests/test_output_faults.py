@@ -148,3 +148,29 @@ def test_overlong_deidpl_path_is_one_error_line(tmp_path: Path,
         assert len(err) == 1 and err[0].startswith("error: deid.pl directory ")
         assert len(err[0]) < 400
     assert not _crash_logs(tmp_path)
+
+
+# ---------------------------------------------------------------------------- #15: member names
+@pytest.mark.parametrize(("name", "needle"), [
+    ("", "must not be empty"), ("   ", "must not be empty"), ("a+b", "contains '+'"),
+    (" a", "leading/trailing spaces"), ("a\tb", "control characters"),
+])
+def test_member_names_an_aggregate_rule_cannot_name_are_refused(
+        name: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--name a+b` was accepted but `k-of-n:2+a+b` can never name it; `--name ""` fell back to
+    the default name and failed with a misleading "already has a member named ..."."""
+    m = tmp_path / "e.toml"
+    assert main(["ensemble", "add", "rules:default", "-e", str(m)]) == 0
+    capsys.readouterr()
+    assert main(["ensemble", "add", "rules:default", "--name", name, "-e", str(m)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "already has" not in err[0], err
+    assert main(["ensemble", "add", "rules:default", "--name", "rules two", "-e", str(m)]) == 0
+
+
+def test_a_default_member_name_with_a_plus_is_refused(tmp_path: Path) -> None:
+    from dphub.ensemble.manifest import Manifest, MemberEntry
+    from dphub.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="contains '\\+'.*--name"):
+        Manifest().add(MemberEntry(name="model+v2", kind="dir", path=str(tmp_path)))

@@ -210,6 +210,7 @@ class Manifest:
         )
 
     def add(self, entry: MemberEntry) -> None:
+        check_member_name(entry.name)
         if any(m.name == entry.name for m in self.members):
             raise ConfigError(f"the ensemble already has a member named {entry.name!r}; use --name")
         self.members.append(entry)
@@ -221,6 +222,23 @@ class Manifest:
 
 
 # ---------------------------------------------------------------------------- resolving specs
+def check_member_name(name: str) -> None:
+    """Refuse a member name an aggregate rule could never name (``k-of-n:2+NAME`` splits on
+    ``+`` and strips spaces), an empty one, or one with control characters (names are printed).
+
+    Why: ``--name a+b`` was accepted and could then never count alone; ``--name ""`` fell back
+    to the default name and failed with a misleading "already has a member named ...".
+    """
+    if not name.strip():
+        raise ConfigError("a member name must not be empty (--name)")
+    if "+" in name:
+        raise ConfigError(f"member name {name!r} contains '+', which separates member names in "
+                          "an aggregate rule (k-of-n:K+NAME+...); choose another --name")
+    if name != name.strip() or any(not ch.isprintable() for ch in name):
+        raise ConfigError(f"member name {name!r} has leading/trailing spaces or control "
+                          "characters; choose another --name")
+
+
 def weights_digest(model_dir: Path) -> str:
     """``sha256:<hex>`` of ``model.safetensors``: the pin of a directory member."""
     f = Path(model_dir) / "model.safetensors"
@@ -268,6 +286,8 @@ def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | No
     """Resolve ``REPO[@rev]``, ``DIR``, ``rules:default``, ``deidpl:DIR[/CONFIG]`` or
     ``presidio:default`` into a pinned manifest entry (``timeout``: seconds a deid.pl run may
     take, deid.pl members only)."""
+    if name is not None:
+        check_member_name(name)
     if timeout is not None and not spec.startswith("deidpl:"):
         raise ConfigError("--timeout applies to deid.pl members (deidpl:DIR) only")
     if spec.startswith("deidpl:"):
