@@ -1,11 +1,12 @@
 """Tools the owner already has as ensemble members (issue 14.4): deid.pl and Presidio.
 
 deid.pl is replaced by a FAKE: a small Python program written here and run through a fake
-``perl`` (an executable script named ``perl`` that drops perl's ``-I.`` and runs the program), so neither perl
-nor the real deid.pl is needed. The fake reads the ``.text`` file the member writes and answers,
-in deid.pl's ``.phi`` shape, with the *byte* offsets of every occurrence of the strings listed in
-``targets.txt`` of its directory (perl counts bytes), and records what it saw (file modes, the
-config's last lines, the record headers) in a JSON log named by ``FAKE_DEIDPL_LOG``.
+``perl`` (an executable script named ``perl``, as the member requires, that drops perl's ``-I.``
+and runs the program), so neither perl nor the real deid.pl is needed. The fake reads the
+``.text`` file the member writes and answers, in deid.pl's ``.phi`` shape, with the *byte*
+offsets of every occurrence of the strings listed in ``targets.txt`` of its directory (perl
+counts bytes), and records what it saw (file modes, the config's last lines, the record headers)
+in a JSON log named by ``FAKE_DEIDPL_LOG``.
 """
 
 from __future__ import annotations
