@@ -15,7 +15,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dphub.cli.options import FLOAT, apply_threads, finite_float, threads_option, unit_interval
+from dphub.cli.options import (
+    FLOAT,
+    apply_threads,
+    finite_float,
+    positive_float,
+    threads_option,
+    unit_interval,
+)
 
 # one declaration of each training option (cli/train.py)
 from dphub.cli.train import (
@@ -73,13 +80,20 @@ def add_cmd(
     name: str | None = typer.Option(
         None, "--name", show_default="the repo or directory name", help="Member name."
     ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", parser=positive_float, metavar=FLOAT,
+        show_default="600 s per batch",
+        help="deidpl: members only: seconds one deid.pl run (one batch of notes) may take before "
+             "it is stopped and its batch fails.",
+    ),
     manifest_path: Path = ENSEMBLE_OPT,
 ) -> None:
     """Add a member, pinning its revision (registry sha, weights or tool digest)."""
     from dphub.ensemble.core import prepare_runtime
     from dphub.ensemble.manifest import Manifest, entry_from_spec
 
-    entry = entry_from_spec(spec, name=name, threshold=threshold)  # hashing weights: unlocked
+    entry = entry_from_spec(spec, name=name, threshold=threshold,  # hashing weights: unlocked
+                            timeout=timeout)
     current = Manifest.load(manifest_path).runtime if manifest_path.exists() else None
     if current not in (None, "torch"):  # the manifest's runtime, ready for the new member now
         prepare_runtime([entry], current, progress=_say)
@@ -263,8 +277,8 @@ KEY_OPT = typer.Option(
 )
 BATCH_OPT = typer.Option(16, "--batch-size", min=1, help="Notes per batch.")
 # `--threads` as everywhere else; `--workers` kept as the old spelling of the same option.
-WORKERS_OPT = typer.Option(
-    None, "--threads", "--workers", min=1, show_default="all cores",
+WORKERS_OPT = threads_option(
+    "--workers",
     help="CPU threads for torch (intra-op parallelism); with --engine ray, per actor (default 1).",
 )
 RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run in OUT.")

@@ -4,6 +4,9 @@ Command groups live in one module each (``dphub.cli.data`` ...) and expose ``reg
 ``main`` maps every outcome to one exit code:
 
 * :class:`~dphub.errors.DphubError` -> one ``error:`` line, its exit code (2, or 3);
+* an ``OSError`` the user must fix that no command turned into a DphubError (a read-only file
+  system, no permission, a full disk: :data:`_USER_ERRNOS`) -> one ``error:`` line naming the
+  path, exit 2: it is the environment, not a bug, and needs no crash log;
 * a usage error (unknown command or option, missing argument, a value that does not parse) -> the
   command's usage line and one ``error:`` line, exit 2, no crash-log (it is not a crash);
 * Ctrl-C -> one ``interrupted`` line, exit 130;
@@ -32,6 +35,7 @@ import typer
 
 from dphub import __version__
 from dphub.errors import DphubError
+from dphub.io import DISK_FULL_ERRNOS, UNWRITABLE_ERRNOS, os_error_message
 
 
 def _exception_families() -> tuple[tuple[type[BaseException], ...], ...]:
@@ -115,6 +119,18 @@ def _crash_log(exc: BaseException) -> Path:
     return Path(name)
 
 
+def _crashed(e: BaseException) -> int:
+    """Report an unexpected exception: one line with the path of its private crash log; 1."""
+    log = _crash_log(e)
+    typer.echo(f"error: unexpected {type(e).__name__}; details (may include data) in {log}",
+               err=True)
+    return 1
+
+
+#: errno values of an ``OSError`` that is the user's to fix (see the module docstring)
+_USER_ERRNOS = DISK_FULL_ERRNOS | UNWRITABLE_ERRNOS
+
+
 def _invoke(argv: list[str] | None) -> Any:
     """Parse ``argv`` and run the command; exceptions propagate unchanged to :func:`main`."""
     command = typer.main.get_command(app)
@@ -191,13 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         code = 130
+    except OSError as e:
+        if e.errno not in _USER_ERRNOS:
+            code = _crashed(e)
+        else:
+            typer.echo(f"error: {os_error_message(e)}", err=True)
+            code = 2
     except Exception as e:  # noqa: BLE001 - last-resort guard; details go to a private log file
-        log = _crash_log(e)
-        typer.echo(
-            f"error: unexpected {type(e).__name__}; details (may include data) in {log}",
-            err=True,
-        )
-        code = 1
+        code = _crashed(e)
     finally:  # also when something escapes the handlers above (SystemExit from a callback)
         restore_sigterm()
     if argv is None:

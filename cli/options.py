@@ -10,12 +10,13 @@ such values at parse time, as a usage error (exit 2).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
-__all__ = ["FLOAT", "apply_threads", "finite_float", "threads_option"]
+__all__ = ["FLOAT", "MAX_THREADS", "apply_threads", "finite_float", "threads_option"]
 
 #: metavar of the options parsed by :func:`finite_float`
 FLOAT = "<float>"
@@ -60,14 +61,25 @@ positive_float = finite_float(min=0.0, min_open=True)
 unit_interval = finite_float(min=0.0, max=1.0)
 
 
-def threads_option() -> Any:
-    """``--threads N``: torch intra-op CPU threads for commands that run a model."""
+#: Largest ``--threads``: the machine's CPU count, but at least 64 (a script written for a bigger
+#: machine still runs). Why a bound: more threads than cores only slow torch down, and far more
+#: exhaust the process: ``--threads 100000`` created 32k threads and then segfaulted (or hit a
+#: Rust allocation failure that ignored SIGTERM), 30000 failed inside libgomp.
+MAX_THREADS = max(os.cpu_count() or 1, 64)
+
+
+def threads_option(*names: str, help: str = "CPU threads for torch (intra-op parallelism)."
+                   ) -> Any:
+    """``--threads N`` (1..:data:`MAX_THREADS`): torch intra-op CPU threads for commands that run
+    a model. ``names``: further spellings of the option (``--workers``)."""
     return typer.Option(
         None,
         "--threads",
+        *names,
         min=1,
+        max=MAX_THREADS,
         show_default="all cores",
-        help="CPU threads for torch (intra-op parallelism).",
+        help=help,
     )
 
 

@@ -17,7 +17,10 @@ its key. Sections and keys::
 The file is validated against :data:`PROJECT_SCHEMA` when it is loaded: an unknown section or key
 (``[trian]``, ``nosie``), a wrong type (``noise = "loud"``) or a non-finite number (TOML allows
 ``nan`` and ``inf``) is refused with a :class:`ConfigError` naming the section and key. Silently
-ignoring such a mistake trained at the default ε instead of the one the owner wrote.
+ignoring such a mistake trained at the default ε instead of the one the owner wrote. So is an
+integer beyond 64 bits (:func:`check_integer_sizes`): ``noise = 1000...0`` (400 digits) used to
+crash with ``OverflowError`` where it was turned into a float, and more than 4,300 digits with a
+``ValueError`` inside the TOML parser.
 
 ``.dphub/state.json`` records what the last ``dphub train`` wrote (``last_model``), so that a bare
 ``dphub publish`` publishes it.
@@ -41,6 +44,9 @@ _POSITIVE: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0}
 _COUNT: dict[str, Any] = {"type": "integer", "minimum": 1}
 _STRING: dict[str, Any] = {"type": "string"}
 _UNITS = ["patient", "note", "sequence"]
+#: Largest integer (in magnitude) a dphub.toml or ensemble manifest may hold: int64. Every count,
+#: seed and ε fits; beyond it ``float()`` overflows (above ~1e308) or arithmetic stalls.
+MAX_INTEGER = 2**63 - 1
 
 
 def _section(properties: dict[str, Any]) -> dict[str, Any]:
@@ -127,11 +133,28 @@ def load_project_config(path: Path | None = None) -> dict[str, Any]:
             cfg = tomllib.load(fh)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{f}: not valid TOML ({e})") from None
+    except ValueError:  # an integer of more than 4,300 digits (Python's int parsing limit)
+        raise ConfigError(f"{f}: not valid TOML (an integer is too large)") from None
     except OSError as e:
         raise ConfigError(f"{f}: cannot read ({e.strerror})") from None
     validate_project_config(cfg, f)
     cfg["_file"] = str(f)
     return cfg
+
+
+def check_integer_sizes(data: Any, source: str | Path, path: tuple[Any, ...] = ()) -> None:
+    """Refuse any integer beyond :data:`MAX_INTEGER` in parsed TOML/JSON ``data`` (nested tables
+    and arrays included), naming where it is; the one place such files' integers are bounded."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            check_integer_sizes(v, source, (*path, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            check_integer_sizes(v, source, (*path, i))
+    elif isinstance(data, int) and not isinstance(data, bool) and abs(data) > MAX_INTEGER:
+        raise ConfigError(f"{source}: {_where(list(path))}: an integer of "
+                          f"{len(str(abs(data)))} digits is out of range (at most "
+                          f"{MAX_INTEGER:,} in magnitude)")
 
 
 def _where(path: list[Any]) -> str:
@@ -154,6 +177,7 @@ def validate_project_config(cfg: dict[str, Any], source: str | Path = PROJECT_FI
     """
     from jsonschema import Draft202012Validator
 
+    check_integer_sizes(cfg, source)
     for section, keys in cfg.items():  # nan/inf first: the schema's bounds let NaN through
         for key, value in (keys.items() if isinstance(keys, dict) else ()):
             if isinstance(value, float) and not math.isfinite(value):

@@ -5,7 +5,10 @@ Every file dphub produces is written to a temporary sibling and renamed into pla
 any point leaves either the old file or the new one, never a torn one.
 
 A full disk (``ENOSPC``, ``EDQUOT``) while writing is not a bug but a condition the user must fix:
-it becomes :class:`DiskFullError`, one readable line and exit 2, with the temp file removed.
+it becomes :class:`DiskFullError`, one readable line and exit 2, with the temp file removed. So does
+an output location that cannot be written at all (a read-only file system ``EROFS``, no permission
+``EACCES``/``EPERM``): :class:`UnwritableError`. :func:`os_error_message` words both for the CLI,
+which maps any such ``OSError`` that escapes a command to the same kind of line.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,33 +27,109 @@ from dphub.errors import DphubError
 
 #: errno values that mean "the disk (or the user's quota) is full".
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: errno values that mean "this location cannot be written (or read) by this user, at all".
+UNWRITABLE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class DiskFullError(DphubError):
     """No space left while writing an output; whatever was being written was removed."""
 
 
+class UnwritableError(DphubError):
+    """An output location is on a read-only file system or not writable by this user."""
+
+
 @contextlib.contextmanager
 def disk_full_as_error(where: str | os.PathLike[str] | None) -> Iterator[None]:
-    """Turn an ``OSError`` ENOSPC/EDQUOT raised in the block into :class:`DiskFullError`.
+    """Turn an ``OSError`` ENOSPC/EDQUOT raised in the block into :class:`DiskFullError`, and
+    EROFS/EACCES/EPERM into :class:`UnwritableError`.
 
     Why: an ``OSError`` is an unexpected crash for the CLI (exit 1, crash log), but a full disk
-    is the user's to fix; the message names the output path only (never data).
+    or a read-only output location is the user's to fix; the message names the output path only
+    (never data).
     """
     try:
         yield
     except OSError as e:
-        if e.errno not in DISK_FULL_ERRNOS:
-            raise
-        raise _disk_full(where, e.errno) from None
+        if e.errno in DISK_FULL_ERRNOS:
+            raise _disk_full(where, e.errno) from None
+        if e.errno in UNWRITABLE_ERRNOS:
+            raise _unwritable(where, e) from None
+        raise
+
+
+def _unwritable(where: str | os.PathLike[str] | None, e: OSError) -> UnwritableError:
+    return UnwritableError(os_error_message(e, where))
+
+
+def os_error_message(e: OSError, where: str | os.PathLike[str] | None = None) -> str:
+    """One PHI-free line for an ``OSError`` the user must fix (full disk, read-only, denied).
+
+    ``where`` (the output the user named) is preferred to the file the call failed on, which may
+    be a temporary sibling; else the error's own file name. Overlong paths are shortened.
+    """
+    path = where if where is not None else e.filename
+    place = f"{_short_path(path)}: " if path is not None else ""
+    reason = e.strerror or os.strerror(e.errno or 0)
+    if e.errno in DISK_FULL_ERRNOS:
+        return (f"{place}disk full ({reason}); nothing half-written was kept: free some space "
+                "and run again")
+    if e.errno == errno.EROFS:
+        return (f"{place}cannot write ({reason}); choose an output location on a writable "
+                "file system")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return (f"{place}cannot write or read ({reason}); choose a location you may write, or "
+                "fix its permissions")
+    return f"{place}{reason}"
+
+
+def _short_path(path: str | os.PathLike[str] | bytes) -> str:
+    text = os.fsdecode(path) if isinstance(path, bytes) else os.fspath(path)
+    return text if len(text) <= 200 else text[:100] + "..." + text[-80:]
 
 
 def _disk_full(where: str | os.PathLike[str] | None, code: int = errno.ENOSPC) -> DiskFullError:
-    place = f"{os.fspath(where)}: " if where is not None else ""
-    return DiskFullError(
-        f"{place}disk full ({os.strerror(code)}); nothing half-written was kept: free some "
-        "space and run again"
-    )
+    return DiskFullError(os_error_message(OSError(code, os.strerror(code)), where))
+
+
+def read_small_file(path: str | os.PathLike[str], cap: int, *, what: str) -> bytes:
+    """The bytes of the regular file ``path``, refused (:class:`ConfigError`) unless it is a
+    regular file of at most ``cap`` bytes. ``FileNotFoundError`` propagates (callers decide
+    whether a missing file is a default or an error); other ``OSError`` s do too.
+
+    Why: ``read_bytes`` then a size check blocked forever on a FIFO and read a link to
+    ``/dev/zero`` until ``MemoryError``. The file is opened non-blocking (a FIFO opens at once),
+    its type is checked on the open descriptor (no race with a swapped path), and at most
+    ``cap + 1`` bytes are read, whatever ``st_size`` says (``/proc`` files report 0).
+    """
+    from dphub.errors import ConfigError
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a directory"
+                    if stat.S_ISDIR(mode) else "a device" if stat.S_ISCHR(mode) or
+                    stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "special")
+            raise ConfigError(f"{_short_path(path)}: {what} must be a regular file, not {kind}")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= cap:
+            block = os.read(fd, min(1 << 16, cap + 1 - size))
+            if not block:
+                break
+            chunks.append(block)
+            size += len(block)
+    finally:
+        os.close(fd)
+    if size > cap:
+        raise ConfigError(f"{_short_path(path)}: {what} is larger than {_size(cap)}")
+    return b"".join(chunks)
+
+
+def _size(n: int) -> str:
+    return f"{n // (1 << 20)} MB" if n >= 1 << 20 and n % (1 << 20) == 0 else \
+        f"{n // 1024} kB" if n % 1024 == 0 else f"{n} bytes"
 
 
 def cache_root() -> Path:
@@ -68,8 +148,8 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
                 newline: str | None = None) -> Iterator[IO]:
     """Open a temp file next to ``path``; on clean exit fsync and rename it over ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     with disk_full_as_error(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     binary = "b" in mode
     try:
@@ -82,7 +162,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS | UNWRITABLE_ERRNOS:
             with disk_full_as_error(path):
                 raise
         raise
@@ -106,8 +186,8 @@ def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -
     rename), otherwise an existing non-empty ``path`` is an error for the caller to prevent.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     with disk_full_as_error(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
@@ -127,4 +207,6 @@ def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -
         ):
             # name the directory the user asked for, not a file inside its temp copy
             raise _disk_full(path) from None
+        if isinstance(e, OSError) and e.errno in UNWRITABLE_ERRNOS:
+            raise _unwritable(path, e) from None
         raise

@@ -24,7 +24,11 @@ unchanged: it is :func:`dphub.runner.run_deid` with another ``engine``. Only the
   travels only driver -> worker, inside Ray's object store (shared memory, spilled to the Ray
   temp directory under pressure: inside a 0700 directory for the local runtime, removed at the end;
   on a cluster, see docs/scale.md). Ray is started with the dashboard off,
-  worker logs not forwarded to the driver, usage statistics off and Ray Data's progress bars off.
+  worker logs not forwarded to the driver, usage statistics off and Ray Data's progress bars off;
+  one known line of Ray's C++ core is filtered from the driver's stderr (:data:`_RAY_NOISE`).
+* A driver killed with ``kill -9`` runs no cleanup: its local runtime's daemons and private
+  directory (``dphub-ray-<pid>-*``) stay. The next local start removes them for every driver that
+  is no longer alive (:func:`_clean_stale_runtimes`).
 * Nothing read from disk is unpickled by dphub. Ray itself serialises the recipe and the rows it
   moves (plain strings, numbers and dicts) between its processes.
 """
@@ -38,6 +42,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,6 +56,8 @@ from dphub.runner import Engine, WorkItem
 #: Default runner batches per Ray Dataset (window): large enough that loading the ensemble in each
 #: actor once per window is a small cost, small enough to bound the driver's memory.
 DEFAULT_WINDOW = 512
+#: Name prefix of a local runtime's private temp directory: ``dphub-ray-<driver pid>-<random>``.
+PRIVATE_TMP_PREFIX = "dphub-ray-"
 
 
 @dataclass
@@ -229,7 +236,8 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
         # Ray's temp dir (/tmp/ray) is world-writable (Ray chmods it 0777) and the object store
         # spills there (note text) under memory pressure: this runtime's sits inside a 0700
         # directory, removed at the end
-        private_tmp = tempfile.mkdtemp(prefix="dphub-ray-")
+        _clean_stale_runtimes()  # a killed earlier run's processes and spilled text
+        private_tmp = tempfile.mkdtemp(prefix=f"{PRIVATE_TMP_PREFIX}{os.getpid()}-")
         kwargs.update(include_dashboard=False, _temp_dir=os.path.join(private_tmp, "r"),
                       num_cpus=max(os.cpu_count() or 1, options.workers * options.threads))
     if options.address is not None:
@@ -251,6 +259,159 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
         ray.shutdown()
         if private_tmp is not None:
             shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+#: Lines of Ray's C++ core that the driver prints to stderr on every successful run, which say
+#: nothing the user can act on. The one known: Ray Data always puts an actor pool's constructor
+#: arguments in the object store, and Ray logs at ERROR level that such an actor's restart could
+#: fail if they were lost (ray-project/ray#53727); they stay referenced for the whole run.
+_RAY_NOISE = (b"has constructor arguments in the object store and max_restarts > 0",)
+
+
+@contextlib.contextmanager
+def _without_lines(drop: tuple[bytes, ...]) -> Iterator[None]:
+    """Pass this process's stderr (file descriptor 2, where Ray's C++ core writes) through a
+    filter that drops the lines containing one of ``drop``; everything else, progress bars
+    included, goes through unchanged and at once. Restored on exit. Ray offers no switch: its
+    log level variable (``RAY_BACKEND_LOG_LEVEL``) prints a line of its own when set.
+    """
+    import threading
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no usable stderr: nothing to filter
+        yield
+        return
+    r, w = os.pipe()
+    os.dup2(w, 2)
+    os.close(w)
+
+    def pump() -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(r, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buf += chunk
+            out = []
+            while b"\n" in buf:
+                line, _, buf = buf.partition(b"\n")
+                if not any(d in line for d in drop):
+                    out.append(line + b"\n")
+            if buf and not (buf.startswith(b"[") and len(buf) < 4096):
+                out.append(buf)  # not the start of a log line (a progress bar's "\r..."): now
+                buf = b""
+            _write_all(saved, b"".join(out))
+        _write_all(saved, buf)
+        os.close(r)
+
+    thread = threading.Thread(target=pump, name="dphub-stderr-filter", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the pump drains it and ends
+        thread.join(timeout=5)
+        os.close(saved)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(fd, data):]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _processes_using(path: str) -> list[int]:
+    """This user's processes whose command line names ``path`` (Ray's daemons and workers of a
+    local runtime carry its temp/session/log directory in their arguments). Linux ``/proc``
+    only; elsewhere none are found."""
+    found = []
+    needle = os.fsencode(path)
+    uid = os.getuid()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for d in proc.iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if d.stat().st_uid != uid:
+                continue
+            cmdline = (d / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile, or not ours
+            continue
+        if needle in cmdline:
+            found.append(int(d.name))
+    return found
+
+
+def _clean_stale_runtimes(root: str | None = None, *, grace: float = 5.0) -> list[str]:
+    """Remove what a local runtime of a *killed* dphub left: its private temp directory
+    (``dphub-ray-<pid>-*`` whose driver ``pid`` is dead; it may hold spilled note text) and the
+    Ray daemons still running from it (stopped with SIGTERM, then SIGKILL after ``grace`` s).
+
+    Why: ``kill -9`` of the driver runs no ``finally``: Ray's raylet, GCS and agents kept running
+    and the directory stayed. Only this user's directories and processes are touched, and only
+    those of a dead driver (a live one's run is left alone). Returns the directories removed.
+    """
+    import re
+    import signal
+    import time
+
+    base = Path(root or tempfile.gettempdir())
+    removed = []
+    pattern = re.compile(re.escape(PRIVATE_TMP_PREFIX) + r"(\d+)-[^/]+")
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    for d in entries:
+        m = pattern.fullmatch(d.name)
+        try:
+            if m is None or not d.is_dir() or d.is_symlink() or d.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if _pid_alive(int(m.group(1))):
+            continue
+        pids = _processes_using(str(d))
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if _pid_alive(p) and not _is_zombie(p)]
+            time.sleep(0.1)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(str(d))
+    return removed
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def _quiet_ray_data() -> None:
@@ -279,7 +440,7 @@ def ray_engine(recipe: EnsembleRecipe, options: RayOptions | None = None) -> Eng
         except StopIteration:  # every note done already: no need for Ray at all
             return
         stream = itertools.chain([first], stream)
-        with ray_session(opts) as ray:
+        with ray_session(opts) as ray, _without_lines(_RAY_NOISE):
             _quiet_ray_data()
             while True:
                 window: list[list[WorkItem]] = []

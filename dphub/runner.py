@@ -515,6 +515,15 @@ def run_deid(
         # a full disk while writing run state or the assembled files: stop, resumable
         raise OutputError(f"{dst}: cannot write ({_os_reason(e)}); fix that and continue with "
                           "--resume") from None
+    except DiskFullError:
+        # raised by the atomic writer (it said "run again"): a rerun without --resume is
+        # refused once this run wrote something, so say how to continue; else start afresh
+        if not wrote:
+            _discard_unused_state(dst, created_out=created_out, created_run=created_run)
+        if (run_dir / PARAMS).exists():
+            raise OutputError(f"{dst}: disk full; nothing half-written was kept: free some "
+                              "space and continue with --resume") from None
+        raise
     except BaseException:
         if not wrote:
             _discard_unused_state(dst, created_out=created_out, created_run=created_run)

@@ -225,6 +225,29 @@ def test_threads_is_applied_before_the_library_runs(
     assert seen == [3]
 
 
+@pytest.mark.parametrize(
+    "path",
+    [("train",), ("deid", "--model", "rules:default"), ("evaluate",), ("ensemble", "deid"),
+     ("ensemble", "train"), ("pretrain",), ("audit",)],
+)
+@pytest.mark.parametrize("threads", ["100000", "30000"])
+def test_threads_is_bounded(path: tuple[str, ...], threads: str, monkeypatch: pytest.MonkeyPatch,
+                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31 #12: `--threads 100000` created 32k threads and segfaulted; now a usage error
+    naming --threads and the bound (the machine's CPUs, at least 64), before torch is told."""
+    import torch
+
+    from dphub.cli.options import MAX_THREADS
+
+    seen: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", seen.append)
+    (tmp_path / "n.jsonl").write_text("")
+    assert main([*path, "n.jsonl", "--threads", threads]) == 2
+    err = capsys.readouterr().err
+    assert "--threads" in err.splitlines()[-1] and str(MAX_THREADS) in err
+    assert seen == [] and _no_crash_log(tmp_path)
+
+
 # ---------------------------------------------------------------------------- NaN and infinity
 @pytest.mark.parametrize(
     "argv",

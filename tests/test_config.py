@@ -47,6 +47,14 @@ def _load(tmp_path: Path, text: str) -> dict:
         ("[card]\nlimitations = 3\n", ["[card] limitations", "string"]),
         ('[card]\nsummary = "x"\n', ["[card] summary", "unknown key", "provenance"]),
         ('data = "notes.jsonl"\n', ["[data]", "table"]),
+        # issue 31 #13: a 400-digit integer overflowed float() (OverflowError, exit 1)
+        ("[privacy]\nmax_epsilon = " + "9" * 400 + "\n", ["[privacy] max_epsilon", "400 digits"]),
+        ("[privacy]\nnoise = " + "9" * 400 + "\n", ["[privacy] noise", "out of range"]),
+        ("[privacy]\ntarget_epsilon = " + "9" * 400 + "\n", ["[privacy] target_epsilon"]),
+        ("[hub]\nmax_epsilon = -" + "9" * 400 + "\n", ["[hub] max_epsilon", "out of range"]),
+        ("[train]\nseed = " + "9" * 400 + "\n", ["[train] seed", "out of range"]),
+        # more than 4,300 digits: a ValueError inside the TOML parser
+        ("[privacy]\nnoise = " + "9" * 5000 + "\n", ["not valid TOML", "too large"]),
     ],
 )
 def test_mistakes_are_refused_naming_section_and_key(
@@ -58,6 +66,20 @@ def test_mistakes_are_refused_naming_section_and_key(
     assert "dphub.toml" in message and "\n" not in message
     for needle in needles:
         assert needle in message, message
+
+
+def test_huge_integer_in_dphub_toml_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31 #13 through the CLI: exit 2, one line, no crash log."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "n.jsonl").write_text('{"text": "x", "spans": []}\n')
+    (tmp_path / "dphub.toml").write_text("[privacy]\ntarget_epsilon = " + "9" * 400 + "\n")
+    assert main(["train", "n.jsonl", "--out", "m"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "[privacy] target_epsilon" in err[0]
+    assert not list(tmp_path.glob("dphub-crash-*"))
 
 
 def test_every_key_a_command_reads_is_accepted(tmp_path: Path) -> None:

@@ -116,6 +116,59 @@ def test_policy_file_with_nan_or_typo_is_refused(model, bare_hub):
         ops.publish(model, "acme/x", hub=str(bare_hub))
 
 
+def _policy_cmd_in_thread(hub, argv_tail=()):
+    """``dphub hub policy --hub HUB`` in a thread: a FIFO used to block it forever."""
+    import threading
+
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault(
+        "rc", main(["hub", "policy", "--hub", str(hub), *argv_tail])), daemon=True)
+    t.start()
+    t.join(30)
+    return t, result
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge", "400 digits", "5000 digits"])
+def test_policy_file_that_is_no_small_json_file_is_one_error_line(bare_hub, capsys, kind):
+    """Issue 31 #13: a FIFO hung `hub policy`, a link to /dev/zero was read until MemoryError
+    (the 64 kB cap was checked after reading), a 400-digit max_epsilon was an OverflowError."""
+    import os
+
+    path = bare_hub / POLICY_FILE
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":  # /dev/null, not /dev/zero: the old code would fill the memory
+        os.symlink("/dev/null", path)
+    elif kind == "huge":
+        path.write_text('{"max_epsilon": 5' + " " * 70000 + "}")
+    else:
+        path.write_text('{"max_epsilon": ' + "9" * int(kind.split()[0]) + "}")
+    t, result = _policy_cmd_in_thread(bare_hub)
+    if t.is_alive():  # release the reader blocked on the FIFO, then fail
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("hub policy blocked on the policy file")
+    assert result["rc"] == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and POLICY_FILE in err[0], err
+    expected = {"fifo": "not a named pipe (FIFO)", "device": "not a device",
+                "huge": "larger than 64 kB", "400 digits": "integer of 400 digits",
+                "5000 digits": "not valid JSON"}[kind]
+    assert expected in err[0]
+
+
+def test_read_small_file_never_reads_past_its_cap(tmp_path):
+    from dphub.io import read_small_file
+
+    os_link = tmp_path / "zero"
+    os_link.symlink_to("/dev/zero")
+    with pytest.raises(ConfigError, match="must be a regular file, not a device"):
+        read_small_file(os_link, 10, what="x")
+    (tmp_path / "ok").write_bytes(b"0123456789")
+    assert read_small_file(tmp_path / "ok", 10, what="x") == b"0123456789"
+    with pytest.raises(ConfigError, match="larger than 9 bytes"):
+        read_small_file(tmp_path / "ok", 9, what="x")
+
+
 def test_policy_before_the_first_publish(tmp_path):
     save_hub_policy(str(tmp_path / "new-hub"), Policy(max_epsilon=5))
     assert load_hub_policy(str(tmp_path / "new-hub")) == Policy(max_epsilon=5)

@@ -1,11 +1,12 @@
 """Tools the owner already has as ensemble members (issue 14.4): deid.pl and Presidio.
 
 deid.pl is replaced by a FAKE: a small Python program written here and run through a fake
-``perl`` (an executable script that drops perl's ``-I.`` and runs the program), so neither perl
-nor the real deid.pl is needed. The fake reads the ``.text`` file the member writes and answers,
-in deid.pl's ``.phi`` shape, with the *byte* offsets of every occurrence of the strings listed in
-``targets.txt`` of its directory (perl counts bytes), and records what it saw (file modes, the
-config's last lines, the record headers) in a JSON log named by ``FAKE_DEIDPL_LOG``.
+``perl`` (an executable script named ``perl``, as the member requires, that drops perl's ``-I.``
+and runs the program), so neither perl nor the real deid.pl is needed. The fake reads the
+``.text`` file the member writes and answers, in deid.pl's ``.phi`` shape, with the *byte*
+offsets of every occurrence of the strings listed in ``targets.txt`` of its directory (perl
+counts bytes), and records what it saw (file modes, the config's last lines, the record headers)
+in a JSON log named by ``FAKE_DEIDPL_LOG``.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def make_tool(root: Path, targets: list[str], *, config: str = "Gold standard co
     (d / "deid-output.config").write_text(config, encoding="utf-8")
     (d / "lists" / "names.txt").write_text("x\n", encoding="utf-8")
     (d / "targets.txt").write_text("\n".join(targets) + "\n", encoding="utf-8")
-    perl = root / "fakeperl"
+    (root / "bin").mkdir()
+    perl = root / "bin" / "perl"  # only a program named perl may run deid.pl
     perl.write_text(f"#!{sys.executable}\nimport runpy, sys\n"
                     "args = [a for a in sys.argv[1:] if a != '-I.']\n"
                     "sys.argv = args\nrunpy.run_path(args[0], run_name='__main__')\n",
@@ -390,3 +392,133 @@ def test_peer_files_are_private_even_with_a_loose_umask(tool) -> None:
         os.umask(old)
     seen = json.loads(log.read_text())
     assert not seen["text_mode"] & (stat.S_IRWXG | stat.S_IRWXO)
+
+
+def test_a_huge_span_number_from_deidpl_fails_only_its_note(tool, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    """Issue 31 #13: a .phi span number of more than 4,300 digits raised ValueError inside
+    int() and aborted the whole run; now that batch fails, is retried note by note, and only
+    the note deid.pl answered with such a number fails (exit 3)."""
+    d, perl, _ = tool
+    (d / "deid.pl").write_text(FAKE_DEIDPL.replace(
+        'out.append("\\n%d\\t%d\\t%d" % (i, i, i + len(tb)))',
+        'out.append("\\n%d\\t%d\\t%s" % (i, i, "9" * 5000 if t == "HUGE" else i + len(tb)))'),
+        encoding="utf-8")
+    (d / "targets.txt").write_text("Ngata\nHUGE\n", encoding="utf-8")
+    m = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", f"deidpl:{d}", "--ensemble", str(m)]) == 0
+    with Manifest.editing(m) as manifest:
+        manifest.get("deidpl").options["perl"] = str(perl)
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("".join(json.dumps({"id": f"n{i}", "text": t}) + "\n" for i, t in
+                             enumerate(["Zoë Ngata visited", "HUGE trouble", "Ngata again"])),
+                     encoding="utf-8")
+    capsys.readouterr()
+    rc = main(["ensemble", "deid", str(notes), "--out", str(tmp_path / "o"), "--ensemble", str(m)])
+    cap = capsys.readouterr()
+    assert rc == 3, cap.err
+    assert "1 note(s) failed" in cap.err and "2 note(s) de-identified" in cap.out
+    assert "unexpected" not in cap.err and "HUGE" not in cap.err
+
+
+# ---------------------------------------------------------------------------- issue 31 #14
+def test_a_hanging_deidpl_is_stopped_by_the_default_timeout(tool, monkeypatch) -> None:
+    """There was no default timeout: a deid.pl that never returns hung the whole run."""
+    import dphub.ensemble.peers as peers
+
+    d, perl, _ = tool
+    (d / "deid.pl").write_text("import time\ntime.sleep(60)\n", encoding="utf-8")
+    monkeypatch.setattr(peers, "DEFAULT_DEIDPL_TIMEOUT", 1.0)
+    member = DeidPlMember("deidpl", d, perl=str(perl))
+    assert member.timeout == 1.0
+    with pytest.raises(PeerToolError, match="ran past its timeout of 1 s.*--timeout"):
+        member.tag(NOTES[:1])
+    assert DeidPlMember("deidpl", d, perl=str(perl), timeout=5).timeout == 5
+
+
+def test_ensemble_add_takes_a_deidpl_timeout(tool, tmp_path: Path, capsys) -> None:
+    d, _, _ = tool
+    m = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", f"deidpl:{d}", "--timeout", "42", "--ensemble", str(m)]) == 0
+    assert Manifest.load(m).get("deidpl").options["timeout"] == 42.0
+    for argv in (["rules:default", "--timeout", "5"], [f"deidpl:{d}", "--name", "y",
+                                                       "--timeout", "-1"]):
+        capsys.readouterr()
+        assert main(["ensemble", "add", *argv, "--ensemble", str(m)]) == 2
+        assert capsys.readouterr().err.count("error:") == 1
+
+
+@pytest.mark.parametrize(("option", "value", "needle"), [
+    ("timeout", '"abc"', "timeout must be a number of seconds"),
+    ("timeout", "[1, 2]", "timeout must be a number of seconds"),
+    ("timeout", "true", "timeout must be a number of seconds"),
+    ("timeout", "nan", "timeout must be a number of seconds"),
+    ("timeout", "0", "timeout must be a number of seconds"),
+    ("renumber_patients", '"no"', "renumber_patients must be true or false"),
+    ("renumber_patients", "1", "renumber_patients must be true or false"),
+    ("perl", "5", "perl must be a string"),
+    ("perl", '"/bin/sh"', "is not a perl interpreter"),
+])
+def test_deidpl_manifest_options_are_checked(tool, tmp_path: Path, capsys, option, value,
+                                             needle) -> None:
+    """`timeout = "abc"` / `[1,2]` crashed (exit 1); `renumber_patients = "no"` read as true;
+    `perl = ANY` ran any program the manifest named."""
+    d, _, _ = tool
+    m = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", f"deidpl:{d}", "--ensemble", str(m)]) == 0
+    text = m.read_text(encoding="utf-8")
+    assert "[members.options]" in text
+    m.write_text(text.replace("[members.options]\n", f"[members.options]\n{option} = {value}\n"),
+                 encoding="utf-8")
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text(json.dumps({"id": "n1", "text": "Zoë Ngata visited"}) + "\n")
+    capsys.readouterr()
+    assert main(["ensemble", "deid", str(notes), "--out", str(tmp_path / "o"),
+                 "--ensemble", str(m)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_perl_must_be_a_perl_interpreter(tool, tmp_path: Path) -> None:
+    d, perl, _ = tool
+    sh = tmp_path / "bin" / "perl5.36"  # a link named like perl to another program
+    sh.symlink_to("/bin/sh")
+    other = tmp_path / "python3"
+    other.symlink_to(perl)
+    for bad, got in ((sh, "'[a-z]+'"), (other, "'python3'")):
+        with pytest.raises(PeerToolError, match=f"not a perl interpreter.*got {got}"):
+            DeidPlMember("deidpl", d, perl=str(bad)).check()
+    DeidPlMember("deidpl", d, perl=str(perl)).check()  # named perl: accepted
+
+
+def test_the_pin_covers_perl_helper_files_loaded_through_dash_I(tool) -> None:
+    """deid.pl runs with `-I.`: a module beside it is code; editing one was not noticed."""
+    d, perl, _ = tool
+    plain = entry_from_spec(f"deidpl:{d}").revision
+    (d / "stat.pm").write_text("1;\n", encoding="utf-8")
+    (d / "Foo").mkdir()
+    (d / "Foo" / "Bar.pm").write_text("1;\n", encoding="utf-8")
+    (d / "notes.txt").write_text("not code\n", encoding="utf-8")
+    entry = entry_from_spec(f"deidpl:{d}")
+    assert entry.revision != plain
+    for helper in (d / "stat.pm", d / "Foo" / "Bar.pm"):
+        member = DeidPlMember("deidpl", d, perl=str(perl), revision=entry.revision)
+        member.check()
+        original = helper.read_text(encoding="utf-8")
+        helper.write_text("system('id'); 1;\n", encoding="utf-8")
+        with pytest.raises(PeerToolError, match="changed since they were pinned"):
+            member.check()
+        helper.write_text(original, encoding="utf-8")
+    (d / "notes.txt").write_text("edited, still not code\n", encoding="utf-8")
+    DeidPlMember("deidpl", d, perl=str(perl), revision=entry.revision).check()
+
+
+def test_deidpl_spec_naming_deid_pl_means_its_directory(tool) -> None:
+    """`deidpl:DIR/deid.pl` used deid.pl itself as the config file."""
+    d, _, _ = tool
+    entry = entry_from_spec(f"deidpl:{d / 'deid.pl'}")
+    assert entry.path == str(d.resolve()) and entry.options["config"] == "deid-output.config"
+    assert entry.revision == entry_from_spec(f"deidpl:{d}").revision
+    with pytest.raises(PeerToolError, match="deid.pl is the tool, not its config"):
+        DeidPlMember("deidpl", d, config="deid.pl")

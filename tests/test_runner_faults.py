@@ -494,3 +494,40 @@ def test_resume_with_retrained_weights_is_refused(model_template: Path, tmp_path
     capsys.readouterr()
     assert main([*args, "--resume"]) == 2
     assert "different settings (ensemble)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("victim", ["n0.txt", "n3.txt"])
+def test_disk_full_message_says_resume_when_a_rerun_needs_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], victim: str) -> None:
+    """Issue 31 #15: the atomic writer's DiskFullError said "run again", and the rerun was then
+    refused without --resume. Now: --resume once a note was written; "run again" (and a plain
+    rerun works) when the run wrote nothing."""
+    import dphub.runner as runner
+    from dphub.io import _disk_full
+
+    src = tmp_path / "in"
+    _notes(src)
+    real = runner.atomic_write_text
+
+    def write(path: Path, text: str) -> None:
+        if Path(path).name == victim:
+            raise _disk_full(path)
+        real(path, text)
+
+    monkeypatch.setattr(runner, "atomic_write_text", write)
+    out = str(tmp_path / "out")
+    assert main(["deid", str(src), "--model", "rules:default", "--out", out,
+                 "--batch-size", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "disk full" in err[0]
+    monkeypatch.setattr(runner, "atomic_write_text", real)
+    if victim == "n0.txt":  # nothing written: the state is gone, a plain rerun works
+        assert "run again" in err[0] and "--resume" not in err[0]
+        assert main(["deid", str(src), "--model", "rules:default", "--out", out]) == 0
+    else:
+        assert "continue with --resume" in err[0]
+        assert main(["deid", str(src), "--model", "rules:default", "--out", out]) == 2
+        assert "--resume" in capsys.readouterr().err
+        assert main(["deid", str(src), "--model", "rules:default", "--out", out,
+                     "--resume"]) == 0

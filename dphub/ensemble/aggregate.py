@@ -47,19 +47,23 @@ class AggregateRule:
     def parse(cls, text: str) -> AggregateRule:
         head, *alone = (part.strip() for part in text.strip().split("+"))
         t = head.lower()
-        usage = (f"aggregate rule {text!r}: use 'any', 'k-of-n:K' with K >= 1, or "
+        shown = text if len(text) <= 80 else text[:60] + "..."  # one readable line
+        usage = (f"aggregate rule {shown!r}: use 'any', 'k-of-n:K' with K >= 1, or "
                  "'k-of-n:K+NAME+...' (members whose flag counts alone)")
         if t == "any" and not alone:
             return cls(1)
-        m = re.fullmatch(r"k-of-n:(\d+)", t)
+        # K has at most 9 digits: no ensemble has more members, and int() refuses > 4,300 digits
+        if re.fullmatch(r"k-of-n:\d{10,}", t):
+            raise ConfigError(f"aggregate rule {shown!r}: K is larger than any ensemble")
+        m = re.fullmatch(r"k-of-n:(\d{1,9})", t)
         if not m or int(m.group(1)) < 1 or not all(alone):
             raise ConfigError(usage)
         k = int(m.group(1))
         if alone and k < 2:
-            raise ConfigError(f"aggregate rule {text!r}: members counting alone need K >= 2 "
+            raise ConfigError(f"aggregate rule {shown!r}: members counting alone need K >= 2 "
                               "(with K = 1 every member counts alone)")
         if len(set(alone)) != len(alone):
-            raise ConfigError(f"aggregate rule {text!r}: a member is named twice")
+            raise ConfigError(f"aggregate rule {shown!r}: a member is named twice")
         return cls(k, tuple(alone))
 
     def check(self, names: Sequence[str]) -> None:

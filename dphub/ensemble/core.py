@@ -175,7 +175,7 @@ def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = 
 
 def peer_member(entry: MemberEntry) -> Member:
     """A tool the owner already has (:mod:`dphub.ensemble.peers`), verified against its pin."""
-    from dphub.ensemble.peers import DeidPlMember, PresidioMember
+    from dphub.ensemble.peers import DeidPlMember, PresidioMember, deidpl_options
 
     if entry.kind == "presidio":
         unknown = set(entry.options) - {"entities"}
@@ -185,14 +185,8 @@ def peer_member(entry: MemberEntry) -> Member:
             raise ConfigError(f"member {entry.name!r}: the only option is entities (a list of "
                               "Presidio entity types)")
         return PresidioMember(entry.name, revision=entry.revision, entities=entities)
-    unknown = set(entry.options) - {"config", "perl", "timeout", "renumber_patients"}
-    if unknown:
-        raise ConfigError(f"member {entry.name!r}: unknown option(s) {', '.join(sorted(unknown))}")
-    timeout = entry.options.get("timeout")
-    member = DeidPlMember(entry.name, entry.path or "", config=entry.options.get("config"),
-                          revision=entry.revision, perl=entry.options.get("perl"),
-                          timeout=float(timeout) if timeout is not None else None,
-                          renumber_patients=bool(entry.options.get("renumber_patients", False)))
+    opts = deidpl_options(entry.options, entry.name)
+    member = DeidPlMember(entry.name, entry.path or "", revision=entry.revision, **opts)
     member.check()
     return member
 

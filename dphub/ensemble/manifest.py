@@ -33,8 +33,9 @@ so concurrent ``dphub ensemble add`` commands never lose each other's members. E
     name = "deidpl"
     kind = "deidpl"              # deid.pl run as a separate program (dphub.ensemble.peers)
     path = "/opt/deid-1.1"       # the owner's directory (this manifest is local, never published)
-    revision = "sha256:..."      # deid.pl + config + lists/ + dict/, checked at load
-    [members.options]            # config (file in path), perl, timeout (s), renumber_patients
+    revision = "sha256:..."      # deid.pl + config + lists/ + dict/ + *.pm, checked at load
+    [members.options]            # config (file in path), perl (a perl interpreter), timeout
+                                 # (s per batch, default 600), renumber_patients (true/false)
     config = "deid-output.config"
 
     [[members]]
@@ -59,6 +60,7 @@ from typing import Any
 import tomli_w
 from filelock import FileLock, Timeout
 
+from dphub.config import check_integer_sizes
 from dphub.errors import ConfigError, DphubError
 from dphub.io import atomic_write_text
 
@@ -141,6 +143,10 @@ class Manifest:
             data = tomllib.loads(p.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{p}: not a valid TOML manifest ({e})") from None
+        except ValueError:  # an integer of more than 4,300 digits (Python's int parsing limit)
+            raise ConfigError(f"{p}: not a valid TOML manifest (an integer is too large)"
+                              ) from None
+        check_integer_sizes(data, p)
         members = [MemberEntry.from_dict(m, str(p)) for m in data.get("members", [])]
         names = [m.name for m in members]
         if len(set(names)) != len(names):
@@ -204,6 +210,7 @@ class Manifest:
         )
 
     def add(self, entry: MemberEntry) -> None:
+        check_member_name(entry.name)
         if any(m.name == entry.name for m in self.members):
             raise ConfigError(f"the ensemble already has a member named {entry.name!r}; use --name")
         self.members.append(entry)
@@ -215,6 +222,23 @@ class Manifest:
 
 
 # ---------------------------------------------------------------------------- resolving specs
+def check_member_name(name: str) -> None:
+    """Refuse a member name an aggregate rule could never name (``k-of-n:2+NAME`` splits on
+    ``+`` and strips spaces), an empty one, or one with control characters (names are printed).
+
+    Why: ``--name a+b`` was accepted and could then never count alone; ``--name ""`` fell back
+    to the default name and failed with a misleading "already has a member named ...".
+    """
+    if not name.strip():
+        raise ConfigError("a member name must not be empty (--name)")
+    if "+" in name:
+        raise ConfigError(f"member name {name!r} contains '+', which separates member names in "
+                          "an aggregate rule (k-of-n:K+NAME+...); choose another --name")
+    if name != name.strip() or any(not ch.isprintable() for ch in name):
+        raise ConfigError(f"member name {name!r} has leading/trailing spaces or control "
+                          "characters; choose another --name")
+
+
 def weights_digest(model_dir: Path) -> str:
     """``sha256:<hex>`` of ``model.safetensors``: the pin of a directory member."""
     f = Path(model_dir) / "model.safetensors"
@@ -257,16 +281,26 @@ def card_privacy(model_dir: Path) -> dict[str, Any]:
             "privacy_unit": dp.get("privacy_unit")}
 
 
-def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | None = None) -> MemberEntry:
+def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | None = None,
+                    timeout: float | None = None) -> MemberEntry:
     """Resolve ``REPO[@rev]``, ``DIR``, ``rules:default``, ``deidpl:DIR[/CONFIG]`` or
-    ``presidio:default`` into a pinned manifest entry."""
+    ``presidio:default`` into a pinned manifest entry (``timeout``: seconds a deid.pl run may
+    take, deid.pl members only)."""
+    if name is not None:
+        check_member_name(name)
+    if timeout is not None and not spec.startswith("deidpl:"):
+        raise ConfigError("--timeout applies to deid.pl members (deidpl:DIR) only")
     if spec.startswith("deidpl:"):
-        from dphub.ensemble.peers import deidpl_digest, deidpl_paths
+        from dphub.ensemble.peers import deidpl_digest, deidpl_options, deidpl_paths
 
         directory, config = deidpl_paths(spec[len("deidpl:"):])
+        options: dict[str, Any] = {"config": config}
+        if timeout is not None:
+            options["timeout"] = timeout
+        deidpl_options(options, name or "deidpl")
         return MemberEntry(name=name or "deidpl", kind="deidpl", path=str(directory),
                            revision=deidpl_digest(directory, config), threshold=threshold,
-                           options={"config": config})
+                           options=options)
     if spec.startswith("presidio:"):
         from dphub.ensemble.peers import check_spec, presidio_versions
 

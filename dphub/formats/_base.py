@@ -182,13 +182,23 @@ def make_span(label: str, start: int, end: int, *, where: str, source: str | Non
     return Span(start, end, label, source=source)
 
 
+#: Most digits an offset may have: far beyond any note, and far below Python's 4,300-digit limit
+#: of ``int()`` (a longer number raised ``ValueError`` and aborted a whole run, not its record).
+MAX_OFFSET_DIGITS = 18
+
+
 def parse_int(value: Any, *, what: str, where: str) -> int:
-    """Parse an offset that must be a non-negative-looking integer (no bools, no floats)."""
+    """Parse an offset that must be a non-negative-looking integer (no bools, no floats), of at
+    most :data:`MAX_OFFSET_DIGITS` digits."""
     if isinstance(value, bool):
         raise FormatError(f"{where}: {what} must be an integer")
     if isinstance(value, int):
+        if abs(value) >= 10**MAX_OFFSET_DIGITS:
+            raise FormatError(f"{where}: {what} is out of range")
         return value
     if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        if len(value.strip().lstrip("-")) > MAX_OFFSET_DIGITS:
+            raise FormatError(f"{where}: {what} is out of range ({len(value.strip())} digits)")
         return int(value)
     raise FormatError(f"{where}: {what} must be an integer")
 

@@ -30,6 +30,7 @@ from dphub.formats._base import (
     iter_note_files,
     make_span,
     normalize_ws,
+    parse_int,
     read_sidecar,
     read_text,
     same_text,
@@ -70,7 +71,8 @@ def parse_pair(txt: Path, ann: Path, note_id: str, *, overlaps: str = DEFAULT_OV
         m = _OFFSETS.fullmatch(offsets.strip())
         if not label or m is None:
             raise FormatError(f"{where}: expected 'LABEL start end' in the second field")
-        start, end = int(m[1]), int(m[2])
+        start = parse_int(m[1], what="start", where=where)
+        end = parse_int(m[2], what="end", where=where)
         span = make_span(label, start, end, where=where)
         if 0 <= start < end <= len(text) and not same_text(quoted, text[start:end]):
             raise FormatError(f"{where}: span text does not match the note at {start}-{end}")

@@ -39,6 +39,7 @@ from dphub.formats._base import (
     iter_lines,
     make_span,
     normalize_ws,
+    parse_int,
     same_text,
 )
 from dphub.io import atomic_open
@@ -131,15 +132,13 @@ def read_span_list(path: Path, *, label: str = UNTYPED_LABEL, source: str | None
             raise FormatError(f"{where}: expected 'Patient P  Note N' or 'start start end'")
         if current is None:
             raise FormatError(f"{where}: span line before any 'Patient P  Note N' header")
-        start, end = int(m[2]), int(m[3])
+        start, end = _int(m[2], "start", where), _int(m[3], "end", where)
         index[current].append((make_span(label, start, end, where=where, source=source), where))
     return index
 
 
 def _int(value: str, what: str, where: str) -> int:
-    if not re.fullmatch(r"-?\d+", value):
-        raise FormatError(f"{where}: {what} must be an integer")
-    return int(value)
+    return parse_int(value, what=what, where=where)
 
 
 def _notes(

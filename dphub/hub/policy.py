@@ -30,7 +30,7 @@ from typing import Any
 
 from dphub.errors import ConfigError
 from dphub.hub.common import PRIVACY_UNITS, dphub_home
-from dphub.io import atomic_write_text
+from dphub.io import atomic_write_text, read_small_file
 
 #: Strength of each privacy unit: a larger number protects more (a patient covers their notes).
 UNIT_STRENGTH: dict[str, int] = {"sequence": 0, "note": 1, "patient": 2}
@@ -38,15 +38,22 @@ UNIT_STRENGTH: dict[str, int] = {"sequence": 0, "note": 1, "patient": 2}
 POLICY_FILE = "dphub-policy.json"
 #: File in the dphub home holding client-side policies of Hugging Face protocol hubs.
 CLIENT_POLICY_FILE = "hub-policies.json"
+#: Largest policy file read (a policy is two keys; the client-side file one entry per endpoint).
+POLICY_MAX_BYTES = 65536
 
 
 def check_max_epsilon(value: Any, *, what: str = "max_epsilon") -> float:
     """``value`` as a finite positive float, else :class:`ConfigError` (NaN would fail open)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{what} must be a number (got {type(value).__name__})")
-    if not math.isfinite(value) or value <= 0:
+    try:  # a 400-digit integer overflows a float: OverflowError, which used to crash
+        x = float(value)
+    except OverflowError:
+        raise ConfigError(f"{what} must be a finite number > 0 (got an integer of "
+                          f"{len(str(abs(value)))} digits)") from None
+    if not math.isfinite(x) or x <= 0:
         raise ConfigError(f"{what} must be a finite number > 0 (got {value!r})")
-    return float(value)
+    return x
 
 
 def check_unit(value: Any, *, what: str = "min_unit") -> str:
@@ -136,14 +143,14 @@ def local_hub_root(hub: str) -> Path:
 
 
 def _read_json(path: Path, where: str) -> Any:
+    """A policy file's JSON (None when there is none); read through
+    :func:`~dphub.io.read_small_file` (a FIFO or a link to ``/dev/zero`` is refused, not read)."""
     try:
-        raw = path.read_bytes()
+        raw = read_small_file(path, POLICY_MAX_BYTES, what="the policy file")
     except FileNotFoundError:
         return None
     except OSError as e:
         raise ConfigError(f"{where}: cannot read the policy ({e.strerror})") from None
-    if len(raw) > 65536:
-        raise ConfigError(f"{where}: policy file is larger than 64 kB")
     try:
         # NaN/Infinity literals raise ConfigError from _refuse_constant (not a ValueError)
         return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
