@@ -267,7 +267,8 @@ def load_key(path: str | os.PathLike[str]) -> bytes:
     except OSError as exc:
         raise ConfigError(f"key file {p} cannot be read ({exc.strerror})") from None
     if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(f"key file {p} holds {len(key)} bytes; use at least {MIN_KEY_BYTES}")
+        raise ConfigError(f"key file {p} holds {len(key)} bytes; use at least {MIN_KEY_BYTES}, "
+                          f"e.g. `openssl rand -hex 32 > {p}`")
     return key
 
 
