@@ -732,6 +732,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
 
     # stream the input: the local engine holds one batch of notes at a time
     run_engine = engine or (lambda stream: local_engine(ensemble, stream))
+    if progress and report.total and not resume:  # a first line before the first batch
+        progress(0, report.total)
     for batch, results in run_engine(batches()):
         process(batch, results)
         done_count += len(batch)
