@@ -145,3 +145,13 @@ def test_deid_arguments_are_checked_before_any_member_loads(
                for a in argv[: len(argv) - len(args)]]
     assert main(missing) == 2
     assert "input not found" in capsys.readouterr().err
+
+
+def test_a_broken_sidecar_fails_its_note_alone(tmp_path: Path, key: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    src = _two_files(tmp_path / "in", ("a.txt", "b.txt"))
+    (src / "a.meta.json").write_text("{not json")
+    assert _deid(src, tmp_path / "out", key) == EXIT_SOME_FAILED
+    err = capsys.readouterr().err
+    assert "a.txt: its .meta.json sidecar cannot be read" in err and "John" not in err
+    assert (tmp_path / "out" / "b.txt").is_file()
