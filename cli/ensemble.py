@@ -231,9 +231,35 @@ def _resolve_out(input_path: Path, out: Path | None, resume: bool) -> Path:
     return dflt
 
 
+KEY_RECIPE = "create one with `openssl rand -hex 32 > {} && chmod 600 {}`"
+
+
+def _preflight(input_path: Path, mode: str, key_file: Path | None,
+               patient_id_from: str | None) -> bytes | None:
+    """Check the run's own arguments before any member is loaded, and return the key.
+
+    Why: loading every model took long enough that a typo (``--mode tagg``), a missing input or
+    a missing key was only reported after it.
+    """
+    from dphub.runner import MODES, check_input, patient_pattern
+
+    if mode not in MODES:
+        raise ConfigError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
+    check_input(input_path)
+    patient_pattern(patient_id_from)
+    if mode != "surrogate":
+        return None
+    if key_file is None:
+        raise ConfigError("--mode surrogate needs --key-file FILE, a secret that seeds the "
+                          "surrogates; " + KEY_RECIPE.format("FILE", "FILE"))
+    from dphub.render import load_key
+
+    return load_key(key_file)
+
+
 def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
          batch_size: int, workers: int | None, resume: bool, audit_text: bool,
-         fmt: str | None, engine: Any = None) -> int:
+         fmt: str | None, engine: Any = None, patient_id_from: str | None = None) -> int:
     from dphub.runner import run_deid
 
     if workers is not None and engine is None:  # with Ray: threads per actor, set there
@@ -253,7 +279,8 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
     with ProgressReporter() as reporter, disk_full_as_error(out):
         report = run_deid(input_path, out, ensemble, mode=mode, key=key, fmt=fmt,
                           batch_size=batch_size, resume=resume, audit_text=audit_text,
-                          progress=reporter.count_callback("deid", "notes"), engine=engine)
+                          progress=reporter.count_callback("deid", "notes"), engine=engine,
+                          patient_id_from=patient_id_from, warn=_say)
     msg = f"{report.done} note(s) de-identified into {out}"
     if report.already_complete:
         msg = f"the run in {out} is already complete ({report.skipped} note(s)); nothing to do"
@@ -280,6 +307,13 @@ BATCH_OPT = typer.Option(16, "--batch-size", min=1, help="Notes per batch.")
 WORKERS_OPT = threads_option(
     "--workers",
     help="CPU threads for torch (intra-op parallelism); with --engine ray, per actor (default 1).",
+)
+PATIENT_ID_OPT = typer.Option(
+    None, "--patient-id-from", metavar="REGEX", show_default="the input's patient ids, else none",
+    help="Patient id of notes that have none, from their file name (or note id): the regex's "
+         "group, e.g. '^(\\d+)-' for 1234-note.txt (a pattern with a / is matched against the "
+         "path below INPUT). Surrogates and date shifts are consistent per patient; a .meta.json "
+         "sidecar {\"patient_id\": ...} beside a .txt gives it too.",
 )
 RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run in OUT.")
 AUDIT_OPT = typer.Option(
@@ -364,11 +398,13 @@ def deid_cmd(
     engine: str = ENGINE_OPT,
     address: str | None = ADDRESS_OPT,
     ray_workers: int = RAY_WORKERS_OPT,
+    patient_id_from: str | None = PATIENT_ID_OPT,
 ) -> int:
     """De-identify notes with the ensemble (plus --owner-model); writes OUT/audit.jsonl."""
     from dphub.ensemble.core import build_ensemble
     from dphub.ensemble.manifest import Manifest
 
+    _preflight(input_path, mode, key_file, patient_id_from)
     out = _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     if workers is not None:  # before ONNX sessions are made: they take torch's thread count
@@ -388,7 +424,7 @@ def deid_cmd(
                               batch_size=batch_size, int8=int8, runtime=runtime, progress=_say)
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
                 workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
-                engine=run_engine)
+                engine=run_engine, patient_id_from=patient_id_from)
 
 
 def deid_top_cmd(
@@ -419,11 +455,13 @@ def deid_top_cmd(
     engine: str = ENGINE_OPT,
     address: str | None = ADDRESS_OPT,
     ray_workers: int = RAY_WORKERS_OPT,
+    patient_id_from: str | None = PATIENT_ID_OPT,
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
     from dphub.ensemble.manifest import MemberEntry, card_privacy, weights_digest
 
+    _preflight(input_path, mode, key_file, patient_id_from)
     out = _resolve_out(input_path, out, resume)
     _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
     if model.startswith("rules:"):
@@ -473,7 +511,8 @@ def deid_top_cmd(
         ensemble.runtime = runtime
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
-                fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe))
+                fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe),
+                patient_id_from=patient_id_from)
 
 
 # ---------------------------------------------------------------------------- calibrate/evaluate

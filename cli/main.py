@@ -181,6 +181,9 @@ def _handle_sigterm() -> Callable[[], None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns (and exits with) the process exit code."""
+    from dphub.progress import mark_command_start
+
+    mark_command_start()  # progress lines count elapsed time from here
     restore_sigterm = _handle_sigterm()
     try:
         rv = _invoke(argv)

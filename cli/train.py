@@ -259,8 +259,9 @@ MAX_EPSILON_OPT = typer.Option(
     )
 SEED_OPT = typer.Option(
         None, "--seed", show_default="0",
-    help="Seed of initialisation, dropout, the public warm start and --no-dp data order; never "
-    "of the DP noise or sampling (drawn from the operating system)."
+    help="Seed of initialisation, dropout and --no-dp data order; never of the DP noise or "
+    "sampling (drawn from the operating system), nor of the public warm start (built once with "
+    "seed 0 and shared by every --seed)."
     )
 SECURE_RNG_OPT = typer.Option(
         None, "--secure-rng/--no-secure-rng", show_default="no-secure-rng",

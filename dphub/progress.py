@@ -51,6 +51,25 @@ PHASE_LABELS: dict[str, str] = {
 WAIT_PHASE = "warm-start-wait"
 
 
+_command_start: float | None = None
+
+
+def mark_command_start() -> None:
+    """Note that a command starts now (``time.monotonic``); the CLI calls it first thing.
+
+    Why: a deid run loads its models and finishes a first batch before it can count anything;
+    its first line came after 43 s and said "elapsed 0s". Reporters made by the CLI count
+    elapsed time (and the grace period) from here instead.
+    """
+    global _command_start
+    _command_start = time.monotonic()
+
+
+def command_start() -> float | None:
+    """When the current command started (:func:`mark_command_start`), or None."""
+    return _command_start
+
+
 def format_duration(seconds: float | None) -> str:
     """``42s``, ``4m05s``, ``2h03m``; ``?`` when unknown (why: short, fixed shapes read well in
     logs and are easy to grep)."""
@@ -83,7 +102,9 @@ class ProgressReporter:
 
     Use as a context manager around the work; pass :meth:`train_callback` or
     :meth:`count_callback` to the library. ``mode`` is ``auto`` (rich bar when the stream is a
-    terminal), ``bar``, ``plain`` or ``off``; ``None`` reads ``DPHUB_PROGRESS``.
+    terminal), ``bar``, ``plain`` or ``off``; ``None`` reads ``DPHUB_PROGRESS``. ``start`` (on the
+    ``clock``) is when the command began, by default :func:`command_start` with the real clock,
+    else now: lines say the elapsed time since then; an ETA uses the phase's own rate.
     """
 
     def __init__(
@@ -95,6 +116,7 @@ class ProgressReporter:
         percent: float = DEFAULT_PERCENT,
         grace: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        start: float | None = None,
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         mode = (mode or os.environ.get("DPHUB_PROGRESS") or "auto").strip().lower()
@@ -107,7 +129,10 @@ class ProgressReporter:
         self.interval, self.percent = interval, percent
         self.grace = DEFAULT_GRACE if grace is None else grace
         self.clock = clock
-        self.created = clock()
+        if start is None and clock is time.monotonic:
+            start = _command_start
+        #: when the command started: elapsed time and the grace period count from here
+        self.created = clock() if start is None else start
         self.phases: dict[str, _Phase] = {}
         self._bar: Any = None
         self._last_wait_line: float | None = None
@@ -244,8 +269,10 @@ class ProgressReporter:
         self.stream.flush()
 
     def line(self, ph: _Phase, now: float, info: str = "") -> str:
-        """``<phase>: 40/200 steps (20%), elapsed 1m05s, ETA 4m20s, loss 0.532``."""
-        elapsed = now - ph.start
+        """``<phase>: 40/200 steps (20%), elapsed 1m05s, ETA 4m20s, loss 0.532``; elapsed since
+        the command started, the ETA from the phase's rate."""
+        elapsed = now - self.created
+        phase_elapsed = now - ph.start
         if ph.total:
             pct = 100.0 * ph.done / ph.total
             head = f"{ph.label}: {ph.done}/{ph.total} {ph.unit} ({pct:.0f}%)"
@@ -257,8 +284,8 @@ class ProgressReporter:
         else:
             eta = None
             progressed = ph.done - ph.start_done
-            if ph.total and progressed > 0 and elapsed > 0:
-                eta = elapsed / progressed * (ph.total - ph.done)
+            if ph.total and progressed > 0 and phase_elapsed > 0:
+                eta = phase_elapsed / progressed * (ph.total - ph.done)
             parts.append(f"ETA {format_duration(eta)}")
         if info:
             parts.append(info)

@@ -15,14 +15,38 @@ note id and offsets, never text). Overlapping spans are merged before text is re
 union of everything any ensemble member flagged disappears.
 
 Surrogates (:class:`SurrogateRenderer`) are deterministic: every random choice is seeded with
-``HMAC-SHA256(key, patient id, kind, normalised original value)``, so
+``HMAC-SHA256(key, patient id, HIPAA category, normalised original value)``, so
 
 * the same name/ID/place of one patient gets the same surrogate in every note of that patient
-  (without any state shared between notes, so a resumed or parallel run is byte-identical);
+  (without any state shared between notes, so a resumed or parallel run is byte-identical),
+  whatever the fine label a member gave it (``LOWELL`` as CITY in one note and as LOCATION in
+  the next is one city); the value is normalised case-insensitively to its letters and digits;
 * every date of a patient moves by the same offset of 1..365 days (either direction), derived from
   the key and the patient id only, so intervals between dates survive across notes;
 * without the key nobody can recompute the mapping (the key must come from a file; there is no
   default key).
+
+**A surrogate never rewrites what does not parse as its category.** A model may flag a piece
+of a clinical value (``32`` in ``ABG 7.47/32/151`` as a date, ``98`` in ``BP 153/98`` as an age).
+Drawing a surrogate for it would change a clinical number silently, so surrogate mode has one
+fallback: the span becomes its upper-case category tag, exactly as ``--mode tag`` writes it
+(``[**DATE**]``, ``[**AGE**]``, ``[**CONTACT**]`` ...). The fallback applies when
+
+* the span is part of a number around it (a digit, or ``/ . : , -`` and a digit, right before or
+  after it: ``7.47/[32]/151``, ``153/[98]``, ``[91/92]-173/84``) or a dose (a unit follows:
+  ``[25] mg``, ``[1/2] tab``);
+* a date does not parse as a date (below): ``91/92``, ``7.4``, ``08:40``, ``-``, a bare ``32``;
+* an age is not a standalone age of at most 120 (``92``, ``92yo``, ``aged 92``, ``92-year-old``,
+  ``18 months``, ``80s``): ``ninety``, ``153/98``, ``250``;
+* a name holds a digit or no letter; a profession no letter;
+* a phone or fax is not 5-15 digits in phone punctuation (``120/80``, ``7.47``); an email has no
+  ``@``; a URL no host;
+* an ID, ZIP or other code has fewer than 3 letters or digits (a room or OTHER: fewer than 1),
+  or is a measurement (a decimal, a fraction, a time, a number with a unit);
+* a place without letters is not a ZIP or room (``32`` as a city);
+* every one of the redraws below collided.
+
+No other tag marker ever appears in surrogate output.
 
 Policies (documented choices where HIPAA Safe Harbor leaves room):
 
@@ -36,11 +60,11 @@ Policies (documented choices where HIPAA Safe Harbor leaves room):
   months (at least one), **years alone move by one year in the direction of the offset**, so no
   year alone is ever re-emitted unchanged and year-to-year intervals are kept (decades, ``1980s``,
   move by ten years the same way); a full date's year follows from day arithmetic. Weekdays move by ``offset mod 7`` (one day when that is 0).
-  Date text that cannot be parsed has its digits replaced (format kept), or becomes ``[**DATE**]``
-  when it has no digits.
+  A number alone is a year only with an apostrophe (``'92``) or as 4 digits in 1800-2299; a
+  month/day without a year only with a slash (``7/22``, not ``7.4`` or ``1-2``); a decade with 4
+  digits or an apostrophe (``1980s``, ``'80s``). Anything else becomes ``[**DATE**]``.
 * **Ages** above 89 become ``90+`` (HIPAA aggregates them); ages of 89 and below are kept, being
-  no identifier under Safe Harbor and clinically meaningful. Ages without digits become
-  ``[**AGE**]``.
+  no identifier under Safe Harbor and clinically meaningful.
 * **Phones, fax, IDs, MRNs, ZIP codes, rooms** keep their format: digits become random digits,
   letters random letters of the same case, punctuation and spacing are kept.
 * **Names** are replaced word by word: a word Faker knows as a first name gets a first name,
@@ -50,8 +74,9 @@ Policies (documented choices where HIPAA Safe Harbor leaves room):
   capitalisation.
 * A surrogate equal to its original (case-insensitively), or sharing a word with any PHI span
   of the same note, is redrawn; that rare redraw is the only case where the same original can
-  get different surrogates in two notes of a patient. The only values ever kept are ages <= 89,
-  titles, and text without any letter or digit.
+  get different surrogates in two notes of a patient (when all 50 redraws collide the span is
+  masked). The only values ever kept are ages <= 89, titles, and text without any letter or
+  digit.
 
 Determinism holds for a given Faker version (its name lists are data); record the version with
 the output when byte-identical reruns matter.
@@ -243,7 +268,8 @@ def load_key(path: str | os.PathLike[str]) -> bytes:
     except OSError as exc:
         raise ConfigError(f"key file {p} cannot be read ({exc.strerror})") from None
     if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(f"key file {p} holds {len(key)} bytes; use at least {MIN_KEY_BYTES}")
+        raise ConfigError(f"key file {p} holds {len(key)} bytes; use at least {MIN_KEY_BYTES}, "
+                          f"e.g. `openssl rand -hex 32 > {p}`")
     return key
 
 
@@ -358,6 +384,7 @@ _TIME_RE = re.compile(
     r"(?P<date>.+?)(?P<time>,?\s*(?:at\s+)?\d{1,2}:\d{2}(?::\d{2})?(?:\s*[ap]\.?m\.?)?)", re.I
 )
 _REF_YEAR = 2000  # leap year: dates without a year are shifted inside it
+_YEARS = (1800, 2299)  # a 4-digit number alone is read as a year only inside this range
 
 
 def _month_index(token: str) -> int:
@@ -449,8 +476,14 @@ def _shift_match(kind: str, m: re.Match[str], offset: int) -> str | None:
     month_shift = (1 if offset > 0 else -1) * max(1, round(abs(offset) / 30.44))
     year_shift = 1 if offset > 0 else -1
     if kind == "year":
+        # a bare "32" or "1500" is a number before it is a year: only "'92" and 4-digit years of
+        # a plausible range are years (anything else falls back to the category tag)
+        if not g["apos"] and not (len(g["y"]) == 4 and _YEARS[0] <= int(g["y"]) <= _YEARS[1]):
+            return None
         return (g["apos"] or "") + _fmt_year(_full_year(g["y"]) + year_shift, g["y"])
     if kind == "decade":
+        if not g["apos"] and len(g["y"]) != 3:  # "1980s", "'80s"; a bare "80s" may be an age
+            return None
         decade = int(g["y"]) * 10 + 10 * year_shift
         width = len(g["y"]) + 1
         return (g["apos"] or "") + f"{decade % 10**width:0{width}d}" + g["s"]
@@ -469,6 +502,8 @@ def _shift_match(kind: str, m: re.Match[str], offset: int) -> str | None:
         month, day = int(g["m"]), int(g["d"])
         year = _full_year(g["y"]) if g.get("y") else _REF_YEAR
         swapped = False
+        if kind == "mdy" and not g.get("y") and g["sep"] != "/":
+            return None  # "7.4" is a lab value, "1-2" a dose: without a year only 7/22 is a date
         if kind == "mdy" and month > 12 and day <= 12:  # day/month order
             month, day, swapped = day, month, True
         if not _valid(year, month, day):
@@ -520,7 +555,91 @@ _FACILITY_RE = re.compile(
     r"\b(?:hospital|hosp|medical|center|centre|clinic|health|memorial|infirmary|institute)\b",
     re.I,
 )
-_AGE_RE = re.compile(r"(?P<pre>\D*?)(?P<n>\d+)(?P<post>.*)", re.S)
+#: a standalone age: "92", "92yo", "aged 92", "92-year-old", "92 y/o", "18 months", "80s"
+_AGE_RE = re.compile(
+    r"(?P<pre>(?:aged?:?\s*)?)(?P<n>\d{1,3})(?P<post>(?P<decade>'?s)|\+?(?:\s*-?\s*(?:"
+    r"years?|yrs?|yo|y/o|y\.o\.?|y|months?|mos?|weeks?|wks?|days?)(?:[\s-]*old)?)?)",
+    re.I,
+)
+_MAX_AGE = 120  # a bigger number is not an age (it falls back to the category tag)
+#: spans that are measurements, never a date, age, phone or ID: lab values and vitals
+#: (``7.47``, ``120/80``, ``7.47/32/151``), times (``08:40``), doses (``25 mg``, ``1/2 tab``)
+_UNITS = (
+    r"(?:mg|mcg|µg|ug|ng|g|kg|lbs?|ml|cc|l|dl|units?|u|iu|meq|mmol|mol|mmhg|cmh2o|%|bpm|"
+    r"tabs?|tablets?|caps?|capsules?|puffs?|gtts?|drops?|amps?|vials?|sprays?|l/min|mg/dl)"
+)
+_MEASURE_RE = re.compile(
+    r"[<>~]?\s*\d+(?:[.,]\d+)?(?:"
+    r"(?:[.,]\d+)|(?:\s*/\s*\d+(?:\.\d+)?)+|:\d{2}(?::\d{2})?(?:\s*[ap]\.?m\.?)?|\s*"
+    + _UNITS + r")",
+    re.I,
+)
+_UNIT_AFTER_RE = re.compile(r"\s?" + _UNITS + r"(?![^\W_])", re.I)
+_JOINERS = "/.:,-"
+_PHONE_RE = re.compile(
+    r"[#+(\s]*\d(?:[\d\s.()-]*\d)?(?:\s*(?:x|ext\.?)\s*\d{1,6})?"
+    r"|(?:x|ext\.?)\s*\d{3,6}",
+    re.I,
+)
+
+
+#: parts of e-mail addresses and URLs that every draw shares with many originals: a collision
+#: on them is no reuse of PHI (without this, "jo@example.org" could never get a surrogate)
+_WEB_WORDS = frozenset(
+    ("www", "http", "https", "com", "org", "net", "edu", "gov", "info", "biz", "io", "co", "us",
+     "uk", "example", "mail", "email", "gmail", "yahoo", "hotmail")
+)
+
+
+class _NoSurrogate(Exception):
+    """A span's text does not parse as its category (or no surrogate could be drawn): it is
+    masked with its category tag, ``[**DATE**]``, as ``--mode tag`` writes it."""
+
+
+def _mask(label: str) -> str:
+    """The one fallback of surrogate mode: the upper-case category tag of mask (tag) mode."""
+    return f"[**{category_of(label)}**]"
+
+
+def _in_a_measurement(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` is part of a number around it or a dose: ``32`` in
+    ``7.47/32/151``, ``98`` in ``153/98``, ``91/92`` in ``91/92-173/84``, ``25`` in ``25 mg``.
+
+    Such a span is a fragment of a clinical value, not a standalone date, age or ID, so no
+    surrogate may rewrite it (it is masked instead).
+    """
+    core = text[start:end]
+    before = text[max(0, start - 2) : start]
+    after = text[end : end + 2]
+    if core[:1].isdigit() and before and (
+        before[-1].isdigit() or (len(before) == 2 and before[0].isdigit() and before[1] in _JOINERS)
+    ):
+        return True
+    if core[-1:].isdigit():
+        if after[:1].isdigit() or (len(after) == 2 and after[0] in _JOINERS and after[1].isdigit()):
+            return True
+        if _UNIT_AFTER_RE.match(text, end):
+            return True
+    return False
+
+
+def _is_measurement(text: str) -> bool:
+    return _MEASURE_RE.fullmatch(text) is not None
+
+
+def _code_like(text: str, min_alnum: int) -> bool:
+    """Whether ``text`` can be an identifier (ID, ZIP, room): enough letters or digits, and not
+    a measurement (``7.47`` flagged as an ID is a lab value, not an ID to scramble)."""
+    return sum(c.isalnum() for c in text) >= min_alnum and not _is_measurement(text)
+
+
+def _is_phone(text: str) -> bool:
+    digits = sum(c.isdigit() for c in text)
+    return (
+        _PHONE_RE.fullmatch(text) is not None
+        and 5 <= digits <= 15
+        and re.fullmatch(r"\d+[.,]\d+", text) is None
+    )
 
 
 @dataclass(frozen=True)
@@ -564,33 +683,47 @@ class SurrogateRenderer(Renderer):
     def _seed(self, ctx: _Ctx, kind: str, value: str, attempt: int) -> int:
         return _hmac_int(self._key, "surrogate", ctx.patient, kind, _normalize(value), str(attempt))
 
-    def _draw(self, ctx: _Ctx, kind: str, original: str, make: Callable[[int], str]) -> str:
+    def _draw(
+        self, ctx: _Ctx, kind: str, original: str, make: Callable[[int], str],
+        common: frozenset[str] = frozenset(),
+    ) -> str:
         """``make(seed)`` until the result differs from ``original`` (case-insensitively) and
-        shares no word with any PHI of the note."""
+        shares no word with any PHI of the note; :class:`_NoSurrogate` when every draw collides.
+
+        ``kind`` is the HIPAA category (not the fine label): one value of a patient labelled
+        CITY in one note and LOCATION in another gets the same seed, so the same surrogate.
+        ``common`` are words no collision counts on (``com``, ``example`` in every Faker email).
+        """
         norm = _normalize(original)
         for attempt in range(self.MAX_REDRAWS):
             out = make(self._seed(ctx, kind, original, attempt))
             if not norm:
                 return out
-            words = {_normalize(w) for w in _WORD_RE.findall(out)} | {_normalize(out)}
+            words = ({_normalize(w) for w in _WORD_RE.findall(out)} - common) | {_normalize(out)}
             if norm not in words and not (words & ctx.forbidden):
                 return out
-        return f"[**{kind.upper()}**]"  # every draw collided (tiny value space): mask instead
+        raise _NoSurrogate  # every draw collided (tiny value space): mask instead
 
-    def _faker_value(self, ctx: _Ctx, kind: str, original: str, method: str) -> str:
+    def _faker_value(
+        self, ctx: _Ctx, kind: str, original: str, method: str,
+        common: frozenset[str] = frozenset(),
+    ) -> str:
         fk = _faker(self.locale)
 
         def make(seed: int) -> str:
             fk.seed_instance(seed)
             return str(getattr(fk, method)())
 
-        return _match_case(original, self._draw(ctx, kind, original, make))
+        return _match_case(original, self._draw(ctx, kind, original, make, common))
 
     def _scrambled(self, ctx: _Ctx, kind: str, original: str) -> str:
         return self._draw(ctx, kind, original, lambda seed: _scramble(original, random.Random(seed)))
 
-    # -- per kind
+    # -- per kind (each raises _NoSurrogate when the text does not parse as its category)
     def _name(self, ctx: _Ctx, text: str) -> str:
+        if not any(c.isalpha() for c in text) or any(c.isdigit() for c in text):
+            raise _NoSurrogate  # "98" or "Smith2" flagged as a name: not a name to replace
+
         def word(m: re.Match[str]) -> str:
             w, possessive = m.group(0), ""
             if len(w) > 3 and w[-2] in "'’" and w[-1] in "sS":  # Smith's -> <surrogate>'s
@@ -601,28 +734,24 @@ class SurrogateRenderer(Renderer):
             if w.casefold().rstrip(".") in _TITLES and len(_WORD_RE.findall(text)) > 1:
                 return w
             if len(w) == 1:
-                return self._scrambled(ctx, "initial", w)
+                return self._scrambled(ctx, "NAME", w)
             method = _first_name_method(self.locale).get(w.casefold(), "last_name")
-            return self._faker_value(ctx, "name", w, method)
+            return self._faker_value(ctx, "NAME", w, method)
 
         return _WORD_RE.sub(word, text)
 
     def _date(self, ctx: _Ctx, text: str) -> str:
         shifted = shift_date_text(text, ctx.offset)
-        if shifted is not None:
-            return shifted
-        if any(c.isdigit() for c in text):
-            return self._draw(
-                ctx, "date", text, lambda seed: _scramble_digits(text, random.Random(seed))
-            )
-        return "[**DATE**]"
+        if shifted is None:  # "91/92", "7.4", "08:40", "-": not a date to move
+            raise _NoSurrogate
+        return shifted
 
     def _age(self, text: str) -> str:
         m = _AGE_RE.fullmatch(text)
-        if m is None:
-            return "[**AGE**]"
+        if m is None or int(m["n"]) > _MAX_AGE:
+            raise _NoSurrogate  # "153/98", "ninety", "250": not a standalone age
         if int(m["n"]) > 89:
-            return f"{m['pre']}90+{m['post']}"
+            return f"{m['pre']}90+" if m["decade"] else f"{m['pre']}90+{m['post'].lstrip('+')}"
         return text
 
     def _location(self, ctx: _Ctx, fine: str, text: str) -> str:
@@ -631,9 +760,13 @@ class SurrogateRenderer(Renderer):
             " " not in text and 0 < len(letters) <= 4 and all(c.isupper() for c in letters)
         )
         if fine == "STATE" and len(text) == 2 and len(letters) == 2:
-            return self._faker_value(ctx, fine, text, "state_abbr")
-        if fine in ("ZIP", "ROOM") or is_acronym or not letters:
-            return self._scrambled(ctx, fine, text)
+            return self._faker_value(ctx, "LOCATION", text, "state_abbr")
+        if fine in ("ZIP", "ROOM") or not letters:
+            if fine not in ("ZIP", "ROOM") or not _code_like(text, 3 if fine == "ZIP" else 1):
+                raise _NoSurrogate  # "32" as a city, "7.4" as a ZIP: not a place
+            return self._scrambled(ctx, "LOCATION", text)
+        if is_acronym:
+            return self._scrambled(ctx, "LOCATION", text)
         method = {
             "STATE": "state",
             "COUNTRY": "country",
@@ -641,10 +774,10 @@ class SurrogateRenderer(Renderer):
             "ORGANIZATION": "company",
         }.get(fine)
         if method:
-            return self._faker_value(ctx, fine, text, method)
+            return self._faker_value(ctx, "LOCATION", text, method)
         if fine in ("HOSPITAL", "DEPARTMENT") or _FACILITY_RE.search(text):
             if not _FACILITY_RE.search(text):  # "VORNAK" in "VORNAK hospital": a bare name
-                return self._faker_value(ctx, fine, text, "last_name")
+                return self._faker_value(ctx, "LOCATION", text, "last_name")
             fk = _faker(self.locale)
             kinds = ("General Hospital", "Medical Center", "Memorial Hospital", "Clinic")
 
@@ -652,23 +785,41 @@ class SurrogateRenderer(Renderer):
                 fk.seed_instance(seed)
                 return f"{fk.last_name()} {fk.random_element(kinds)}"
 
-            return _match_case(text, self._draw(ctx, fine, text, make))
-        return self._faker_value(ctx, fine, text, "city")
+            return _match_case(text, self._draw(ctx, "LOCATION", text, make))
+        return self._faker_value(ctx, "LOCATION", text, "city")
 
     def _contact(self, ctx: _Ctx, fine: str, text: str) -> str:
-        if fine == "EMAIL" or "@" in text:
-            return self._faker_value(ctx, "EMAIL", text, "email")
+        if "@" in text:
+            if re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", text) is None:
+                raise _NoSurrogate
+            return self._faker_value(ctx, "CONTACT", text, "email", _WEB_WORDS)
         if fine == "URL" or text.casefold().startswith(("http", "www.")):
-            return self._faker_value(ctx, "URL", text, "url")
-        return self._scrambled(ctx, fine, text)
+            if re.fullmatch(r"(?:https?://|www\.)?[^\s/]+\.[^\s/]+(?:/\S*)?", text, re.I) is None:
+                raise _NoSurrogate
+            return self._faker_value(ctx, "CONTACT", text, "url", _WEB_WORDS)
+        if fine == "EMAIL":
+            raise _NoSurrogate  # an "email" without an @
+        if fine == "IPADDR":
+            if not _code_like(text, 4):
+                raise _NoSurrogate
+            return self._scrambled(ctx, "CONTACT", text)
+        if not _is_phone(text):  # "120/80" or "7.47" flagged as a phone number
+            raise _NoSurrogate
+        return self._scrambled(ctx, "CONTACT", text)
 
     def surrogate(self, ctx: _Ctx, span: Span, text: str) -> str:
-        """The replacement for one span's (whitespace-stripped) text."""
+        """The replacement for one span's (whitespace-stripped) text.
+
+        Raises :class:`_NoSurrogate` when ``text`` does not parse as the span's category (a
+        fraction of vitals is no date, a number after a slash no age): the caller masks it.
+        """
         category = category_of(span.label)
         fine = fine_of(span.label)
         if category == "NAME":
             if fine == "USERNAME":
-                return self._scrambled(ctx, fine, text)
+                if not _code_like(text, 2):
+                    raise _NoSurrogate
+                return self._scrambled(ctx, "NAME", text)
             return self._name(ctx, text)
         if category == "DATE":
             return self._date(ctx, text)
@@ -679,8 +830,13 @@ class SurrogateRenderer(Renderer):
         if category == "CONTACT":
             return self._contact(ctx, fine, text)
         if category == "PROFESSION":
-            return self._faker_value(ctx, fine, text, "job")
-        return self._scrambled(ctx, fine, text)  # ID, OTHER
+            if not any(c.isalpha() for c in text):
+                raise _NoSurrogate
+            return self._faker_value(ctx, "PROFESSION", text, "job")
+        # ID, OTHER: the format is kept, so the value must look like one (not like "7.47")
+        if not _code_like(text, 3 if category == "ID" else 1):
+            raise _NoSurrogate
+        return self._scrambled(ctx, category, text)
 
     def render(self, note: Note, spans: Sequence[Span]) -> str:
         patient = note.effective_patient_id
@@ -695,8 +851,8 @@ class SurrogateRenderer(Renderer):
         ctx = _Ctx(patient, date_offset_days(self._key, patient), frozenset(forbidden))
 
         # a surrogate depends only on (label, text) within one note (draws are seeded by key,
-        # patient, kind and value): repeated mentions reuse it instead of re-seeding Faker, which
-        # dominated long notes (one draw per mention, ~1 ms each)
+        # patient, category and value): repeated mentions reuse it instead of re-seeding Faker,
+        # which dominated long notes (one draw per mention, ~1 ms each)
         memo: dict[tuple[str, str], str] = {}
 
         def replacement(span: Span) -> str:
@@ -707,16 +863,18 @@ class SurrogateRenderer(Renderer):
                 return raw
             lead = raw[: len(raw) - len(raw.lstrip())]
             trail = raw[len(raw.rstrip()) :]
+            start = span.start + len(lead)
+            if _in_a_measurement(note.text, start, start + len(core)):
+                return lead + _mask(span.label) + trail
             k = (span.label, core)
             if k not in memo:
-                memo[k] = self.surrogate(ctx, span, core)
+                try:
+                    memo[k] = self.surrogate(ctx, span, core)
+                except _NoSurrogate:
+                    memo[k] = _mask(span.label)
             return lead + memo[k] + trail
 
         return _replace_spans(note, merged, replacement)
-
-
-def _scramble_digits(text: str, rng: random.Random) -> str:
-    return "".join(str(rng.randrange(10)) if c.isdigit() else c for c in text)
 
 
 #: mode name -> renderer class; ``render`` instantiates it with the caller's options.

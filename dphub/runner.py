@@ -62,6 +62,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from dphub.errors import ConfigError, DphubError, InputError
+from dphub.formats._base import read_sidecar
 from dphub.io import DiskFullError, atomic_open, atomic_write_text
 from dphub.notes import Note, Span
 
@@ -133,7 +134,61 @@ def _iter_txt_dir(root: Path) -> Iterator[WorkItem]:
             continue
         if text.startswith("\ufeff"):
             text = text[1:]
-        yield WorkItem(rel, i, Note(id=stem, text=text), None, stem)
+        try:  # the patient id of a .meta.json sidecar, as the text format reads it
+            side = read_sidecar(f)
+        except (DphubError, OSError, UnicodeDecodeError):
+            yield WorkItem(rel, i, None, f"{rel}: its .meta.json sidecar cannot be read (expected "
+                           '{"patient_id": "...", "metadata": {...}})', stem)
+            continue
+        patient, metadata = side if side is not None else (None, {})
+        yield WorkItem(rel, i, Note(id=stem, text=text, patient_id=patient, metadata=metadata),
+                       None, stem)
+
+
+def patient_pattern(pattern: str | None) -> re.Pattern[str] | None:
+    """``--patient-id-from``: a regular expression with at most one group, or a ConfigError."""
+    if pattern is None:
+        return None
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(f"--patient-id-from is not a valid regular expression ({e.msg})") from None
+    if rx.groups > 1:
+        raise ConfigError("--patient-id-from may hold one group (the patient id), not "
+                          f"{rx.groups}; make the others non-capturing: (?:...)")
+    return rx
+
+
+def _with_patients(items: Iterator[WorkItem], rx: re.Pattern[str] | None,
+                   warn: Callable[[str], None] | None) -> Iterator[WorkItem]:
+    """Give notes without a patient id one from ``rx`` (searched in the note id's file name, or
+    in the whole relative id when the pattern names a ``/``), and warn once, through ``warn``,
+    when notes stay without one (each is then its own patient).
+
+    Why: surrogates and date shifts are consistent per patient; a folder of ``.txt`` has no
+    patients, so the same person got two names and dates moving both ways across two files.
+    A note the pattern does not match fails alone (a silent fallback would bring that back).
+    """
+    warned = False
+    for it in items:
+        note = it.note
+        if note is not None and note.patient_id is None:
+            if rx is not None:
+                where = note.id if "/" in rx.pattern else note.id.rsplit("/", 1)[-1]
+                m = rx.search(where)
+                if m is None or not (m.group(1) if rx.groups else m.group(0)):
+                    it = WorkItem(it.key, it.index, None, f"{it.key}: --patient-id-from "
+                                  "does not match its id (no patient id)", it.stem)
+                else:
+                    note.patient_id = m.group(1) if rx.groups else m.group(0)
+            elif warn is not None and not warned:
+                warned = True
+                warn("warning: the input has notes without a patient id; each such note is its "
+                     "own patient, so a person mentioned in two notes gets two surrogates and "
+                     "two date shifts. Give patient ids with --patient-id-from REGEX (its group "
+                     "taken from the file name, e.g. '^(\\d+)-'), a .meta.json sidecar "
+                     '{"patient_id": ...} beside each .txt, or a patient_id field in JSONL.')
+        yield it
 
 
 def _encodable(obj: Any) -> bool:
@@ -261,8 +316,9 @@ class Renderer:
             raise ConfigError(f"unknown output mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode == "surrogate":
             if key is None:
-                raise ConfigError("surrogate mode needs --key-file (a secret key for consistent "
-                                  "surrogates)")
+                raise ConfigError("surrogate mode needs --key-file FILE (a secret key for "
+                                  "consistent surrogates); create one with `openssl rand -hex "
+                                  "32 > FILE && chmod 600 FILE`")
             options = {**options, "key": key}
         try:
             self._renderer = RENDERERS[mode](**options)
@@ -466,6 +522,8 @@ def run_deid(
     progress: Callable[[int, int], None] | None = None,
     render_options: dict[str, Any] | None = None,
     engine: Engine | None = None,
+    patient_id_from: str | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> RunReport:
     """De-identify every note of ``input_path`` into ``out`` with ``ensemble`` (``.deid(notes)``).
 
@@ -474,6 +532,10 @@ def run_deid(
     :func:`local_engine`, in this process; :mod:`dphub.ray_engine` runs them on Ray). Whatever the
     engine, reading, rendering, writing and the journal stay here, in the driver, so outputs and
     run state are the same bytes.
+
+    ``patient_id_from`` gives notes without a patient id one from their id (see
+    :func:`_with_patients`); ``warn`` receives one line, once, when surrogates are drawn for notes
+    that have none.
     """
     src = Path(input_path)
     dst = Path(out)
@@ -482,6 +544,7 @@ def run_deid(
     if batch_size < 1:
         raise ConfigError(f"batch size must be at least 1 (got {batch_size})")
     renderer = Renderer(mode, key, **(render_options or {}))
+    patients = patient_pattern(patient_id_from)
     if resume and not (dst / RUN_DIR / PARAMS).is_file():
         raise ConfigError(f"{dst}: no earlier run to resume here (no {RUN_DIR}/{PARAMS}); drop "
                           "--resume to start a new run into an empty or new directory")
@@ -489,6 +552,7 @@ def run_deid(
         "input": str(src.resolve()), "format": fmt, "mode": mode, "audit_text": audit_text,
         "render_options": render_options or {}, "ensemble": _describe_ensemble(ensemble),
         "key": key_fingerprint(key),
+        **({"patient_id_from": patient_id_from} if patient_id_from is not None else {}),
     }
     created_out = not dst.exists()
     dst.mkdir(parents=True, exist_ok=True)
@@ -508,7 +572,8 @@ def run_deid(
     try:
         return _locked_run(src, dst, ensemble, renderer, settings, fmt=fmt,
                            batch_size=batch_size, resume=resume, audit_text=audit_text,
-                           progress=progress, wrote=wrote, engine=engine)
+                           progress=progress, wrote=wrote, engine=engine,
+                           patients=patients, warn=warn if mode == "surrogate" else None)
     except OSError as e:
         if e.errno not in _RUN_LEVEL_ERRNOS:
             raise
@@ -559,7 +624,9 @@ def _discard_unused_state(dst: Path, *, created_out: bool, created_run: bool) ->
 def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 settings: dict[str, Any], *, fmt: str | None, batch_size: int, resume: bool,
                 audit_text: bool, progress: Callable[[int, int], None] | None,
-                wrote: list[bool], engine: Engine | None = None) -> RunReport:
+                wrote: list[bool], engine: Engine | None = None,
+                patients: re.Pattern[str] | None = None,
+                warn: Callable[[str], None] | None = None) -> RunReport:
     """The run proper, under the lock (see :func:`run_deid`)."""
     run_dir = dst / RUN_DIR
     params_path = run_dir / PARAMS
@@ -653,7 +720,7 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     def batches() -> Iterator[list[WorkItem]]:
         """The pending notes in input order, in batches (streamed: the engine pulls them)."""
         batch: list[WorkItem] = []
-        for it in map(_printable_key, iter_input(src, fmt)):
+        for it in _with_patients(map(_printable_key, iter_input(src, fmt)), patients, warn):
             if it.key in seen_keys:
                 raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
             seen_keys.add(it.key)
@@ -674,6 +741,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
 
     # stream the input: the local engine holds one batch of notes at a time
     run_engine = engine or (lambda stream: local_engine(ensemble, stream))
+    if progress and report.total and not resume:  # a first line before the first batch
+        progress(0, report.total)
     for batch, results in run_engine(batches()):
         process(batch, results)
         done_count += len(batch)

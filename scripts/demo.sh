@@ -9,6 +9,11 @@ if [ -n "$OUT" ] && [ "${OUT#/}" = "$OUT" ]; then
 fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/demo-out}
+# the demo refuses a non-empty OUT: say so now, not after the set-up
+if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
+  echo "demo: $OUT exists and is not empty; remove it or pass another directory" >&2
+  exit 2
+fi
 START=$SECONDS
 bash scripts/setup.sh
 . .venv/bin/activate

@@ -25,7 +25,9 @@ def test_publish_search_pull_info_list(model, hub_env, capsys):
     assert main(["search", "--unit", "patient"]) == 0
     table = capsys.readouterr().out
     assert "acme/deid" in table and sha[:12] in table and "(v1)" in table
-    assert "8.51" in table and "DATE,NAME" in table and "100-199" in table
+    assert "8.51" in table and "100-199" in table
+    # the labels the card lists (its schema, OTHER included), not only those with examples
+    assert "NAME,DATE,AGE,CONTACT,ID,LOCATION,PROFESSION,OTHER" in table
 
     assert main(["search", "--max-epsilon", "1"]) == 0
     assert capsys.readouterr().out.strip() == "no matching models"

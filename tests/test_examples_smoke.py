@@ -97,6 +97,9 @@ def test_demo_runs_tiny_end_to_end(env: dict[str, str], tiny_base_model: Path,
         assert "ensemble (any)" in table and "rules:default" in table and "demo/site-a" in table
         assert "phrase R" in table
     assert "owner:owner" in b and "owner:owner" not in a
+    # an equal ensemble row is explained, a different one quantified (issue 31 item 24)
+    assert ("Scenario B's ensemble row equals Scenario A's" in b
+            or "The owner's model changes the ensemble: recall" in b)
     assert "outputs under" in out
 
     root = tmp_path / "out"
@@ -109,6 +112,21 @@ def test_demo_runs_tiny_end_to_end(env: dict[str, str], tiny_base_model: Path,
     manifest = (root / "dphub-ensemble.toml").read_text(encoding="utf-8")
     assert manifest.count('kind = "registry"') == 2 and "revision = " in manifest
     assert not Path(env["DPHUB_HUB"]).exists()  # the caller's hub was never touched
+
+
+def test_scripts_demo_refuses_a_non_empty_output_dir_before_the_set_up(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 31 item 24: a rerun spent 32 s on set-up before saying demo-out exists."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "demo.sh", repo / "scripts" / "demo.sh")
+    (repo / "scripts" / "setup.sh").write_text("touch \"$(dirname \"$0\")/SETUP_RAN\"; exit 1\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    proc = _run(["bash", str(repo / "scripts" / "demo.sh"), "out"], env, tmp_path, timeout=60)
+    assert proc.returncode == 2 and "exists and is not empty" in proc.stderr
+    assert not (repo / "scripts" / "SETUP_RAN").exists()
 
 
 def test_demo_refuses_a_non_empty_output_dir(env: dict[str, str], tmp_path: Path) -> None:

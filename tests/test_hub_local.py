@@ -366,3 +366,17 @@ def test_listing_does_not_expand_a_yaml_alias_bomb(model, hub_env):
     assert time.monotonic() - start < 10
     assert not row.summary.verified and "YAML anchor" in row.summary.problem
     assert not ops.info("evil/model")[0].summary.verified
+
+
+def test_search_lists_the_labels_the_card_lists(model, hub_env):
+    """Issue 31 item 24: the card listed OTHER (its label schema), search only the labels with
+    training examples; both now list the schema, and ``--label`` still filters on training."""
+    from dphub.card import dp_summary, load_card
+
+    ops.publish(model, "acme/labels")
+    (row,) = ops.search()
+    card_labels = dp_summary(load_card(model))["labels"]
+    assert "OTHER" in card_labels
+    assert list(row.summary.labels) == card_labels
+    assert row.summary.trained_labels == ("DATE", "NAME")
+    assert ops.search(label="OTHER") == []  # no training example of OTHER

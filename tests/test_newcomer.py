@@ -289,3 +289,17 @@ def test_scripted_newcomer_session(
     assert _run("dphub evaluate --gold owner.jsonl --model models/site-a --json") == 0
     result = json.loads(capsys.readouterr().out)
     assert result["notes"] == len(owner)
+
+
+@pytest.mark.parametrize("fmt", [[], ["--format", "text"]])
+def test_a_folder_of_docx_is_told_it_is_unsupported_and_how_to_convert(
+    fmt: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31 item 24: the hint was `pass a format`, and `--format text` then found nothing."""
+    docs = Path("word")
+    docs.mkdir()
+    (docs / "note1.docx").write_bytes(b"PK\x03\x04 not really a document")
+    assert main(["deid", str(docs), "--model", "rules:default", *fmt]) == 2
+    err = capsys.readouterr().err
+    assert ".docx files are not supported" in err and "pandoc" in err and "--convert-to" in err
+    assert "pass a format" not in err

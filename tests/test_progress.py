@@ -264,3 +264,46 @@ def test_ensemble_evaluate_and_calibrate_report_progress(tiny_tagger_dir: Path) 
     seen.clear()
     calibrate(ens, notes, 0.5, progress=lambda d, t: seen.append((d, t)))
     assert seen == [(1, 2), (2, 2)]
+
+
+def test_elapsed_counts_from_the_command_start_and_deid_reports_before_its_first_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31 item 24: a deid run's first line came after 43 s (models loaded, first batch
+    done) and said "elapsed 0s"."""
+    clock, out = FakeClock(), NotATerminal()
+    rep = ProgressReporter(out, clock=clock, start=clock.t - 40.0)  # models took 40 s to load
+    rep.update("deid", 0, 10, unit="notes")
+    (first,) = out.getvalue().splitlines()
+    m = LINE.match(first)
+    assert m and m["done"] == "0" and m["elapsed"] == "40s" and m["eta"] == "?"
+    clock.t += 10.0
+    rep.update("deid", 5, 10, unit="notes")
+    m = LINE.match(out.getvalue().splitlines()[-1])
+    assert m and m["elapsed"] == "50s" and m["eta"] == "10s"  # the ETA from the phase's rate
+
+    # the runner reports 0/N before the first batch is computed
+    from dphub.ensemble.core import Ensemble, Slot
+    from dphub.ensemble.rules import RuleMember
+    from dphub.runner import run_deid
+
+    calls: list[tuple[int, int]] = []
+    ens = Ensemble([Slot(RuleMember())])
+    real = ens.deid
+
+    def deid(*a: object, **k: object) -> object:
+        calls.append((-1, -1))  # a batch is computed
+        return real(*a, **k)
+
+    monkeypatch.setattr(ens, "deid", deid)
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.txt").write_text("Seen by Dr. Smith.\n")
+    run_deid(src, tmp_path / "out", ens, batch_size=2,
+             progress=lambda done, total: calls.append((done, total)))
+    assert calls[0] == (0, 3) and (-1, -1) in calls[1:]
+    # and the CLI's reporters start at the command's start
+    assert main(["deid", str(src), "--model", "rules:default", "--out", str(tmp_path / "o2")]) == 0
+    start = progress.command_start()
+    assert start is not None and ProgressReporter(NotATerminal()).created == start

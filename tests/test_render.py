@@ -332,14 +332,14 @@ def test_surrogate_output_is_deterministic_and_key_dependent() -> None:
                 assert note.span_text(s) not in out
 
 
-def test_exhausted_redraws_fall_back_to_a_marker() -> None:
-    # one-digit IDs have ten possible surrogates; forbid them all via the note's other spans
+def test_exhausted_redraws_fall_back_to_the_category_tag() -> None:
+    # one-digit rooms have ten possible surrogates; forbid them all via the note's other spans
     parts: list[tuple[str, str | None]] = []
     for d in range(10):
-        parts += [(str(d), "IDNUM"), (" ", None)]
+        parts += [(str(d), "ROOM"), (" ", None)]
     note = build_note("n", "p", parts)
     out = SurrogateRenderer(KEY).render(note, note.spans)
-    assert out.split() == ["[**IDNUM**]"] * 10
+    assert out.split() == ["[**LOCATION**]"] * 10  # the tag of --mode tag, not [**ROOM**]
 
 
 def test_possessive_names_keep_the_suffix_and_the_mapping() -> None:
@@ -367,6 +367,113 @@ def test_spans_scores_may_be_numpy_floats() -> None:
 def test_format_preserving_surrogates_property(value: str, label: str, patient: str) -> None:
     note = build_note("n", patient, [("ID ", None), (value, label), (".", None)])
     (sur,) = surrogates(note)
-    assert shape(sur) == shape(value)
+    # a value that does not parse as its category (a 1-digit phone, "7.4" as an ID) is masked
+    # with the category tag; every other one keeps its format
+    assert sur == f"[**{Span(0, 1, label).category}**]" or shape(sur) == shape(value)
     assert sur.casefold() != value.casefold()
     assert surrogates(note) == [sur]  # deterministic
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    case=st.one_of(
+        st.tuples(st.from_regex(r"\(?[2-9]\d{2}\)?[ .-]?\d{3}-\d{4}( x\d{3,5})?",
+                                fullmatch=True), st.sampled_from(["PHONE", "FAX"])),
+        st.tuples(st.from_regex(r"[A-Z]{0,2}\d{4,8}|\d{3}-\d{2}-\d{4}", fullmatch=True),
+                  st.sampled_from(["MEDICALRECORD", "IDNUM", "SSN"])),
+        st.tuples(st.from_regex(r"\d{5}(-\d{4})?", fullmatch=True), st.just("ZIP")),
+    ),
+)
+def test_realistic_codes_always_get_a_format_preserving_surrogate(case: tuple[str, str]) -> None:
+    value, label = case
+    note = build_note("n", "p", [("ID ", None), (value, label), (".", None)])
+    (sur,) = surrogates(note)
+    assert shape(sur) == shape(value) and sur != value
+
+
+# ------------------------------------------ surrogates never rewrite what is not their category
+
+
+def _render_marked(text: str, marks: list[tuple[str, str]], patient: str = "p") -> str:
+    """Render ``text`` with a span on the first occurrence of each marked substring."""
+    spans = []
+    for sub, label in marks:
+        i = text.index(sub)
+        spans.append(Span(i, i + len(sub), label))
+    return SurrogateRenderer(KEY).render(Note("n", text, patient), spans)
+
+
+@pytest.mark.parametrize(
+    ("text", "marks", "expected"),
+    [
+        # vitals and lab values a model flagged (issue 31, item 17)
+        ("ABG 7.47/32/151", [("32", "DATE")], "ABG 7.47/[**DATE**]/151"),
+        ("NBP 91/92-173/84", [("91/92", "DATE")], "NBP [**DATE**]-173/84"),
+        ("BP 153/98", [("98", "AGE")], "BP 153/[**AGE**]"),
+        ("BP 80/98-166/77", [("98", "AGE"), ("-", "DATE")], "BP 80/[**AGE**][**DATE**]166/77"),
+        ("BP 120/80", [("120/80", "DATE")], "BP [**DATE**]"),
+        ("pH 7.4 K 3.9", [("7.4", "DATE"), ("3.9", "IDNUM")], "pH [**DATE**] K [**ID**]"),
+        ("SpO2 97% HR 98", [("97", "AGE"), ("98", "PHONE")], "SpO2 [**AGE**]% HR [**CONTACT**]"),
+        ("Hct 32 today", [("32", "DATE")], "Hct [**DATE**] today"),
+        ("urine 1500 cc", [("1500", "DATE")], "urine [**DATE**] cc"),
+        # doses
+        ("metoprolol 25 mg", [("25", "DATE")], "metoprolol [**DATE**] mg"),
+        ("1/2 tab qhs", [("1/2", "DATE")], "[**DATE**] tab qhs"),
+        ("take 1-2 puffs", [("1-2", "DATE")], "take [**DATE**] puffs"),
+        ("heparin 5000 units", [("5000", "IDNUM")], "heparin [**ID**] units"),
+        # times
+        ("given at 08:40", [("08:40", "DATE")], "given at [**DATE**]"),
+        ("08:40", [("08:40", "PHONE")], "[**CONTACT**]"),
+        # not a category value at all
+        ("age ninety", [("ninety", "AGE")], "age [**AGE**]"),
+        ("pt 250 lbs", [("250", "AGE")], "pt [**AGE**] lbs"),
+        ("seen by 12", [("12", "DOCTOR")], "seen by [**NAME**]"),
+        ("in 32", [("32", "CITY")], "in [**LOCATION**]"),
+    ],
+)
+def test_surrogates_never_rewrite_clinical_numbers(
+    text: str, marks: list[tuple[str, str]], expected: str
+) -> None:
+    assert _render_marked(text, marks) == expected
+
+
+def test_real_dates_ages_and_codes_still_get_surrogates() -> None:
+    text = ("Seen 7/22/2094 and in 1994 and '92, aged 98, 45 yo, call 617-555-1234, MRN 1234567, "
+            "on 7/22.")
+    marks = [("7/22/2094", "DATE"), ("1994", "DATE"), ("'92", "DATE"), ("aged 98", "AGE"),
+             ("45 yo", "AGE"), ("617-555-1234", "PHONE"), ("1234567", "MEDICALRECORD"),
+             ("7/22.", "DATE")]
+    out = _render_marked(text, [(m, lbl) if m != "7/22." else ("7/22", lbl) for m, lbl in marks])
+    assert "[**" not in out
+    offset = date_offset_days(KEY, "p")
+    moved = dt.date(2094, 7, 22) + dt.timedelta(days=offset)
+    assert f"Seen {moved.month}/{moved.day}/{moved.year}" in out
+    assert "aged 90+" in out and "45 yo" in out
+    assert "617-555-1234" not in out and "1234567" not in out and "1994" not in out
+
+
+def test_surrogate_fallback_is_the_upper_case_category_tag_of_tag_mode() -> None:
+    """Issue 31 item 19: no lower-case or fine-label marker ever appears in surrogate output."""
+    text = "Contact: john.at.example, mail JOHN, code 7, on -, age unknown."
+    marks = [("john.at.example", "EMAIL"), ("JOHN", "EMAIL"), ("7", "IDNUM"), ("-", "DATE"),
+             ("unknown", "AGE")]
+    out = _render_marked(text, marks)
+    tags = re.findall(r"\[\*\*(.*?)\*\*\]", out)
+    assert tags == ["CONTACT", "CONTACT", "ID", "DATE", "AGE"]
+    for email in ("jane.roe@example.org", "Jane.Roe@Example.org", "jroe@gmail.com"):
+        note = build_note("n", "p", [("Contact: ", None), (email, "EMAIL")])
+        sur = SurrogateRenderer(KEY).render(note, note.spans)
+        assert "[**" not in sur and "@" in sur and email not in sur  # was "[**email**]"
+
+
+def test_one_value_of_a_patient_gets_one_surrogate_whatever_its_fine_label() -> None:
+    """Issue 31 item 20: LOWELL as CITY in one note and LOCATION in another was two cities."""
+    n1 = build_note("1", "P", [("Lives in ", None), ("LOWELL", "CITY"), (", MRN ", None),
+                               ("BX-12345", "MEDICALRECORD"), (", ", None), ("Jane", "PATIENT")])
+    n2 = build_note("2", "P", [("Moved from ", None), ("Lowell", "LOCATION"), (", MRN ", None),
+                               ("bx 12345", "IDNUM"), (", ", None), ("JANE", "RELATIVE")])
+    s1, s2 = surrogates(n1), surrogates(n2)
+    assert s1[0].casefold() == s2[0].casefold() and s1[0] == s1[0].upper()
+    assert re.sub(r"\W", "", s1[1]).casefold() == re.sub(r"\W", "", s2[1]).casefold()
+    assert s1[2].casefold() == s2[2].casefold()
+    assert date_offset_days(KEY, "P") == date_offset_days(KEY, "P")

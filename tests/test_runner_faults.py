@@ -302,6 +302,30 @@ def test_parallel_ensemble_add_keeps_every_member(tmp_path: Path) -> None:
     assert [p.wait(timeout=120) for p in procs] == [0] * 6
     names = sorted(x["name"] for x in tomllib.loads(m.read_text())["members"])
     assert names == [f"r{i}" for i in range(6)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ens.toml"]  # no .ens.toml.lock left
+
+
+def test_manifest_lock_is_removed_and_still_serialises_edits(tmp_path: Path) -> None:
+    """The lock file is unlinked by its holder: waiters must re-lock the new file (issue 31)."""
+    import threading
+
+    from dphub.ensemble.manifest import Manifest, MemberEntry
+
+    m = tmp_path / "ens.toml"
+
+    def add(i: int) -> None:
+        for j in range(5):
+            with Manifest.editing(m, missing_ok=True) as manifest:
+                manifest.add(MemberEntry(f"r{i}-{j}", "rules"))
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    names = {x["name"] for x in tomllib.loads(m.read_text())["members"]}
+    assert names == {f"r{i}-{j}" for i in range(8) for j in range(5)}
+    assert not (tmp_path / ".ens.toml.lock").exists()
 
 
 # ---------------------------------------------------------------------------- 13: pulled weights

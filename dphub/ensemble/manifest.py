@@ -4,8 +4,8 @@ Why pin: a de-identification run must be reproducible elsewhere, so a registry m
 revision (commit sha) that was pulled, and a directory member records the SHA-256 of its weights
 (``sha256:...``), checked again when the ensemble is loaded. Default file: ``dphub-ensemble.toml``
 in the working directory. Written atomically (:mod:`dphub.io`); edits go through
-:meth:`Manifest.editing`, which holds a lock file (``.<manifest>.lock``) around read-modify-write,
-so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
+:meth:`Manifest.editing`, which holds a lock file (``.<manifest>.lock``, removed after) around
+read-modify-write, so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
 
     aggregate = "any"            # any | k-of-n:K | k-of-n:K+NAME+... (NAME's flags count alone)
     runtime = "onnx"             # torch | torch-bf16 | onnx | onnx-int8 (encoder runtime; absent: torch)
@@ -50,7 +50,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
+import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -175,18 +177,10 @@ class Manifest:
         """
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(p.parent / f".{p.name}.lock"), timeout=timeout, mode=0o600)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise ConfigError(f"{p}: another dphub command is editing this manifest (waited "
-                              f"{timeout:g} s); try again") from None
-        try:
+        with _edit_lock(p.parent / f".{p.name}.lock", timeout, p):
             manifest = cls.load(p, missing_ok=missing_ok)
             yield manifest
             manifest.save(p)
-        finally:
-            lock.release()
 
     def save(self, path: Path | str | None = None) -> Path:
         p = Path(path or self.path or DEFAULT_MANIFEST)
@@ -237,6 +231,61 @@ def check_member_name(name: str) -> None:
     if name != name.strip() or any(not ch.isprintable() for ch in name):
         raise ConfigError(f"member name {name!r} has leading/trailing spaces or control "
                           "characters; choose another --name")
+
+
+@contextlib.contextmanager
+def _edit_lock(lock_path: Path, timeout: float, manifest: Path) -> Iterator[None]:
+    """Hold ``lock_path`` exclusively, and remove it when done (no ``.<manifest>.lock`` is left
+    beside the user's manifest).
+
+    Removing a lock file is only safe if a waiter cannot end up holding a lock on the removed
+    file while a newcomer locks a fresh one: so the holder unlinks the file *before* unlocking,
+    and whoever acquires a lock checks that the file it locked is still the one at the path
+    (same inode), retrying otherwise. Without ``fcntl`` (Windows) the lock file stays.
+    """
+    busy = ConfigError(f"{manifest}: another dphub command is editing this manifest (waited "
+                       f"{timeout:g} s); try again")
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        lock = FileLock(str(lock_path), timeout=timeout, mode=0o600)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise busy from None
+        try:
+            yield
+        finally:
+            lock.release()
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise busy from None
+                    time.sleep(0.05)
+            try:
+                same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            break
+        os.close(fd)  # the holder before us removed it: lock the file now at the path
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_path)
+        os.close(fd)  # closing releases the lock, after the unlink
 
 
 def weights_digest(model_dir: Path) -> str:

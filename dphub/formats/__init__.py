@@ -77,6 +77,34 @@ def get_format(name: str) -> FormatSpec:
         ) from None
 
 
+#: document formats people export notes in that dphub does not read (it reads plain text)
+_DOCUMENT_SUFFIXES = (".docx", ".doc", ".rtf", ".odt", ".pdf")
+
+
+def _documents_hint(path: Path) -> str:
+    """When ``path`` is, or is a directory of, word-processor documents: how to convert them.
+
+    Why: a folder of ``.docx`` was told to pass ``--format text``, which then found no notes.
+    """
+    if path.is_dir():
+        try:
+            found = sorted({p.suffix.lower() for p in path.rglob("*")
+                            if p.suffix.lower() in _DOCUMENT_SUFFIXES and p.is_file()})
+        except OSError:
+            return ""
+    else:
+        found = [path.suffix.lower()] if path.suffix.lower() in _DOCUMENT_SUFFIXES else []
+    if not found:
+        return ""
+    return (f"; {'/'.join(found)} files are not supported (dphub reads plain text): convert them "
+            "to .txt first, e.g. `pandoc -t plain NOTE.docx -o NOTE.txt` or `libreoffice "
+            "--headless --convert-to txt:Text --outdir TXT_DIR *.docx`, then pass TXT_DIR")
+
+
+def _no_notes(path: Path, fmt: str) -> FormatError:
+    return FormatError(f"{path}: no notes found (format {fmt}){_documents_hint(path)}")
+
+
 def detect_format(path: str | os.PathLike[str]) -> str:
     """Guess a path's format from its suffix or, for a directory, the files it holds."""
     path = Path(path)
@@ -85,6 +113,9 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         if spec.sniff(path):
             return spec.name
     kind = "directory holds no known corpus files" if path.is_dir() else "unknown file type"
+    hint = _documents_hint(path)
+    if hint:
+        raise FormatError(f"{path}: cannot read it ({kind}){hint}")
     raise FormatError(
         f"{path}: cannot detect the corpus format ({kind}); pass a format: {', '.join(FORMATS)}"
     )
@@ -125,7 +156,7 @@ def _checked(notes: Iterator[Note], path: Path, fmt: str) -> Iterator[Note]:
         seen.add(note.id)
         yield note
     if not seen:
-        raise FormatError(f"{path}: no notes found (format {fmt})")
+        raise _no_notes(path, fmt)
 
 
 def read_each(path: str | os.PathLike[str], format: str | None = None, **options: Any
@@ -163,7 +194,7 @@ def read_each(path: str | os.PathLike[str], format: str | None = None, **options
             seen.add(note.id)
             yield note.id, note, None
         if not any_item:
-            raise FormatError(f"{path}: no notes found (format {fmt})")
+            raise _no_notes(path, fmt)
         return
     notes = spec.read(path, **options)
     last = None
@@ -184,7 +215,7 @@ def read_each(path: str | os.PathLike[str], format: str | None = None, **options
         last = note.id
         yield note.id, note, None
     if last is None:
-        raise FormatError(f"{path}: no notes found (format {fmt})")
+        raise _no_notes(path, fmt)
 
 
 def count(path: str | os.PathLike[str], format: str | None = None, **options: Any) -> int:

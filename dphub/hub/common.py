@@ -257,6 +257,21 @@ def card_problem(meta: dict[str, Any]) -> str | None:
     return verdict or None
 
 
+def _card_labels(ds: dict[str, Any], phi: Any) -> tuple[str, ...]:
+    """The labels a model tags, as its card lists them: its label schema's labels in schema
+    order (``OTHER`` included), else the labels its training data counted.
+
+    Why: search listed only the labels with training examples (no ``OTHER`` for synthetic
+    notes) while the card listed the schema, so the two disagreed about the same model.
+    """
+    from dphub.labels import SCHEMAS
+
+    name = ds.get("label_schema")
+    schema = SCHEMAS.get(name) if isinstance(name, str) else None
+    if schema is not None:
+        return tuple(schema.labels)
+    return tuple(str(k) for k in phi) if isinstance(phi, dict) else ()
+
 @dataclass(frozen=True)
 class CardSummary:
     """What search tables, registry entries and policy checks need from a card.
@@ -270,6 +285,7 @@ class CardSummary:
     unit: str | None
     private: bool
     base_model: str | None
+    #: the labels the model tags, as its card lists them (its label schema)
     labels: tuple[str, ...]
     patients: int | str | None
     notes: int | str | None
@@ -279,6 +295,8 @@ class CardSummary:
     problem: str | None = None
     #: a public base model (public synthetic notes only, ε 0): no private data to protect
     public: bool = False
+    #: the labels its training data had examples of (what ``search --label`` filters on)
+    trained_labels: tuple[str, ...] = ()
 
     @classmethod
     def checked(cls, meta: dict[str, Any],
@@ -310,7 +328,8 @@ class CardSummary:
             unit=dp.get("privacy_unit") if isinstance(dp.get("privacy_unit"), str) else None,
             private=dp.get("private") is True and eps is not None and math.isfinite(eps),
             base_model=meta.get("base_model") if isinstance(meta.get("base_model"), str) else None,
-            labels=tuple(sorted(str(k) for k in phi)) if isinstance(phi, dict) else (),
+            labels=_card_labels(ds, phi),
+            trained_labels=tuple(sorted(str(k) for k in phi)) if isinstance(phi, dict) else (),
             patients=_count(ds.get("patients")),
             notes=_count(ds.get("notes")),
             language=tuple(str(x) for x in lang),
@@ -339,7 +358,7 @@ class CardSummary:
             return False
         if unit is not None and (not self.verified or self.unit != unit):
             return False
-        if label is not None and label.upper() not in {x.upper() for x in self.labels}:
+        if label is not None and label.upper() not in {x.upper() for x in self.trained_labels}:
             return False
         return language is None or language.lower() in {x.lower() for x in self.language}
 

@@ -102,9 +102,10 @@ def warm_start_dir(opts: TrainOptions,
     ws = warmstart.WarmStartConfig(max_length=opts.max_length, stride=opts.stride,
                                    rule_features=opts.rule_features,
                                    encoder_layers=opts.encoder_layers)
+    # one public warm start for every --seed (WARM_START_SEED): the seed acts on the private stage
     wdir = warmstart.warm_start(Path(loadable), public_id, opts.label_schema, opts.head, ws,
-                                seed=opts.seed, on_progress=on_progress)
-    return wdir, ws.card_block(seed=opts.seed)
+                                seed=warmstart.WARM_START_SEED, on_progress=on_progress)
+    return wdir, ws.card_block(seed=warmstart.WARM_START_SEED)
 
 
 #: a hub-style model id (``name`` or ``org/name``), as cards record base models
