@@ -564,7 +564,7 @@ def owner_rows(args: argparse.Namespace, work: Path, data: dict[str, list[Any]],
         path = work / "models" / name
         priv = card_privacy(path)
         own = model_slot(name, path, priv.get("epsilon"), priv.get("privacy_unit"),
-                         weights_digest(path))
+                         weights_digest(path), priv.get("delta"))
         add(table, name, [own], how)
         add(table, f"{name} + rules (any)", [own, rules], how)
         if name in ("owner-local", "owner-local-ft", "student"):
@@ -756,19 +756,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         infer.setdefault(name, {})[key] = seconds
 
     def model_slot(name: str, path: Path, eps: float | None, unit: str | None,
-                   revision: str) -> Any:
+                   revision: str, delta: float | None) -> Any:
         member = Cached(Tagger.load(path), name, weights=weights_digest(path),
                         cache_dir=work / "cache", on_infer=on_infer, epsilon=eps, unit=unit,
                         revision=revision)
-        return Slot(member, None, eps, unit, revision)
+        # δ too: a DP student's lineage records every teacher's (ε, δ), composed or declared
+        return Slot(member, None, eps, unit, revision, delta=delta)
 
-    pulled = [model_slot(n, e.path, e.epsilon, e.unit, e.revision) for n, e in entries.items()]
+    pulled = [model_slot(n, e.path, e.epsilon, e.unit, e.revision,
+                         e.delta) for n, e in entries.items()]
     own = {}
     for name in ("owner", "owner-ft"):
         path = work / "models" / name
         priv = card_privacy(path)
         own[name] = model_slot(name, path, priv.get("epsilon"), priv.get("privacy_unit"),
-                               weights_digest(path))
+                               weights_digest(path), priv.get("delta"))
     min_age = args.rules_min_age if args.rules_min_age is not None else (
         90 if fmt == "physionet" else 0)
     rules = Slot(RuleMember("rules:default", RuleOptions(min_age=min_age)), None, 0.0, None, None)
