@@ -313,8 +313,11 @@ def test_broken_mechanism_is_caught(
     ])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert err.startswith("error: audit FAILED") and "Traceback" not in err
-    assert err.count("\n") == 1
+    # the privacy plan (and its q = 1 note) before the first step, then one error line
+    plan, *notes, failed = err.splitlines()
+    assert plan.startswith("privacy plan: ") and failed.startswith("error: audit FAILED")
+    assert all(n.startswith("note: ") for n in notes)
+    assert "Traceback" not in err
     bound, proven = (float(x) for x in re.findall(r"ε(?: lower bound)? ([0-9.]+)", err)[:2])
     assert bound > proven
     # a card claiming an ε the model demonstrably lacks is never written
@@ -493,7 +496,10 @@ def test_gradient_audit_fails_a_noise_free_mechanism_at_the_default_recipe(
     code = main(_default_recipe_audit(corpus, tiny_base_model, out))
     err = capsys.readouterr().err
     assert code == 2, err
-    assert err.startswith("error: audit FAILED") and err.count("\n") == 1
+    # the privacy plan (and its q = 1 note) before the first step, then one error line
+    plan, *notes, failed = err.splitlines()
+    assert plan.startswith("privacy plan: ") and failed.startswith("error: audit FAILED")
+    assert all(n.startswith("note: ") for n in notes)
     bound, proven = (float(x) for x in re.findall(r"ε(?: lower bound)? ([0-9.]+)", err)[:2])
     assert proven == pytest.approx(8.0, abs=0.01) and bound > proven
     assert "30000 of 30000 membership guesses right" in err
