@@ -84,6 +84,7 @@ def audit(
     checkpoint_dir: Path | None = T.CHECKPOINT_DIR_OPT,
     force: bool = T.FORCE_OPT,
     threads: int | None = threads_option(),
+    allow_above_policy: bool = T.ALLOW_ABOVE_POLICY_OPT,
 ) -> None:
     """Train with canaries and report an empirical ε lower bound.
 
@@ -97,7 +98,7 @@ def audit(
     apply_threads(threads)
     flags = {k: v for k, v in locals().items() if k not in (
         "method", "canaries", "canary_notes", "canary_kind", "canary_note_chars", "candidates",
-        "confidence", "threads")}
+        "confidence", "threads", "allow_above_policy")}
     from dphub import audit as auditing
 
     cfg = project.load_project_config()
@@ -107,17 +108,20 @@ def audit(
         confidence=confidence, kind=canary_kind, max_note_chars=canary_note_chars,
         method=method,
     )
-    run_and_report(opts, aopts)
+    run_and_report(opts, aopts, on_plan=T._plan_check(opts, cfg, allow=allow_above_policy))
 
 
-def run_and_report(opts: Any, aopts: Any) -> None:
+def run_and_report(opts: Any, aopts: Any, on_plan: Any = None) -> None:
     """Train with canaries, write the model directory with its audit block, print the verdict
-    (``dphub audit`` and ``dphub train --audit``); exit 3 when the verdict is inconclusive."""
+    (``dphub audit`` and ``dphub train --audit``); exit 3 when the verdict is inconclusive.
+
+    ``on_plan``: the hub-policy check of the projected ε (``cli.train._plan_check``), run before
+    the first step like ``dphub train``'s: canaries or not, the card claims that ε."""
     from dphub import audit as auditing
 
     aopts.validate()  # before training: a bad option costs nothing
 
-    result = T._run_with_progress(_Audit(auditing, aopts), opts)
+    result = T._run_with_progress(_Audit(auditing, aopts), opts, on_plan=on_plan)
     project.record_last_model(result.train.out_dir)
     block = result.block
     typer.echo(f"wrote {result.train.out_dir} (card carries the empirical_audit block)")
@@ -140,9 +144,9 @@ class _Audit:
     def __init__(self, auditing: object, aopts: object) -> None:
         self.auditing, self.aopts = auditing, aopts
 
-    def train(self, opts: object, on_progress: object = None) -> object:
+    def train(self, opts: object, on_progress: object = None, on_plan: object = None) -> object:
         run = self.auditing.run_audit  # type: ignore[attr-defined]
-        return run(opts, self.aopts, on_progress=on_progress)
+        return run(opts, self.aopts, on_progress=on_progress, on_plan=on_plan)
 
 
 def register(app: typer.Typer) -> None:

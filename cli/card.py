@@ -131,12 +131,19 @@ def validate(
         True, "--accounting/--no-accounting", help="Recompute ε from the recorded fields."
     ),
 ) -> None:
-    """Check the card against the DP metadata schema and its own accounting fields."""
+    """Check the card against the DP metadata schema and its own accounting fields.
+
+    In a model directory, also what publish checks of the files beside it: allow-listed files,
+    the training config, the weights' hash and layout, a public-synthetic claim's record, and
+    the encoder against the declared base (when this machine has that base; otherwise a
+    warning says it was not checked).
+    """
     from dphub.card import LOCAL_ONLY_STATEMENT, dp_summary, validate_card
 
     card = validate_card(
         _resolve(target), require_private=require_private, check_accounting=accounting
     )
+    unchecked = _unchecked(card)
     s = dp_summary(card)
     if s["private"]:
         what = f"private, epsilon={_fmt(s['epsilon'])}, delta={_fmt(s['delta'])}, unit={s['unit']}"
@@ -145,7 +152,26 @@ def validate(
     else:
         what = "NOT PRIVATE (trained without DP)"
     checked = "schema + accounting" if accounting and s["private"] else "schema"
+    if unchecked is not None:  # a model directory: its files were checked too
+        checked += " + model files" + ("" if unchecked else " + base encoder")
     typer.echo(f"valid: {card.path} ({what}; checked {checked})")
+    if unchecked:
+        typer.echo(f"warning: not checked: {unchecked} (it is neither the embedded encoder nor a "
+                   "model pulled to this machine); `dphub publish` refuses the model until it "
+                   "can be checked", err=True)
+
+
+def _unchecked(card: Any) -> str | None:
+    """None for a card alone; for a model directory, what could not be checked ('' when
+    everything could): the encoder needs the declared base on this machine."""
+    from dphub.hub.gate import base_unresolved
+
+    model_dir = card.path.parent if card.path is not None else None
+    if model_dir is None or not any(
+        (model_dir / n).is_file() for n in ("model.safetensors", "training_config.json")
+    ):
+        return None
+    return base_unresolved(card.meta) or ""
 
 
 @card_app.command("edit")

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from dphub.cli.options import (
     FLOAT,
+    MAX_THREADS,
     apply_threads,
     finite_float,
     positive_float,
@@ -26,6 +27,7 @@ from dphub.cli.options import (
 
 # one declaration of each training option (cli/train.py)
 from dphub.cli.train import (
+    ALLOW_ABOVE_POLICY_OPT,
     BASE_MODEL_OPT,
     DELTA_OPT,
     ENCODER_LAYERS_OPT,
@@ -350,8 +352,10 @@ ADDRESS_OPT = typer.Option(
     None, "--address", show_default="start a local Ray runtime",
     help="With --engine ray: an existing Ray cluster (host:port, or auto).",
 )
+# Bounded like --threads (issue 31 #12): each actor is a process holding its own copy of the
+# ensemble, so an absurd count exhausts the machine (or a cluster's scheduler) before any note.
 RAY_WORKERS_OPT = typer.Option(
-    2, "--ray-workers", min=1,
+    2, "--ray-workers", min=1, max=MAX_THREADS,
     help="With --engine ray: actors, each loading the ensemble once (--threads: threads each).",
 )
 
@@ -669,6 +673,15 @@ def _owner_options(flags: dict[str, Any], out: Path, dp: bool, force: bool,
     return local_options(opts, dp=dp, explicit=set(given))
 
 
+def _plan_check(opts: Any, allow: bool, batch_flag: str) -> Any:
+    """``dphub train``'s check of the projected ε against the hub policy, before the first step
+    (a local model projects none). The hub is the default one (``$DPHUB_HUB``): like the
+    training options, these commands read nothing from dphub.toml."""
+    from dphub.cli.train import _plan_check as check
+
+    return check(opts, {}, allow=allow, batch_flag=batch_flag)
+
+
 def _report_owner(res: Any) -> None:
     from dphub.card import LOCAL_ONLY_STATEMENT
 
@@ -744,6 +757,7 @@ def distill_cmd(
     resume: bool = RESUME_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
+    allow_above_policy: bool = ALLOW_ABOVE_POLICY_OPT,
 ) -> None:
     """Scenario A+: the ensemble labels your unlabelled notes; a student model learns them.
 
@@ -774,7 +788,8 @@ def distill_cmd(
         res = distill(ensemble, notes, opts, labelled=gold, rounds=rounds, batch_size=batch_size,
                       disjoint_teachers=disjoint_teacher,
                       on_label=reporter.count_callback("label", "notes"),
-                      on_progress=reporter.train_callback())
+                      on_progress=reporter.train_callback(),
+                      on_plan=_plan_check(opts, allow_above_policy, "--train-batch-size"))
     _report_owner(res)
 
 
@@ -807,6 +822,7 @@ def train_cmd(
     force: bool = FORCE_OPT,
     resume: bool = RESUME_OPT,
     threads: int | None = threads_option(),
+    allow_above_policy: bool = ALLOW_ABOVE_POLICY_OPT,
 ) -> None:
     """Scenario B: your own model on your own labelled notes (optionally from a pulled model).
 
@@ -823,7 +839,8 @@ def train_cmd(
     opts = _owner_options(dict(locals()), out, dp, force, resume)
     notes = read_labelled(labelled, fmt)
     with ProgressReporter() as reporter, disk_full_as_error(out):
-        res = train_local(notes, opts, on_progress=reporter.train_callback())
+        res = train_local(notes, opts, on_progress=reporter.train_callback(),
+                          on_plan=_plan_check(opts, allow_above_policy, "--batch-size"))
     _report_owner(res)
 
 

@@ -289,6 +289,11 @@ FORCE_OPT = typer.Option(
     False, "--force",
     help="Replace a model directory written by dphub train (never the data or anything else).",
 )
+ALLOW_ABOVE_POLICY_OPT = typer.Option(
+    False, "--allow-above-policy",
+    help="Train even when the projected ε exceeds the hub policy's maximum (checked before "
+    "the first step; `dphub publish` to that hub will still refuse the model).",
+)
 
 
 def train(
@@ -336,11 +341,7 @@ def train(
         None, "--hub", help="Hub a --base-model org/name is pulled from when it is not pulled "
         "yet: " + HUB_HELP, show_default=HUB_DEFAULT,
     ),
-    allow_above_policy: bool = typer.Option(
-        False, "--allow-above-policy",
-        help="Train even when the projected ε exceeds the hub policy's maximum (checked before "
-        "the first step; `dphub publish` to that hub will still refuse the model).",
-    ),
+    allow_above_policy: bool = ALLOW_ABOVE_POLICY_OPT,
 ) -> None:
     """Train a PHI tagger with DP-SGD and write a model directory with its card.
 
@@ -363,7 +364,8 @@ def train(
         from dphub.audit import AuditOptions
         from dphub.cli.audit import run_and_report
 
-        run_and_report(opts, AuditOptions(method="patients" if opts.no_dp else "gradient"))
+        run_and_report(opts, AuditOptions(method="patients" if opts.no_dp else "gradient"),
+                       on_plan=_plan_check(opts, cfg, allow=allow_above_policy))
         return
     result = _run_with_progress(training, opts,
                                 on_plan=_plan_check(opts, cfg, allow=allow_above_policy))
@@ -418,32 +420,45 @@ def _hub_policy(cfg: dict[str, Any]) -> tuple[str, Any]:
 _UNIT_PLURAL = {"patient": "patients", "note": "notes", "sequence": "sequences"}
 
 
-def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool) -> Any:
-    """The ``on_plan`` callback of ``dphub train``: print the projected ε before the first
-    step, and refuse to start when it exceeds the hub policy's maximum (unless ``allow``).
+def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
+                batch_flag: str = "--batch-size") -> Any:
+    """The ``on_plan`` callback of every command that trains with DP (``dphub train``, ``train
+    --audit``, ``audit``, ``ensemble train --dp``, ``ensemble distill --dp``): print the
+    projected ε before the first step, and refuse to start when it exceeds the hub policy's
+    maximum (unless ``allow``).
 
     Why before: the design recipe on 40 patients (batch 96, so q = 1) with ``--noise 0.55``
     reached ε ≈ 96, and the policy warning came only after half an hour of training.
+
+    The callback is ``check(plan, teachers=())``: ``teachers`` are a DP student's lineage entries
+    (:func:`dphub.ensemble.distill.teacher_lineage`); the ε of those ``composed`` is added, so
+    the ε checked is the total the card will claim, not this run's alone. ``batch_flag``: how
+    the command spells the training batch size (``--train-batch-size`` for distill).
     """
     from dphub.errors import PrivacyError
     from dphub.train.plan import projected_epsilon, ways_to_reach
 
-    def check(plan: Any) -> None:
-        eps = projected_epsilon(opts, plan)
-        if eps is None:  # --no-dp: no guarantee to project
+    def check(plan: Any, teachers: Any = ()) -> None:
+        run_eps = projected_epsilon(opts, plan)
+        if run_eps is None:  # --no-dp: no guarantee to project
             return
+        composed = [t for t in teachers if t.get("composed")]
+        spent = sum(float(t["epsilon"]) for t in composed)
+        eps = run_eps + spent
         units = _UNIT_PLURAL.get(opts.privacy_unit, "units")
+        total = (f" for this run; with the ε {spent:.4g} of {len(composed)} composed "
+                 f"teacher(s), the card claims ε = {eps:.4g}") if composed else ""
         typer.echo(
             f"privacy plan: {plan.num_units} {units}, q = {plan.sample_rate:.4g}, "
             f"σ = {plan.noise_multiplier:.3g}, {plan.steps} steps, δ = {plan.delta:.2g}: "
-            f"projected ε = {eps:.4g}", err=True,
+            f"projected ε = {run_eps:.4g}{total}", err=True,
         )
         full = plan.sample_rate >= 1.0
         if full:
             typer.echo(
                 f"note: the expected batch ({opts.batch_size} {units}) is not below the "
                 f"{plan.num_units} {units}: every step uses every {opts.privacy_unit} (q = 1), so "
-                "sampling amplifies nothing and each step costs its full ε; a --batch-size well "
+                f"sampling amplifies nothing and each step costs its full ε; a {batch_flag} well "
                 f"below {plan.num_units} makes each step cheaper", err=True,
             )
         hub, policy = _hub_policy(cfg)
@@ -454,21 +469,27 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool) -> Any:
                        f"{policy.max_epsilon:g} of the policy of the hub {hub}; training anyway "
                        "(--allow-above-policy): `dphub publish` will refuse this model", err=True)
             return
-        sigma, epochs = ways_to_reach(opts, plan, policy.max_epsilon)
+        left = policy.max_epsilon - spent  # what the run itself may spend
+        sigma, epochs = ways_to_reach(opts, plan, left) if left > 0 else (None, None)
         ways = []
         if sigma is not None:
             ways.append(f"more noise (--noise {sigma:g} or more, or --target-epsilon "
-                        f"{policy.max_epsilon:g})")
+                        f"{left:g})")
         if epochs is not None:
             ways.append(f"fewer epochs (--epochs {epochs:.6g} or fewer, or --max-epsilon "
                         f"{policy.max_epsilon:g} to stop in time)")
         if full:
-            ways.append(f"a --batch-size well below the {plan.num_units} {units} (q = 1 now)")
+            ways.append(f"a {batch_flag} well below the {plan.num_units} {units} (q = 1 now)")
+        if composed:
+            ways.append("fewer composed teachers (remove a member, or declare one trained on "
+                        "none of these patients with --disjoint-teacher NAME)")
+        parts = f" (this run {run_eps:.4g} + composed teachers {spent:.4g})" if composed else ""
         raise PrivacyError(
-            f"projected ε = {eps:.4g} exceeds the maximum {policy.max_epsilon:g} of the policy "
-            f"of the hub {hub} ({policy.describe()}); nothing was trained. To reach it, train "
-            f"with {' or '.join(ways) if ways else 'more noise'}; or pass --allow-above-policy "
-            "to train anyway (`dphub publish` to that hub will refuse the model)"
+            f"projected ε = {eps:.4g}{parts} exceeds the maximum {policy.max_epsilon:g} of the "
+            f"policy of the hub {hub} ({policy.describe()}); nothing was trained. To reach it, "
+            f"train with {' or '.join(ways) if ways else 'more noise'}; or pass "
+            "--allow-above-policy to train anyway (`dphub publish` to that hub will refuse the "
+            "model)"
         )
 
     return check

@@ -791,13 +791,15 @@ def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: 
 
 
 def run_audit(opts: Any, audit: AuditOptions, *,
-              on_progress: Callable[[Any], None] | None = None) -> AuditResult:
+              on_progress: Callable[[Any], None] | None = None,
+              on_plan: Callable[[Any], None] | None = None) -> AuditResult:
     """Train as ``dphub train`` would, with canary patients added; audit; write the model dir.
 
     The model is trained into a hidden sibling of ``opts.out`` and moved into place only after
     the audit block is in its card, so ``opts.out`` never holds an unaudited model. Raises
     :class:`DphubError` subclasses for bad options, and :class:`AuditFailed` (nothing written)
-    when the empirical bound exceeds the proven ε.
+    when the empirical bound exceeds the proven ε. ``on_plan`` is :func:`dphub.train.train`'s:
+    it sees the privacy plan (canary units included) before the first step, and may stop it.
     """
     from dphub import train as training
     from dphub.card import load_card, write_card
@@ -844,9 +846,11 @@ def run_audit(opts: Any, audit: AuditOptions, *,
                     audit.canaries or gradient_canary_count(float(plan.delta), audit.confidence))
                 gradient.install(optimizer, plan.sample_rate)
 
-            result = training.train(run_opts, on_progress=on_progress, gradient_audit=install)
+            result = training.train(run_opts, on_progress=on_progress, on_plan=on_plan,
+                                    gradient_audit=install)
         else:
-            result = training.train(run_opts, on_progress=on_progress, extra_notes=extra)
+            result = training.train(run_opts, on_progress=on_progress, on_plan=on_plan,
+                                    extra_notes=extra)
         t1 = time.monotonic()
         delta = result.delta if result.delta is not None else training.default_delta(
             result.num_units)

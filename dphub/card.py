@@ -1408,7 +1408,9 @@ def validate_card(
     When the card sits in a model directory (next to ``model.safetensors`` or
     ``training_config.json``) and ``check_files`` is true, the directory is checked against the
     card as the publish gate does: only allow-listed files and training-config keys, the weights'
-    SHA-256 and tensor layout, and the training config's accounting fields equal to the card's.
+    SHA-256 and tensor layout, the training config's accounting fields equal to the card's, a
+    public-synthetic claim's record, and the encoder against the declared base where this machine
+    has it (:func:`dphub.hub.gate.base_unresolved` says when it has not).
     Raises :class:`CardError` with every problem on one line.
     """
     card = load_card(path)

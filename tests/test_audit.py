@@ -315,8 +315,11 @@ def test_broken_mechanism_is_caught(
     ])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert err.startswith("error: audit FAILED") and "Traceback" not in err
-    assert err.count("\n") == 1
+    # the privacy plan (and its q = 1 note) before the first step, then one error line
+    plan, *notes, failed = err.splitlines()
+    assert plan.startswith("privacy plan: ") and failed.startswith("error: audit FAILED")
+    assert all(n.startswith("note: ") for n in notes)
+    assert "Traceback" not in err
     bound, proven = (float(x) for x in re.findall(r"ε(?: lower bound)? ([0-9.]+)", err)[:2])
     assert bound > proven
     # a card claiming an ε the model demonstrably lacks is never written
@@ -390,6 +393,44 @@ def test_missing_data_is_refused_and_leaves_nothing(
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "cache") == []
 
 
+@pytest.mark.parametrize("command", [["audit"], ["audit", "--method", "patients"],
+                                     ["train", "--audit"]])
+def test_audit_projected_epsilon_above_the_policy_refuses_to_start(
+    corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, command: list[str],
+) -> None:
+    """Issue 31 item 21 for the audited runs: the projected ε (canaries included) is checked
+    against the hub policy before the first step, as `dphub train` does."""
+    import dphub.train.run as run
+    from dphub.cli.main import main
+    from dphub.errors import DphubError
+
+    monkeypatch.setenv("DPHUB_HUB", str(tmp_path / "hub"))
+
+    def first_step(*a, **k):
+        raise DphubError("reached the first step")
+
+    monkeypatch.setattr(run, "TrainLoop", first_step)
+    args = [*command, str(corpus), "--out", str(tmp_path / "m"), "--base-model",
+            str(tiny_base_model), "--warm-start", "none", "--noise", "0.55"]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("privacy plan: ") and "projected ε = " in lines[0]
+    assert lines[-1].startswith("error: projected ε = ") and "exceeds the maximum 10" in lines[-1]
+    for way in ("--noise ", "--epochs ", "--allow-above-policy"):
+        assert way in lines[-1], way
+    assert "reached the first step" not in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in ("cache", "hub")) == []
+
+    # with the flag it starts (and stops at the stand-in first step)
+    assert main([*args, "--allow-above-policy"]) == 2
+    err = capsys.readouterr().err
+    assert "training anyway (--allow-above-policy)" in err
+    assert err.endswith("error: reached the first step\n")
+
+
 @pytest.mark.slow
 def test_train_with_audit_writes_the_block(
     corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -457,7 +498,10 @@ def test_gradient_audit_fails_a_noise_free_mechanism_at_the_default_recipe(
     code = main(_default_recipe_audit(corpus, tiny_base_model, out))
     err = capsys.readouterr().err
     assert code == 2, err
-    assert err.startswith("error: audit FAILED") and err.count("\n") == 1
+    # the privacy plan (and its q = 1 note) before the first step, then one error line
+    plan, *notes, failed = err.splitlines()
+    assert plan.startswith("privacy plan: ") and failed.startswith("error: audit FAILED")
+    assert all(n.startswith("note: ") for n in notes)
     bound, proven = (float(x) for x in re.findall(r"ε(?: lower bound)? ([0-9.]+)", err)[:2])
     assert proven == pytest.approx(8.0, abs=0.01) and bound > proven
     assert "30000 of 30000 membership guesses right" in err

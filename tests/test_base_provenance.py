@@ -142,6 +142,42 @@ def test_spoofed_public_base_is_refused(tiny_embedded: Path, tmp_path: Path) -> 
         check_publishable(dp)
 
 
+def test_card_validate_checks_the_encoder_against_the_declared_base(
+    tiny_embedded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`dphub card validate` runs publish's base checks: a spoofed base fails it as it fails
+    the gate, and a base this machine lacks is reported as not checked (never silently)."""
+    from dphub.cli.main import main
+
+    good = _train(tmp_path, "good", None)
+    assert main(["card", "validate", str(good)]) == 0
+    cap = capsys.readouterr()
+    assert "checked schema + accounting + model files + base encoder)" in cap.out
+    assert cap.err == ""
+
+    baseline = _train(tmp_path, "nodp", None, no_dp=True, noise=None, train_layers=1)
+    spoof = _as_plain_encoder(baseline, tmp_path / "spoof" / "all-MiniLM-L6-v2")
+    dp = _train(tmp_path, "dp", str(spoof))
+    # its card names a local encoder, which no machine can resolve: valid, but not all checked
+    assert main(["card", "validate", str(dp)]) == 0
+    cap = capsys.readouterr()
+    assert "checked schema + accounting + model files)" in cap.out
+    assert cap.err.startswith(f"warning: not checked: cannot resolve the card's base_model "
+                              f"{LOCAL_ENCODER_ID} to check the encoder against it")
+    assert "`dphub publish` refuses the model until it can be checked" in cap.err
+    assert cap.err.count("\n") == 1
+    # named as the public base: the recorded digest says otherwise
+    _rewrite(dp, card={"base_model": DEFAULT_BASE_MODEL_ID},
+             config={"base_model": DEFAULT_BASE_MODEL_ID})
+    assert main(["card", "validate", str(dp)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "base_model_sha256 differs from the declared" in err
+    # the digest forged too: the frozen encoder tensors are not the base's
+    _rewrite(dp, config={"base_model_sha256": encoder_digest(tiny_embedded)})
+    assert main(["card", "validate", str(dp)]) == 2
+    assert "was frozen in training but differs" in capsys.readouterr().err
+
+
 def test_model_from_the_declared_base_passes_and_tampered_frozen_tensors_do_not(
     tiny_embedded: Path, tmp_path: Path,
 ) -> None:
@@ -204,8 +240,8 @@ def public_base(tiny_embedded: Path, tmp_path: Path) -> Path:
     return out
 
 
-def test_forged_public_card_on_a_local_only_model_is_refused(tiny_embedded: Path,
-                                                             tmp_path: Path) -> None:
+def test_forged_public_card_on_a_local_only_model_is_refused(
+        tiny_embedded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The issue's repro: dphub's own card helpers turn a local-only model (no DP, the owner's
     notes) into a "public synthetic" base; its training record gives it away."""
     local = _train(tmp_path, "local", None, no_dp=True, noise=None, local_only=True)
@@ -224,6 +260,11 @@ def test_forged_public_card_on_a_local_only_model_is_refused(tiny_embedded: Path
     write_card(local, forged)
     with pytest.raises(PublishRefused, match="a public-synthetic card needs the training record"):
         check_publishable(local)
+    # and `dphub card validate` says so too, as publish and pull do
+    from dphub.cli.main import main
+
+    assert main(["card", "validate", str(local)]) == 2
+    assert "a public-synthetic card needs the training record" in capsys.readouterr().err
     # a hub that does not run the gate could still serve it: pull checks the record too
     from dphub.hub.gate import GateViolation, check_shareable
 
@@ -237,6 +278,9 @@ def test_genuine_public_base_passes_and_its_record_is_checked(public_base: Path,
 
     check_publishable(public_base)
     check_shareable(public_base)
+    from dphub.cli.main import main
+
+    assert main(["card", "validate", str(public_base)]) == 0  # record regenerated, base checked
     hyper = json.loads((public_base / "training_config.json").read_text())["dphub_training"]
     assert {"synth_notes", "synth_seed", "synth_sha256"} <= set(hyper)
 
@@ -266,3 +310,5 @@ def test_genuine_public_base_passes_and_its_record_is_checked(public_base: Path,
     for i, (edit, needle) in enumerate(cases):
         with pytest.raises(PublishRefused, match=needle):
             check_publishable(broken(f"b{i}", **edit))
+    # `card validate` regenerates the record as publish does
+    assert main(["card", "validate", str(tmp_path / "b0")]) == 2

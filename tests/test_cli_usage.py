@@ -225,6 +225,28 @@ def test_threads_is_applied_before_the_library_runs(
     assert seen == [3]
 
 
+@pytest.mark.parametrize("path", [("deid", "--model", "rules:default"), ("ensemble", "deid")])
+@pytest.mark.parametrize("workers", ["100000", "0"])
+def test_ray_workers_is_bounded(path: tuple[str, ...], workers: str,
+                                monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Like --threads: `--ray-workers 100000` is a usage error naming the option and the bound,
+    before Ray (or any model) is started."""
+    import dphub.ray_engine as R
+    from dphub.cli.options import MAX_THREADS
+
+    started: list[object] = []
+    monkeypatch.setattr(R, "ray_engine", lambda *a, **k: started.append(a))
+    (tmp_path / "n.jsonl").write_text("")
+    code = main([*path, "n.jsonl", "--out", "o", "--engine", "ray", "--ray-workers", workers])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--ray-workers" in err.splitlines()[-1]
+    if workers != "0":
+        assert str(MAX_THREADS) in err
+    assert started == [] and not (tmp_path / "o").exists() and _no_crash_log(tmp_path)
+
+
 @pytest.mark.parametrize(
     "path",
     [("train",), ("deid", "--model", "rules:default"), ("evaluate",), ("ensemble", "deid"),

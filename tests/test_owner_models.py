@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -293,6 +294,92 @@ def test_cli_two_dp_distillations_publish_the_composed_epsilon(
     eps = gate.CardSummary.from_meta(meta).epsilon
     assert eps == pytest.approx(dp2["epsilon"]) and eps > e1
     assert main(["card", "validate", str(tmp_path / "s2")]) == 0
+
+
+def _stop_at_first_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dphub.train.run as run
+
+    def first_step(*a, **k):
+        raise DphubError("reached the first step")
+
+    monkeypatch.setattr(run, "TrainLoop", first_step)
+
+
+def test_cli_owner_dp_training_above_the_policy_refuses_to_start(
+        notes: list[Note], tiny_base_model: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31 item 21 for `ensemble train --dp` and `ensemble distill --dp`: the projected ε
+    is checked against the hub policy before the first step, as `dphub train` does."""
+    monkeypatch.setenv("DPHUB_HUB", str(tmp_path / "hub"))
+    _stop_at_first_step(monkeypatch)
+    data = tmp_path / "notes.jsonl"
+    formats.write(notes, data, "jsonl")
+    manifest = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", "rules:default", "--ensemble", str(manifest)]) == 0
+    common = ["--base-model", str(tiny_base_model), "--warm-start", "none", "--threads", "1",
+              "--dp", "--noise", "0.3", "--epochs", "4"]
+    for cmd, batch in ((["ensemble", "train"], "--batch-size"),
+                       (["ensemble", "distill", "--ensemble", str(manifest)],
+                        "--train-batch-size")):
+        args = [*cmd, str(data), "--out", str(tmp_path / "m"), batch, "2", *common]
+        capsys.readouterr()
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code == 2, err
+        lines = err.strip().splitlines()
+        assert lines[0].startswith("privacy plan: 3 patients, q = 0.5, σ = 0.3, 8 steps")
+        assert lines[-1].startswith("error: projected ε = ") and "exceeds the maximum 10" in err
+        assert "--noise " in lines[-1] and "--allow-above-policy" in lines[-1]
+        assert "reached the first step" not in err
+        assert not (tmp_path / "m").exists()
+        assert main([*args, "--allow-above-policy"]) == 2
+        err = capsys.readouterr().err
+        assert "training anyway (--allow-above-policy)" in err
+        assert err.endswith("error: reached the first step\n")
+    # nothing left beside the output (the pseudo-labelled notes' work directory is removed)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "cache") == [
+        "ens.toml", "notes.jsonl"]
+
+
+def test_cli_distill_checks_the_composed_epsilon_against_the_policy(
+        notes: list[Note], tiny_base_model: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second `distill --dp` whose own ε (about 5.7) is within the policy (10) but whose
+    claim, composed with the first student's, is not: refused before the first step."""
+    monkeypatch.setenv("DPHUB_HUB", str(tmp_path / "hub"))
+    src = tmp_path / "s.jsonl"
+    formats.write(notes, src, "jsonl")
+    manifest = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", "rules:default", "--ensemble", str(manifest)]) == 0
+    common = ["--ensemble", str(manifest), "--base-model", str(tiny_base_model), "--warm-start",
+              "none", "--epochs", "1", "--threads", "1", "--dp", "--noise", "0.9",
+              "--train-batch-size", "2"]
+    assert main(["ensemble", "distill", str(src), "--out", str(tmp_path / "s1"), *common]) == 0
+    assert main(["ensemble", "add", str(tmp_path / "s1"), "--ensemble", str(manifest)]) == 0
+    e1 = load_card(tmp_path / "s1").dp["epsilon"]
+    assert 5 < e1 <= 10
+    _stop_at_first_step(monkeypatch)
+    capsys.readouterr()
+    args = ["ensemble", "distill", str(src), "--out", str(tmp_path / "s2"), *common]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert lines[0].endswith(f"projected ε = {e1:.4g} for this run; with the ε {e1:.4g} of 1 "
+                             f"composed teacher(s), the card claims ε = {2 * e1:.4g}"), lines[0]
+    assert lines[-1].startswith(f"error: projected ε = {2 * e1:.4g} (this run {e1:.4g} + "
+                                f"composed teachers {e1:.4g}) exceeds the maximum 10")
+    for way in ("--noise ", "--target-epsilon ", "--disjoint-teacher NAME",
+                "--allow-above-policy"):
+        assert way in lines[-1], way
+    assert "reached the first step" not in err and not (tmp_path / "s2").exists()
+    # the advice works: more noise, or the teacher declared disjoint, or the flag
+    sigma = re.search(r"--noise ([0-9.]+) or more", lines[-1]).group(1)
+    for extra in (["--noise", sigma], ["--disjoint-teacher", "s1"],
+                  ["--allow-above-policy"]):
+        assert main([*args, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.endswith("error: reached the first step\n"), (extra, err)
+    assert not (tmp_path / "s2").exists()
 
 
 def test_cli_bad_input_is_one_error_line(tmp_path: Path, tiny_base_model: Path,

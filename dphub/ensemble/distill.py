@@ -40,6 +40,7 @@ under a temp name (0700) and renamed into place only when training completed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import shutil
 import tempfile
@@ -52,6 +53,7 @@ from dphub.ensemble.core import Ensemble, Slot
 from dphub.errors import ConfigError, InputError
 from dphub.notes import Note, Span, merge_overlapping
 from dphub.train import TrainOptions, TrainResult
+from dphub.train.plan import PrivacyPlan
 from dphub.train.results import ProgressFn
 
 #: Defaults of a local (no-DP) owner model that differ from ``dphub train``'s DP recipe. Without
@@ -67,6 +69,8 @@ CALIBRATION_NOT_COVERED = ("thresholds calibrated on the owner's labelled notes,
                            "training labels")
 
 CountFn = Callable[[int, int], None]
+#: ``on_plan`` of :func:`distill`: the student's privacy plan and its teachers' lineage entries
+PlanFn = Callable[[PrivacyPlan, Sequence[dict[str, Any]]], None]
 
 
 @dataclass
@@ -166,7 +170,8 @@ def _write_notes(notes: Sequence[Note], path: Path) -> Path:
 
 
 def _train_on(notes: Sequence[Note], opts: TrainOptions, work: Path, tag: str,
-              on_progress: ProgressFn | None) -> TrainResult:
+              on_progress: ProgressFn | None,
+              on_plan: Callable[[PrivacyPlan], None] | None = None) -> TrainResult:
     from dphub.train import train
 
     if not any(n.spans for n in notes):
@@ -177,7 +182,7 @@ def _train_on(notes: Sequence[Note], opts: TrainOptions, work: Path, tag: str,
         unit = "note"  # no guarantee is claimed: units only group windows
     data = _write_notes(notes, work / f"{tag}.jsonl")
     o = replace(opts, data=data, format="jsonl", privacy_unit=unit)
-    return train(o, on_progress=on_progress)
+    return train(o, on_progress=on_progress, on_plan=on_plan)
 
 
 def _check_out(out: Path | None, force: bool) -> Path:
@@ -201,6 +206,7 @@ def distill(
     disjoint_teachers: Collection[str] = (),
     on_label: CountFn | None = None,
     on_progress: ProgressFn | None = None,
+    on_plan: PlanFn | None = None,
 ) -> OwnerResult:
     """Scenario A+: label ``notes`` with ``ensemble``, train a student on the labels.
 
@@ -210,7 +216,10 @@ def distill(
     labelling ensemble (``any``). ``opts.soft_labels``: the student learns each pseudo-span's
     tag with the span's score as its probability (:func:`dphub.tagger.soft_crf_nll`; gold
     spans stay certain). ``disjoint_teachers``: member names the trainer declares were trained
-    on none of these patients (DP only; :func:`teacher_lineage`).
+    on none of these patients (DP only; :func:`teacher_lineage`). ``on_plan(plan, teachers)``
+    sees the last round's privacy plan and the teachers' lineage entries before its first step,
+    so that the projected claim (this run's ε plus the composed teachers') can be checked, and
+    may raise to stop the run there (the CLI's hub-policy check).
     """
     if rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {rounds}")
@@ -229,6 +238,8 @@ def distill(
     opts = replace(opts, training_labels="gold+ensemble" if labelled else "ensemble")
     teacher = ensemble
     round_spans: list[int] = []
+    plan_cb = None if on_plan is None else functools.partial(_plan_with_teachers, on_plan,
+                                                              teachers)
     with _private_workdir(out) as work:
         result: TrainResult | None = None
         train_notes: list[Note] = []
@@ -241,7 +252,7 @@ def distill(
             train_notes = combine_labels(pseudo, labelled)
             last = r == rounds
             o = replace(opts, out=out if last else work / f"student-{r}", force=opts.force and last)
-            result = _train_on(train_notes, o, work, f"round-{r}", on_progress)
+            result = _train_on(train_notes, o, work, f"round-{r}", on_progress, plan_cb)
             if not last:
                 teacher = _with_student(ensemble, work / f"student-{r}", r)
         assert result is not None
@@ -256,6 +267,11 @@ def distill(
         round_spans=round_spans, epsilon=claim.get("epsilon", result.epsilon),
         delta=claim.get("delta", result.delta), teachers=teachers,
     )
+
+
+def _plan_with_teachers(on_plan: PlanFn, teachers: Sequence[dict[str, Any]],
+                        plan: PrivacyPlan) -> None:
+    on_plan(plan, teachers)
 
 
 def _check_dp_teacher(ensemble: Ensemble, rounds: int) -> None:
@@ -426,13 +442,16 @@ def train_local(
     opts: TrainOptions,
     *,
     on_progress: ProgressFn | None = None,
+    on_plan: Callable[[PrivacyPlan], None] | None = None,
 ) -> OwnerResult:
-    """Scenario B: the owner's model on its own labelled notes (local unless ``opts`` is DP)."""
+    """Scenario B: the owner's model on its own labelled notes (local unless ``opts`` is DP).
+
+    ``on_plan`` is :func:`dphub.train.train`'s (the CLI's hub-policy check)."""
     if not labelled:
         raise InputError("no labelled notes to train on")
     out = _check_out(opts.out, opts.force)
     opts = replace(opts, training_labels="gold")
     with _private_workdir(out) as work:
-        result = _train_on(list(labelled), opts, work, "labelled", on_progress)
+        result = _train_on(list(labelled), opts, work, "labelled", on_progress, on_plan)
     return OwnerResult(out_dir=out, train=result, notes=len(labelled), gold_notes=len(labelled),
                        local_only=opts.local_only)

@@ -861,7 +861,14 @@ def model_dir_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
         out += weights_problems(model_dir, dp)
     else:
         out.append("config.json is missing")
-    return out
+    if isinstance(meta, dict):
+        # what publish and pull check beyond the files: the public-synthetic claim's record,
+        # and the encoder against the declared base where this machine has that base (where it
+        # has not, `card validate` says so: base_unresolved)
+        out += public_provenance_problems(model_dir, meta)
+        if (model_dir / "training_config.json").is_file() and base_unresolved(meta) is None:
+            out += base_weights_problems(model_dir, meta)
+    return list(dict.fromkeys(out))
 
 
 # --------------------------------------------------------------------------- base encoder
@@ -899,7 +906,7 @@ def base_weights_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
     name = _safe_name(base) if isinstance(base, str) else "(none)"
     base_dir = resolve_base_tokenizer_dir(base if isinstance(base, str) else None)
     if base_dir is None:
-        return [f"cannot resolve the card's base_model {name} to check the encoder against it"]
+        return [_unresolved_base(name)]
     try:
         cfg = read_training_config(model_dir)
     except GateViolation as e:
@@ -919,6 +926,22 @@ def base_weights_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
                 "(training_config.json base_model_sha256 differs from the declared base's): a "
                 "local encoder is not the public base, whatever its directory is called"]
     return frozen_tensor_problems(model_dir, meta, cfg, base_dir)
+
+
+def _unresolved_base(name: str) -> str:
+    return f"cannot resolve the card's base_model {name} to check the encoder against it"
+
+
+def base_unresolved(meta: dict[str, Any]) -> str | None:
+    """Why the encoder cannot be checked against the card's base on this machine (None: it
+    can): the base is neither the embedded encoder nor a model in the registry or the Hugging
+    Face cache. Publish refuses such a model with these words; ``dphub card validate`` reports
+    the check as not done (it validates cards away from the hub, where the base may be absent).
+    """
+    base = meta.get("base_model")
+    if resolve_base_tokenizer_dir(base if isinstance(base, str) else None) is not None:
+        return None
+    return _unresolved_base(_safe_name(base) if isinstance(base, str) else "(none)")
 
 
 def frozen_tensor_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str, Any],
