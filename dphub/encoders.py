@@ -114,6 +114,24 @@ def _config(path: Path) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- weights digest
 
 
+def meta_encoder(model_dir: Path) -> Any:
+    """The encoder ``config.json`` describes, built on PyTorch's meta device (no weight read,
+    no memory): its parameter names, dtypes and shapes, pooler left out as the tagger's loader
+    leaves it. Raises whatever transformers raises; callers word the refusal.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from dphub.tagger import _quiet_transformers
+
+    with _quiet_transformers(), torch.device("meta"):
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+        try:
+            return AutoModel.from_config(config, add_pooling_layer=False)
+        except TypeError:
+            return AutoModel.from_config(config)
+
+
 def encoder_tensors(model_dir: Path) -> Iterator[tuple[str, Any]]:
     """``(name, tensor)`` of the encoder tensors a model directory holds, in sorted name order.
 
@@ -125,21 +143,12 @@ def encoder_tensors(model_dir: Path) -> Iterator[tuple[str, Any]]:
     are read from safetensors files only (never a pickle). Buffers a file may lack
     (``position_ids``) are skipped.
     """
-    import torch
     from safetensors import SafetensorError, safe_open
-    from transformers import AutoConfig, AutoModel
-
-    from dphub.tagger import _quiet_transformers
 
     model_dir = Path(model_dir)
     files = _safetensors_files(model_dir)
     try:
-        with _quiet_transformers(), torch.device("meta"):
-            config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-            try:
-                skeleton = AutoModel.from_config(config, add_pooling_layer=False)
-            except TypeError:
-                skeleton = AutoModel.from_config(config)
+        skeleton = meta_encoder(model_dir)
     except Exception as e:  # noqa: BLE001 - any failure: not an encoder transformers knows
         raise ModelError(f"{model_dir.name}: config.json does not describe an encoder "
                          f"({type(e).__name__})") from None

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dphub.encoders import meta_encoder
 from dphub.errors import CardError, DphubError, PublishRefused
 from dphub.hub.common import (
     DP_TAG,
@@ -664,11 +665,6 @@ def expected_tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     from the config, pooler dropped, a linear emission layer over the BIOES tags, the CRF), on
     PyTorch's meta device: shapes and dtypes without allocating or reading any weight.
     """
-    import torch
-    from transformers import AutoConfig, AutoModel
-
-    from dphub.tagger import _quiet_transformers
-
     raw = check_config(model_dir)
     block = raw.get("dphub")
     if not isinstance(block, dict) or block.get("head") not in ("crf", "softmax"):
@@ -681,14 +677,7 @@ def expected_tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         raise _refuse(model_dir, f"config.json num_hidden_layers must be 1..{MAX_LAYERS}")
     n_tags = len(id2label)
     try:
-        with _quiet_transformers(), torch.device("meta"):
-            config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-            try:
-                encoder = AutoModel.from_config(config, add_pooling_layer=False)
-            except TypeError:
-                encoder = AutoModel.from_config(config)
-    except GateViolation:
-        raise
+        encoder = meta_encoder(model_dir)
     except Exception as e:  # noqa: BLE001 - any failure: the config describes no known model
         raise _refuse(model_dir, f"config.json does not describe a model transformers can build "
                                  f"({type(e).__name__})") from None
@@ -699,7 +688,7 @@ def expected_tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             continue
         out[f"{prefix}.{name}"] = (_DTYPES.get(str(t.dtype).removeprefix("torch."), "?"),
                                    tuple(t.shape))
-    hidden = int(config.hidden_size)
+    hidden = int(encoder.config.hidden_size)
     out["classifier.weight"] = ("F32", (n_tags, hidden))
     out["classifier.bias"] = ("F32", (n_tags,))
     if block["head"] == "crf":
