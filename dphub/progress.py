@@ -284,7 +284,7 @@ class ProgressReporter:
         if done_all:
             ph.finished = True
             if ph.last_line is None and (ph.restartable or now - self.created < self.grace):
-                return  # a phase that ended within the grace period: nothing to report
+                return  # ended within the grace period, or a quiet run of a restarted phase
         else:
             if now - self.created < self.grace:
                 return

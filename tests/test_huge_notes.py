@@ -195,6 +195,12 @@ def test_the_reporter_shows_a_long_note_and_stays_quiet_for_many_short_ones() ->
             t[0] += 0.3
             cb(i, 2)
     assert len(out.getvalue().splitlines()) - before <= 1
+    for mode in ("off", "bar"):  # no phase kept when off; a bar task replaced per note
+        with ProgressReporter(io.StringIO(), mode=mode) as other:
+            cb = other.count_callback("deid-chunks", "chunks", restart=True)
+            for total in (3, 2):
+                for i in range(total + 1):
+                    cb(i, total)
 
 
 def test_memory_grows_with_the_chunk_not_the_note() -> None:
