@@ -32,6 +32,7 @@ size     whole (before)           chunked (after)           first progress line
 =======  =======================  ========================  ===================
 1 MB     7.5 s / 165 MiB          8.1 s / 106 MiB           7.2 s -> 3.4 s
 8 MB     86.4 s / 727 MiB         69.1 s / 226 MiB          80.5 s -> 4.7 s
+16 MB    (not run)                61.3 s / 367 MiB          3.3 s
 =======  =======================  ========================  ===================
 
 The members' own working memory no longer grows with the note (``tracemalloc``: 1.2 MiB for a
