@@ -282,7 +282,9 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
         report = run_deid(input_path, out, ensemble, mode=mode, key=key, fmt=fmt,
                           batch_size=batch_size, resume=resume, audit_text=audit_text,
                           progress=reporter.count_callback("deid", "notes"), engine=engine,
-                          patient_id_from=patient_id_from, warn=_say)
+                          patient_id_from=patient_id_from, warn=_say,
+                          chunk_progress=reporter.count_callback("deid-chunks", "chunks",
+                                                                 restart=True))
     msg = f"{report.done} note(s) de-identified into {out}"
     if report.already_complete:
         msg = f"the run in {out} is already complete ({report.skipped} note(s)); nothing to do"

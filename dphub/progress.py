@@ -42,6 +42,7 @@ PHASE_LABELS: dict[str, str] = {
     "train": "DP training",
     "train-nodp": "training without DP",
     "deid": "de-identifying",
+    "deid-chunks": "de-identifying a long note",
     "evaluate": "evaluating",
     "calibrate": "calibrating (members scored)",
 }
@@ -95,6 +96,10 @@ class _Phase:
     last_bucket: int = -1
     finished: bool = False
     task: Any = None
+    #: a phase that begins anew per item (:meth:`ProgressReporter.count_callback`'s ``restart``)
+    restartable: bool = False
+    #: when the previous run of a restartable phase last wrote a line
+    previous_line: float | None = None
 
 
 class ProgressReporter:
@@ -237,13 +242,36 @@ class ProgressReporter:
 
         return on_progress
 
-    def count_callback(self, phase: str, unit: str = "notes") -> Callable[[int, int], None]:
-        """Callback ``(done, total)`` for counted work (directory runs, evaluation)."""
+    def count_callback(self, phase: str, unit: str = "notes", *, restart: bool = False
+                       ) -> Callable[[int, int], None]:
+        """Callback ``(done, total)`` for counted work (directory runs, evaluation).
+
+        ``restart``: the count runs once per item (the chunks of each long note) and ``done == 0``
+        begins it anew. Such a phase writes a line at most every ``interval`` seconds across its
+        runs and no "done" line for a run it said nothing about, so many notes just over the
+        chunk size add no line per note.
+        """
 
         def on_count(done: int, total: int) -> None:
+            if restart and done == 0:
+                self._restart(phase)
             self.update(phase, done, total or None, unit=unit)
+            if restart and phase in self.phases:
+                self.phases[phase].restartable = True
 
         return on_count
+
+    def _restart(self, phase: str) -> None:
+        old = self.phases.pop(phase, None)
+        if old is None:
+            return
+        if self._bar is not None and old.task is not None:
+            self._bar.remove_task(old.task)
+        last = old.last_line if old.last_line is not None else old.previous_line
+        if self.mode != "off":
+            now = self.clock()
+            self.phases[phase] = _Phase(old.label, old.unit, None, now, 0, restartable=True,
+                                        previous_line=last)
 
     # ------------------------------------------------------------------ plain lines
     def _maybe_line(self, ph: _Phase, now: float, info: str) -> None:
@@ -255,11 +283,14 @@ class ProgressReporter:
             bucket = int(100.0 * ph.done / ph.total // self.percent)
         if done_all:
             ph.finished = True
-            if ph.last_line is None and now - self.created < self.grace:
-                return  # a phase that ended within the grace period: nothing to report
+            if ph.last_line is None and (ph.restartable or now - self.created < self.grace):
+                return  # ended within the grace period, or a quiet run of a restarted phase
         else:
             if now - self.created < self.grace:
                 return
+            if (ph.last_line is None and ph.previous_line is not None
+                    and now - ph.previous_line < self.interval):
+                return  # a restarted phase: no more often than its runs before it
             due = (ph.last_line is None or now - ph.last_line >= self.interval
                    or bucket > ph.last_bucket)
             if not due:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -524,10 +525,14 @@ def run_deid(
     engine: Engine | None = None,
     patient_id_from: str | None = None,
     warn: Callable[[str], None] | None = None,
+    chunk_progress: Callable[[int, int], None] | None = None,
 ) -> RunReport:
     """De-identify every note of ``input_path`` into ``out`` with ``ensemble`` (``.deid(notes)``).
 
     ``progress(done, total)`` is called after each batch (the CLI draws a bar from it).
+    ``chunk_progress(done, total)`` counts the chunks of a note too long to read at once
+    (:mod:`dphub.ensemble.chunks`), restarting at 0 for each such note, so a run over one huge
+    note is seen to advance (local engine, with an ensemble whose ``deid`` takes ``on_chunk``).
     ``engine`` computes the ensemble's results for a stream of batches (default
     :func:`local_engine`, in this process; :mod:`dphub.ray_engine` runs them on Ray). Whatever the
     engine, reading, rendering, writing and the journal stay here, in the driver, so outputs and
@@ -573,7 +578,8 @@ def run_deid(
         return _locked_run(src, dst, ensemble, renderer, settings, fmt=fmt,
                            batch_size=batch_size, resume=resume, audit_text=audit_text,
                            progress=progress, wrote=wrote, engine=engine,
-                           patients=patients, warn=warn if mode == "surrogate" else None)
+                           patients=patients, warn=warn if mode == "surrogate" else None,
+                           chunk_progress=chunk_progress)
     except OSError as e:
         if e.errno not in _RUN_LEVEL_ERRNOS:
             raise
@@ -626,7 +632,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 audit_text: bool, progress: Callable[[int, int], None] | None,
                 wrote: list[bool], engine: Engine | None = None,
                 patients: re.Pattern[str] | None = None,
-                warn: Callable[[str], None] | None = None) -> RunReport:
+                warn: Callable[[str], None] | None = None,
+                chunk_progress: Callable[[int, int], None] | None = None) -> RunReport:
     """The run proper, under the lock (see :func:`run_deid`)."""
     run_dir = dst / RUN_DIR
     params_path = run_dir / PARAMS
@@ -740,7 +747,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
             yield batch
 
     # stream the input: the local engine holds one batch of notes at a time
-    run_engine = engine or (lambda stream: local_engine(ensemble, stream))
+    run_engine = engine or (lambda stream: local_engine(ensemble, stream,
+                                                        on_chunk=chunk_progress))
     if progress and report.total and not resume:  # a first line before the first batch
         progress(0, report.total)
     for batch, results in run_engine(batches()):
@@ -843,19 +851,33 @@ def _describe_ensemble(ensemble: Any) -> Any:
 Engine = Callable[[Iterator[list[WorkItem]]], Iterator[tuple[list[WorkItem], list[Any]]]]
 
 
-def local_engine(ensemble: Any, batches: Iterator[list[WorkItem]]
+def local_engine(ensemble: Any, batches: Iterator[list[WorkItem]], *,
+                 on_chunk: Callable[[int, int], None] | None = None
                  ) -> Iterator[tuple[list[WorkItem], list[Any]]]:
-    """The single-process engine: each batch through ``ensemble`` here, one at a time."""
+    """The single-process engine: each batch through ``ensemble`` here, one at a time;
+    ``on_chunk`` hears the chunks of a long note (see :func:`run_deid`'s ``chunk_progress``)."""
     for batch in batches:
-        yield batch, deid_isolated(ensemble, [it for it in batch if it.note is not None])
+        yield batch, deid_isolated(ensemble, [it for it in batch if it.note is not None],
+                                   on_chunk=on_chunk)
 
 
-def deid_isolated(ensemble: Any, items: Sequence[WorkItem]) -> list[Any]:
+def deid_isolated(ensemble: Any, items: Sequence[WorkItem], *,
+                  on_chunk: Callable[[int, int], None] | None = None) -> list[Any]:
     """Public name of :func:`_deid_isolated` (engines on other processes call it per batch)."""
-    return _deid_isolated(ensemble, items)
+    return _deid_isolated(ensemble, items, on_chunk=on_chunk)
 
 
-def _deid_isolated(ensemble: Any, items: Sequence[WorkItem]) -> list[Any]:
+def _takes_on_chunk(ensemble: Any) -> bool:
+    """Whether ``ensemble.deid`` reports a long note's chunks (an :class:`Ensemble` does; a
+    stand-in with ``deid(notes)`` alone does not)."""
+    try:
+        return "on_chunk" in inspect.signature(ensemble.deid).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _deid_isolated(ensemble: Any, items: Sequence[WorkItem], *,
+                   on_chunk: Callable[[int, int], None] | None = None) -> list[Any]:
     """Run the ensemble on a batch; if the batch fails, run notes one by one to isolate failures.
 
     Returns per item a NoteResult, or a PHI-free error message.
@@ -863,15 +885,16 @@ def _deid_isolated(ensemble: Any, items: Sequence[WorkItem]) -> list[Any]:
     if not items:
         return []
     notes = [it.note for it in items]
+    extra = {"on_chunk": on_chunk} if on_chunk is not None and _takes_on_chunk(ensemble) else {}
     try:
-        return list(ensemble.deid(notes))
+        return list(ensemble.deid(notes, **extra))
     except DphubError as e:
         if len(items) == 1:
             return [e.message]
     out: list[Any] = []
     for it in items:
         try:
-            out.append(ensemble.deid([it.note])[0])
+            out.append(ensemble.deid([it.note], **extra)[0])
         except DphubError as e:
             out.append(e.message)
     return out

@@ -9,6 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
+from dphub.ensemble.chunks import (
+    CHUNK_CHARS,
+    CHUNK_OVERLAP,
+    chunk_bounds,
+    chunk_note,
+    merge_chunk_spans,
+)
 from dphub.ensemble.manifest import (
     Manifest,
     MemberEntry,
@@ -71,6 +78,10 @@ class Ensemble:
 
     #: the encoder runtime of its model members (:mod:`dphub.runtime`); part of a run's settings
     runtime: str = "torch"
+    #: a note longer than this many characters is read in chunks of about this size, each with
+    #: ``chunk_overlap`` characters of context on each side (:mod:`dphub.ensemble.chunks`)
+    chunk_chars: int = CHUNK_CHARS
+    chunk_overlap: int = CHUNK_OVERLAP
 
     def __init__(self, slots: Sequence[Slot], rule: AggregateRule | str = "any") -> None:
         if not slots:
@@ -82,8 +93,54 @@ class Ensemble:
         self.rule = AggregateRule.parse(rule) if isinstance(rule, str) else rule
         self.rule.check(names)
 
-    def member_spans(self, notes: Sequence[Note]) -> list[dict[str, list[Span]]]:
+    def member_spans(self, notes: Sequence[Note], *,
+                     on_chunk: Callable[[int, int], None] | None = None
+                     ) -> list[dict[str, list[Span]]]:
         """Each member's spans per note, snapped to whole words and trimmed to the entity.
+
+        A note longer than :attr:`chunk_chars` is read chunk by chunk (:meth:`_chunked_spans`):
+        ``on_chunk(done, total)`` hears how many of its chunks are done (numbers only). Shorter
+        notes take the one-pass path (:meth:`_note_spans`) as they always did.
+        """
+        long = {i for i, n in enumerate(notes) if len(n.text) > self.chunk_chars}
+        if not long:
+            return self._note_spans(notes)
+        per_note: list[dict[str, list[Span]]] = [{} for _ in notes]
+        short = [i for i in range(len(notes)) if i not in long]
+        if short:
+            got = self._note_spans([notes[i] for i in short])
+            for i, spans in zip(short, got, strict=True):
+                per_note[i] = spans
+        for i in sorted(long):
+            per_note[i] = self._chunked_spans(notes[i], on_chunk)
+        return per_note
+
+    def _chunked_spans(self, note: Note, on_chunk: Callable[[int, int], None] | None
+                       ) -> dict[str, list[Span]]:
+        """One long note's member spans, read one chunk at a time (:mod:`dphub.ensemble.chunks`).
+
+        Each chunk goes through the one-pass path as a note of its own (normalised, snapped and
+        trimmed there); a span is kept from the chunk that owns its first character, shifted to
+        the note's offsets, and same-label spans that overlap across a cut are joined. Only one
+        chunk's working memory is alive at a time.
+        """
+        chunks = chunk_bounds(note.text, self.chunk_chars, self.chunk_overlap)
+        found: dict[str, list[tuple[int, Span]]] = {s.name: [] for s in self.slots}
+        if on_chunk is not None:
+            on_chunk(0, len(chunks))
+        for k, c in enumerate(chunks):
+            (by_member,) = self._note_spans([chunk_note(note, c, k)])
+            for name, spans in by_member.items():
+                found[name].extend(
+                    (k, replace(s, start=s.start + c.start, end=s.end + c.start))
+                    for s in spans if c.own_start <= s.start + c.start < c.own_end)
+            if on_chunk is not None:
+                on_chunk(k + 1, len(chunks))
+        return {name: merge_chunk_spans(kept) for name, kept in found.items()}
+
+    def _note_spans(self, notes: Sequence[Note]) -> list[dict[str, list[Span]]]:
+        """Each member's spans per note in one pass over the whole texts (see
+        :meth:`member_spans`).
 
         The one place every member's output passes through before aggregation, rendering and
         evaluation, so no output mode can cut a word in two or keep a title's period inside a
@@ -126,10 +183,12 @@ class Ensemble:
                 per_note[i][slot.name] = spans
         return per_note
 
-    def deid(self, notes: Sequence[Note]) -> list[NoteResult]:
+    def deid(self, notes: Sequence[Note], *,
+             on_chunk: Callable[[int, int], None] | None = None) -> list[NoteResult]:
+        """Merged spans per note; ``on_chunk`` as in :meth:`member_spans` (long notes)."""
         return [
             NoteResult(aggregate(by_member, self.rule), by_member)
-            for by_member in self.member_spans(notes)
+            for by_member in self.member_spans(notes, on_chunk=on_chunk)
         ]
 
 

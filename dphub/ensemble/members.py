@@ -144,8 +144,22 @@ class FixedMember:
     def tag(self, notes: Sequence[Note], threshold: float | None = None) -> list[list[Span]]:
         out = []
         for note in notes:
-            spans = self.spans_by_id.get(note.id, [])
+            spans = self.spans_by_id.get(note.id)
+            if spans is None:
+                spans = self._chunk_spans(note)
             if threshold is not None:
                 spans = [s for s in spans if (1.0 if s.score is None else s.score) >= threshold]
             out.append([Span(s.start, s.end, s.label, s.score, self.name) for s in spans])
         return out
+
+    def _chunk_spans(self, note: Note) -> list[Span]:
+        """A chunk of a long note (:mod:`dphub.ensemble.chunks`): the note's spans that fall in
+        it, clipped to it, in its offsets."""
+        from dphub.ensemble.chunks import CHUNK_OF
+
+        of = note.metadata.get(CHUNK_OF)
+        if not isinstance(of, dict) or of.get("id") not in self.spans_by_id:
+            return []
+        a, b = of["start"], of["end"]
+        return [Span(max(s.start, a) - a, min(s.end, b) - a, s.label, s.score, s.source)
+                for s in self.spans_by_id[of["id"]] if s.start < b and s.end > a]
