@@ -233,9 +233,6 @@ def _resolve_out(input_path: Path, out: Path | None, resume: bool) -> Path:
     return dflt
 
 
-KEY_RECIPE = "create one with `openssl rand -hex 32 > {} && chmod 600 {}`"
-
-
 def _preflight(input_path: Path, mode: str, key_file: Path | None,
                patient_id_from: str | None) -> bytes | None:
     """Check the run's own arguments before any member is loaded, and return the key.
@@ -252,8 +249,10 @@ def _preflight(input_path: Path, mode: str, key_file: Path | None,
     if mode != "surrogate":
         return None
     if key_file is None:
+        from dphub.render import key_recipe
+
         raise ConfigError("--mode surrogate needs --key-file FILE, a secret that seeds the "
-                          "surrogates; " + KEY_RECIPE.format("FILE", "FILE"))
+                          "surrogates; " + key_recipe())
     from dphub.render import load_key
 
     return load_key(key_file)

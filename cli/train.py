@@ -436,6 +436,7 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
     the command spells the training batch size (``--train-batch-size`` for distill).
     """
     from dphub.errors import PrivacyError
+    from dphub.hub.policy import policy_violation
     from dphub.train.plan import projected_epsilon, ways_to_reach
 
     def check(plan: Any, teachers: Any = ()) -> None:
@@ -462,6 +463,10 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
                 f"below {plan.num_units} makes each step cheaper", err=True,
             )
         hub, policy = _hub_policy(cfg)
+        unit_why = policy_violation(0.0, opts.privacy_unit, policy)  # the unit alone
+        if unit_why:  # a warning: a note- or sequence-level model may be meant for local use
+            typer.echo(f"warning: {unit_why} of the hub {hub} ({policy.describe()}): "
+                       "`dphub publish` to that hub will refuse this model", err=True)
         if eps <= policy.max_epsilon:
             return
         if allow:

@@ -297,8 +297,9 @@ class GradientCanaries:
             raise ConfigError(f"--canaries must be in [2, {MAX_GRADIENT_CANARIES}] for gradient "
                               f"canaries, got {count}")
         self.count = count
-        bits = secrets.randbits(count)
-        self.included = np.array([(bits >> i) & 1 for i in range(count)], dtype=bool)
+        bits = secrets.randbits(count)  # bit i: canary i included (linear time, any count)
+        raw = np.frombuffer(bits.to_bytes((count + 7) // 8, "little"), dtype=np.uint8)
+        self.included = np.unpackbits(raw, bitorder="little")[:count].astype(bool)
         self._rng = np.random.Generator(np.random.PCG64DXSM(secrets.randbits(128)))
         self.sums = np.zeros(count, dtype=np.float64)
         self.steps = 0

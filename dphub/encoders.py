@@ -77,7 +77,7 @@ def local_public_id(path: Path) -> str:
     if is_embedded_model(path):
         return DEFAULT_BASE_MODEL_ID
     name = path.resolve().name
-    if name in EMBEDDED_ALIASES or name == DEFAULT_BASE_MODEL_ID.rpartition("/")[2]:
+    if name in EMBEDDED_ALIASES:
         return LOCAL_ENCODER_ID
     return name
 

@@ -252,6 +252,12 @@ class BratRenderer(Renderer):
 # surrogates
 
 
+def key_recipe(path: str | os.PathLike[str] = "FILE") -> str:
+    """How to make a surrogate key file: private from its first byte (``umask 077`` in a
+    subshell), not made readable and then tightened by a later ``chmod``."""
+    return f"create one with `(umask 077; openssl rand -hex 32 > {path})`"
+
+
 def load_key(path: str | os.PathLike[str]) -> bytes:
     """Read the surrogate secret from ``path`` (surrounding whitespace stripped).
 
@@ -263,13 +269,13 @@ def load_key(path: str | os.PathLike[str]) -> bytes:
         key = p.read_bytes().strip()
     except FileNotFoundError:
         raise ConfigError(
-            f"key file {p} does not exist; create one, e.g. `openssl rand -hex 32 > {p}`"
+            f"key file {p} does not exist; {key_recipe(p)}"
         ) from None
     except OSError as exc:
         raise ConfigError(f"key file {p} cannot be read ({exc.strerror})") from None
     if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(f"key file {p} holds {len(key)} bytes; use at least {MIN_KEY_BYTES}, "
-                          f"e.g. `openssl rand -hex 32 > {p}`")
+        raise ConfigError(f"key file {p} holds {len(key)} bytes; use at least {MIN_KEY_BYTES}: "
+                          f"{key_recipe(p)}")
     return key
 
 

@@ -311,15 +311,14 @@ class Renderer:
     """
 
     def __init__(self, mode: str, key: bytes | None = None, **options: Any) -> None:
-        from dphub.render import RENDERERS
+        from dphub.render import RENDERERS, key_recipe
 
         if mode not in MODES:
             raise ConfigError(f"unknown output mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode == "surrogate":
             if key is None:
                 raise ConfigError("surrogate mode needs --key-file FILE (a secret key for "
-                                  "consistent surrogates); create one with `openssl rand -hex "
-                                  "32 > FILE && chmod 600 FILE`")
+                                  "consistent surrogates); " + key_recipe())
             options = {**options, "key": key}
         try:
             self._renderer = RENDERERS[mode](**options)

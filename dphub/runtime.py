@@ -21,8 +21,9 @@ is never run: (1) the cache directories must belong to the user and be writable 
 (else one :class:`~dphub.errors.ModelError`); (2) ``meta.json`` records, for each ``.onnx``
 file, an HMAC-SHA256 under a per-user secret key (:func:`cache_key_path`, 0600, kept in the
 dphub home directory, not in the cache, so a cache copied or planted from elsewhere does not
-verify), bound to the encoder digest and the runtime; the session is built from the very bytes
-that were verified; (3) the session must reproduce the PyTorch encoder on a fixed probe batch
+verify), bound to the encoder digest and the runtime; a cached session is built from the very
+bytes that were verified (an int8 graph is quantized from the fp32 file just after that file's
+MAC verified, inside the user's private 0700 directory); (3) the session must reproduce the PyTorch encoder on a fixed probe batch
 (fp32: max abs difference; int8: cosine similarity). A file that fails (1)-(3), is unreadable or
 is corrupt is rebuilt, with a warning naming its path; if a fresh build still fails the probe
 the load is refused with a :class:`~dphub.errors.ModelError`. ONNX files are protobuf, nothing is

@@ -234,6 +234,28 @@ def test_projected_epsilon_above_the_policy_refuses_to_start(
     assert "projected ε = 9.705" in err and err.endswith("error: reached the first step\n")
 
 
+def test_a_unit_weaker_than_the_policy_is_said_before_the_first_step(
+    tmp_path: Path, corpus: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sequence-level run under a patient-level policy: said before training, not after."""
+    import dphub.train.run as run
+    from dphub.errors import DphubError
+
+    monkeypatch.setenv("DPHUB_HUB", str(tmp_path / "hub"))
+
+    def first_step(*a, **k):
+        raise DphubError("reached the first step")
+
+    monkeypatch.setattr(run, "TrainLoop", first_step)
+    assert main(["train", str(corpus), "--out", "m", "--base-model", str(tiny_base_model),
+                 "--warm-start", "none", "--noise", "5", "--privacy-unit", "sequence"]) == 2
+    err = capsys.readouterr().err
+    warning = "warning: privacy unit sequence is weaker than the policy's minimum patient"
+    assert warning in err
+    assert err.index(warning) < err.index("error: reached the first step")
+
+
 @pytest.mark.parametrize("dp", [True, False])
 def test_diverging_training_stops_with_one_error_line(
     tmp_path: Path, corpus: Path, tiny_base_model: Path, capsys: pytest.CaptureFixture[str],

@@ -1001,14 +1001,14 @@ def _training_start(meta: dict[str, Any], cfg: dict[str, Any], hyper: dict[str, 
     if hyper.get("warm_start") != "synth":
         return None
     from dphub.io import cache_root
-    from dphub.train.warmstart import WarmStartConfig, cache_key
+    from dphub.train.warmstart import WARM_START_SEED, WarmStartConfig, cache_key
 
     try:
         ws = WarmStartConfig(max_length=int(hyper["max_length"]), stride=int(hyper["stride"]),
                              rule_features=bool(hyper.get("rule_features")),
                              encoder_layers=hyper.get("encoder_layers"))
         key = cache_key(base_dir, str(meta.get("base_model")), str(hyper["label_schema"]),
-                        str(hyper["head"]), ws, int(hyper["seed"]))
+                        str(hyper["head"]), ws, WARM_START_SEED)  # one warm start for every --seed
     except (KeyError, TypeError, ValueError):
         return None
     target = cache_root() / "warmstart" / key
@@ -1160,7 +1160,7 @@ def _pretrain_steps(model_dir: Path, notes: list[Any], hyper: dict[str, Any]) ->
             return None
         id2label = check_config(model_dir)["id2label"]
         tags = [id2label[k] for k in sorted(id2label, key=int)]
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
         examples = encode_notes(notes, tokenizer, tags, str(hyper["label_schema"]),
                                 max_length=max_length, stride=stride, unit="sequence")
     except (TypeError, ValueError, KeyError, OSError):
