@@ -102,7 +102,7 @@ from typing import Any, ClassVar
 from dphub.errors import ConfigError, InputError
 from dphub.labels import category_of, fine_of
 from dphub.notes import Note, Span, merge_overlapping
-from dphub.textnorm import normalized_text
+from dphub.textnorm import NormalizedText, normalize, normalized_text
 
 __all__ = [
     "RENDERERS",
@@ -629,6 +629,19 @@ def _in_a_measurement(text: str, start: int, end: int) -> bool:
     return False
 
 
+def _span_in_a_measurement(text: str, norm: NormalizedText | None, span: Span) -> bool:
+    """:func:`_in_a_measurement` for the span's stripped value, on the note as members read it:
+    the surrogate is drawn from the normalised value, so its neighbours are judged normalised
+    too (``BP 1<U+200B>2<U+200B>0/80``: ``120`` is a blood pressure, not an age)."""
+    if norm is None:
+        read, (start, end) = text, (span.start, span.end)
+    else:
+        read, (start, end) = norm.text, norm.from_original(span.start, span.end)
+    value = read[start:end]
+    start += len(value) - len(value.lstrip())
+    return _in_a_measurement(read, start, start + len(value.strip()))
+
+
 def _is_measurement(text: str) -> bool:
     return _MEASURE_RE.fullmatch(text) is not None
 
@@ -860,6 +873,7 @@ class SurrogateRenderer(Renderer):
         # patient, category and value): repeated mentions reuse it instead of re-seeding Faker,
         # which dominated long notes (one draw per mention, ~1 ms each)
         memo: dict[tuple[str, str], str] = {}
+        norm = normalize(note.text) if merged else None  # None: the text reads as written
 
         def replacement(span: Span) -> str:
             # the value as members read it: no invisible characters, fullwidth digits as ASCII
@@ -869,8 +883,7 @@ class SurrogateRenderer(Renderer):
                 return raw
             lead = raw[: len(raw) - len(raw.lstrip())]
             trail = raw[len(raw.rstrip()) :]
-            start = span.start + len(lead)
-            if _in_a_measurement(note.text, start, start + len(core)):
+            if _span_in_a_measurement(note.text, norm, span):
                 return lead + _mask(span.label) + trail
             k = (span.label, core)
             if k not in memo:

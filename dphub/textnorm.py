@@ -139,9 +139,11 @@ class NormalizedText:
     original_length: int
     pieces: tuple[tuple[int, int, int, int], ...]
     _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _original_starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_starts", tuple(p[0] for p in self.pieces))
+        object.__setattr__(self, "_original_starts", tuple(p[2] for p in self.pieces))
 
     def _locate(self, pos: int) -> tuple[int, int]:
         """Original ``[start, end)`` of normalised character ``pos``."""
@@ -157,6 +159,22 @@ class NormalizedText:
     def to_original(self, start: int, end: int) -> tuple[int, int]:
         """The original range covered by normalised ``[start, end)`` (``start < end``)."""
         return self._locate(start)[0], self._locate(end - 1)[1]
+
+    def from_original(self, start: int, end: int) -> tuple[int, int]:
+        """The normalised range that original ``[start, end)`` reads as (``start < end``); a
+        piece cut by a boundary counts whole. Where the renderer looks at a span's neighbours
+        as members read them (``1<U+200B>20/80``: the span ``20`` is part of a measurement)."""
+        return self._from_original(start, at_end=False), self._from_original(end, at_end=True)
+
+    def _from_original(self, pos: int, *, at_end: bool) -> int:
+        c = pos - 1 if at_end else pos  # the original character this boundary belongs to
+        k = bisect.bisect_right(self._original_starts, c) - 1
+        if k < 0:
+            return pos
+        n0, length, a, b = self.pieces[k]
+        if c < b:  # inside piece k
+            return n0 + length if at_end else n0
+        return n0 + length + (pos - b)
 
     def spans_to_original(self, spans: Sequence[Span]) -> list[Span]:
         """``spans`` (on :attr:`text`) in original offsets; invalid spans are left unchanged

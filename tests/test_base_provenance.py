@@ -241,13 +241,9 @@ def public_base(tiny_embedded: Path, tmp_path: Path) -> Path:
     return out
 
 
-def test_forged_public_card_on_a_local_only_model_is_refused(
-        tiny_embedded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The issue's repro: dphub's own card helpers turn a local-only model (no DP, the owner's
-    notes) into a "public synthetic" base; its training record gives it away."""
-    local = _train(tmp_path, "local", None, no_dp=True, noise=None, local_only=True)
-    with pytest.raises(PublishRefused, match="LOCAL ONLY"):
-        check_publishable(local)
+def _forge_public_card(local: Path) -> None:
+    """Rewrite a local-only model's card as a public-synthetic base's, bound to its weights
+    (what dphub's own card helpers allow)."""
     meta = load_card(local).meta
     notes = synth.generate(12, kind="realistic-nursing", seed=0)
     forged = card_meta(
@@ -259,6 +255,16 @@ def test_forged_public_card_on_a_local_only_model_is_refused(
         dataset_block(notes, name=SYNTH_DATASET), base_model=meta["base_model"],
         extra_tags=("public-data-only", "synthetic-data"))
     write_card(local, forged)
+
+
+def test_forged_public_card_on_a_local_only_model_is_refused(
+        tiny_embedded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's repro: dphub's own card helpers turn a local-only model (no DP, the owner's
+    notes) into a "public synthetic" base; its training record gives it away."""
+    local = _train(tmp_path, "local", None, no_dp=True, noise=None, local_only=True)
+    with pytest.raises(PublishRefused, match="LOCAL ONLY"):
+        check_publishable(local)
+    _forge_public_card(local)
     with pytest.raises(PublishRefused, match="a public-synthetic card needs the training record"):
         check_publishable(local)
     # and `dphub card validate` says so too, as publish and pull do
@@ -271,6 +277,31 @@ def test_forged_public_card_on_a_local_only_model_is_refused(
 
     with pytest.raises(GateViolation, match="a public-synthetic card needs the training record"):
         check_shareable(local)
+
+
+def test_forged_public_member_is_no_free_teacher_of_a_dp_student(
+        tiny_embedded: Path, public_base: Path, tmp_path: Path) -> None:
+    """A local-only model (no DP, these patients) with a card rewritten to "public synthetic,
+    ε 0" would be left out of a DP student's composition, so the student's card would not count
+    what it leaked: `distill --dp` checks the training record as the gate does. A genuine
+    public base stays out of the composition (no patients)."""
+    from dphub.ensemble.core import Ensemble, Slot
+    from dphub.ensemble.distill import distill, local_options, teacher_lineage
+    from dphub.ensemble.members import ModelMember
+    from dphub.errors import ConfigError
+
+    local = _train(tmp_path, "local", None, no_dp=True, noise=None, local_only=True)
+    _forge_public_card(local)
+    forged = Ensemble([Slot(ModelMember.load(local, "forged"), None, 0.0)])
+    out = tmp_path / "student"
+    opts = local_options(T.TrainOptions(out=out, base_model=None, warm_start="none"), dp=True)
+    notes = synth.generate(4, kind="nursing", seed=1, patients=2)
+    with pytest.raises(ConfigError, match="member 'forged' claims public synthetic training data"
+                                          ".*a public-synthetic card needs the training record"):
+        distill(forged, notes, opts)
+    assert not out.exists()
+    genuine = Ensemble([Slot(ModelMember.load(public_base, "base"), None, 0.0)])
+    assert teacher_lineage(genuine, "patient") == []
 
 
 def test_genuine_public_base_passes_and_its_record_is_checked(public_base: Path,

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,50 @@ def _student_slot(path: Path, name: str = "s1") -> Slot:
     dp = load_card(path).dp
     return Slot(ModelMember.load(path, name), None, dp["epsilon"], dp["privacy_unit"],
                 None, None, dp["delta"])
+
+
+def test_dp_student_appears_only_with_its_final_card(
+        notes: list[Note], tiny_base_model: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure between training and the card's composition (a kill, a full disk, a card that
+    does not validate) leaves no model at ``out``: a card there would claim the run's ε alone,
+    understating a composed student's (issue 31 #1). --force keeps the previous model."""
+    from dphub.ensemble import distill as D
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(D, "_amend_dp_card", fail)
+    out = tmp_path / "models" / "student"
+    opts = local_options(_opts(tiny_base_model, out, batch_size=2), dp=True)
+    with pytest.raises(OSError, match="No space left"):
+        distill(_rules(), notes, opts)
+    assert not out.exists()
+    _only_model_dir_beside(out)  # and no temp directory with the training notes
+    monkeypatch.undo()
+    distill(_rules(), notes, opts)
+    before = load_card(out).meta
+    monkeypatch.setattr(D, "_amend_dp_card", fail)
+    with pytest.raises(OSError, match="No space left"):
+        distill(_rules(), notes, replace(opts, force=True))
+    assert load_card(out).meta == before  # the previous, complete model is still in place
+
+
+def test_interrupted_distillation_resumes_from_its_checkpoint(
+        notes: list[Note], tiny_base_model: Path, tmp_path: Path) -> None:
+    """The last round trains in a private directory, but its checkpoints stay beside ``out``
+    (where `dphub train` keeps them), so --resume continues it."""
+    out = tmp_path / "student"
+    opts = local_options(_opts(tiny_base_model, out, noise=None, batch_size=2,
+                               checkpoint_every=1, _stop_after=1), dp=False,
+                         explicit={"batch_size"})
+    with pytest.raises(KeyboardInterrupt):
+        distill(_rules(), notes, opts)
+    assert not out.exists() and (tmp_path / ".student.ckpt").is_dir()
+    res = distill(_rules(), notes, replace(opts, _stop_after=None, resume=True))
+    assert res.out_dir == out and res.train.steps > 1
+    validate_card(out)
+    _only_model_dir_beside(out)
 
 
 def test_second_dp_distillation_composes_the_first_student(

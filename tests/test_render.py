@@ -437,6 +437,33 @@ def test_surrogates_never_rewrite_clinical_numbers(
     assert _render_marked(text, marks) == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "marks", "expected"),
+    [
+        # invisible characters inside or beside the span: judged as members read the note
+        ("BP 1\u200b2\u200b0/80", [("1\u200b2\u200b0", "AGE")], "BP [**AGE**]/80"),
+        ("BP 120\u200b/80", [("120", "AGE")], "BP [**AGE**]\u200b/80"),
+        ("BP 153/\u200b\u200b98", [("98", "AGE")], "BP 153/\u200b\u200b[**AGE**]"),
+        ("metoprolol 1\u200b2\u200b5 mg", [("1\u200b2\u200b5", "IDNUM")], "metoprolol [**ID**] mg"),
+        ("heparin 5000\u200b units", [("5000", "IDNUM")], "heparin [**ID**]\u200b units"),
+        ("pt 95\u200b kg", [("95", "AGE")], "pt [**AGE**]\u200b kg"),
+        # the same without them: unchanged
+        ("BP 120/80", [("120", "AGE")], "BP [**AGE**]/80"),
+        ("BP 153/98", [("98", "AGE")], "BP 153/[**AGE**]"),
+        ("aged 98 today", [("98", "AGE")], "aged 90+ today"),
+        # a real age with an invisible character is still an age
+        ("aged 9\u200b8 today", [("9\u200b8", "AGE")], "aged 90+ today"),
+        ("aged \u200b98 today", [("98", "AGE")], "aged \u200b90+ today"),
+    ],
+)
+def test_measurements_are_recognised_through_invisible_characters(
+    text: str, marks: list[tuple[str, str]], expected: str
+) -> None:
+    """The renderer draws a surrogate from the normalised value, so the measurement test must
+    read the normalised note too: ``BP 1<U+200B>2<U+200B>0/80`` became ``BP 90+/80``."""
+    assert _render_marked(text, marks) == expected
+
+
 def test_real_dates_ages_and_codes_still_get_surrogates() -> None:
     text = ("Seen 7/22/2094 and in 1994 and '92, aged 98, 45 yo, call 617-555-1234, MRN 1234567, "
             "on 7/22.")

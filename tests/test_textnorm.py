@@ -224,3 +224,28 @@ def test_mapping_is_monotonic_in_bounds_and_normalising_twice_changes_nothing(
         last = (a, b)
     if n.text:
         assert n.spans_to_original([Span(0, len(n.text), "NAME")])[0].end <= len(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a", "1", " ", "/", ZW, "\u00ad", "\ufeff", "\x1b[31m", "\u043e",
+                                 "\uff15", "\u0301", "\ufb01", "\u2488", "\u00b2", "\x00"]),
+                max_size=20))
+def test_original_offsets_map_to_the_normalised_range_they_read_as(parts: list[str]) -> None:
+    """from_original inverts to_original: a range of the normalised text, taken to the original
+    and back, is itself, or grows only to the whole of an NFKC-expanded character."""
+    text = "".join(parts)
+    n = normalize(text)
+    if n is None:
+        return
+    for i in range(len(n.text)):
+        for j in range(i + 1, len(n.text) + 1):
+            a, b = n.to_original(i, j)
+            i2, j2 = n.from_original(a, b)
+            assert i2 <= i and j <= j2 and n.to_original(i2, j2) == (a, b)
+
+
+def test_a_span_with_invisible_characters_reads_as_its_visible_value() -> None:
+    text = f"BP 1{ZW}2{ZW}0/80"
+    n = normalize(text)
+    assert n is not None and n.from_original(3, 8) == (3, 6) and n.from_original(8, 11) == (6, 9)
+    assert n.from_original(4, 5) == (4, 4)  # the zero-width space alone reads as nothing

@@ -34,13 +34,16 @@ or does not belong to its weights), the run is refused before any labelling.
 Where text goes: the pseudo-labelled training notes are written to a fresh 0700 directory beside
 the output (files 0600 via :func:`dphub.io.atomic_open`), read by the training, and removed when
 the run ends, failed or not. Nothing is printed or logged but counts; the model directory is built
-under a temp name (0700) and renamed into place only when training completed.
+in that directory (0700) and renamed into place only when training completed and its card is
+final (a DP student's teachers composed): ``out`` never holds a card claiming less than the
+composition.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 import shutil
 import tempfile
@@ -53,6 +56,7 @@ from dphub.ensemble.core import Ensemble, Slot
 from dphub.errors import ConfigError, InputError
 from dphub.notes import Note, Span, merge_overlapping
 from dphub.train import TrainOptions, TrainResult
+from dphub.train.checkpoints import checkpoint_dir_for
 from dphub.train.plan import PrivacyPlan
 from dphub.train.results import ProgressFn
 
@@ -251,15 +255,25 @@ def distill(
             round_spans.append(sum(len(n.spans) for n in pseudo))
             train_notes = combine_labels(pseudo, labelled)
             last = r == rounds
-            o = replace(opts, out=out if last else work / f"student-{r}", force=opts.force and last)
+            # every round trains into the private workdir; the last one's checkpoints (and its
+            # run log) live where `dphub train --out OUT` keeps them, so --resume finds them
+            ckpt = (opts.checkpoint_dir or checkpoint_dir_for(out)) if last \
+                else opts.checkpoint_dir
+            o = replace(opts, out=work / f"student-{r}", force=False, checkpoint_dir=ckpt)
             result = _train_on(train_notes, o, work, f"round-{r}", on_progress, plan_cb)
             if not last:
                 teacher = _with_student(ensemble, work / f"student-{r}", r)
         assert result is not None
-    claim: dict[str, Any] = {}
-    if not opts.no_dp:
-        claim = _amend_dp_card(out, teachers, calibrated=_has_calibrated_thresholds(ensemble),
-                               rules=_has_rule_member(ensemble))
+        student = work / f"student-{rounds}"
+        claim: dict[str, Any] = {}
+        if not opts.no_dp:
+            # the card is complete (teachers composed, caveats added) before the directory
+            # appears at `out`: a crash in between leaves no card claiming this run's ε alone
+            claim = _amend_dp_card(student, teachers,
+                                   calibrated=_has_calibrated_thresholds(ensemble),
+                                   rules=_has_rule_member(ensemble))
+        _move_into_place(student, out, force=opts.force)
+    result.out_dir = out
     return OwnerResult(
         out_dir=out, train=result, notes=len(train_notes), gold_notes=len(labelled),
         pseudo_notes=len(unlabelled),
@@ -267,6 +281,22 @@ def distill(
         round_spans=round_spans, epsilon=claim.get("epsilon", result.epsilon),
         delta=claim.get("delta", result.delta), teachers=teachers,
     )
+
+
+def _move_into_place(tmp: Path, out: Path, *, force: bool) -> None:
+    """Rename the finished model directory to ``out`` (one rename on the same filesystem;
+    a previous model directory is replaced with ``force``, as ``dphub train --force`` does)."""
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ConfigError(f"{out}: output directory exists and is not empty (use --force)")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    if out.exists():
+        out.rmdir()
+    os.replace(tmp, out)
 
 
 def _plan_with_teachers(on_plan: PlanFn, teachers: Sequence[dict[str, Any]],
@@ -315,11 +345,14 @@ def _teacher_card(name: str, path: Path) -> dict[str, Any]:
 
     The ε composed is the card's claim, so the card must hold up: schema and recomputed
     accounting (:func:`dphub.card.validate_meta`), and its ``weights_sha256`` equal to the
-    weights this member runs. Otherwise what the teacher saw is unknown: refused.
+    weights this member runs; a card claiming public synthetic data only, the training record
+    the publish gate checks (:func:`dphub.hub.gate.public_provenance_problems`). Otherwise what
+    the teacher saw is unknown: refused.
     """
-    from dphub.card import load_card, validate_meta
+    from dphub.card import is_public_model, load_card, validate_meta
     from dphub.errors import DphubError
     from dphub.hub.common import file_sha256
+    from dphub.hub.gate import public_provenance_problems
 
     why = f"--dp: cannot state the composition with member {name!r}"
     try:
@@ -334,6 +367,15 @@ def _teacher_card(name: str, path: Path) -> dict[str, Any]:
     if sha is not None and (not weights.is_file() or file_sha256(weights) != sha):
         raise ConfigError(f"{why}: its card does not describe its weights (weights_sha256 "
                           "differs); remove it from the ensemble")
+    if is_public_model(dp):
+        # a public member is left out of the composition: its claim must hold up as the
+        # publish gate checks it, or a rewritten card would make a model trained on these
+        # patients without DP a free teacher
+        problems = public_provenance_problems(path, card.meta)
+        if problems:
+            raise ConfigError(f"--dp: member {name!r} claims public synthetic training data "
+                              f"that its training record does not bear out ({problems[0]}); "
+                              "remove it from the ensemble")
     return dp
 
 
@@ -341,8 +383,8 @@ def teacher_lineage(ensemble: Ensemble, unit: str, *,
                     disjoint: Collection[str] = ()) -> list[dict[str, Any]]:
     """The lineage entries of a DP student's teachers: every member that holds private data.
 
-    Members with ε 0 hold none (the rule member; a public-synthetic base, checked on its card)
-    and are left out. Every other member may have been trained on the student's patients: dphub
+    Members with ε 0 hold none (the rule member; a public-synthetic base, checked on its card
+    and its training record) and are left out. Every other member may have been trained on the student's patients: dphub
     records no data provenance it could compare, so it is ``composed`` unless named in
     ``disjoint`` (the trainer's declaration, recorded). Raises :class:`ConfigError` when the
     composition cannot be stated: no δ or unit, a composed teacher protecting a finer unit than
