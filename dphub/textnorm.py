@@ -13,12 +13,16 @@ The normalisation (:func:`normalize`):
   hyphen, BOM, bidirectional controls, tag characters), the Hangul filler letters (invisible
   letters), variation selectors, and control characters other than tab, newline, vertical tab,
   form feed, carriage return and NEL;
-* removes terminal escape sequences whole (CSI such as ``ESC[31m``, OSC, two-character escapes);
+* removes terminal escape sequences (CSI such as ``ESC[31m``, two-character escapes) but never
+  a letter or digit a reader sees as part of a word (``ESC[John``, ``ESC5551234567``), and
+  keeps the text of an OSC string (a title, a hyperlink): see :func:`_escape_text`;
 * applies NFKC to each character together with its combining marks (fullwidth and mathematical
   letters and digits become ASCII, ``ﬁ`` becomes ``fi``), then drops combining marks that NFKC
   could not compose into a letter (``J̵ohn``); symbols (``™``), fractions (``½``), the micro
-  sign and superscripts after a letter or digit (``10³/µL``, ``m²``) are kept as written, so
-  ordinary clinical text reads as before; decimal digits of other scripts become ASCII digits;
+  sign and superscripts after a letter, or after a digit before ``/`` (``m²``, ``10³/µL``) are
+  kept as written, so ordinary clinical text reads as before (a superscript run elsewhere in a
+  number, ``5⁵⁵-¹²³-⁴⁵⁶⁷``, reads as digits); decimal digits of other scripts become ASCII
+  digits;
 * maps Cyrillic, Greek and Armenian letters that look like Latin ones to those Latin letters, in
   words made only of Latin letters and such look-alikes (``Јоhn``, an all-Cyrillic ``ТОМ``), so
   a word really written in another script (``Иван``) is left alone.
@@ -79,11 +83,15 @@ _ASCII_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 #: after an ASCII letter are joined to it in :func:`normalize`). Every branch starts with a
 #: character outside printable ASCII, so the scan skips plain text quickly.
 _UNIT = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]"  # CSI (ESC[31m), 8-bit CSI
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC (titles, hyperlinks)
-    r"|\x1b[ -/]*[0-~]"  # other escapes (ESC(B, ESC=)
+    # CSI (ESC[31m, 8-bit CSI): parameters are short numbers (a phone number is no parameter),
+    # then intermediates and one final byte; see :func:`_escape_text` for what is kept
+    r"(?:\x1b\[|\x9b)[<=>?]?(?:[0-9]{1,4}(?![0-9])|[;:])*[ -/]*[@-~]"
+    r"|\x1b[ -/]*[0-~]"  # other escapes (ESC(B, ESC=, ESC], ST ESC\, ESC[ alone)
     f"|[^\\t\\n\\x0b\\x0c\\r\\x20-\\x7e][{_MARKS}\U000e0100-\U000e01ef]*"
 )
+#: what opens and closes an OSC string (window titles, hyperlinks): its text stays readable
+_OSC_OPEN = frozenset(("\x1b]", "\x9d"))
+_OSC_CLOSE = frozenset(("\x07", "\x1b\\", "\x9c"))
 _LOOKALIKE = re.compile(f"[{''.join(CONFUSABLES)}]")
 #: a letter run that holds a look-alike letter
 _LOOKALIKE_WORD = re.compile(f"[^\\W\\d_]*[{''.join(CONFUSABLES)}][^\\W\\d_]*")
@@ -105,22 +113,87 @@ def _dropped(c: str) -> bool:
     return cat == "Cf" or (cat == "Cc" and c not in _KEPT_CONTROLS)
 
 
-def _kept_as_written(c: str, after_alnum: bool) -> bool:
+def _kept_as_written(c: str, as_unit: bool) -> bool:
     """Characters NFKC would change that keep their meaning as written: symbols ("™" is no
     "TM" glued to the word before it), fractions ("½"), the micro sign (NFKC makes it Greek),
-    and superscripts or subscripts right after a letter or digit ("10³/µL", "m²"); standing
-    alone, a run of superscript digits is read as digits (a disguised phone number)."""
+    and superscripts or subscripts where they read as an exponent or index (``as_unit``, see
+    :func:`_super_reads_as_unit`); elsewhere a run of superscript digits is read as digits (a
+    disguised phone number)."""
     if c == "\u00b5" or unicodedata.category(c)[0] == "S":
         return True
     tag = unicodedata.decomposition(c)
-    return tag.startswith("<fraction>") or (after_alnum and tag.startswith(("<super>", "<sub>")))
+    return tag.startswith("<fraction>") or (as_unit and tag.startswith(("<super>", "<sub>")))
+
+
+def _is_super(c: str) -> bool:
+    return unicodedata.decomposition(c).startswith(("<super>", "<sub>"))
+
+
+def _super_reads_as_unit(text: str, pos: int, last: str) -> bool:
+    """Whether the run of superscripts or subscripts at ``pos``, after the character ``last``
+    read just before it, is an exponent or index kept as written: right after a letter
+    (``m²``, ``CO₂``), or after a digit when a ``/`` follows the run (``10³/µL``). A run
+    after a digit that goes on otherwise (``5⁵⁵-¹²³-⁴⁵⁶⁷``, ``555-12³-4567``) is read as
+    digits: in a number it disguises digits far more often than it writes a power."""
+    if not last.isascii() or not last.isalnum():
+        return False
+    if last.isalpha():
+        return True
+    while pos < len(text) and (_is_super(text[pos]) or _MARK_RE.match(text, pos)):
+        pos += 1
+    return text.startswith("/", pos)
+
+
+def _escape_text(unit: str, nxt: str) -> str:
+    """What members read of an escape sequence ``unit``: never a letter or digit that a reader
+    of the note sees as part of a word (issue 31.9, review).
+
+    A terminal would swallow the byte after ``ESC`` or the final byte of a CSI, but a note is
+    read in a viewer, where ``ESC[John`` shows ``[John`` and ``ESC5551234567`` the whole
+    number; dropping that character would hide the name or leave the first digit unmasked.
+    So:
+
+    * ``ESC`` + a letter or digit (``ESCJohn``; also the real ``ESC7``, ``ESCc``): only ``ESC``
+      goes; with intermediates (``ESC(B``) the sequence goes whole unless its final letter or
+      digit begins a word (``ESC(John)`` keeps ``(John``). ``nxt`` is the next character read;
+    * a CSI goes whole when it has the standard shape with short numeric parameters
+      (``ESC[31m``, ``ESC[2K``, ``ESC[?25l``, also ``ESC[0m`` inside a word); one with no
+      numeric parameter, or with intermediates, whose final byte is a letter beginning a word
+      (``ESC[John``, 8-bit ``CSI John``) loses only its introducer, except the colour reset
+      ``ESC[m`` (the commonest sequence, often glued to the next word), which goes whole. The
+      cost: a real parameterless sequence glued to a word (``ESC[KDone``) leaves its letter
+      (``KDone``), and ``ESC[mary`` reads ``ary``. A ``[`` not followed by such a sequence
+      (``ESC[555-123-4567``: a phone number is no parameter) loses only ``ESC[``;
+    * an OSC string (a window title, a hyperlink) keeps its text: only its introducer and its
+      BEL or ST terminator go, each read as a space so that the text does not glue to the
+      words around it.
+    """
+    csi = unit[0] == "\x9b" or (unit.startswith("\x1b[") and len(unit) > 2)
+    body = unit[2:] if csi and unit[0] == "\x1b" else unit[1:]
+    final = body[-1:]
+    if not (final.isascii() and final.isalnum()):
+        return ""
+    if not csi:  # ESC + letter or digit; after intermediates, only where it begins a word
+        return body if len(body) == 1 or nxt.isalnum() else ""
+    params = body[:-1]  # a CSI's final byte is never a digit
+    if body == "m":  # ESC[m: the colour reset, the commonest sequence of all, goes whole
+        return ""
+    if nxt.isalpha() and (not any(c.isdigit() for c in params)
+                          or any(" " <= c <= "/" for c in params)):
+        return body
+    return ""
+
+
+def _next_read(text: str, pos: int) -> str:
+    """The first character from ``pos`` that is not dropped ("" at the end)."""
+    while pos < len(text) and _dropped(text[pos]):
+        pos += 1
+    return text[pos : pos + 1]
 
 
 @lru_cache(maxsize=4096)
-def _unit_text(unit: str, after_alnum: bool) -> str:
-    if unit[0] in "\x1b\x9b" and len(unit) > 1 and not _MARK_RE.match(unit[1]):
-        return ""  # an escape sequence
-    text = unit if _kept_as_written(unit[0], after_alnum) else unicodedata.normalize("NFKC", unit)
+def _unit_text(unit: str, as_unit: bool) -> str:
+    text = unit if _kept_as_written(unit[0], as_unit) else unicodedata.normalize("NFKC", unit)
     # decimal digits of any script ("٥٥٥", "५५५") read as ASCII digits
     return "".join(str(unicodedata.digit(c)) if c.isdecimal() and not c.isascii() else c
                    for c in text if not _dropped(c))
@@ -199,6 +272,7 @@ def normalize(text: str) -> NormalizedText | None:
     pos = 0  # original position copied up to
     npos = 0  # length of the normalised text so far
     run_end, run_kept = -1, False  # the superscript run the next character may continue
+    osc_open = False  # inside an OSC string: its BEL or ST terminator reads as a space
     for m in _UNIT.finditer(text):
         a, b = m.span()
         if a > pos and _MARK_RE.match(text, a):
@@ -207,13 +281,26 @@ def normalize(text: str) -> NormalizedText | None:
             parts.append(text[pos:a])
             npos += a - pos
         if a == run_end:  # a run of superscripts is read one way: "⁵⁵⁵" as "555", "10²³" kept
-            after_alnum = run_kept
-        else:
+            as_unit = run_kept
+        elif _is_super(text[a]):
             last = parts[-1][-1] if parts else ""  # the character read just before this one
-            after_alnum = last.isascii() and last.isalnum()
-        out = _unit_text(text[a:b], after_alnum)
-        if unicodedata.decomposition(text[a]).startswith(("<super>", "<sub>")):
-            run_end, run_kept = b, after_alnum
+            as_unit = _super_reads_as_unit(text, a, last)
+        else:
+            as_unit = False
+        unit = text[a:b]
+        if unit[0] in "\x1b\x9b" and len(unit) > 1 and not _MARK_RE.match(unit[1]):
+            out = " " if unit in _OSC_OPEN or (osc_open and unit in _OSC_CLOSE) else \
+                _escape_text(unit, _next_read(text, b))
+        elif unit in _OSC_OPEN or (osc_open and unit in _OSC_CLOSE):
+            out = " "  # a title or link text and the text around it stay apart
+        else:
+            out = _unit_text(unit, as_unit)
+        if unit in _OSC_OPEN:
+            osc_open = True
+        elif unit in _OSC_CLOSE:
+            osc_open = False
+        if _is_super(text[a]):
+            run_end, run_kept = b, as_unit
         if out:
             parts.append(out)
         if len(out) != b - a:

@@ -50,6 +50,22 @@ CASES = {
         {ord(d): 0x0660 + int(d) for d in "0123456789"}), ["John", "Smith", "555-123-4567"]),
 }
 
+#: escapes that ate note text (review of 31.9): (note text, the PHI as written in the note)
+ESCAPE_CASES = {
+    "osc-payload": ("Pt seen. \x1b]0;Call John Smith at 555-123-4567\x07 ok",
+                    ["John", "Smith", "555-123-4567"]),
+    "osc-st-payload": ("Pt seen. \x1b]2;John Smith 555-123-4567\x1b\\ ok",
+                       ["John", "Smith", "555-123-4567"]),
+    "esc-letter": ("Call \x1bJohn \x1bSmith at 555-123-4567", ["John", "Smith"]),
+    "esc-digit": ("Call John Smith at \x1b555-123-4567", ["555-123-4567"]),
+    "csi-letter": ("Call \x1b[John \x1b[Smith at 555-123-4567", ["John", "Smith"]),
+    "csi8-letter": ("Call \x9bJohn \x9bSmith at 555-123-4567", ["John", "Smith"]),
+    # a phone number is no CSI parameter: only "ESC[" goes
+    "csi-digits": ("Call John Smith at \x1b[555-123-4567 or \x1b[5551234567m",
+                   ["555-123-4567", "5551234567"]),
+}
+CASES.update(ESCAPE_CASES)
+
 
 def _visible(s: str) -> str:
     """What a reader sees: the note with escapes and invisible characters gone, NFKC, Latin."""
@@ -78,6 +94,69 @@ def test_rule_member_hides_invisible_and_lookalike_phi(case: str) -> None:
         assert 0 <= s.start < s.end <= len(text)
     hidden = "".join(text[s.start : s.end] for s in res.spans)
     assert all(_visible(p) in _visible(hidden) for p in phi), case
+
+
+@pytest.mark.parametrize("case", sorted(ESCAPE_CASES))
+def test_escapes_never_eat_the_letters_and_digits_a_reader_sees(case: str) -> None:
+    """The PHI next to or inside an escape is flagged, and the output spans cover every one of
+    its original characters (the first letter after ``ESC[`` included)."""
+    text, phi = ESCAPE_CASES[case]
+    n = normalize(text)
+    assert n is not None
+    for p in phi:
+        assert p in n.text, (case, p)
+    spans = _rules().deid([Note(case, text)])[0].spans
+    covered = {i for s in spans for i in range(s.start, s.end)}
+    for p in phi:
+        at = text.index(p)
+        assert set(range(at, at + len(p))) <= covered, (case, p)
+
+
+def test_real_terminal_sequences_still_go_whole() -> None:
+    """Colour codes, erase/cursor sequences and charset switches are no text; an OSC's text
+    stays apart from the words around it."""
+    assert normalize("\x1b[1;31mJo\x1b[0mhn\x1b(B\x1b[mSmith\x1b[2K \x1b[?25l7\x1b[3~") is not None
+    assert _visible("\x1b[1;31mJo\x1b[0mhn\x1b(B\x1b[m Smith\x1b[2K \x1b[?25l7\x1b[3~") == \
+        "John Smith 7"
+    assert _visible("\x1b[38;5;208mok\x1b[m\x1b[10;20Hok\x1b[K") == "okok"
+    link = "see \x1b]8;;https://x.org/p\x1b\\John Smith\x1b]8;;\x1b\\ today"
+    assert _visible(link).split() == ["see", "8;;https://x.org/p", "John", "Smith", "8;;", "today"]
+
+
+def _alnum_kept(text: str, exempt: set[int]) -> list[int]:
+    """Original positions of ASCII letters and digits (outside ``exempt``) that no letter or
+    digit of the normalised text comes from."""
+    n = normalize(text)
+    if n is None:
+        return []
+    reached = set()
+    for j, c in enumerate(n.text):
+        if c.isalnum():
+            a, b = n.to_original(j, j + 1)
+            reached.update(range(a, b))
+    return [i for i, c in enumerate(text)
+            if c.isascii() and c.isalnum() and i not in exempt and i not in reached]
+
+
+#: real sequences (their own bytes may go); the words never begin with "m" (``ESC[m`` is the
+#: colour reset and goes whole) and are not single letters or short numbers outside an OSC
+#: (after ``ESC[`` or ``ESC(`` those are the final byte or parameter of a real sequence)
+_REAL = ["\x1b[31m", "\x1b[0m", "\x1b[1;32m", "\x1b[2K", "\x1b[?25l", "\x1b(B", "\x1b[m"]
+_PIECES = ["John", "Smith", "ok", "Ann", "5551234567", "55512", "\x1b", "\x9b", "\x1b[", "\x1b]",
+           "\x1b(", "\x9d", "\x07", "\x1b\\", "\x9c", "[", "]", ";", "\x1b]0;", "\x9d8;;", " ", "-", "/",
+           ZW, "\u00ad", "\u043e", "\uff15", "\u00b2", "\u2075", "\u0665", "\x00"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_REAL + _PIECES), max_size=25))
+def test_no_letter_or_digit_of_the_note_disappears(parts: list[str]) -> None:
+    text = "".join(parts)
+    exempt, at = set(), 0
+    for p in parts:
+        if p in _REAL:
+            exempt.update(range(at, at + len(p)))
+        at += len(p)
+    assert _alnum_kept(text, exempt) == [], ascii(text)
 
 
 def test_spans_cover_the_removed_characters_inside_and_map_back_exactly() -> None:
@@ -153,6 +232,17 @@ def test_superscript_digits_standing_alone_are_digits() -> None:
     assert n is not None and n.text == "Call 555-123-4567 today"
     note = Note("s", text)
     assert render(note, _rules().deid([note])[0].spans, "tag") == "Call [**CONTACT**] today"
+
+
+def test_superscripts_inside_a_number_are_digits_and_units_stay() -> None:
+    text = "Call 5\u2075\u2075-\u00b9\u00b2\u00b3-\u2074\u2075\u2076\u2077 or 555-12\u00b3-4567 today"
+    n = normalize(text)
+    assert n is not None and n.text == "Call 555-123-4567 or 555-123-4567 today"
+    note = Note("s", text)
+    assert render(note, _rules().deid([note])[0].spans, "tag") == \
+        "Call [**CONTACT**] or [**CONTACT**] today"
+    for unit in ("10\u00b3/\u00b5L", "x10\u2079/L", "1.9 m\u00b2", "CO\u2082", "cm\u00b3"):
+        assert normalize(unit) is None, unit
 
 
 def test_normal_notes_give_byte_identical_spans() -> None:
