@@ -1,0 +1,53 @@
+"""What every ``dphub ensemble`` command module shares: the Typer sub-app, the options that
+several subcommands declare (one declaration each, so their help and defaults cannot drift) and
+the small output helpers.
+
+The commands themselves live in :mod:`.manifest`, :mod:`.deid`, :mod:`.evaluate` and
+:mod:`.owner`; they register on :data:`ensemble_app` when :mod:`dphub.cli.ensemble` imports them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+ensemble_app = typer.Typer(
+    name="ensemble",
+    help="Combine published models and rules into a local de-identification ensemble.",
+    no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: keep literal brackets
+)
+
+ENSEMBLE_OPT = typer.Option(
+    Path("dphub-ensemble.toml"), "--ensemble", "-e", help="The ensemble manifest (TOML)."
+)
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}g}"
+
+
+def _say(msg: str) -> None:
+    """Status lines of slow set-up steps (ONNX export), on stderr; never note text."""
+    typer.echo(msg, err=True)
+
+
+BATCH_OPT = typer.Option(16, "--batch-size", min=1, help="Notes per batch.")
+RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run in OUT.")
+FORMAT_OPT = typer.Option(
+    None, "--format", "-f", show_default="detect from the path", help="Input format."
+)
+AGGREGATE_OPT = typer.Option(
+    None, "--aggregate", show_default="the manifest's, else any",
+    help="Aggregation: any (a character is PHI if any member flags it) | k-of-n:K (K members "
+         "must agree) | k-of-n:K+NAME+... (as k-of-n:K, but the named members' flags count "
+         "alone, e.g. k-of-n:2+rules:default: two pulled models must agree, the rules need not).",
+)
+RUNTIME_OPT = typer.Option(
+    None, "--runtime", show_default="the manifest's, else torch",
+    help="Encoder runtime of model members: torch | torch-bf16 | onnx | onnx-int8 (ONNX graphs "
+         "are built once per encoder and cached; torch-bf16 needs a CPU with native bfloat16).",
+)
+INT8_OPT = typer.Option(False, "--int8", help="Int8 dynamic quantization of model members "
+                        "(faster on CPU; check recall with `ensemble evaluate --int8`).")

@@ -1,0 +1,323 @@
+"""``dphub ensemble deid`` and the top-level ``dphub deid``: directory runs of de-identification.
+
+Thin: check the run's own arguments (:func:`_preflight`) before any member is loaded, choose the
+output directory, build the ensemble (or the one model), pick the engine (local or Ray) and call
+:func:`dphub.runner.run_deid`. Exit codes: 0 ok, 2 a :class:`~dphub.errors.DphubError`, 3 when a
+run skipped notes that failed (:data:`dphub.runner.EXIT_SOME_FAILED`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from dphub.cli.ensemble._common import (
+    AGGREGATE_OPT,
+    BATCH_OPT,
+    ENSEMBLE_OPT,
+    FORMAT_OPT,
+    INT8_OPT,
+    RESUME_OPT,
+    RUNTIME_OPT,
+    _say,
+    ensemble_app,
+)
+from dphub.cli.options import FLOAT, MAX_THREADS, apply_threads, threads_option, unit_interval
+from dphub.errors import ConfigError
+
+DEFAULT_OUT_SUFFIX = ".deid"
+
+
+def default_out_dir(input_path: Path) -> Path:
+    """``--out`` when none is given: ``<input name without extension>.deid`` beside the input.
+
+    Beside, never inside, so the output is never read back as input; an existing directory is
+    refused rather than overwritten or renamed around (a second run must say where it writes,
+    or continue the first with ``--resume``).
+    """
+    src = input_path.expanduser()
+    resolved = src.resolve()
+    name = resolved.name if resolved.is_dir() else resolved.stem
+    if not name:
+        raise ConfigError(f"{input_path}: give --out (no default output directory beside it)")
+    # keep a relative path relative (shorter messages); "." and ".." need the resolved parent
+    parent = src.parent if src.name not in ("", ".", "..") else resolved.parent
+    return parent / f"{name}{DEFAULT_OUT_SUFFIX}"
+
+
+def _resolve_out(input_path: Path, out: Path | None, resume: bool) -> Path:
+    if out is not None:
+        return out
+    dflt = default_out_dir(input_path)
+    if dflt.exists() and not resume and input_path.exists():  # a missing input: say that
+        raise ConfigError(
+            f"{dflt} exists (the default output of {input_path}); pass --out DIR to write "
+            "elsewhere, or --resume to continue that run"
+        )
+    return dflt
+
+
+def _preflight(input_path: Path, mode: str, key_file: Path | None,
+               patient_id_from: str | None) -> bytes | None:
+    """Check the run's own arguments before any member is loaded, and return the key.
+
+    Why: loading every model took long enough that a typo (``--mode tagg``), a missing input or
+    a missing key was only reported after it.
+    """
+    from dphub.runner import MODES, check_input, patient_pattern
+
+    if mode not in MODES:
+        raise ConfigError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
+    check_input(input_path)
+    patient_pattern(patient_id_from)
+    if mode != "surrogate":
+        return None
+    if key_file is None:
+        from dphub.render import key_recipe
+
+        raise ConfigError("--mode surrogate needs --key-file FILE, a secret that seeds the "
+                          "surrogates; " + key_recipe())
+    from dphub.render import load_key
+
+    return load_key(key_file)
+
+
+def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
+         batch_size: int, workers: int | None, resume: bool, audit_text: bool,
+         fmt: str | None, engine: Any = None, patient_id_from: str | None = None) -> int:
+    from dphub.runner import run_deid
+
+    if workers is not None and engine is None:  # with Ray: threads per actor, set there
+        if workers < 1:
+            raise ConfigError("--workers must be at least 1")
+        import torch
+
+        torch.set_num_threads(workers)
+    key = None
+    if key_file is not None:
+        from dphub.render import load_key
+
+        key = load_key(key_file)
+    from dphub.io import disk_full_as_error
+    from dphub.progress import ProgressReporter
+
+    with ProgressReporter() as reporter, disk_full_as_error(out):
+        report = run_deid(input_path, out, ensemble, mode=mode, key=key, fmt=fmt,
+                          batch_size=batch_size, resume=resume, audit_text=audit_text,
+                          progress=reporter.count_callback("deid", "notes"), engine=engine,
+                          patient_id_from=patient_id_from, warn=_say,
+                          chunk_progress=reporter.count_callback("deid-chunks", "chunks",
+                                                                 restart=True))
+    msg = f"{report.done} note(s) de-identified into {out}"
+    if report.already_complete:
+        msg = f"the run in {out} is already complete ({report.skipped} note(s)); nothing to do"
+    elif report.skipped:
+        msg += f", {report.skipped} already done"
+    typer.echo(msg)
+    for err in report.errors:
+        typer.echo(f"failed: {err}", err=True)
+    if report.failed:
+        typer.echo(f"{len(report.failed)} note(s) failed and were skipped", err=True)
+    return report.exit_code
+
+
+MODE_OPT = typer.Option(
+    "tag", "--mode",
+    help="Output: tag | redact | surrogate | spans (what `dphub evaluate --pred` reads) | brat.",
+)
+KEY_OPT = typer.Option(
+    None, "--key-file", show_default="none; required by --mode surrogate",
+    help="Secret key file that seeds consistent surrogates (--mode surrogate).",
+)
+# `--threads` as everywhere else; `--workers` kept as the old spelling of the same option.
+WORKERS_OPT = threads_option(
+    "--workers",
+    help="CPU threads for torch (intra-op parallelism); with --engine ray, per actor (default 1).",
+)
+PATIENT_ID_OPT = typer.Option(
+    None, "--patient-id-from", metavar="REGEX", show_default="the input's patient ids, else none",
+    help="Patient id of notes that have none, from their file name (or note id): the regex's "
+         "group, e.g. '^(\\d+)-' for 1234-note.txt (a pattern with a / is matched against the "
+         "path below INPUT). Surrogates and date shifts are consistent per patient; a .meta.json "
+         "sidecar {\"patient_id\": ...} beside a .txt gives it too.",
+)
+AUDIT_OPT = typer.Option(
+    False, "--audit-text", help="Also put the removed text in audit.jsonl (it then holds PHI)."
+)
+
+
+ENGINE_OPT = typer.Option(
+    "local", "--engine",
+    help="local (this process) | ray (Ray Data actors; same output bytes, journal and exit codes).",
+)
+ADDRESS_OPT = typer.Option(
+    None, "--address", show_default="start a local Ray runtime",
+    help="With --engine ray: an existing Ray cluster (host:port, or auto).",
+)
+# Bounded like --threads (issue 31 #12): each actor is a process holding its own copy of the
+# ensemble, so an absurd count exhausts the machine (or a cluster's scheduler) before any note.
+RAY_WORKERS_OPT = typer.Option(
+    2, "--ray-workers", min=1, max=MAX_THREADS,
+    help="With --engine ray: actors, each loading the ensemble once (--threads: threads each).",
+)
+
+
+def _ray_engine(engine: str, address: str | None, ray_workers: int, threads: int | None,
+                recipe: Any) -> Any:
+    """The runner's engine for ``--engine``: None for local, a Ray engine from the recipe."""
+    if engine == "local":
+        if address is not None:
+            raise ConfigError("--address needs --engine ray")
+        return None
+    if engine != "ray":
+        raise ConfigError(f"unknown --engine {engine!r}; choose local or ray")
+    from dphub.ray_engine import RayOptions, ray_engine
+
+    return ray_engine(recipe(), RayOptions(address=address, workers=ray_workers,
+                                           threads=threads or 1))
+
+
+@ensemble_app.command("deid")
+def deid_cmd(
+    input_path: Path = typer.Argument(
+        ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", show_default="INPUT.deid beside the input",
+        help="Output directory (refused if it exists, unless --resume).",
+    ),
+    owner_model: Path | None = typer.Option(
+        None, "--owner-model", show_default="none",
+        help="Also use your own model directory (Scenario B).",
+    ),
+    aggregate: str | None = AGGREGATE_OPT,
+    mode: str = MODE_OPT,
+    key_file: Path | None = KEY_OPT,
+    batch_size: int = BATCH_OPT,
+    workers: int | None = WORKERS_OPT,
+    resume: bool = RESUME_OPT,
+    audit_text: bool = AUDIT_OPT,
+    fmt: str | None = FORMAT_OPT,
+    int8: bool = INT8_OPT,
+    runtime: str | None = RUNTIME_OPT,
+    manifest_path: Path = ENSEMBLE_OPT,
+    engine: str = ENGINE_OPT,
+    address: str | None = ADDRESS_OPT,
+    ray_workers: int = RAY_WORKERS_OPT,
+    patient_id_from: str | None = PATIENT_ID_OPT,
+) -> int:
+    """De-identify notes with the ensemble (plus --owner-model); writes OUT/audit.jsonl."""
+    from dphub.ensemble.core import build_ensemble
+    from dphub.ensemble.manifest import Manifest
+
+    _preflight(input_path, mode, key_file, patient_id_from)
+    out = _resolve_out(input_path, out, resume)
+    manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
+    if workers is not None:  # before ONNX sessions are made: they take torch's thread count
+        apply_threads(workers)
+
+    def recipe() -> Any:  # what each Ray actor builds its copy of the ensemble from
+        from dphub.ray_engine import recipe_from_manifest
+
+        return recipe_from_manifest(manifest, owner_model=owner_model, aggregate_rule=aggregate,
+                                    batch_size=batch_size, int8=int8,
+                                    runtime=runtime)
+
+    run_engine = _ray_engine(engine, address, ray_workers, workers, recipe)
+    # built here too with --engine ray: it checks every member before Ray starts, and the run's
+    # settings (what a --resume must match) describe it
+    ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
+                              batch_size=batch_size, int8=int8, runtime=runtime, progress=_say)
+    return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
+                workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
+                engine=run_engine, patient_id_from=patient_id_from)
+
+
+def deid_top_cmd(
+    input_path: Path = typer.Argument(
+        ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
+    ),
+    model: str = typer.Option(
+        ..., "--model", help="A model directory, org/name[@revision], rules:default, "
+        "deidpl:DIR or presidio:default."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", show_default="INPUT.deid beside the input",
+        help="Output directory (refused if it exists, unless --resume).",
+    ),
+    threshold: float | None = typer.Option(
+        None, "--threshold", parser=unit_interval, metavar=FLOAT, show_default="decode (Viterbi)",
+        help="Flag tokens whose P(PHI) >= this threshold (0..1) instead of decoding.",
+    ),
+    mode: str = MODE_OPT,
+    key_file: Path | None = KEY_OPT,
+    batch_size: int = BATCH_OPT,
+    workers: int | None = WORKERS_OPT,
+    resume: bool = RESUME_OPT,
+    audit_text: bool = AUDIT_OPT,
+    fmt: str | None = FORMAT_OPT,
+    int8: bool = INT8_OPT,
+    runtime: str | None = RUNTIME_OPT,
+    engine: str = ENGINE_OPT,
+    address: str | None = ADDRESS_OPT,
+    ray_workers: int = RAY_WORKERS_OPT,
+    patient_id_from: str | None = PATIENT_ID_OPT,
+) -> int:
+    """De-identify notes with one model (or rules:default)."""
+    from dphub.ensemble.core import Ensemble, Slot, member_from_entry
+    from dphub.ensemble.manifest import MemberEntry, card_privacy, weights_digest
+
+    _preflight(input_path, mode, key_file, patient_id_from)
+    out = _resolve_out(input_path, out, resume)
+    _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
+    if model.startswith("rules:"):
+        entry = MemberEntry(model, "rules", threshold=threshold)
+        slot = member_from_entry(entry)
+    elif model.startswith(("deidpl:", "presidio:")):
+        from dphub.ensemble.manifest import entry_from_spec
+
+        entry = entry_from_spec(model, threshold=threshold)
+        slot = member_from_entry(entry)
+    else:
+        p = Path(model).expanduser()
+        if not p.is_dir():
+            try:
+                from dphub.hub.registry import resolve_model
+            except ImportError:
+                raise ConfigError(f"{model}: not a model directory") from None
+            p = Path(resolve_model(model))
+        from dphub.ensemble.members import ModelMember
+
+        priv = card_privacy(p)
+        member = ModelMember.load(p, batch_size=batch_size)
+        if int8 and runtime not in (None, "torch"):
+            raise ConfigError(f"--int8 and --runtime {runtime} exclude each other; use "
+                              "--runtime onnx-int8")
+        if int8:
+            member.quantize_int8()
+        if runtime not in (None, "torch"):
+            if workers is not None:
+                apply_threads(workers)
+            member.use_runtime(runtime, progress=_say)
+        # the weights digest as revision: a resumed run refuses other weights (outputs would mix)
+        slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
+                    weights_digest(p))
+        # what a Ray actor loads: the same directory, name and weights (pinned by digest)
+        entry = MemberEntry(p.name, "dir", path=str(p.resolve()), revision=slot.revision,
+                            threshold=threshold)
+
+    def recipe() -> Any:
+        from dphub.ray_engine import EnsembleRecipe
+
+        return EnsembleRecipe([entry.to_dict()], "any", None, batch_size, int8,
+                              ensemble.runtime)
+
+    ensemble = Ensemble([slot])
+    if runtime not in (None, "torch") and not model.startswith("rules:"):
+        ensemble.runtime = runtime
+    return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
+                batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
+                fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe),
+                patient_id_from=patient_id_from)

@@ -1,0 +1,152 @@
+"""``dphub ensemble add | remove | list | show | runtime``: edits and views of the manifest.
+
+Each edit runs under the manifest's lock (:meth:`dphub.ensemble.manifest.Manifest.editing`);
+nothing here runs the ensemble: ``add`` and ``runtime`` load model members only to ready them
+for the manifest's runtime (ONNX graphs built or verified) before the manifest names it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dphub.cli.ensemble._common import ENSEMBLE_OPT, _fmt, _say, ensemble_app
+from dphub.cli.options import FLOAT, positive_float, unit_interval
+
+
+@ensemble_app.command("add")
+def add_cmd(
+    spec: str = typer.Argument(
+        ..., metavar="SPEC",
+        help="org/name[@revision] (a pulled model), a model directory, rules:default, "
+             "deidpl:DIR (deid.pl in DIR, or DIR/FILE.config; needs perl) or presidio:default "
+             "(needs the presidio extra).",
+    ),
+    threshold: float | None = typer.Option(
+        None, "--threshold", parser=unit_interval, metavar=FLOAT, show_default="decode (Viterbi)",
+        help="Flag tokens whose P(PHI) >= this threshold (0..1) instead of decoding.",
+    ),
+    name: str | None = typer.Option(
+        None, "--name", show_default="the repo or directory name", help="Member name."
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", parser=positive_float, metavar=FLOAT,
+        show_default="600 s per batch",
+        help="deidpl: members only: seconds one deid.pl run (one batch of notes) may take before "
+             "it is stopped and its batch fails.",
+    ),
+    manifest_path: Path = ENSEMBLE_OPT,
+) -> None:
+    """Add a member, pinning its revision (registry sha, weights or tool digest)."""
+    from dphub.ensemble.core import prepare_runtime
+    from dphub.ensemble.manifest import Manifest, entry_from_spec
+
+    entry = entry_from_spec(spec, name=name, threshold=threshold,  # hashing weights: unlocked
+                            timeout=timeout)
+    current = Manifest.load(manifest_path).runtime if manifest_path.exists() else None
+    if current not in (None, "torch"):  # the manifest's runtime, ready for the new member now
+        prepare_runtime([entry], current, progress=_say)
+    with Manifest.editing(manifest_path, missing_ok=True) as manifest:
+        manifest.add(entry)
+    typer.echo(f"added {entry.name} ({entry.kind}"
+               + (f", revision {entry.revision}" if entry.revision else "") + f") to {manifest_path}")
+    if entry.kind == "rules":
+        typer.echo(_min_age_note(entry, manifest_path))
+
+
+def _min_age_note(entry: Any, manifest_path: Path) -> str:
+    """Which ages a rule member flags, said where it is chosen (issue: the README's figures use
+    ``min_age = 90`` while the default flags every age, and the two differ in precision)."""
+    from dphub.ensemble.rules import RuleOptions
+
+    min_age = RuleOptions.from_dict(entry.options).min_age
+    if min_age:
+        return f"{entry.name}: flags ages of {min_age} and over (min_age = {min_age})"
+    return (f"{entry.name}: flags EVERY age (min_age = 0, as i2b2-2014 and dphub's own models "
+            "label ages). HIPAA Safe Harbor needs only ages over 89, as in the README's rule "
+            f"figures: give this member options = {{ min_age = 90 }} in "
+            f"{manifest_path} for fewer false positives on ages")
+
+
+@ensemble_app.command("remove")
+def remove_cmd(
+    name: str = typer.Argument(..., metavar="NAME", help="Member name."),
+    manifest_path: Path = ENSEMBLE_OPT,
+) -> None:
+    """Remove a member."""
+    from dphub.ensemble.manifest import Manifest
+
+    with Manifest.editing(manifest_path) as manifest:
+        manifest.remove(name)
+    typer.echo(f"removed {name} from {manifest_path}")
+
+
+@ensemble_app.command("list")
+def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
+             json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Members with revision, ε, privacy unit and threshold."""
+    from dphub.ensemble.manifest import Manifest
+
+    manifest = Manifest.load(manifest_path)
+    if json_out:
+        typer.echo(json.dumps({"aggregate": manifest.aggregate,
+                               **({"runtime": manifest.runtime} if manifest.runtime else {}),
+                               "members": [m.to_dict() for m in manifest.members]}, indent=2))
+        return
+    t = Table(title=f"{manifest_path} (aggregate: {manifest.aggregate})")
+    for col in ("member", "kind", "revision", "ε", "unit", "threshold"):
+        t.add_column(col)
+    for m in manifest.members:
+        rev = (m.revision or "-")
+        t.add_row(m.name, m.kind, rev[:19], _fmt(m.epsilon), m.unit or "-",
+                  "decode" if m.threshold is None and m.kind in ("registry", "dir")
+                  else _fmt(m.threshold))
+    Console().print(t)
+    for m in manifest.members:
+        if m.kind == "rules":
+            typer.echo(_min_age_note(m, manifest_path))
+
+
+@ensemble_app.command("show")
+def show_cmd(name: str | None = typer.Argument(None, metavar="NAME", show_default="all members",
+                                              help="One member."),
+             manifest_path: Path = ENSEMBLE_OPT) -> None:
+    """Print the manifest (or one member) as JSON."""
+    from dphub.ensemble.manifest import Manifest
+
+    manifest = Manifest.load(manifest_path)
+    if name:
+        typer.echo(json.dumps(manifest.get(name).to_dict(), indent=2))
+    else:
+        typer.echo(json.dumps({"aggregate": manifest.aggregate,
+                               **({"runtime": manifest.runtime} if manifest.runtime else {}),
+                               "members": [m.to_dict() for m in manifest.members]}, indent=2))
+
+
+@ensemble_app.command("runtime")
+def runtime_cmd(runtime: str | None = typer.Argument(
+                    None, metavar="RUNTIME", show_default="print the current one",
+                    help="torch | torch-bf16 | onnx | onnx-int8 (stored in the manifest)."),
+                manifest_path: Path = ENSEMBLE_OPT) -> None:
+    """Show or set the encoder runtime that deid and evaluate use by default."""
+    from dphub.ensemble.manifest import Manifest
+    from dphub.runtime import DEFAULT_RUNTIME, check_runtime
+
+    if runtime is None:
+        typer.echo(Manifest.load(manifest_path).runtime or DEFAULT_RUNTIME)
+        return
+    from dphub.ensemble.core import prepare_runtime
+
+    check_runtime(runtime)
+    # every model member's encoder readied first (ONNX graphs built or verified; bf16 support
+    # checked): a runtime that cannot work here is refused before the manifest names it
+    n = prepare_runtime(Manifest.load(manifest_path).members, runtime, progress=_say)
+    with Manifest.editing(manifest_path) as manifest:
+        manifest.runtime = runtime
+    typer.echo(f"runtime {runtime} stored in {manifest_path}"
+               + (f" ({n} encoder{'s' if n != 1 else ''} ready)" if n else ""))
