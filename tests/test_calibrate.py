@@ -321,3 +321,18 @@ def test_calibration_on_real_word_pieces_matches_tag_time(tiny_tagger_dir: Path)
     assert h is not None
     assert ensemble_pr(applied, [notes[i] for i in held_idx]) == pytest.approx(
         (h.precision, h.recall))
+
+
+def test_members_on_one_tagger_score_the_notes_once() -> None:
+    """One model listed twice (docs/owner.md's low-threshold recipe) shares one tagger: calibration
+    runs it once, and finds what two separate copies of the model give."""
+    notes = make_notes(BASIC)
+    shared = StubTagger("m")
+    res = calibrate(Ensemble([Slot(ModelMember(shared, "m")),
+                              Slot(ModelMember(shared, "m-low"), 0.1)]), notes, 1.0)
+    assert shared.calls == 1
+    a, b = StubTagger("m"), StubTagger("m")
+    want = calibrate(Ensemble([Slot(ModelMember(a, "m")), Slot(ModelMember(b, "m-low"), 0.1)]),
+                     notes, 1.0)
+    assert a.calls == b.calls == 1
+    assert res == want

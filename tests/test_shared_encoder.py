@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +81,57 @@ def test_an_ensemble_runs_each_distinct_encoder_once(
     for name, want in expected.items():
         got = [[(s.start, s.end, s.label) for s in note[name]] for note in per_note]
         assert got == [[(s.start, s.end, s.label) for s in spans] for spans in want], name
+
+
+def test_entries_on_one_model_directory_share_one_tagger(
+    tiny_tagger_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The low-threshold recipe of docs/owner.md (the model twice, plus --owner-model on it):
+    one tagger, quantized and switched to its runtime once, spans as separate loads give."""
+    from dphub.ensemble.core import build_ensemble, member_from_entry, owner_slot
+    from dphub.ensemble.manifest import Manifest, entry_from_spec
+    from dphub.ray_engine import recipe_from_manifest
+
+    model = _with_new_head(tiny_tagger_dir, tmp_path / "owner", seed=5)
+    entries = [entry_from_spec(str(model)),
+               entry_from_spec(str(model), name="owner-low", threshold=0.1)]
+    manifest = Manifest(entries, "any")
+    quantized: list[str] = []
+    switched: list[str] = []
+    real_quantize, real_runtime = ModelMember.quantize_int8, Tagger.use_runtime
+
+    def quantize(self: ModelMember) -> None:
+        quantized.append(self.name)
+        real_quantize(self)
+
+    def use_runtime(self: Tagger, runtime: str, **kw: object) -> object:
+        switched.append(runtime)
+        return real_runtime(self, runtime, **kw)
+
+    monkeypatch.setattr(ModelMember, "quantize_int8", quantize)
+    monkeypatch.setattr(Tagger, "use_runtime", use_runtime)
+    shared = build_ensemble(manifest, owner_model=model, int8=True)
+    a, b, owner = (s.member for s in shared.slots)
+    assert isinstance(a, ModelMember) and isinstance(b, ModelMember)
+    assert isinstance(owner, ModelMember)
+    assert a.tagger is b.tagger is owner.tagger
+    assert [a.name, b.name, owner.name] == ["owner", "owner-low", "owner:owner"]
+    assert quantized == ["owner"] and switched == ["torch"]
+    assert not any(type(m) is torch.nn.Linear for m in a.tagger.model.encoder.modules())
+    assert a.path == b.path == model
+
+    # the Ray engine's workers build from a recipe through the same path
+    rebuilt = recipe_from_manifest(manifest, owner_model=model, aggregate_rule=None,
+                                   batch_size=16, int8=False).build()
+    assert len({id(s.member.tagger) for s in rebuilt.slots}) == 1
+
+    separate = Ensemble([member_from_entry(e, int8=True) for e in entries]
+                        + [owner_slot(model, int8=True)], "any")
+    assert len({id(s.member.tagger) for s in separate.slots}) == 3
+    notes = synth.generate(5, kind="discharge", seed=3)
+    got, want = shared.member_spans(notes), separate.member_spans(notes)
+    assert got == want
+    # the shared tagger keeps the members apart: each applies its own threshold
+    assert any(n["owner"] != n["owner-low"] for n in got)
+    assert all(n["owner"] == [replace(s, source="owner") for s in n["owner:owner"]]
+               for n in got)

@@ -389,10 +389,18 @@ def calibrate(
     fixed_cal = np.zeros(len(cal.gold), dtype=np.int32)
     fixed_held = np.zeros(len(held.gold) if held else 0, dtype=np.int32)
     pieces: dict[str, tuple[_Pieces, _Pieces | None]] = {}
+    # members on one tagger (one model listed twice, e.g. with a low threshold) score it once
+    scored: dict[tuple[int, int], list[TokenScores]] = {}
     for done, slot in enumerate(ensemble.slots, start=1):
         m = slot.member
         if isinstance(m, ModelMember):
-            scores = m.token_scores(notes)  # one inference over all notes
+            if type(m).token_scores is ModelMember.token_scores:
+                key = (id(m.tagger), m.batch_size)
+                if key not in scored:
+                    scored[key] = m.token_scores(notes)  # one inference over all notes
+                scores = scored[key]
+            else:  # a subclass's own scores (e.g. a cache)
+                scores = m.token_scores(notes)
             pieces[slot.name] = (
                 _Pieces.of(_split(scores, cal_idx), cal.bases),
                 _Pieces.of(_split(scores, held_idx), held.bases) if held else None,

@@ -211,8 +211,40 @@ def shared_encoder_groups(slots: Sequence[Slot]) -> dict[str, Any]:
     return {name: key for name, key in keys.items() if counts[key] > 1}
 
 
-def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = False) -> Slot:
-    """Instantiate a manifest entry (loads models; verifies pins; ``int8``: quantize models)."""
+#: taggers loaded while building one ensemble, by (resolved model directory, pin): entries on
+#: the same weights share one :class:`~dphub.tagger.Tagger` (see :func:`load_model_member`)
+TaggerCache = dict[tuple[str, str | None], Any]
+
+
+def load_model_member(path: Path, name: str, *, pin: str | None, int8: bool = False,
+                      taggers: TaggerCache | None = None, **meta: Any) -> ModelMember:
+    """A :class:`ModelMember` on the model in ``path``, its tagger shared through ``taggers``.
+
+    Why share: the low-threshold recipe of ``docs/owner.md`` lists one model twice (its own
+    name and threshold each); loading it twice doubled the memory and load time for the same
+    weights. Members with the same resolved directory and the same ``pin`` (manifest revision,
+    or weights digest) get one tagger, quantized (``int8``) once when it is first loaded; each
+    keeps its own name, threshold and label thresholds in its slot. A tagger holds no state
+    that depends on the member: thresholds are applied to the scores it returns.
+    """
+    key = (str(Path(path).resolve()), pin)
+    tagger = None if taggers is None else taggers.get(key)
+    if tagger is None:
+        member = ModelMember.load(path, name, **meta)
+        if int8:
+            member.quantize_int8()
+        if taggers is not None:
+            taggers[key] = member.tagger
+        return member
+    member = ModelMember(tagger, name, **meta)
+    member.path = Path(path)
+    return member
+
+
+def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = False,
+                      taggers: TaggerCache | None = None) -> Slot:
+    """Instantiate a manifest entry (loads models; verifies pins; ``int8``: quantize models;
+    ``taggers``: share one tagger between entries on the same pinned directory)."""
     if entry.kind == "rules":
         options = RuleOptions.from_dict(entry.options)
         if entry.name == RULES_DEFAULT and options == RuleOptions():
@@ -224,10 +256,9 @@ def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = 
     if entry.kind in ("deidpl", "presidio"):
         return Slot(peer_member(entry), entry.threshold, None, None, entry.revision)
     path = model_dir_of(entry)
-    member = ModelMember.load(path, entry.name, epsilon=entry.epsilon, unit=entry.unit,
-                              revision=entry.revision, batch_size=batch_size)
-    if int8:
-        member.quantize_int8()
+    member = load_model_member(path, entry.name, pin=entry.revision, int8=int8, taggers=taggers,
+                               epsilon=entry.epsilon, unit=entry.unit, revision=entry.revision,
+                               batch_size=batch_size)
     return Slot(member, entry.threshold, entry.epsilon, entry.unit, entry.revision,
                 dict(entry.label_thresholds) or None, entry.delta)
 
@@ -251,17 +282,21 @@ def peer_member(entry: MemberEntry) -> Member:
 
 
 def owner_slot(model_dir: Path, *, threshold: float | None = None, batch_size: int = 16,
-               int8: bool = False) -> Slot:
-    """Scenario B: the data owner's own model, added for this run only (not in the manifest)."""
+               int8: bool = False, taggers: TaggerCache | None = None) -> Slot:
+    """Scenario B: the data owner's own model, added for this run only (not in the manifest).
+
+    Pinned by its weights digest, as ``ensemble add DIR`` pins a directory: with ``taggers``, a
+    manifest entry on the same directory and weights shares its tagger."""
     p = Path(model_dir)
     priv = card_privacy(p)
-    member = ModelMember.load(p, f"owner:{p.resolve().name}", epsilon=priv.get("epsilon"),
-                              unit=priv.get("privacy_unit"), batch_size=batch_size)
-    if int8:
-        member.quantize_int8()
     # the weights digest as revision: a resumed run refuses a retrained model (outputs would mix)
+    # (no weights file: the load below says what is wrong, as it always did)
+    digest = weights_digest(p) if (p / "model.safetensors").is_file() else None
+    member = load_model_member(p, f"owner:{p.resolve().name}", pin=digest, int8=int8,
+                               taggers=taggers, epsilon=priv.get("epsilon"),
+                               unit=priv.get("privacy_unit"), batch_size=batch_size)
     return Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
-                weights_digest(p), delta=priv.get("delta"))
+                digest or weights_digest(p), delta=priv.get("delta"))
 
 
 def build_ensemble(
@@ -287,10 +322,11 @@ def build_ensemble(
     if int8 and runtime != "torch":
         raise ConfigError(f"--int8 (torch dynamic quantization) and --runtime {runtime} exclude "
                           "each other; use --runtime onnx-int8")
-    slots = [member_from_entry(e, batch_size=batch_size, int8=int8)
+    taggers: TaggerCache = {}  # entries on one pinned model directory share its tagger
+    slots = [member_from_entry(e, batch_size=batch_size, int8=int8, taggers=taggers)
              for e in (manifest.members if manifest else [])]
     if owner_model is not None:
-        slots.append(owner_slot(owner_model, batch_size=batch_size, int8=int8))
+        slots.append(owner_slot(owner_model, batch_size=batch_size, int8=int8, taggers=taggers))
     rule = aggregate_rule or (manifest.aggregate if manifest else "any")
     ensemble = Ensemble(slots, rule)
     apply_runtime(ensemble, runtime, progress=progress)
@@ -300,12 +336,14 @@ def build_ensemble(
 def apply_runtime(ensemble: Ensemble, runtime: str, *,
                   progress: Callable[[str], None] | None = None) -> None:
     """Switch every model member of ``ensemble`` to ``runtime`` (members on one encoder share
-    one ONNX session)."""
+    one ONNX session; members sharing one tagger switch it once)."""
     from dphub.runtime import check_runtime
 
     check_runtime(runtime)
+    done: set[int] = set()
     for slot in ensemble.slots:
-        if isinstance(slot.member, ModelMember):
+        if isinstance(slot.member, ModelMember) and id(slot.member.tagger) not in done:
+            done.add(id(slot.member.tagger))
             slot.member.use_runtime(runtime, progress=progress)
     ensemble.runtime = runtime
 
@@ -325,10 +363,11 @@ def prepare_runtime(entries: Sequence[MemberEntry], runtime: str, *,
 
     check_runtime(runtime)
     done: set[str] = set()
+    taggers: TaggerCache = {}
     for entry in entries:
         if entry.kind not in ("registry", "dir"):
             continue
-        member = member_from_entry(entry).member
+        member = member_from_entry(entry, taggers=taggers).member
         assert isinstance(member, ModelMember)
         digest = member.tagger.encoder_digest
         if digest not in done:  # members on one public base share one graph
