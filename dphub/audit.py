@@ -86,6 +86,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import CardError, ConfigError, PrivacyError
+from dphub.io import move_into_place
 from dphub.notes import Note, Span
 
 #: ``empirical_audit.method`` in the card.
@@ -878,28 +879,13 @@ def run_audit(opts: Any, audit: AuditOptions, *,
         meta = load_card(tmp).meta
         meta["empirical_audit"] = block
         write_card(tmp, meta)
-        _move_into_place(tmp, out, force=opts.force)
+        move_into_place(tmp, out, overwrite=opts.force)
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(tmp)
     result.out_dir = out
     seconds = {"train": round(t1 - t0, 1), "audit": round(time.monotonic() - t1, 1)}
     return AuditResult(result, block, scores, seconds)
-
-
-def _move_into_place(tmp: Path, out: Path, *, force: bool) -> None:
-    """Rename the finished directory to ``out`` (replacing a previous model dir with --force)."""
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise ConfigError(f"{out}: output directory exists and is not empty (use --force)")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from dphub.errors import DphubError
+from dphub.errors import ConfigError, DphubError
 
 #: errno values that mean "the disk (or the user's quota) is full".
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -102,8 +102,6 @@ def read_small_file(path: str | os.PathLike[str], cap: int, *, what: str) -> byt
     its type is checked on the open descriptor (no race with a swapped path), and at most
     ``cap + 1`` bytes are read, whatever ``st_size`` says (``/proc`` files report 0).
     """
-    from dphub.errors import ConfigError
-
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
@@ -178,6 +176,26 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         fh.write(data)
 
 
+def move_into_place(tmp: Path, path: Path, *, overwrite: bool) -> None:
+    """Rename the finished directory ``tmp`` to ``path`` (one rename on the same filesystem).
+
+    An existing non-empty ``path`` is replaced with ``overwrite`` (moved aside first, removed
+    after the rename, so ``path`` is never missing a complete directory), else a
+    :class:`~dphub.errors.ConfigError` naming ``--force``; an empty one is simply replaced.
+    """
+    if path.exists() and any(path.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"{path}: output directory exists and is not empty (use --force)")
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    if path.exists():
+        path.rmdir()
+    os.replace(tmp, path)
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
     """Build a directory under a temp name and move it to ``path`` only when the block succeeds.
@@ -191,15 +209,7 @@ def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
-        if path.exists():
-            if not overwrite and any(path.iterdir()):
-                raise FileExistsError(str(path))
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        move_into_place(tmp, path, overwrite=overwrite)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, DiskFullError) or (

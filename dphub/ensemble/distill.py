@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import re
 import shutil
 import tempfile
@@ -54,6 +53,7 @@ from typing import Any
 
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.errors import ConfigError, InputError
+from dphub.io import move_into_place
 from dphub.notes import Note, Span, merge_overlapping
 from dphub.train import TrainOptions, TrainResult
 from dphub.train.checkpoints import checkpoint_dir_for
@@ -272,7 +272,7 @@ def distill(
             claim = _amend_dp_card(student, teachers,
                                    calibrated=_has_calibrated_thresholds(ensemble),
                                    rules=_has_rule_member(ensemble))
-        _move_into_place(student, out, force=opts.force)
+        move_into_place(student, out, overwrite=opts.force)
     result.out_dir = out
     return OwnerResult(
         out_dir=out, train=result, notes=len(train_notes), gold_notes=len(labelled),
@@ -281,22 +281,6 @@ def distill(
         round_spans=round_spans, epsilon=claim.get("epsilon", result.epsilon),
         delta=claim.get("delta", result.delta), teachers=teachers,
     )
-
-
-def _move_into_place(tmp: Path, out: Path, *, force: bool) -> None:
-    """Rename the finished model directory to ``out`` (one rename on the same filesystem;
-    a previous model directory is replaced with ``force``, as ``dphub train --force`` does)."""
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise ConfigError(f"{out}: output directory exists and is not empty (use --force)")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-        return
-    if out.exists():
-        out.rmdir()
-    os.replace(tmp, out)
 
 
 def _plan_with_teachers(on_plan: PlanFn, teachers: Sequence[dict[str, Any]],

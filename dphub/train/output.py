@@ -158,15 +158,12 @@ def write_model_dir(
     from dphub.card import write_card
     from dphub.hub.common import file_sha256
 
-    try:
-        with atomic_directory(out, overwrite=opts.force) as tmp:
-            model.save(tmp, base_public_id=src.base_public_id, tokenizer_source=src.tokenizer_dir)
-            cfg = training_config(opts, src, plan, steps, epsilon)
-            atomic_write_text(tmp / TRAINING_CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
-            meta = make_meta(file_sha256(tmp / "model.safetensors"))
-            write_card(tmp, meta)
-    except FileExistsError:
-        raise ConfigError(f"{out}: output directory exists and is not empty (use --force)") from None
+    with atomic_directory(out, overwrite=opts.force) as tmp:
+        model.save(tmp, base_public_id=src.base_public_id, tokenizer_source=src.tokenizer_dir)
+        cfg = training_config(opts, src, plan, steps, epsilon)
+        atomic_write_text(tmp / TRAINING_CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
+        meta = make_meta(file_sha256(tmp / "model.safetensors"))
+        write_card(tmp, meta)
     return meta
 
 
