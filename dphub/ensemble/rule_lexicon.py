@@ -123,7 +123,8 @@ def dictionaries() -> Dictionaries:
 def _english() -> frozenset[str]:
     # Webster's Second International (1934, public domain; the ``web2`` list of BSD's
     # /usr/share/dict), as packaged by ``english-words`` (MIT). A maintained package rather than a
-    # copied list; loaded once per process (~0.2 s).
+    # copied list; loaded once per process (~0.2 s), on first use (function-local import: a
+    # third-party package, not a dphub module, needed only when a word is first looked up).
     from english_words import get_english_words_set
 
     # lower-case entries only: web2 writes proper nouns ("Rome", "Mary") capitalised
