@@ -46,6 +46,11 @@ NUM_FEATURES = len(FEATURE_NAMES)
 _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 _SCORE, _FIRST, _LAST = len(CATEGORIES), len(CATEGORIES) + 1, len(CATEGORIES) + 2
 
+#: the rule member's source files: their bytes stand for its patterns and context rules in
+#: :func:`rules_digest` (the member in ``rules.py``, its word lists and vocabulary in
+#: ``rule_lexicon.py``, its structured patterns in ``rule_patterns.py``)
+RULE_SOURCES: tuple[str, ...] = ("rules.py", "rule_lexicon.py", "rule_patterns.py")
+
 
 @lru_cache(maxsize=1)
 def rules_digest() -> str:
@@ -60,7 +65,8 @@ def rules_digest() -> str:
     h = hashlib.sha256()
     h.update(f"features={FEATURES_VERSION};{','.join(FEATURE_NAMES)}\n".encode())
     h.update(json.dumps(RuleOptions().to_dict(), sort_keys=True).encode())
-    h.update(resources.files("dphub.ensemble").joinpath("rules.py").read_bytes())
+    for name in RULE_SOURCES:  # issue 30 cut the member into three modules: hash all three
+        h.update(resources.files("dphub.ensemble").joinpath(name).read_bytes())
     folder = resources.files("dphub").joinpath("resources", "rules")
     for entry in sorted(folder.iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".txt"):

@@ -17,7 +17,7 @@ the corpus's own: the PhysioNet record delimiters (``START_OF_RECORD=1||||1||||`
 format reader and its tests must spell), and the short generic phrases in :data:`ACCEPTED` —
 English idioms and standard clinical shorthand that any note or docstring may contain. The
 list is closed: a new match is a failure until someone reads it, rewords it (the synthetic
-note templates in ``dphub/synth.py`` were reworded so), or adds it here with its reason.
+note templates in ``dphub/synth/`` were reworded so), or adds it here with its reason.
 """
 
 from __future__ import annotations

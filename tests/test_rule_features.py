@@ -259,3 +259,38 @@ def test_rule_projection_steps_at_its_own_learning_rate(tiny_base_model: Path):
     w = model.rule_proj.weight
     assert float((w - before[id(w)]).abs().max()) == pytest.approx(
         10 * float((head - before[id(head)]).abs().max()), rel=1e-4)
+
+
+@pytest.mark.parametrize("module", ["rules.py", "rule_lexicon.py", "rule_patterns.py"])
+def test_rules_digest_covers_every_module_of_the_rule_member(module: str,
+                                                             monkeypatch: pytest.MonkeyPatch):
+    """Issue 30 cut ``rules.py`` into the member, its lexicon and its patterns: an edit to any of
+    the three must change the digest rule-feature models pin, or a model would silently get
+    features it was not trained on."""
+    from pathlib import Path as _P
+
+    import dphub.ensemble as ens
+
+    on_disk = sorted(p.name for p in _P(ens.__file__).parent.glob("rule*.py"))
+    assert sorted(rf.RULE_SOURCES) == on_disk
+    real_files = rf.resources.files
+    before = rf.rules_digest.__wrapped__()
+
+    class _Edited:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def read_bytes(self) -> bytes:
+            return self._inner.read_bytes() + b"\n# an edited pattern\n"
+
+    class _Package:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def joinpath(self, *names: str):
+            child = self._inner.joinpath(*names)
+            return _Edited(child) if names == (module,) else child
+
+    monkeypatch.setattr(rf.resources, "files", lambda pkg: _Package(real_files(pkg))
+                        if pkg == "dphub.ensemble" else real_files(pkg))
+    assert rf.rules_digest.__wrapped__() != before

