@@ -93,6 +93,9 @@ class EnsembleRecipe:
     #: the encoder runtime (``torch``, ``torch-bf16``, ``onnx``, ``onnx-int8``): the driver's, so every actor
     #: computes what the driver's settings describe
     runtime: str | None = None
+    #: the owner's safe words files of the inverse rule (paths the workers read; the digest a
+    #: resume checks is the driver's)
+    safe_words: list[str] = field(default_factory=list)
 
     def build(self) -> Any:
         from dphub.ensemble.core import build_ensemble
@@ -103,12 +106,14 @@ class EnsembleRecipe:
         return build_ensemble(manifest, owner_model=None if self.owner_model is None
                               else Path(self.owner_model), aggregate_rule=self.aggregate,
                               batch_size=self.batch_size, int8=self.int8,
-                              runtime=self.runtime)
+                              runtime=self.runtime,
+                              safe_words=[Path(p) for p in self.safe_words])
 
 
 def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_rule: str | None,
                          batch_size: int, int8: bool,
-                         runtime: str | None = None) -> EnsembleRecipe:
+                         runtime: str | None = None,
+                         safe_words: Any = ()) -> EnsembleRecipe:
     """The recipe of ``build_ensemble(manifest, ...)``, registry members resolved to directories.
 
     Why resolve here: a worker on another node has its own registry (or none); the driver has
@@ -130,7 +135,8 @@ def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_r
     return EnsembleRecipe(members, rule,
                           None if owner_model is None else str(Path(owner_model).resolve()),
                           batch_size, int8,
-                          runtime or (getattr(manifest, "runtime", None) if manifest else None))
+                          runtime or (getattr(manifest, "runtime", None) if manifest else None),
+                          [str(Path(p).resolve()) for p in safe_words])
 
 
 # ---------------------------------------------------------------------------- wire format

@@ -19,6 +19,7 @@ from dphub.cli.ensemble._common import (
     FORMAT_OPT,
     INT8_OPT,
     RUNTIME_OPT,
+    SAFE_WORDS_OPT,
     _fmt,
     _say,
     ensemble_app,
@@ -52,6 +53,7 @@ def calibrate_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the patient holdout split."),
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
+    safe_words: list[Path] = SAFE_WORDS_OPT,
 ) -> None:
     """Choose thresholds per (member, label) for a target ensemble recall; store them in the
     manifest. Refuses (exit 2) when the target costs precision below --min-precision."""
@@ -62,7 +64,8 @@ def calibrate_cmd(
 
     apply_threads(threads)
     manifest = Manifest.load(manifest_path)
-    ensemble = build_ensemble(manifest, aggregate_rule=aggregate, progress=_say)
+    ensemble = build_ensemble(manifest, aggregate_rule=aggregate, progress=_say,
+                              safe_words=safe_words)
     notes = read_labelled(labelled, fmt)
     from dphub.progress import ProgressReporter
 
@@ -118,6 +121,7 @@ def evaluate_cmd(
     runtime: str | None = RUNTIME_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
+    safe_words: list[Path] = SAFE_WORDS_OPT,
 ) -> None:
     """Each member and the aggregate side by side: token P/R/F1, phrase recall, ε, unit."""
     from dphub.ensemble.core import build_ensemble
@@ -127,7 +131,7 @@ def evaluate_cmd(
     apply_threads(threads)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
-                              int8=int8, runtime=runtime, progress=_say)
+                              int8=int8, runtime=runtime, progress=_say, safe_words=safe_words)
     notes = read_labelled(labelled, fmt)
     if not notes:
         raise InputError(f"{labelled}: no notes")

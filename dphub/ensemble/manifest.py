@@ -153,10 +153,10 @@ class Manifest:
         names = [m.name for m in members]
         if len(set(names)) != len(names):
             raise ConfigError(f"{p}: duplicate member names")
-        from dphub.ensemble.aggregate import AggregateRule
+        from dphub.ensemble.inverse import parse_rule
 
         agg = str(data.get("aggregate", "any"))
-        AggregateRule.parse(agg)
+        parse_rule(agg)  # any | k-of-n:... | inverse[:LOW,HIGH]
         runtime = data.get("runtime")
         if runtime is not None:
             from dphub.runtime import RUNTIMES
