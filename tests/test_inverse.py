@@ -179,3 +179,39 @@ def test_safe_words_files(tmp_path: Path) -> None:
     assert "John" not in str(e.value)
     with pytest.raises(ConfigError, match="inverse rule only"):
         build_ensemble(Manifest([], "any"), safe_words=[own])
+
+
+def _labelled(n: int = 4) -> list[Note]:
+    text = "patient seen in clinic today Hal Stable"
+    gold = [Span(29, 32, "NAME"), Span(33, 39, "NAME")]
+    return [Note(f"n{i}", text, f"p{i}", spans=gold, labelled=True) for i in range(n)]
+
+
+def test_calibrate_inverse_picks_low_high_for_the_target_and_refuses_below_the_floor() -> None:
+    from dphub.ensemble.calibrate import CalibrationRefused
+    from dphub.ensemble.inverse_calibrate import calibrate_inverse
+
+    probs = {"Stable": 0.3, "clinic": 0.1}
+    ens = Ensemble([model(probs)], "inverse", safe_vocab=vocab())
+    res = calibrate_inverse(ens, _labelled(), 1.0)
+    assert res.rule == "inverse:0.3,0.3" and res.recall == 1.0 and res.precision == 1.0
+    res = calibrate_inverse(ens, _labelled(), 0.5)
+    assert res.rule == "inverse:1,1" and res.recall == 0.5  # the vocabulary alone decides
+    # a non-PHI vocabulary word the model scores higher than the surname: recall 1 costs it
+    ens = Ensemble([model({**probs, "today": 0.45})], "inverse", safe_vocab=vocab())
+    with pytest.raises(CalibrationRefused, match="below the minimum precision 0.9"):
+        calibrate_inverse(ens, _labelled(), 1.0, min_precision=0.9)
+    res = calibrate_inverse(ens, _labelled(), 1.0, min_precision=0.9, force=True, holdout=0.5)
+    assert res.forced and res.precision == pytest.approx(2 / 3) and res.holdout is not None
+
+
+def test_cli_calibrate_stores_the_inverse_thresholds(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "m.toml"
+    assert main(["ensemble", "add", "rules:default", "-e", str(path)]) == 0
+    ens = Ensemble([model({"Stable": 0.3, "clinic": 0.1})], "inverse", safe_vocab=vocab())
+    monkeypatch.setattr("dphub.ensemble.core.build_ensemble", lambda *a, **k: ens)
+    monkeypatch.setattr("dphub.ensemble.evaluation.read_labelled", lambda *a, **k: _labelled())
+    assert main(["ensemble", "calibrate", str(tmp_path / "gold.jsonl"), "--target-recall", "1",
+                 "--holdout", "0", "-e", str(path)]) == 0
+    assert Manifest.load(path).aggregate == "inverse:0.3,0.3"

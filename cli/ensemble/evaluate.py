@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -67,8 +68,14 @@ def calibrate_cmd(
     ensemble = build_ensemble(manifest, aggregate_rule=aggregate, progress=_say,
                               safe_words=safe_words)
     notes = read_labelled(labelled, fmt)
+    from dphub.ensemble.inverse import InverseRule
     from dphub.progress import ProgressReporter
 
+    if isinstance(ensemble.rule, InverseRule):  # issue 26: the rule's own LOW, HIGH
+        _calibrate_inverse(ensemble, notes, target_recall, holdout=holdout, seed=seed,
+                           min_precision=min_precision, force=force, dry_run=dry_run,
+                           manifest_path=manifest_path)
+        return
     with ProgressReporter() as reporter:
         res = calibrate(ensemble, notes, target_recall, per_label=per_label, holdout=holdout,
                         seed=seed, min_precision=min_precision, force=force,
@@ -106,6 +113,35 @@ def calibrate_cmd(
             if aggregate:
                 current.aggregate = aggregate
         typer.echo(f"thresholds stored in {manifest_path}")
+
+
+def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdout: float,
+                       seed: int, min_precision: float, force: bool, dry_run: bool,
+                       manifest_path: Path) -> None:
+    """``ensemble calibrate`` under the inverse rule: choose and store ``inverse:LOW,HIGH``."""
+    from dphub.ensemble.inverse_calibrate import calibrate_inverse
+    from dphub.ensemble.manifest import Manifest
+    from dphub.progress import ProgressReporter
+
+    with ProgressReporter() as reporter:
+        res = calibrate_inverse(ensemble, notes, target_recall, holdout=holdout, seed=seed,
+                                min_precision=min_precision, force=force,
+                                progress=reporter.count_callback("calibrate", "notes"))
+    typer.echo(f"aggregate {res.rule}")
+    typer.echo(f"calibration notes ({res.notes} notes, {res.patients} patients): ensemble token "
+               f"recall {res.recall:.4f} (target {target_recall}), precision {res.precision:.4f} "
+               f"on {res.tokens} tokens ({res.phi_tokens} PHI)")
+    h = res.holdout
+    if h is not None:
+        rec = "-" if h.recall is None else f"{h.recall:.4f}"
+        typer.echo(f"held-out check ({h.notes} notes, {h.patients} patients): token recall {rec}, "
+                   f"precision {h.precision:.4f} on {h.tokens} tokens ({h.phi_tokens} PHI)")
+    if res.forced:
+        typer.echo(f"WARNING (--force): {res.refusal()}", err=True)
+    if not dry_run:
+        with Manifest.editing(manifest_path) as current:
+            current.aggregate = res.rule
+        typer.echo(f"aggregate stored in {manifest_path}")
 
 
 @ensemble_app.command("evaluate")

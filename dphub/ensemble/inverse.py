@@ -48,6 +48,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
 from dphub.ensemble.measures import measurement_ranges
 from dphub.ensemble.members import ModelMember
@@ -161,15 +163,38 @@ def _flags(s: Span, own: float | LabelThresholds | None) -> bool:
     return score >= (MODEL_FLAG_DEFAULT if own is None else float(own))
 
 
-def inverse_aggregate(
+@dataclass
+class WordTable:
+    """One note's words and what the inverse rule needs to know of each (the run's decision and
+    calibration's both read it, so calibration measures what a run does).
+
+    ``flagged``: a member flags it (hidden whatever the thresholds); ``p``: the highest model
+    P(PHI); ``safe``: a safe word (no digits, in the vocabulary); ``measure``: a number (any
+    digit) inside a measurement context.
+    """
+
+    start: np.ndarray
+    end: np.ndarray
+    flagged: np.ndarray
+    p: np.ndarray
+    safe: np.ndarray
+    measure: np.ndarray
+    #: the members' flags, merged as ``any`` merges them
+    flags: list[MergedSpan]
+
+    def kept(self, low: float, high: float) -> np.ndarray:
+        """Which words come back under ``inverse:LOW,HIGH``."""
+        return ~self.flagged & ((self.safe & (self.p < high)) | (self.measure & (self.p < low)))
+
+
+def word_table(
     text: str,
     member_spans: Mapping[str, Sequence[Span]],
-    rule: InverseRule,
     vocab: SafeVocabulary,
     *,
     models: Mapping[str, float | LabelThresholds | None] | None = None,
-) -> list[MergedSpan]:
-    """The inverse rule over one note: what is hidden, as merged spans.
+) -> WordTable:
+    """The :class:`WordTable` of one note.
 
     ``member_spans``: each member's spans (whole words) in the note's offsets; ``models``: the
     model members among them with their own thresholds (their spans are per-word P(PHI) from
@@ -193,24 +218,42 @@ def inverse_aggregate(
     longest = max((e - s for s, e, _ in word_p), default=0)
     measures = measurement_ranges(text)
     m_starts = [a for a, _ in measures]
-    hidden: list[MergedSpan] = []
+    rows: list[tuple[int, int, bool, float, bool, bool]] = []
     ci = 0
     for m in WORD_RE.finditer(text):
         a, b = m.start(), m.end()
         while ci < len(cover) and cover[ci][1] <= a:
             ci += 1
-        if ci < len(cover) and cover[ci][0] < b:
-            continue  # a member flagged it: hidden inside that flag
+        hit = ci < len(cover) and cover[ci][0] < b
         p = _max_p(word_p, p_starts, longest, a, b)
         word = m.group()
         if any(c.isdigit() for c in word):
             k = bisect.bisect_right(m_starts, a) - 1
-            keep = k >= 0 and measures[k][0] <= a and b <= measures[k][1] and p < rule.low
+            rows.append((a, b, hit, p, False,
+                         k >= 0 and measures[k][0] <= a and b <= measures[k][1]))
         else:
-            keep = p < rule.high and vocab.contains(word)
-        if not keep:
-            hidden.append(MergedSpan(a, b, UNTYPED, p, ()))
-    return _join(text, sorted([*flagged, *hidden], key=lambda s: (s.start, s.end)))
+            rows.append((a, b, hit, p, vocab.contains(word), False))
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 6
+    return WordTable(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
+                     np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
+                     np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged)
+
+
+def inverse_aggregate(
+    text: str,
+    member_spans: Mapping[str, Sequence[Span]],
+    rule: InverseRule,
+    vocab: SafeVocabulary,
+    *,
+    models: Mapping[str, float | LabelThresholds | None] | None = None,
+) -> list[MergedSpan]:
+    """The inverse rule over one note: what is hidden, as merged spans (arguments as
+    :func:`word_table`)."""
+    table = word_table(text, member_spans, vocab, models=models)
+    out = ~table.kept(rule.low, rule.high) & ~table.flagged  # flagged words are in the flags
+    hidden = [MergedSpan(int(table.start[i]), int(table.end[i]), UNTYPED, float(table.p[i]), ())
+              for i in np.flatnonzero(out)]
+    return _join(text, sorted([*table.flags, *hidden], key=lambda s: (s.start, s.end)))
 
 
 def _max_p(word_p: Sequence[tuple[int, int, float]], starts: Sequence[int], longest: int,
