@@ -95,7 +95,7 @@ class EnsembleRecipe:
     runtime: str | None = None
     #: the owner's safe words files of the inverse rule (paths the workers read; the digest a
     #: resume checks is the driver's)
-    safe_words: list[str] = field(default_factory=list)
+    safe_words: list[str] = field(default_factory=list, kw_only=True)
 
     def build(self) -> Any:
         from dphub.ensemble.core import build_ensemble
@@ -136,7 +136,7 @@ def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_r
                           None if owner_model is None else str(Path(owner_model).resolve()),
                           batch_size, int8,
                           runtime or (getattr(manifest, "runtime", None) if manifest else None),
-                          [str(Path(p).resolve()) for p in safe_words])
+                          safe_words=[str(Path(p).resolve()) for p in safe_words])
 
 
 # ---------------------------------------------------------------------------- wire format

@@ -215,3 +215,55 @@ def test_cli_calibrate_stores_the_inverse_thresholds(tmp_path: Path,
     assert main(["ensemble", "calibrate", str(tmp_path / "gold.jsonl"), "--target-recall", "1",
                  "--holdout", "0", "-e", str(path)]) == 0
     assert Manifest.load(path).aggregate == "inverse:0.3,0.3"
+
+
+def test_ray_recipe_carries_the_rule_and_the_owner_safe_words(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    from dphub.ray_engine import recipe_from_manifest
+
+    monkeypatch.setattr("dphub.safe_vocab._shipped_bytes", lambda: b"# tiny\npatient\n")
+    words = tmp_path / "safe.txt"
+    words.write_text("saltwort\n")
+    path = tmp_path / "m.toml"
+    assert main(["ensemble", "add", "rules:default", "-e", str(path)]) == 0
+    recipe = recipe_from_manifest(Manifest.load(path), owner_model=None,
+                                  aggregate_rule="inverse:0.1,0.3", batch_size=4, int8=False,
+                                  safe_words=[words])
+    driver = build_ensemble(Manifest.load(path), aggregate_rule="inverse:0.1,0.3",
+                            safe_words=[words])
+    worker = recipe.build()  # what each Ray actor builds
+    assert str(worker.rule) == "inverse:0.1,0.3"
+    assert worker.vocabulary.digest == driver.vocabulary.digest
+    assert worker.vocabulary.contains("saltwort")
+
+
+@pytest.mark.parametrize("mode", ["tag", "redact", "surrogate", "spans", "brat"])
+def test_cli_deid_inverse_in_every_output_mode(tmp_path: Path, mode: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("dphub.safe_vocab._shipped_bytes",
+                        lambda: ("# tiny\n" + "\n".join(WORDS) + "\n").encode())
+    name = surname()
+    src = tmp_path / "in"
+    src.mkdir()
+    name = name.lower()  # no capital, no title: the rules have nothing to go on
+    (src / "a.txt").write_text(f"patient seen today and {name} stable\ngiven 5 mg po\n")
+    path = tmp_path / "m.toml"
+    assert main(["ensemble", "add", "rules:default", "-e", str(path)]) == 0
+    own = tmp_path / "own.txt"
+    own.write_text("given\n")
+    key = tmp_path / "key"
+    key.write_bytes(b"k" * 32)
+    out = tmp_path / "out"
+    args = ["ensemble", "deid", str(src), "--out", str(out), "--aggregate", "inverse",
+            "--safe-words", str(own), "--mode", mode, "-e", str(path)]
+    assert main(args + (["--key-file", str(key)] if mode == "surrogate" else [])) == 0
+    (audit,) = [json.loads(x) for x in (out / "audit.jsonl").read_text().splitlines()]
+    assert audit["safe_vocab_sha256"] == load(None, [own]).digest
+    spans = [(s["start"], s["end"], s["label"]) for s in audit["spans"]]
+    start = len("patient seen today and ")
+    assert spans == [(start, start + len(name), "PHI")]  # the owner's "given" and the dose kept
+    written = "".join(p.read_text() for p in sorted(out.glob("a.*")))
+    assert name not in written or mode == "brat"  # brat's .ann quotes the span: the point of it
+    if mode in ("tag", "surrogate"):
+        assert "[**PHI**]" in written and "given 5 mg po" in written
