@@ -249,7 +249,12 @@ def inverse_aggregate(
 ) -> list[MergedSpan]:
     """The inverse rule over one note: what is hidden, as merged spans (arguments as
     :func:`word_table`)."""
-    table = word_table(text, member_spans, vocab, models=models)
+    return hidden_spans(text, word_table(text, member_spans, vocab, models=models), rule)
+
+
+def hidden_spans(text: str, table: WordTable, rule: InverseRule) -> list[MergedSpan]:
+    """What ``rule`` hides of a note whose :class:`WordTable` is ``table``, as merged spans (one
+    table serves every LOW, HIGH: calibration and benchmarks score many from one model pass)."""
     out = ~table.kept(rule.low, rule.high) & ~table.flagged  # flagged words are in the flags
     hidden = [MergedSpan(int(table.start[i]), int(table.end[i]), UNTYPED, float(table.p[i]), ())
               for i in np.flatnonzero(out)]
