@@ -203,6 +203,11 @@ def test_calibrate_inverse_picks_low_high_for_the_target_and_refuses_below_the_f
         calibrate_inverse(ens, _labelled(), 1.0, min_precision=0.9)
     res = calibrate_inverse(ens, _labelled(), 1.0, min_precision=0.9, force=True, holdout=0.5)
     assert res.forced and res.precision == pytest.approx(2 / 3) and res.holdout is not None
+    # the forward search would tune member thresholds the inverse rule barely reads
+    from dphub.ensemble.calibrate import calibrate
+
+    with pytest.raises(ConfigError, match="calibrate_inverse"):
+        calibrate(ens, _labelled(), 1.0)
 
 
 def test_cli_calibrate_stores_the_inverse_thresholds(tmp_path: Path,
@@ -267,3 +272,11 @@ def test_cli_deid_inverse_in_every_output_mode(tmp_path: Path, mode: str,
     assert name not in written or mode == "brat"  # brat's .ann quotes the span: the point of it
     if mode in ("tag", "surrogate"):
         assert "[**PHI**]" in written and "given 5 mg po" in written
+
+
+def test_a_student_cannot_learn_from_the_inverse_rule() -> None:
+    from dphub.ensemble.distill import pseudo_label
+
+    ens = Ensemble([model()], "inverse", safe_vocab=vocab())
+    with pytest.raises(ConfigError, match="no label a student could learn"):
+        pseudo_label(ens, [Note("a", "patient seen today")])
