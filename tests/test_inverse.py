@@ -280,3 +280,17 @@ def test_a_student_cannot_learn_from_the_inverse_rule() -> None:
     ens = Ensemble([model()], "inverse", safe_vocab=vocab())
     with pytest.raises(ConfigError, match="no label a student could learn"):
         pseudo_label(ens, [Note("a", "patient seen today")])
+
+
+def test_a_long_note_read_in_chunks_hides_what_one_pass_hides() -> None:
+    fake = Faker("en_US")
+    fake.seed_instance(3)
+    text = " ".join(f"patient seen by dr {fake.last_name()} today given {i} mg po\n"
+                    for i in range(40))
+    note = Note("a", text)
+    probs = {"today": 0.3, "seen": 0.1}
+    whole = hidden(Ensemble([model(probs)], "inverse", safe_vocab=vocab()), note)
+    chunked = Ensemble([model(probs)], "inverse", safe_vocab=vocab())
+    chunked.chunk_chars, chunked.chunk_overlap = 300, 40
+    assert len(text) > 4 * chunked.chunk_chars
+    assert hidden(chunked, note) == whole and whole[0][0].endswith(" today")
