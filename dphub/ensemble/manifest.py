@@ -8,6 +8,7 @@ in the working directory. Written atomically (:mod:`dphub.io`); edits go through
 read-modify-write, so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
 
     aggregate = "any"            # any | k-of-n:K | k-of-n:K+NAME+... (NAME's flags count alone)
+                                 # | inverse[:LOW,HIGH] (keep only known-safe words, issue 26)
     runtime = "onnx"             # torch | torch-bf16 | onnx | onnx-int8 (encoder runtime; absent: torch)
 
     [[members]]
