@@ -4,8 +4,10 @@ The inverse rule (:mod:`dphub.ensemble.inverse`) hides every word unless it is *
 safe*; a word is known safe only if it is in this vocabulary (and no member flags it, and every
 model is confident it is no PHI). The shipped list (``dphub/resources/safe_vocab/safe_words.txt``,
 built offline from public word lists, never from notes) has ``#`` header lines saying where it
-came from, then one lower-case NFC word per line, without digits: numbers are never safe words
-(a number comes back only in a measurement context, :mod:`dphub.ensemble.measures`).
+came from, then one lower-case NFC word per line, letters only (a line that is not one run of
+letters, such as ``x-ray``, could never match a word of a note and is skipped); numbers are
+never safe words (a number comes back only in a measurement context,
+:mod:`dphub.ensemble.measures`).
 
 A data owner may add its own safe words (``--safe-words FILE``, one word per line, ``#``
 comments allowed): every word added is a word that is released whenever the models are
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +37,9 @@ from pathlib import Path
 from dphub.errors import ConfigError
 from dphub.io import os_error_message, read_small_file
 from dphub.textnorm import normalized_text
+
+#: a safe word: one run of letters, as the words of a note are cut (letter/digit runs, no digits)
+_LETTERS = re.compile(r"[^\W\d_]+")
 
 #: the largest vocabulary file read (the shipped one is a few MB at most)
 MAX_BYTES = 64 << 20
@@ -98,10 +104,12 @@ def _parse(data: bytes, where: str, *, shipped: bool) -> tuple[set[str], list[st
                 header.append(line.lstrip("#").strip())
             continue
         w = normalize_word(line)
-        if any(c.isspace() for c in w) or any(c.isdigit() for c in w) or not any(
-                c.isalpha() for c in w):
+        if not _LETTERS.fullmatch(w):
+            if shipped:
+                continue  # a built list's "x-ray" could never match a word of a note
             raise ConfigError(f"{where}: line {n} is not one word of letters (safe words hold "
-                              "one word per line, no digits, no spaces)")
+                              "one word per line: letters only, no digits, spaces or "
+                              "punctuation)")
         words.add(w)
     return words, header
 

@@ -165,7 +165,7 @@ def test_rule_parse_and_manifest_round_trip(tmp_path: Path,
 
 def test_safe_words_files(tmp_path: Path) -> None:
     base = tmp_path / "base.txt"
-    base.write_text("# source: test list 1.0\nabdomen\nétude\n", encoding="utf-8")
+    base.write_text("# source: test list 1.0\nabdomen\nétude\nx-ray\n", encoding="utf-8")
     own = tmp_path / "own.txt"
     own.write_text("Saltwort\n")
     v = load(base, [own])
@@ -177,6 +177,9 @@ def test_safe_words_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="line 2") as e:
         load(base, [bad])
     assert "John" not in str(e.value)
+    bad.write_text("x-ray\n")  # an owner's file says so; the built list skips it
+    with pytest.raises(ConfigError, match="line 1"):
+        load(base, [bad])
     with pytest.raises(ConfigError, match="inverse rule only"):
         build_ensemble(Manifest([], "any"), safe_words=[own])
 
