@@ -52,6 +52,7 @@ from typing import Any
 from dphub.errors import ConfigError
 from dphub.notes import Note
 from dphub.runner import Engine, WorkItem
+from dphub.safe_vocab import load as load_safe_vocab
 
 #: Default runner batches per Ray Dataset (window): large enough that loading the ensemble in each
 #: actor once per window is a small cost, small enough to bound the driver's memory.
@@ -96,6 +97,8 @@ class EnsembleRecipe:
     #: the owner's safe words files of the inverse rule (paths the workers read; the digest a
     #: resume checks is the driver's)
     safe_words: list[str] = field(default_factory=list, kw_only=True)
+    #: the driver's vocabulary digest: a worker that reads other words refuses to start
+    safe_vocab_sha256: str | None = field(default=None, kw_only=True)
 
     def build(self) -> Any:
         from dphub.ensemble.core import build_ensemble
@@ -103,11 +106,16 @@ class EnsembleRecipe:
 
         manifest = Manifest([MemberEntry.from_dict(d, "the Ray engine's recipe")
                              for d in self.members], self.aggregate)
-        return build_ensemble(manifest, owner_model=None if self.owner_model is None
-                              else Path(self.owner_model), aggregate_rule=self.aggregate,
-                              batch_size=self.batch_size, int8=self.int8,
-                              runtime=self.runtime,
-                              safe_words=[Path(p) for p in self.safe_words])
+        ensemble = build_ensemble(manifest, owner_model=None if self.owner_model is None
+                                  else Path(self.owner_model), aggregate_rule=self.aggregate,
+                                  batch_size=self.batch_size, int8=self.int8,
+                                  runtime=self.runtime,
+                                  safe_words=[Path(p) for p in self.safe_words])
+        vocab = getattr(ensemble, "safe_vocab", None)
+        if self.safe_vocab_sha256 and (vocab is None or vocab.digest != self.safe_vocab_sha256):
+            raise ConfigError("a Ray worker reads other safe words than the driver (the "
+                              "--safe-words files or the installed dphub differ on its node)")
+        return ensemble
 
 
 def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_rule: str | None,
@@ -136,7 +144,9 @@ def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_r
                           None if owner_model is None else str(Path(owner_model).resolve()),
                           batch_size, int8,
                           runtime or (getattr(manifest, "runtime", None) if manifest else None),
-                          safe_words=[str(Path(p).resolve()) for p in safe_words])
+                          safe_words=[str(Path(p).resolve()) for p in safe_words],
+                          safe_vocab_sha256=load_safe_vocab(extra=list(safe_words)).digest
+                          if str(rule).strip().lower().startswith("inverse") else None)
 
 
 # ---------------------------------------------------------------------------- wire format

@@ -244,6 +244,9 @@ def test_ray_recipe_carries_the_rule_and_the_owner_safe_words(tmp_path: Path,
     assert str(worker.rule) == "inverse:0.1,0.3"
     assert worker.vocabulary.digest == driver.vocabulary.digest
     assert worker.vocabulary.contains("saltwort")
+    words.write_text("saltwort\nrose\n")  # a worker node with another file refuses
+    with pytest.raises(ConfigError, match="other safe words"):
+        recipe.build()
 
 
 @pytest.mark.parametrize("mode", ["tag", "redact", "surrogate", "spans", "brat"])
