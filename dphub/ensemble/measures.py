@@ -8,8 +8,8 @@ confident it is no PHI. The contexts are deliberately few and literal:
 * a number directly followed by a unit of dose, volume, mass, vital sign, lab value or duration
   (``5 mg``, ``0.9 mg/dl``, ``98.6 °F``, ``140 mmHg``, ``95%``, ``2 L``, ``3 days``), the
   duration units not followed by ``old`` / ``of age`` (``3 days old`` is an age);
-* a number, or a pair ``N/N``, after the name of a vital sign or common lab value
-  (``BP 120/80``, ``HR: 88``, ``Na 140``, ``WBC 12.3``).
+* a number of at most three digits before the point, or a pair ``N/N``, after the name of a
+  vital sign or common lab value (``BP 120/80``, ``HR: 88``, ``Na 140``, ``WBC 12.3``).
 
 Never a measurement, whatever follows or precedes it: a number that is part of a date, time,
 range of digits or code (preceded by ``/``, ``-``, ``:``, ``.``, ``#`` or a letter), a number of
@@ -28,6 +28,10 @@ import re
 #: date, time, code or longer number
 _NUM_BODY = r"\d{1,5}(?:\.\d{1,3})?(?![\d])"
 _NUM = r"(?<![\w.,/:#-])" + _NUM_BODY
+#: after a vital sign's or lab value's name: at most three digits before the point (a ZIP code
+#: after a state, ``CA 90210``, or a phone after ``Ph`` is no lab value)
+_VALUE_BODY = r"\d{1,3}(?:\.\d{1,3})?(?![\d])"
+_VALUE = r"(?<![\w.,/:#-])" + _VALUE_BODY
 _DOSE = (r"mg|mcg|µg|ug|g|gm|gr|kg|lbs?|oz|ml|cc|l|dl|units?|iu|u|meq|mmol|mol|ng|pg|nmol|"
          r"mg/dl|mg/kg|mcg/kg|mcg/kg/min|mg/kg/day|g/dl|mmol/l|meq/l|u/l|iu/l|ml/hr?|cc/hr?|"
          r"ml/min|l/min|lpm|tabs?|tablets?|caps?|capsules?|puffs?|drops?|sprays?|patch(?:es)?")
@@ -42,7 +46,7 @@ _KEYWORDS = (r"bp|blood\s+pressure|hr|heart\s+rate|pulse|rr|resp(?:iratory)?\s+r
              r"inr|ptt|ph|pco2|po2|lactate|trop(?:onin)?|ast|alt|alk\s+phos|tbili|albumin|"
              r"mg|phos|ca|ldl|hdl|a1c|hba1c|tsh|bnp|ck|ef|cvp|map|fio2|peep|tv|vt")
 _AFTER_KEYWORD = re.compile(
-    rf"(?<![\w])(?:{_KEYWORDS})\s*(?:of|was|is|=|:)?\s*({_NUM}(?:/{_NUM_BODY})?)(?![/\d.-]\d)",
+    rf"(?<![\w])(?:{_KEYWORDS})\s*(?:of|was|is|=|:)?\s*({_VALUE}(?:/{_VALUE_BODY})?)(?![/\d.-]\d)",
     re.IGNORECASE)
 _YEAR = re.compile(r"(?:19|20)\d\d")
 
