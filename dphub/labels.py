@@ -127,6 +127,12 @@ def _build_tables() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
 
 CATEGORY_OF, FINE_OF, CANONICAL = _build_tables()
 
+#: The label of a word the inverse rule hides that no member typed (:mod:`dphub.ensemble.inverse`).
+#: A category of its own but not one of :data:`CATEGORIES` (no model predicts it, no schema or
+#: rule feature changes): tag mode writes ``[**PHI**]``, surrogate mode masks it (no fake value).
+UNTYPED = "PHI"
+CATEGORY_OF[UNTYPED] = FINE_OF[UNTYPED] = CANONICAL[UNTYPED] = UNTYPED
+
 
 def category_of(label: str, *, where: str | None = None) -> str:
     """Return the HIPAA category of any known label; raise :class:`LabelError` otherwise."""

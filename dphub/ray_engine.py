@@ -52,6 +52,7 @@ from typing import Any
 from dphub.errors import ConfigError
 from dphub.notes import Note
 from dphub.runner import Engine, WorkItem
+from dphub.safe_vocab import load as load_safe_vocab
 
 #: Default runner batches per Ray Dataset (window): large enough that loading the ensemble in each
 #: actor once per window is a small cost, small enough to bound the driver's memory.
@@ -93,6 +94,11 @@ class EnsembleRecipe:
     #: the encoder runtime (``torch``, ``torch-bf16``, ``onnx``, ``onnx-int8``): the driver's, so every actor
     #: computes what the driver's settings describe
     runtime: str | None = None
+    #: the owner's safe words files of the inverse rule (paths the workers read; the digest a
+    #: resume checks is the driver's)
+    safe_words: list[str] = field(default_factory=list, kw_only=True)
+    #: the driver's vocabulary digest: a worker that reads other words refuses to start
+    safe_vocab_sha256: str | None = field(default=None, kw_only=True)
 
     def build(self) -> Any:
         from dphub.ensemble.core import build_ensemble
@@ -100,15 +106,22 @@ class EnsembleRecipe:
 
         manifest = Manifest([MemberEntry.from_dict(d, "the Ray engine's recipe")
                              for d in self.members], self.aggregate)
-        return build_ensemble(manifest, owner_model=None if self.owner_model is None
-                              else Path(self.owner_model), aggregate_rule=self.aggregate,
-                              batch_size=self.batch_size, int8=self.int8,
-                              runtime=self.runtime)
+        ensemble = build_ensemble(manifest, owner_model=None if self.owner_model is None
+                                  else Path(self.owner_model), aggregate_rule=self.aggregate,
+                                  batch_size=self.batch_size, int8=self.int8,
+                                  runtime=self.runtime,
+                                  safe_words=[Path(p) for p in self.safe_words])
+        vocab = getattr(ensemble, "safe_vocab", None)
+        if self.safe_vocab_sha256 and (vocab is None or vocab.digest != self.safe_vocab_sha256):
+            raise ConfigError("a Ray worker reads other safe words than the driver (the "
+                              "--safe-words files or the installed dphub differ on its node)")
+        return ensemble
 
 
 def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_rule: str | None,
                          batch_size: int, int8: bool,
-                         runtime: str | None = None) -> EnsembleRecipe:
+                         runtime: str | None = None,
+                         safe_words: Any = ()) -> EnsembleRecipe:
     """The recipe of ``build_ensemble(manifest, ...)``, registry members resolved to directories.
 
     Why resolve here: a worker on another node has its own registry (or none); the driver has
@@ -130,7 +143,10 @@ def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_r
     return EnsembleRecipe(members, rule,
                           None if owner_model is None else str(Path(owner_model).resolve()),
                           batch_size, int8,
-                          runtime or (getattr(manifest, "runtime", None) if manifest else None))
+                          runtime or (getattr(manifest, "runtime", None) if manifest else None),
+                          safe_words=[str(Path(p).resolve()) for p in safe_words],
+                          safe_vocab_sha256=load_safe_vocab(extra=list(safe_words)).digest
+                          if str(rule).strip().lower().startswith("inverse") else None)
 
 
 # ---------------------------------------------------------------------------- wire format

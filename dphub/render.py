@@ -100,7 +100,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dphub.errors import ConfigError, InputError
-from dphub.labels import category_of, fine_of
+from dphub.labels import UNTYPED, category_of, fine_of
 from dphub.notes import Note, Span, merge_overlapping
 from dphub.textnorm import NormalizedText, normalize, normalized_text
 
@@ -834,6 +834,8 @@ class SurrogateRenderer(Renderer):
         """
         category = category_of(span.label)
         fine = fine_of(span.label)
+        if category == UNTYPED:  # hidden by the inverse rule, no member said what it is: masked
+            raise _NoSurrogate
         if category == "NAME":
             if fine == "USERNAME":
                 if not _code_like(text, 2):

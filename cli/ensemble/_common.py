@@ -42,7 +42,16 @@ AGGREGATE_OPT = typer.Option(
     None, "--aggregate", show_default="the manifest's, else any",
     help="Aggregation: any (a character is PHI if any member flags it) | k-of-n:K (K members "
          "must agree) | k-of-n:K+NAME+... (as k-of-n:K, but the named members' flags count "
-         "alone, e.g. k-of-n:2+rules:default: two pulled models must agree, the rules need not).",
+         "alone, e.g. k-of-n:2+rules:default: two pulled models must agree, the rules need not) "
+         "| inverse[:LOW,HIGH] (recall first: hide every word unless it is a safe word, or a "
+         "number in a measurement, that no member flags and every model scores below HIGH, for "
+         "numbers LOW; docs/recall_first.md).",
+)
+SAFE_WORDS_OPT = typer.Option(
+    [], "--safe-words", metavar="FILE",
+    help="With --aggregate inverse: your own safe words (one word per line), added to the "
+         "shipped vocabulary; each word added comes back whenever the models let it "
+         "(repeatable; docs/recall_first.md).",
 )
 RUNTIME_OPT = typer.Option(
     None, "--runtime", show_default="the manifest's, else torch",

@@ -21,6 +21,7 @@ from dphub.cli.ensemble._common import (
     INT8_OPT,
     RESUME_OPT,
     RUNTIME_OPT,
+    SAFE_WORDS_OPT,
     _say,
     ensemble_app,
 )
@@ -207,6 +208,7 @@ def deid_cmd(
     address: str | None = ADDRESS_OPT,
     ray_workers: int = RAY_WORKERS_OPT,
     patient_id_from: str | None = PATIENT_ID_OPT,
+    safe_words: list[Path] = SAFE_WORDS_OPT,
 ) -> int:
     """De-identify notes with the ensemble (plus --owner-model); writes OUT/audit.jsonl."""
     from dphub.ensemble.core import build_ensemble
@@ -223,13 +225,14 @@ def deid_cmd(
 
         return recipe_from_manifest(manifest, owner_model=owner_model, aggregate_rule=aggregate,
                                     batch_size=batch_size, int8=int8,
-                                    runtime=runtime)
+                                    runtime=runtime, safe_words=safe_words)
 
     run_engine = _ray_engine(engine, address, ray_workers, workers, recipe)
     # built here too with --engine ray: it checks every member before Ray starts, and the run's
     # settings (what a --resume must match) describe it
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
-                              batch_size=batch_size, int8=int8, runtime=runtime, progress=_say)
+                              batch_size=batch_size, int8=int8, runtime=runtime, progress=_say,
+                              safe_words=safe_words)
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
                 workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
                 engine=run_engine, patient_id_from=patient_id_from)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -19,6 +20,7 @@ from dphub.cli.ensemble._common import (
     FORMAT_OPT,
     INT8_OPT,
     RUNTIME_OPT,
+    SAFE_WORDS_OPT,
     _fmt,
     _say,
     ensemble_app,
@@ -52,6 +54,7 @@ def calibrate_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the patient holdout split."),
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
+    safe_words: list[Path] = SAFE_WORDS_OPT,
 ) -> None:
     """Choose thresholds per (member, label) for a target ensemble recall; store them in the
     manifest. Refuses (exit 2) when the target costs precision below --min-precision."""
@@ -62,10 +65,17 @@ def calibrate_cmd(
 
     apply_threads(threads)
     manifest = Manifest.load(manifest_path)
-    ensemble = build_ensemble(manifest, aggregate_rule=aggregate, progress=_say)
+    ensemble = build_ensemble(manifest, aggregate_rule=aggregate, progress=_say,
+                              safe_words=safe_words)
     notes = read_labelled(labelled, fmt)
+    from dphub.ensemble.inverse import InverseRule
     from dphub.progress import ProgressReporter
 
+    if isinstance(ensemble.rule, InverseRule):  # issue 26: the rule's own LOW, HIGH
+        _calibrate_inverse(ensemble, notes, target_recall, holdout=holdout, seed=seed,
+                           min_precision=min_precision, force=force, dry_run=dry_run,
+                           manifest_path=manifest_path)
+        return
     with ProgressReporter() as reporter:
         res = calibrate(ensemble, notes, target_recall, per_label=per_label, holdout=holdout,
                         seed=seed, min_precision=min_precision, force=force,
@@ -105,6 +115,35 @@ def calibrate_cmd(
         typer.echo(f"thresholds stored in {manifest_path}")
 
 
+def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdout: float,
+                       seed: int, min_precision: float, force: bool, dry_run: bool,
+                       manifest_path: Path) -> None:
+    """``ensemble calibrate`` under the inverse rule: choose and store ``inverse:LOW,HIGH``."""
+    from dphub.ensemble.inverse_calibrate import calibrate_inverse
+    from dphub.ensemble.manifest import Manifest
+    from dphub.progress import ProgressReporter
+
+    with ProgressReporter() as reporter:
+        res = calibrate_inverse(ensemble, notes, target_recall, holdout=holdout, seed=seed,
+                                min_precision=min_precision, force=force,
+                                progress=reporter.count_callback("calibrate", "notes"))
+    typer.echo(f"aggregate {res.rule}")
+    typer.echo(f"calibration notes ({res.notes} notes, {res.patients} patients): ensemble token "
+               f"recall {res.recall:.4f} (target {target_recall}), precision {res.precision:.4f} "
+               f"on {res.tokens} tokens ({res.phi_tokens} PHI)")
+    h = res.holdout
+    if h is not None:
+        rec = "-" if h.recall is None else f"{h.recall:.4f}"
+        typer.echo(f"held-out check ({h.notes} notes, {h.patients} patients): token recall {rec}, "
+                   f"precision {h.precision:.4f} on {h.tokens} tokens ({h.phi_tokens} PHI)")
+    if res.forced:
+        typer.echo(f"WARNING (--force): {res.refusal()}", err=True)
+    if not dry_run:
+        with Manifest.editing(manifest_path) as current:
+            current.aggregate = res.rule
+        typer.echo(f"aggregate stored in {manifest_path}")
+
+
 @ensemble_app.command("evaluate")
 def evaluate_cmd(
     labelled: Path = typer.Argument(..., metavar="LABELLED", help="Labelled notes (any format)."),
@@ -118,6 +157,7 @@ def evaluate_cmd(
     runtime: str | None = RUNTIME_OPT,
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
+    safe_words: list[Path] = SAFE_WORDS_OPT,
 ) -> None:
     """Each member and the aggregate side by side: token P/R/F1, phrase recall, ε, unit."""
     from dphub.ensemble.core import build_ensemble
@@ -127,7 +167,7 @@ def evaluate_cmd(
     apply_threads(threads)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
-                              int8=int8, runtime=runtime, progress=_say)
+                              int8=int8, runtime=runtime, progress=_say, safe_words=safe_words)
     notes = read_labelled(labelled, fmt)
     if not notes:
         raise InputError(f"{labelled}: no notes")

@@ -150,3 +150,23 @@ def runtime_cmd(runtime: str | None = typer.Argument(
         manifest.runtime = runtime
     typer.echo(f"runtime {runtime} stored in {manifest_path}"
                + (f" ({n} encoder{'s' if n != 1 else ''} ready)" if n else ""))
+
+
+@ensemble_app.command("aggregate")
+def aggregate_cmd(rule: str | None = typer.Argument(
+                      None, metavar="RULE", show_default="print the current one",
+                      help="any | k-of-n:K | k-of-n:K+NAME+... | inverse | inverse:LOW,HIGH "
+                           "(stored in the manifest)."),
+                  manifest_path: Path = ENSEMBLE_OPT) -> None:
+    """Show or set the aggregation rule that deid, evaluate and calibrate use by default."""
+    from dphub.ensemble.inverse import parse_rule
+    from dphub.ensemble.manifest import Manifest
+
+    if rule is None:
+        typer.echo(Manifest.load(manifest_path).aggregate)
+        return
+    parsed = parse_rule(rule)
+    with Manifest.editing(manifest_path) as manifest:
+        parsed.check([m.name for m in manifest.members])
+        manifest.aggregate = str(parsed)
+    typer.echo(f"aggregate {parsed} stored in {manifest_path}")

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dphub.ensemble.aggregate import AggregateRule
+from dphub.ensemble.inverse import InverseRule
 from dphub.ensemble.members import ModelMember
 from dphub.errors import ConfigError, InputError
 from dphub.evaluate import TOKEN_RE
@@ -371,6 +372,9 @@ def calibrate(
     ``min_precision``, raises :class:`CalibrationRefused` when the thresholds fall below it (on
     the calibration notes or the held-out patients) unless ``force`` (then ``result.forced``).
     """
+    if isinstance(ensemble.rule, InverseRule):  # its own thresholds: LOW, HIGH (issue 26)
+        raise ConfigError("the inverse rule is calibrated by "
+                          "dphub.ensemble.inverse_calibrate.calibrate_inverse")
     if not 0.0 < target_recall <= 1.0:
         raise ConfigError(f"target recall must be in (0, 1] (got {target_recall})")
     if not 0.0 <= holdout < 1.0:

@@ -16,6 +16,12 @@ from dphub.ensemble.chunks import (
     chunk_note,
     merge_chunk_spans,
 )
+from dphub.ensemble.inverse import (
+    InverseRule,
+    inverse_aggregate,
+    model_word_spans,
+    parse_rule,
+)
 from dphub.ensemble.manifest import (
     Manifest,
     MemberEntry,
@@ -29,6 +35,8 @@ from dphub.ensemble.words import snap_to_words, trim_spans, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
 from dphub.rule_features import shared_rule_member
+from dphub.safe_vocab import SafeVocabulary
+from dphub.safe_vocab import load as load_safe_vocab
 from dphub.scores import LabelThresholds
 from dphub.textnorm import normalize
 
@@ -83,15 +91,34 @@ class Ensemble:
     chunk_chars: int = CHUNK_CHARS
     chunk_overlap: int = CHUNK_OVERLAP
 
-    def __init__(self, slots: Sequence[Slot], rule: AggregateRule | str = "any") -> None:
+    def __init__(self, slots: Sequence[Slot], rule: AggregateRule | InverseRule | str = "any",
+                 *, safe_vocab: SafeVocabulary | None = None) -> None:
         if not slots:
             raise ConfigError("the ensemble has no members (add one with `dphub ensemble add`)")
         names = [s.name for s in slots]
         if len(set(names)) != len(names):
             raise ConfigError("ensemble member names must be unique")
         self.slots = list(slots)
-        self.rule = AggregateRule.parse(rule) if isinstance(rule, str) else rule
+        self.rule = parse_rule(rule) if isinstance(rule, str) else rule
         self.rule.check(names)
+        #: the inverse rule's safe words (default: the shipped vocabulary, loaded on first use)
+        self.safe_vocab = safe_vocab
+
+    @property
+    def vocabulary(self) -> SafeVocabulary:
+        """The safe vocabulary of the inverse rule (the shipped one unless one was given)."""
+        if self.safe_vocab is None:
+            self.safe_vocab = load_safe_vocab()
+        return self.safe_vocab
+
+    def combine(self, note: Note, by_member: dict[str, list[Span]]) -> list[MergedSpan]:
+        """One note's merged spans from its members' spans, by the ensemble's rule."""
+        if isinstance(self.rule, InverseRule):
+            models = {s.name: s.tag_threshold for s in self.slots
+                      if isinstance(s.member, ModelMember)}
+            return inverse_aggregate(note.text, by_member, self.rule, self.vocabulary,
+                                     models=models)
+        return aggregate(by_member, self.rule)
 
     def member_spans(self, notes: Sequence[Note], *,
                      on_chunk: Callable[[int, int], None] | None = None
@@ -161,7 +188,14 @@ class Ensemble:
             raw = bool(getattr(slot.member, "reads_raw_text", False))
             given = notes if raw else seen
             key = shared.get(slot.name)
-            if key is None:
+            if isinstance(self.rule, InverseRule) and isinstance(slot.member, ModelMember):
+                # the inverse rule reads every word's P(PHI), down to its lowest threshold
+                floor = self.rule.floor(slot.tag_threshold)
+                if key is not None and key not in encoded:
+                    encoded[key] = slot.member.encode(given)
+                tagged = model_word_spans(slot.member, given, floor,
+                                          encoded=None if key is None else encoded[key])
+            elif key is None:
                 tagged = slot.member.tag(given, threshold=slot.tag_threshold)
             else:  # members on one encoder: its pass runs once, each applies its own head + CRF
                 if key not in encoded:
@@ -187,8 +221,9 @@ class Ensemble:
              on_chunk: Callable[[int, int], None] | None = None) -> list[NoteResult]:
         """Merged spans per note; ``on_chunk`` as in :meth:`member_spans` (long notes)."""
         return [
-            NoteResult(aggregate(by_member, self.rule), by_member)
-            for by_member in self.member_spans(notes, on_chunk=on_chunk)
+            NoteResult(self.combine(note, by_member), by_member)
+            for note, by_member in zip(notes, self.member_spans(notes, on_chunk=on_chunk),
+                                       strict=True)
         ]
 
 
@@ -308,12 +343,15 @@ def build_ensemble(
     int8: bool = False,
     runtime: str | None = None,
     progress: Callable[[str], None] | None = None,
+    safe_words: Sequence[Path] = (),
 ) -> Ensemble:
     """The ensemble of a manifest (Scenario A), plus the owner's model when given (Scenario B).
 
     ``runtime`` (``torch``, ``torch-bf16``, ``onnx``, ``onnx-int8``; default: the manifest's, else
     :data:`dphub.runtime.DEFAULT_RUNTIME`) runs every model member's encoder there; ONNX graphs
     are built on first use (``progress`` gets a line first) and cached by encoder digest.
+    ``safe_words``: the owner's safe words files, added to the shipped vocabulary of the inverse
+    rule (refused with another rule: they would change nothing).
     """
     from dphub.runtime import DEFAULT_RUNTIME, check_runtime
 
@@ -328,7 +366,12 @@ def build_ensemble(
     if owner_model is not None:
         slots.append(owner_slot(owner_model, batch_size=batch_size, int8=int8, taggers=taggers))
     rule = aggregate_rule or (manifest.aggregate if manifest else "any")
-    ensemble = Ensemble(slots, rule)
+    parsed = parse_rule(rule)
+    if safe_words and not isinstance(parsed, InverseRule):
+        raise ConfigError(f"--safe-words applies to the inverse rule only (the rule is {parsed}); "
+                          "add --aggregate inverse")
+    vocab = load_safe_vocab(extra=list(safe_words)) if isinstance(parsed, InverseRule) else None
+    ensemble = Ensemble(slots, parsed, safe_vocab=vocab)
     apply_runtime(ensemble, runtime, progress=progress)
     return ensemble
 

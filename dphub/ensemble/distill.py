@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.ensemble.core import Ensemble, Slot
+from dphub.ensemble.inverse import InverseRule
 from dphub.errors import ConfigError, InputError
 from dphub.io import move_into_place
 from dphub.notes import Note, Span, merge_overlapping
@@ -104,6 +105,9 @@ def pseudo_label(ensemble: Ensemble, notes: Sequence[Note], *, batch_size: int =
     would hide. ``scores`` keeps each span's score (the best member's) for soft labels; hard
     labels drop it.
     """
+    if isinstance(ensemble.rule, InverseRule):  # issue 26
+        raise ConfigError("the inverse rule hides every word it does not know, untyped (PHI): "
+                          "no label a student could learn; label with --aggregate any or k-of-n")
     out: list[Note] = []
     total = len(notes)
     step = max(1, batch_size)

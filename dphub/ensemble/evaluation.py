@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dphub.ensemble.aggregate import aggregate
 from dphub.ensemble.core import Ensemble
 from dphub.errors import FormatError, InputError
 from dphub.evaluate import evaluate_spans
@@ -78,7 +77,7 @@ def evaluate_ensemble(
         rows.append({"name": slot.name, "epsilon": slot.epsilon, "unit": slot.unit,
                      "threshold": slot.threshold, **res.headline()})
     merged = {
-        n.id: [m.to_span() for m in aggregate(spans, ensemble.rule)]
+        n.id: [m.to_span() for m in ensemble.combine(n, spans)]
         for n, spans in zip(notes, per_note, strict=True)
     }
     res = evaluate_spans(notes, merged)

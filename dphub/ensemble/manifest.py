@@ -8,6 +8,7 @@ in the working directory. Written atomically (:mod:`dphub.io`); edits go through
 read-modify-write, so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
 
     aggregate = "any"            # any | k-of-n:K | k-of-n:K+NAME+... (NAME's flags count alone)
+                                 # | inverse[:LOW,HIGH] (keep only known-safe words, issue 26)
     runtime = "onnx"             # torch | torch-bf16 | onnx | onnx-int8 (encoder runtime; absent: torch)
 
     [[members]]
@@ -153,10 +154,10 @@ class Manifest:
         names = [m.name for m in members]
         if len(set(names)) != len(names):
             raise ConfigError(f"{p}: duplicate member names")
-        from dphub.ensemble.aggregate import AggregateRule
+        from dphub.ensemble.inverse import parse_rule
 
         agg = str(data.get("aggregate", "any"))
-        AggregateRule.parse(agg)
+        parse_rule(agg)  # any | k-of-n:... | inverse[:LOW,HIGH]
         runtime = data.get("runtime")
         if runtime is not None:
             from dphub.runtime import RUNTIMES

@@ -279,6 +279,7 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     if resume:
         _remove_stale_temps(dst)
     report = RunReport(total=_count_input(src, layout) or 0, out=dst)
+    vocab_digest = (settings.get("ensemble") or {}).get("safe_vocab_sha256")
     done_count = 0
     keys: list[str] = []
     seen_keys: set[str] = set()
@@ -318,6 +319,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 spans = [m.to_span() for m in res.merged]
                 content: dict[str, Any] = {"key": it.key,
                                            "audit": _audit_record(it, res.merged, note, audit_text)}
+                if vocab_digest:  # issue 26: which safe words let this note's words back
+                    content["audit"]["safe_vocab_sha256"] = vocab_digest
                 if jsonl_out:
                     content["record"] = json.dumps(renderer.jsonl_record(note, spans),
                                                    ensure_ascii=False, sort_keys=True)

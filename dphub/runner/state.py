@@ -199,6 +199,8 @@ def _describe_ensemble(ensemble: Any) -> Any:
     runtime = getattr(ensemble, "runtime", "torch")
     if runtime != "torch":  # int8 outputs differ: a resume must use the same encoder runtime
         out["runtime"] = runtime
+    if str(out["rule"]).startswith("inverse"):  # issue 26: a resume must use the same safe words
+        out["safe_vocab_sha256"] = ensemble.vocabulary.digest
     return out
 
 

@@ -1,0 +1,138 @@
+"""Recall first (issue 26): forward ``any`` against the inverse rule on the PhysioNet dev corpus.
+
+Usage (from the repository root; real data stays on this machine, nothing prints note text)::
+
+    python benchmarks/recall_first.py --model /work/models/dev-dp              # inner split
+    python benchmarks/recall_first.py --model /work/models/dev-dp --sweep      # LOW/HIGH grid
+    python benchmarks/recall_first.py --model DIR --split test --rule inverse:0.05,0.2  # lead, once
+
+``--split inner`` (default) scores the inner tuning split: 20 % of the dev split's 95 training
+patients (``train_dev_corpus._split(0, inner=True)``, split seed 1). Choose LOW/HIGH there only.
+A model trained on all 95 training patients (the default dev-dp) has *seen* those patients, so
+its inner-split scores are optimistic; say so wherever they are quoted. ``--split test`` scores the
+36 held-out patients: run it once, at the end, with the thresholds chosen on the inner split.
+
+Rows (one JSON object per line, numbers and category names only):
+
+* ``forward any (rules + model)``: today's union;
+* ``inverse rules only``: the rule member and the safe vocabulary (no model P);
+* ``inverse model + rules``: the rule member, the model(s) and the vocabulary;
+
+each with token-binary recall/precision, phrase recall (any overlap, full cover),
+``non_phi_tokens_kept``, per-category phrase recall (full cover) and the count of gold phrases not
+fully covered per category. ``--sweep`` prints, for the inverse model + rules ensemble, one line
+per (LOW, HIGH) pair of :data:`dphub.ensemble.inverse_calibrate.PAIR_GRID` (LOW <= HIGH) with
+recall, precision, full-cover phrase recall and non-PHI tokens kept: the recall-precision curve.
+Every model scores each note once; all pairs reuse those scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from train_dev_corpus import CORPUS, _split  # noqa: E402
+
+from dphub.ensemble.core import Ensemble, Slot  # noqa: E402
+from dphub.ensemble.inverse import InverseRule, hidden_spans, parse_rule, word_table  # noqa: E402
+from dphub.ensemble.inverse_calibrate import PAIR_GRID  # noqa: E402
+from dphub.ensemble.members import ModelMember  # noqa: E402
+from dphub.ensemble.rules import RULES_DEFAULT, RuleMember, RuleOptions  # noqa: E402
+from dphub.evaluate import evaluate_spans  # noqa: E402
+from dphub.safe_vocab import load  # noqa: E402
+
+
+def _summary(name: str, res) -> dict:
+    pr = res.phrase_recall
+    return {
+        "row": name,
+        "token_recall": round(res.token["recall"], 4),
+        "token_precision": round(res.token["precision"], 4),
+        "phrase_recall_any": round(pr["any_overlap"], 4),
+        "phrase_recall_full": round(pr["full_cover"], 4),
+        "non_phi_tokens_kept": round(res.utility["non_phi_tokens_kept"], 4),
+        "per_category_full_cover": {c: round(v["full_cover"], 4)
+                                    for c, v in pr["per_category"].items()},
+        "misses_by_category": dict(Counter(leak.category for leak in res.leaks).most_common()),
+    }
+
+
+def _tables(ensemble: Ensemble, notes, batch: int = 32):
+    """Word tables of every note (models score every word down to the lowest grid value)."""
+    lowest = min(v for v in PAIR_GRID if v > 0)
+    probe = copy.copy(ensemble)
+    probe.rule = InverseRule(lowest, lowest)
+    models = {s.name: s.tag_threshold for s in ensemble.slots if isinstance(s.member, ModelMember)}
+    out = []
+    for i in range(0, len(notes), batch):
+        part = notes[i:i + batch]
+        for note, by_member in zip(part, probe.member_spans(part), strict=True):
+            out.append(word_table(note.text, by_member, ensemble.vocabulary, models=models))
+    return out
+
+
+def _inverse_pred(notes, tables, rule: InverseRule) -> dict:
+    return {n.id: [m.to_span() for m in hidden_spans(n.text, t, rule)]
+            for n, t in zip(notes, tables, strict=True)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", action="append", default=[], type=Path,
+                    help="model directory (repeatable: several model members)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="the model members' own threshold (default: joint decoding)")
+    ap.add_argument("--rule", default="inverse", help="inverse rule of the inverse rows")
+    ap.add_argument("--safe-words", action="append", default=[], type=Path)
+    ap.add_argument("--split", choices=("inner", "test"), default="inner")
+    ap.add_argument("--corpus", type=Path, default=CORPUS)
+    ap.add_argument("--sweep", action="store_true", help="print the LOW/HIGH grid too")
+    a = ap.parse_args(argv)
+    rule = parse_rule(a.rule)
+    if not isinstance(rule, InverseRule):
+        ap.error("--rule must be inverse or inverse:LOW,HIGH")
+    _, notes = _split(0, a.corpus, inner=a.split == "inner")
+    vocab = load(extra=a.safe_words)
+    rules = Slot(RuleMember(RULES_DEFAULT, RuleOptions()), None, 0.0)
+    models = [Slot(ModelMember.load(p, p.name), a.threshold) for p in a.model]
+    print(json.dumps({"split": a.split, "notes": len(notes),
+                      "patients": len({n.effective_patient_id for n in notes}),
+                      "rule": str(rule), "safe_vocab_sha256": vocab.digest,
+                      "safe_vocab_size": vocab.size, "models": [p.name for p in a.model]}))
+    if models:
+        fwd = Ensemble([rules, *models], "any")
+        pred = {n.id: r.spans for n, r in zip(notes, fwd.deid(notes), strict=True)}
+        print(json.dumps(_summary("forward any (rules + model)", evaluate_spans(notes, pred))))
+    only = Ensemble([rules], rule, safe_vocab=vocab)
+    t_rules = _tables(only, notes)
+    print(json.dumps(_summary("inverse rules only",
+                              evaluate_spans(notes, _inverse_pred(notes, t_rules, rule)))))
+    if not models:
+        return 0
+    both = Ensemble([rules, *models], rule, safe_vocab=vocab)
+    t_both = _tables(both, notes)
+    print(json.dumps(_summary("inverse model + rules",
+                              evaluate_spans(notes, _inverse_pred(notes, t_both, rule)))))
+    if a.sweep:
+        for hi in PAIR_GRID:
+            for lo in PAIR_GRID:
+                if lo > hi:
+                    continue
+                res = evaluate_spans(notes, _inverse_pred(notes, t_both, InverseRule(lo, hi)))
+                print(json.dumps({"low": lo, "high": hi,
+                                  "token_recall": round(res.token["recall"], 4),
+                                  "token_precision": round(res.token["precision"], 4),
+                                  "phrase_recall_full": round(res.phrase_recall["full_cover"], 4),
+                                  "non_phi_tokens_kept":
+                                      round(res.utility["non_phi_tokens_kept"], 4)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""``ensemble calibrate`` for the inverse rule: LOW and HIGH for a target recall.
+
+Under ``--aggregate inverse`` the recall lever is not a member's threshold but the rule's own two
+(:mod:`dphub.ensemble.inverse`): HIGH, the P(PHI) below which a vocabulary word comes back, and
+LOW, the one for numbers in measurements. Members keep their thresholds (their flags hide words
+whatever LOW and HIGH are).
+
+How: every member runs once over the owner's labelled notes, model members reporting every word's
+P(PHI) (:func:`dphub.ensemble.inverse.model_word_spans`, down to the lowest grid value); each note
+becomes a :class:`~dphub.ensemble.inverse.WordTable`, the object a run decides from, so the
+token-binary recall and precision computed here are those of a run (the words are the tokens of
+:mod:`dphub.evaluate`; merging hidden words adds no token). Every pair LOW <= HIGH on
+:data:`PAIR_GRID` is scored: the pair reaching the target recall at the highest precision wins
+(ties: the higher thresholds, more text kept). ``inverse:0,0`` hides every word, so recall 1 is
+always reachable; what a high target costs is precision, and the same floor as the forward
+calibration (``min_precision``, on the calibration notes and the held-out patients) refuses a
+pair below it, naming the best reachable pair, unless ``force``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dphub.ensemble.calibrate import (
+    GRID,
+    CalibrationRefused,
+    CalibrationResult,
+    HoldoutReport,
+    _best_reachable,
+    _holdout_split,
+)
+from dphub.ensemble.core import Ensemble
+from dphub.ensemble.inverse import InverseRule, WordTable, word_table
+from dphub.ensemble.members import ModelMember
+from dphub.errors import ConfigError, InputError
+from dphub.notes import Note
+
+#: the values LOW and HIGH are chosen from: 1 (the vocabulary and the measurements decide alone),
+#: the forward calibration's grid, and 0 (every word hidden)
+PAIR_GRID: tuple[float, ...] = (1.0, *GRID, 0.0)
+
+
+@dataclass
+class InverseCalibration(CalibrationResult):
+    """A :class:`~dphub.ensemble.calibrate.CalibrationResult` whose choice is the rule itself
+    (``rule``: ``inverse:LOW,HIGH``); ``thresholds`` stays empty (members keep theirs)."""
+
+    rule: str = ""
+
+
+@dataclass
+class _Words:
+    tables: list[WordTable]
+    gold: list[np.ndarray]
+
+    def counts(self, low: float, high: float) -> tuple[int, int, int]:
+        """(true-positive, false-positive, gold) token counts under ``inverse:low,high``."""
+        tp = fp = g = 0
+        for t, gold in zip(self.tables, self.gold, strict=True):
+            hide = ~t.kept(low, high)
+            tp += int((hide & gold).sum())
+            fp += int((hide & ~gold).sum())
+            g += int(gold.sum())
+        return tp, fp, g
+
+
+def _gold_flags(note: Note, table: WordTable) -> np.ndarray:
+    flags = np.zeros(len(table.start), dtype=bool)
+    for s in note.spans:
+        flags |= (table.start < s.end) & (s.start < table.end)
+    return flags
+
+
+def calibrate_inverse(
+    ensemble: Ensemble,
+    notes: Sequence[Note],
+    target_recall: float = 0.99,
+    *,
+    holdout: float = 0.0,
+    seed: int = 0,
+    min_precision: float | None = None,
+    force: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    chunk: int = 64,
+) -> InverseCalibration:
+    """LOW and HIGH of the inverse rule reaching ``target_recall`` at the best precision found
+    (arguments as :func:`dphub.ensemble.calibrate.calibrate`; ``progress(done, total)`` counts
+    notes scored)."""
+    if not isinstance(ensemble.rule, InverseRule):
+        raise ConfigError("calibrating the inverse rule needs --aggregate inverse")
+    if not 0.0 < target_recall <= 1.0:
+        raise ConfigError(f"target recall must be in (0, 1] (got {target_recall})")
+    if not 0.0 <= holdout < 1.0:
+        raise ConfigError(f"holdout must be in [0, 1) (got {holdout})")
+    if min_precision is not None and not 0.0 <= min_precision <= 1.0:
+        raise ConfigError(f"minimum precision must be in [0, 1] (got {min_precision})")
+    notes = list(notes)
+    if not notes or not all(n.labelled for n in notes):
+        raise InputError("calibration needs labelled notes (gold spans)")
+    cal_idx, held_idx = _holdout_split(notes, holdout, seed)
+    # every word's P(PHI) down to the lowest grid value: the same spans a run at that rule reads
+    lowest = min(v for v in PAIR_GRID if v > 0)
+    probe = copy.copy(ensemble)
+    probe.rule = InverseRule(lowest, lowest)
+    models = {s.name: s.tag_threshold for s in ensemble.slots if isinstance(s.member, ModelMember)}
+    vocab = ensemble.vocabulary
+    tables: list[WordTable] = []
+    for i in range(0, len(notes), max(1, chunk)):
+        part = notes[i:i + chunk]
+        for note, by_member in zip(part, probe.member_spans(part), strict=True):
+            tables.append(word_table(note.text, by_member, vocab, models=models))
+        if progress is not None:
+            progress(len(tables), len(notes))
+    gold = [_gold_flags(n, t) for n, t in zip(notes, tables, strict=True)]
+    cal = _Words([tables[i] for i in cal_idx], [gold[i] for i in cal_idx])
+    tp, fp, n_gold = cal.counts(0.0, 0.0)
+    if not n_gold:
+        raise InputError("the labelled notes used for calibration contain no PHI; nothing to "
+                         "calibrate on")
+    points: list[tuple[float, float, float, float]] = []  # recall, precision, low, high
+    for hi in PAIR_GRID:
+        for lo in PAIR_GRID:
+            if lo <= hi:
+                tp, fp, _ = cal.counts(lo, hi)
+                points.append((tp / n_gold, tp / (tp + fp) if tp + fp else 1.0, lo, hi))
+    ok = [pt for pt in points if pt[0] >= target_recall]
+    # highest precision; ties: the higher thresholds (more text kept)
+    rec, prec, low, high = max(ok, key=lambda pt: (pt[1], pt[3], pt[2]))
+    rule = InverseRule(low, high)
+    report = None
+    if held_idx:
+        held = _Words([tables[i] for i in held_idx], [gold[i] for i in held_idx])
+        htp, hfp, hg = held.counts(low, high)
+        report = HoldoutReport(
+            patients=len({notes[i].effective_patient_id for i in held_idx}),
+            notes=len(held_idx), tokens=sum(len(t.start) for t in held.tables), phi_tokens=hg,
+            recall=htp / hg if hg else None, precision=htp / (htp + hfp) if htp + hfp else 1.0)
+    result = InverseCalibration(
+        thresholds={}, recall=rec, precision=prec, target_recall=target_recall, reached=True,
+        tokens=sum(len(t.start) for t in cal.tables), phi_tokens=n_gold,
+        min_precision=min_precision,
+        best_reachable=_best_reachable([(r, p, k) for k, (r, p, _, _) in enumerate(points)],
+                                       min_precision),
+        holdout=report, notes=len(cal_idx),
+        patients=len({notes[i].effective_patient_id for i in cal_idx}), rule=str(rule))
+    if result.below_floor:
+        if not force:
+            raise CalibrationRefused(result.refusal() or "calibration refused")
+        result.forced = True
+    return result

@@ -1,0 +1,149 @@
+"""The safe vocabulary: words the inverse rule may let back into a de-identified note.
+
+The inverse rule (:mod:`dphub.ensemble.inverse`) hides every word unless it is *known to be
+safe*; a word is known safe only if it is in this vocabulary (and no member flags it, and every
+model is confident it is no PHI). The shipped list (``dphub/resources/safe_vocab/safe_words.txt``,
+built offline from public word lists, never from notes) has ``#`` header lines saying where it
+came from, then one lower-case NFC word per line, letters only (a line that is not one run of
+letters, such as ``x-ray``, could never match a word of a note and is skipped); numbers are
+never safe words (a number comes back only in a measurement context,
+:mod:`dphub.ensemble.measures`).
+
+A data owner may add its own safe words (``--safe-words FILE``, one word per line, ``#``
+comments allowed): every word added is a word that is released whenever the models are
+confident, so a surname that is also a common word (``Rose``, ``Hall``) added here leaks exactly
+when the models miss it (docs/recall_first.md).
+
+Lookups are case-insensitive and read words as the members do (:func:`dphub.textnorm.normalized_text`:
+invisible and look-alike characters normalised), so ``Јohn`` with a Cyrillic ``Ј`` is the same
+word as ``john``. The :attr:`SafeVocabulary.digest` names exactly which words were used: a
+resumed run refuses another vocabulary, and every audit record carries the digest.
+
+Errors never quote the file's content (an owner's file may hold anything): a bad line is
+reported by its number only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from dphub.errors import ConfigError
+from dphub.io import os_error_message, read_small_file
+from dphub.textnorm import normalized_text
+
+#: a safe word: one run of letters, as the words of a note are cut (letter/digit runs, no digits)
+_LETTERS = re.compile(r"[^\W\d_]+")
+
+#: the largest vocabulary file read (the shipped one is a few MB at most)
+MAX_BYTES = 64 << 20
+
+
+def normalize_word(word: str) -> str:
+    """The form a word is looked up in: normalised as members read it, NFC, lower case."""
+    return unicodedata.normalize("NFC", normalized_text(word)).lower()
+
+
+@dataclass(frozen=True)
+class SafeVocabulary:
+    """A set of safe words, with the digest of the files it came from and the shipped header."""
+
+    words: frozenset[str]
+    digest: str
+    #: the shipped file's ``#`` header lines (its sources and their versions)
+    sources: tuple[str, ...] = ()
+    files: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.words)
+
+    def contains(self, word: str) -> bool:
+        """Whether ``word`` (any case, any Unicode form) is a safe word."""
+        return normalize_word(word) in self.words
+
+    __contains__ = contains
+
+    @classmethod
+    def from_words(cls, words: Iterable[str], sources: Sequence[str] = ()) -> SafeVocabulary:
+        """A vocabulary from words in memory (tests); its digest is over the sorted words."""
+        ws = frozenset(normalize_word(w) for w in words if w.strip())
+        data = "\n".join(sorted(ws)).encode("utf-8")
+        return cls(ws, hashlib.sha256(data).hexdigest(), tuple(sources))
+
+
+def _shipped_bytes() -> bytes:
+    ref = resources.files("dphub").joinpath("resources", "safe_vocab", "safe_words.txt")
+    try:
+        return ref.read_bytes()
+    except OSError:
+        raise ConfigError("the shipped safe vocabulary (dphub/resources/safe_vocab/"
+                          "safe_words.txt) is missing: reinstall dphub") from None
+
+
+def _parse(data: bytes, where: str, *, shipped: bool) -> tuple[set[str], list[str]]:
+    """Words and ``#`` lines of one file; a bad line is one ConfigError naming its number."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: safe words file is not UTF-8 text") from None
+    words: set[str] = set()
+    header: list[str] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            if shipped:
+                header.append(line.lstrip("#").strip())
+            continue
+        w = normalize_word(line)
+        if not _LETTERS.fullmatch(w):
+            if shipped:
+                continue  # a built list's "x-ray" could never match a word of a note
+            raise ConfigError(f"{where}: line {n} is not one word of letters (safe words hold "
+                              "one word per line: letters only, no digits, spaces or "
+                              "punctuation)")
+        words.add(w)
+    return words, header
+
+
+def load(path: str | os.PathLike[str] | None = None,
+         extra: Sequence[str | os.PathLike[str]] = ()) -> SafeVocabulary:
+    """The vocabulary of ``path`` (default: the shipped file) plus the owner's ``extra`` files.
+
+    The digest is the SHA-256 over the SHA-256 of each file's bytes, in order, so it changes
+    with any byte of any file (and with the order and number of owner files).
+    """
+    blobs: list[tuple[bytes, str, bool]] = []
+    if path is None:
+        blobs.append((_shipped_bytes(), "the shipped safe vocabulary", True))
+    else:
+        blobs.append((_read(path), str(path), True))
+    for p in extra:
+        blobs.append((_read(p), str(p), False))
+    words: set[str] = set()
+    header: list[str] = []
+    outer = hashlib.sha256()
+    for data, where, base in blobs:
+        w, h = _parse(data, where, shipped=base)
+        words |= w
+        header.extend(h)
+        outer.update(hashlib.sha256(data).digest())
+    return SafeVocabulary(frozenset(words), outer.hexdigest(), tuple(header),
+                          tuple(str(p) for p in ((path,) if path is not None else ()) + tuple(extra)))
+
+
+def _read(path: str | os.PathLike[str]) -> bytes:
+    try:
+        return read_small_file(path, MAX_BYTES, what="a safe words file")
+    except FileNotFoundError:
+        raise ConfigError(f"{Path(path)}: safe words file not found") from None
+    except OSError as e:
+        raise ConfigError(os_error_message(e, path)) from None
