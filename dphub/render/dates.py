@@ -7,6 +7,7 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import re
+from collections.abc import Callable
 
 from dphub.render.values import _match_case
 
@@ -113,23 +114,37 @@ def _valid(year: int, month: int, day: int) -> bool:
     return 1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]
 
 
-def shift_date_text(text: str, offset: int) -> str | None:
+#: ``(days, months, years)`` to move one parsed date by (see :func:`shift_date_text`)
+Shift = tuple[int, int, int]
+#: per-date shifts: given a parsed date (its pattern kind and match), its own shift, or None for
+#: the run's offset
+ShiftOf = Callable[[str, re.Match[str]], Shift | None]
+
+
+def shift_date_text(text: str, offset: int, shift_of: ShiftOf | None = None) -> str | None:
     """``text`` (one date, any supported form) shifted by ``offset`` days in the same form, or
-    None when it is not a date dphub can parse. See the module docstring for the policy."""
+    None when it is not a date dphub can parse. See the module docstring for the policy.
+
+    ``shift_of`` gives each parsed date (each end of a range) its own ``(days, months, years)``
+    shift instead (DP dates, :mod:`dphub.render.dp_dates`); where it returns None, and for
+    weekdays, ``offset`` applies as without it.
+    """
     for kind, pattern in _DATE_PATTERNS:
         m = pattern.fullmatch(text)
         if m is None:
             continue
-        out = _shift_match(kind, m, offset)
+        own = shift_of(kind, m) if shift_of is not None else None
+        out = _shift_match(kind, m, offset, own)
         if out is not None:
             return out
     m = _TIME_RE.fullmatch(text)
     if m is not None:  # "7/22/2094 10:30": the date moves, the time of day is kept
-        day = shift_date_text(m["date"], offset)
+        day = shift_date_text(m["date"], offset, shift_of)
         return None if day is None else day + m["time"]
     m = _RANGE_RE.fullmatch(text)
     if m is not None:  # "1/12-1/13", "Jan 3 to Jan 5": shift both ends
-        left, right = shift_date_text(m["a"], offset), shift_date_text(m["b"], offset)
+        left = shift_date_text(m["a"], offset, shift_of)
+        right = shift_date_text(m["b"], offset, shift_of)
         if left is not None and right is not None:
             return left + m["sep"] + right
     m = _WEEKDAY_RE.fullmatch(text)
@@ -142,10 +157,14 @@ def shift_date_text(text: str, offset: int) -> str | None:
     return None
 
 
-def _shift_match(kind: str, m: re.Match[str], offset: int) -> str | None:
+def _shift_match(kind: str, m: re.Match[str], offset: int, own: Shift | None = None
+                 ) -> str | None:
     g = m.groupdict()
-    month_shift = (1 if offset > 0 else -1) * max(1, round(abs(offset) / 30.44))
-    year_shift = 1 if offset > 0 else -1
+    if own is None:
+        month_shift = (1 if offset > 0 else -1) * max(1, round(abs(offset) / 30.44))
+        year_shift = 1 if offset > 0 else -1
+    else:
+        offset, month_shift, year_shift = own
     if kind == "year":
         # a bare "32" or "1500" is a number before it is a year: only "'92" and 4-digit years of
         # a plausible range are years (anything else falls back to the category tag)
@@ -213,3 +232,66 @@ def _shift_match(kind: str, m: re.Match[str], offset: int) -> str | None:
     if kind == "name_md":
         return f"{mon_out}{g['sp']}{day_out}{year_out}"
     return f"{day_out}{g['sp']}{mon_out}{year_out}"
+
+
+#: what DP dates (:mod:`dphub.render.dp_dates`) perturb: the timeline a parsed date lies on
+#: (``abs``: dates with a year; ``md``: month/day without one, in the leap reference year), its
+#: day (the 1st of a month-level date, 1 January of a year) and its resolution
+DatePoint = tuple[str, int, str]
+
+
+def date_point(kind: str, m: re.Match[str]) -> DatePoint | None:
+    """The point in time of one parsed date (a pattern of :data:`_DATE_PATTERNS`), or None for
+    what has no place on a timeline (a day alone, a decade) or is no date.
+
+    Mirrors the checks of :func:`_shift_match`, so a date gets a point exactly when it would be
+    shifted.
+    """
+    g = m.groupdict()
+    try:
+        if kind == "year":
+            if not g["apos"] and not (len(g["y"]) == 4 and _YEARS[0] <= int(g["y"]) <= _YEARS[1]):
+                return None
+            return ("abs", dt.date(_full_year(g["y"]), 1, 1).toordinal(), "year")
+        if kind == "my":
+            month = int(g["m"])
+            if not 1 <= month <= 12:
+                return None
+            return ("abs", dt.date(_full_year(g["y"]), month, 1).toordinal(), "month")
+        if kind in ("ymd", "mdy"):
+            month, day = int(g["m"]), int(g["d"])
+            year = _full_year(g["y"]) if g.get("y") else _REF_YEAR
+            if kind == "mdy" and not g.get("y") and g["sep"] != "/":
+                return None
+            if kind == "mdy" and month > 12 and day <= 12:
+                month, day = day, month
+            if not _valid(year, month, day):
+                return None
+            return ("abs" if g.get("y") else "md", dt.date(year, month, day).toordinal(), "day")
+        if kind in ("name_md", "name_dm"):
+            month = _month_index(g["mon"])
+            year = _full_year(g["y"]) if g.get("y") else _REF_YEAR
+            line = "abs" if g.get("y") else "md"
+            if g.get("d") is None:
+                return (line, dt.date(year, month, 1).toordinal(), "month")
+            if not _valid(year, month, int(g["d"])):
+                return None
+            return (line, dt.date(year, month, int(g["d"])).toordinal(), "day")
+    except (ValueError, OverflowError):
+        return None
+    return None  # "day" ("20th") and "decade" ("1980s"): no point in time
+
+
+def date_points(text: str) -> list[DatePoint]:
+    """Every point in time of a date span (both ends of a range); [] when none parses."""
+    found: list[DatePoint] = []
+
+    def collect(kind: str, m: re.Match[str]) -> Shift | None:
+        p = date_point(kind, m)
+        if p is not None:
+            found.append(p)
+        return None
+
+    if shift_date_text(text, 1, collect) is None:
+        return []
+    return found

@@ -68,18 +68,22 @@ the output when byte-identical reruns matter.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from dphub.errors import ConfigError
 from dphub.labels import category_of, fine_of
 from dphub.notes import Note, Span
+from dphub.render.ages import AGE_MECHANISM, DEFAULT_AGE_EPSILON, MAX_KEPT_AGE, DpAges
 from dphub.render.base import Renderer, _replace_spans, prepare_spans
-from dphub.render.dates import shift_date_text
+from dphub.render.dates import DatePoint, Shift, date_point, date_points, shift_date_text
+from dphub.render.dp_dates import DATE_MECHANISM, DEFAULT_DATE_EPSILON, DpDates
+from dphub.render.geo import DEFAULT_PLACE_EPSILON, PLACE_MECHANISM, GeoPlaces
 from dphub.render.keys import MIN_KEY_BYTES, date_offset_days, hmac_int, load_key
 from dphub.render.values import (
     _code_like,
@@ -111,6 +115,45 @@ _AGE_RE = re.compile(
     re.I,
 )
 _MAX_AGE = 120  # a bigger number is not an age (it falls back to the category tag)
+#: what follows an age in years (``--ages dp`` perturbs only those): nothing, or a year unit
+_IN_YEARS_RE = re.compile(r"\+?(?:\s*-?\s*(?:years?|yrs?|yo|y/o|y\.o\.?|y)(?:[\s-]*old)?)?", re.I)
+#: location labels ``--places geo`` may move (a city, or a place of unknown kind)
+_GEO_FINE = frozenset(("CITY", "LOCATION-OTHER", "LOCATION"))
+#: the options of surrogate mode's mechanisms, and their values
+DATE_MODES = ("shift", "dp")
+DATE_UNITS = ("note", "patient")
+AGE_MODES = ("keep", "dp")
+PLACE_MODES = ("faker", "geo")
+
+
+def _mechanisms(key: bytes, dates: str, date_epsilon: float | None, date_unit: str, ages: str,
+                age_epsilon: float | None, places: str, place_epsilon: float | None
+                ) -> tuple[DpDates | None, DpAges | None, GeoPlaces | None]:
+    """The DP mechanisms the options ask for (None: the default surrogate); ConfigError on a
+    value out of range, an ε without its mechanism, or a missing gazetteer."""
+    for name, value, allowed in (("--dates", dates, DATE_MODES), ("--date-unit", date_unit,
+                                 DATE_UNITS), ("--ages", ages, AGE_MODES),
+                                 ("--places", places, PLACE_MODES)):
+        if value not in allowed:
+            raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+    for flag, eps, on, needs in (("--date-epsilon", date_epsilon, dates == "dp", "--dates dp"),
+                                 ("--age-epsilon", age_epsilon, ages == "dp", "--ages dp"),
+                                 ("--place-epsilon", place_epsilon, places == "geo",
+                                  "--places geo")):
+        if eps is not None and not on:
+            raise ConfigError(f"{flag} needs {needs}")
+        if eps is not None and not (eps > 0 and math.isfinite(eps)):
+            raise ConfigError(f"{flag} must be a positive number (got {eps})")
+    if date_unit != "note" and dates != "dp":
+        raise ConfigError("--date-unit needs --dates dp (the shift is always per patient)")
+    return (
+        DpDates(key, DEFAULT_DATE_EPSILON if date_epsilon is None else date_epsilon)
+        if dates == "dp" else None,
+        DpAges(key, DEFAULT_AGE_EPSILON if age_epsilon is None else age_epsilon)
+        if ages == "dp" else None,
+        GeoPlaces(key, DEFAULT_PLACE_EPSILON if place_epsilon is None else place_epsilon)
+        if places == "geo" else None,
+    )
 #: parts of e-mail addresses and URLs that every draw shares with many originals: a collision
 #: on them is no reuse of PHI (without this, "jo@example.org" could never get a surrogate)
 _WEB_WORDS = frozenset(
@@ -136,6 +179,8 @@ class _Ctx:
     offset: int
     #: normalised words of every span of the note: no surrogate may reuse one
     forbidden: frozenset[str] = frozenset()
+    #: ``--dates dp``: each date point's own shift (:mod:`dphub.render.dp_dates`)
+    date_shifts: dict[tuple[str, int], Shift] | None = None
 
 
 class SurrogateRenderer(Renderer):
@@ -154,6 +199,13 @@ class SurrogateRenderer(Renderer):
         *,
         key_file: str | os.PathLike[str] | None = None,
         locale: str = "en_US",
+        dates: str = "shift",
+        date_epsilon: float | None = None,
+        date_unit: str = "note",
+        ages: str = "keep",
+        age_epsilon: float | None = None,
+        places: str = "faker",
+        place_epsilon: float | None = None,
     ) -> None:
         if (key is None) == (key_file is None):
             raise ConfigError("surrogate mode needs a secret key: pass exactly one --key-file")
@@ -166,6 +218,52 @@ class SurrogateRenderer(Renderer):
             raise ConfigError(f"the surrogate key must have at least {MIN_KEY_BYTES} bytes")
         self._key = bytes(key)
         self.locale = locale
+        self._dp_dates, self._dp_ages, self._geo = _mechanisms(
+            self._key, dates, date_epsilon, date_unit, ages, age_epsilon, places, place_epsilon)
+        self.date_unit = date_unit
+        #: ``date_unit="patient"``: the date points of each patient, from :meth:`observe`
+        self._observed: dict[str, set[DatePoint]] = {}
+
+    @property
+    def needs_prepass(self) -> bool:
+        """Whether every note must go through :meth:`observe` before the first is rendered
+        (``--dates dp --date-unit patient``: a patient's dates are one chain)."""
+        return self._dp_dates is not None and self.date_unit == "patient"
+
+    def describe(self) -> dict[str, Any]:
+        """The mechanisms applied, for the run's audit log: names and ε, never values."""
+        out: dict[str, Any] = {"dates": "per-patient-shift", "places": "faker",
+                               "ages": "kept-below-90"}
+        if self._dp_dates is not None:
+            out["dates"] = {"mechanism": DATE_MECHANISM, "epsilon": self._dp_dates.epsilon,
+                            "epsilon_per": "interval, per band unit (1 day / 30 days / 365 days)",
+                            "unit": self.date_unit}
+        if self._dp_ages is not None:
+            out["ages"] = {"mechanism": AGE_MECHANISM, "epsilon": self._dp_ages.epsilon,
+                           "epsilon_per": "year", "domain": [0, MAX_KEPT_AGE]}
+        if self._geo is not None:
+            out["places"] = {"mechanism": PLACE_MECHANISM, "epsilon": self._geo.epsilon,
+                             "epsilon_per": "km"}
+        return out
+
+    def _date_points(self, note: Note, spans: Sequence[Span]) -> set[DatePoint]:
+        """The points in time of the note's DATE spans that surrogates would rewrite."""
+        norm = normalize(note.text) if spans else None
+        points: set[DatePoint] = set()
+        for span in spans:
+            if category_of(span.label) != "DATE":
+                continue
+            core = normalized_text(note.span_text(span)).strip()
+            if core and not _span_in_a_measurement(note.text, norm, span):
+                points.update(date_points(core))
+        return points
+
+    def observe(self, note: Note, spans: Sequence[Span]) -> None:
+        """Pre-pass of ``date_unit="patient"``: remember the note's dates for its patient."""
+        if self.needs_prepass:
+            merged = prepare_spans(note, spans)
+            self._observed.setdefault(note.effective_patient_id, set()).update(
+                self._date_points(note, merged))
 
     # -- seeded randomness
     def _seed(self, ctx: _Ctx, kind: str, value: str, attempt: int) -> int:
@@ -229,17 +327,30 @@ class SurrogateRenderer(Renderer):
         return _WORD_RE.sub(word, text)
 
     def _date(self, ctx: _Ctx, text: str) -> str:
-        shifted = shift_date_text(text, ctx.offset)
+        table = ctx.date_shifts
+        if table is None:
+            shifted = shift_date_text(text, ctx.offset)
+        else:
+            def own(kind: str, m: re.Match[str]) -> Shift | None:
+                p = date_point(kind, m)
+                return None if p is None else table.get(p[:2])
+
+            try:
+                shifted = shift_date_text(text, ctx.offset, own)
+            except (ValueError, OverflowError):  # a noisy date outside the calendar
+                shifted = None
         if shifted is None:  # "91/92", "7.4", "08:40", "-": not a date to move
             raise _NoSurrogate
         return shifted
 
-    def _age(self, text: str) -> str:
+    def _age(self, ctx: _Ctx, text: str) -> str:
         m = _AGE_RE.fullmatch(text)
         if m is None or int(m["n"]) > _MAX_AGE:
             raise _NoSurrogate  # "153/98", "ninety", "250": not a standalone age
         if int(m["n"]) > 89:
             return f"{m['pre']}90+" if m["decade"] else f"{m['pre']}90+{m['post'].lstrip('+')}"
+        if self._dp_ages is not None and not m["decade"] and _IN_YEARS_RE.fullmatch(m["post"]):
+            return m["pre"] + str(self._dp_ages.age(ctx.patient, int(m["n"]))) + m["post"]
         return text
 
     def _location(self, ctx: _Ctx, fine: str, text: str) -> str:
@@ -255,6 +366,10 @@ class SurrogateRenderer(Renderer):
             return self._scrambled(ctx, "LOCATION", text)
         if is_acronym:
             return self._scrambled(ctx, "LOCATION", text)
+        if self._geo is not None and fine in _GEO_FINE and not _FACILITY_RE.search(text):
+            moved = self._geo.place(ctx.patient, text)
+            if moved is not None:  # else: not in the gazetteer, the Faker city below
+                return _match_case(text, moved)
         method = {
             "STATE": "state",
             "COUNTRY": "country",
@@ -312,7 +427,7 @@ class SurrogateRenderer(Renderer):
         if category == "DATE":
             return self._date(ctx, text)
         if category == "AGE":
-            return self._age(text)
+            return self._age(ctx, text)
         if category == "LOCATION":
             return self._location(ctx, fine, text)
         if category == "CONTACT":
@@ -336,7 +451,14 @@ class SurrogateRenderer(Renderer):
                       normalized_text(note.span_text(s))]
         }
         forbidden.discard("")
-        ctx = _Ctx(patient, date_offset_days(self._key, patient), frozenset(forbidden))
+        offset = date_offset_days(self._key, patient)
+        shifts = None
+        if self._dp_dates is not None:
+            points = self._date_points(note, merged)
+            if self.date_unit == "patient":
+                points |= self._observed.get(patient, set())
+            shifts = self._dp_dates.shifts(patient, offset, points)
+        ctx = _Ctx(patient, offset, frozenset(forbidden), shifts)
 
         # a surrogate depends only on (label, text) within one note (draws are seeded by key,
         # patient, category and value): repeated mentions reuse it instead of re-seeding Faker,
