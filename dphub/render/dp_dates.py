@@ -14,9 +14,10 @@ are perturbed, with the bounded Laplace mechanism (:class:`dphub.privacy.mechani
    Laplace mechanism on the domain of its **scale band** — days ``[1, 31]``, months
    ``[32, 365]``, years ``[366, 36525]`` — with the band's unit as sensitivity (1 day, 30 days,
    365 days) and ``ε`` per unit, rounded to whole days;
-3. the points are rebuilt from an anchor, the first point moved by the patient's secret offset
-   (the per-patient shift of the default mode), adding the noisy intervals: every noisy interval
-   is at least one day, so **the order of the dates is kept**;
+3. the points are rebuilt from an anchor — the first point moved by the patient's secret offset
+   (the per-patient shift of the default mode) and by bounded Laplace noise on ``[-365, 365]``
+   days (unit 1 day, the same ε) — adding the noisy intervals: every noisy interval is at least
+   one day, so **the order of the dates is kept**;
 4. each date is re-emitted in its own format by :func:`~dphub.render.dates.shift_date_text` with
    its own ``(days, months, years)`` shift (a month-level date moves by whole months, a year by
    whole years; weekdays, days alone and decades move by the patient's offset as in the default).
@@ -35,7 +36,8 @@ one true date may get a different surrogate in each note; with ``date_unit="pati
 date of the patient is one chain (one surrogate per true date, consistent across notes), which
 needs all of the patient's dates before the first note is written: a pre-pass
 (:meth:`dphub.render.surrogate.SurrogateRenderer.observe`; the runner runs the ensemble over the
-input twice). The anchor is protected by the keyed offset (as today), not by ε.
+input twice). Each chain's first date counts once more (the anchor noise, ε per day, keyed by
+that date); without it, notes of one date each would give away the exact (shifted) timeline.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ __all__ = ["BANDS", "DATE_MECHANISM", "DEFAULT_DATE_EPSILON", "DateBand", "DpDat
 DATE_MECHANISM = "bounded-laplace-intervals"
 #: ``--date-epsilon`` when none is given (ε per band unit, per interval): chosen from
 #: ``benchmarks/date_linkage.py`` on the PhysioNet dev corpus (docs/surrogates.md)
-DEFAULT_DATE_EPSILON = 1.0
+DEFAULT_DATE_EPSILON = 0.2
+#: the anchor's noise domain, in days either way (on top of the secret per-patient offset)
+ANCHOR_DAYS = 365
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ def keyed_uniform(key: bytes, *parts: str) -> float:
     return (bits + 0.5) / 2.0**53
 
 
-def _unrolled(values: list[int]) -> dict[int, int]:
+def unroll(values: list[int]) -> dict[int, int]:
     """Month/day points of the leap reference year placed on one line: cut the year at the widest
     gap between consecutive dates (a stay from 12/30 to 1/2 is four days, not a year)."""
     v = sorted(set(values))
@@ -112,12 +116,20 @@ class DpDates:
         self.epsilon = float(epsilon)
         self._mechs = {b.name: BoundedLaplace(self.epsilon, b.unit, b.lower, b.upper)
                        for b in BANDS}
+        self._anchor = BoundedLaplace(self.epsilon, 1, -ANCHOR_DAYS, ANCHOR_DAYS)
 
     def noisy_interval(self, patient: str, line: str, a: int, b: int, interval: int) -> int:
         """The perturbed interval between the points ``a`` < ``b`` (``interval`` days apart)."""
         band = band_of(interval)
         u = keyed_uniform(self._key, "dp-date", patient, line, str(a), str(b))
         return max(band.lower, round(self._mechs[band.name].sample(interval, u)))
+
+    def anchor_noise(self, patient: str, line: str, first: int) -> int:
+        """The noise on the chain's first date (on top of the patient's secret offset): bounded
+        Laplace around 0 on ``[-365, 365]`` days, 1 day as the unit, keyed by the first date
+        (so notes that start on the same true date start on the same surrogate)."""
+        u = keyed_uniform(self._key, "dp-date-anchor", patient, line, str(first))
+        return round(self._anchor.sample(0.0, u))
 
     def shifts(self, patient: str, offset: int, points: Iterable[DatePoint]
                ) -> dict[tuple[str, int], Shift]:
@@ -127,9 +139,9 @@ class DpDates:
             by_line.setdefault(line, set()).add(day)
         out: dict[tuple[str, int], Shift] = {}
         for line, days in by_line.items():
-            placed = _unrolled(sorted(days)) if line == "md" else {d: d for d in days}
+            placed = unroll(sorted(days)) if line == "md" else {d: d for d in days}
             chain = sorted(days, key=lambda d: placed[d])
-            new = placed[chain[0]] + offset
+            new = placed[chain[0]] + offset + self.anchor_noise(patient, line, chain[0])
             prev = chain[0]
             for i, d in enumerate(chain):
                 if i:

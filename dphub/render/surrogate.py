@@ -246,7 +246,7 @@ class SurrogateRenderer(Renderer):
                              "epsilon_per": "km"}
         return out
 
-    def _date_points(self, note: Note, spans: Sequence[Span]) -> set[DatePoint]:
+    def date_points(self, note: Note, spans: Sequence[Span]) -> set[DatePoint]:
         """The points in time of the note's DATE spans that surrogates would rewrite."""
         norm = normalize(note.text) if spans else None
         points: set[DatePoint] = set()
@@ -263,7 +263,7 @@ class SurrogateRenderer(Renderer):
         if self.needs_prepass:
             merged = prepare_spans(note, spans)
             self._observed.setdefault(note.effective_patient_id, set()).update(
-                self._date_points(note, merged))
+                self.date_points(note, merged))
 
     # -- seeded randomness
     def _seed(self, ctx: _Ctx, kind: str, value: str, attempt: int) -> int:
@@ -454,7 +454,7 @@ class SurrogateRenderer(Renderer):
         offset = date_offset_days(self._key, patient)
         shifts = None
         if self._dp_dates is not None:
-            points = self._date_points(note, merged)
+            points = self.date_points(note, merged)
             if self.date_unit == "patient":
                 points |= self._observed.get(patient, set())
             shifts = self._dp_dates.shifts(patient, offset, points)
