@@ -126,6 +126,15 @@ AGE_MODES = ("keep", "dp")
 PLACE_MODES = ("faker", "geo")
 
 
+def check_surrogate_options(**options: Any) -> None:
+    """Check the DP options of :class:`SurrogateRenderer` (``dates``, ``date_epsilon`` ...)
+    before a run starts: ConfigError as the renderer would raise it."""
+    _mechanisms(b"\0" * MIN_KEY_BYTES, options.get("dates", "shift"),
+                options.get("date_epsilon"), options.get("date_unit", "note"),
+                options.get("ages", "keep"), options.get("age_epsilon"),
+                options.get("places", "faker"), options.get("place_epsilon"))
+
+
 def _mechanisms(key: bytes, dates: str, date_epsilon: float | None, date_unit: str, ages: str,
                 age_epsilon: float | None, places: str, place_epsilon: float | None
                 ) -> tuple[DpDates | None, DpAges | None, GeoPlaces | None]:
