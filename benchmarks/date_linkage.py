@@ -9,8 +9,8 @@ The attacker (Tchouka, Couchot, Laiymani 2023) knows the true dates of each pati
 corpus's gold DATE spans) and holds the de-identified notes of every patient. For each target
 patient it computes the patient's sequence of intervals between consecutive distinct dates, and
 links the patient to the de-identified record (one per patient: the dates found in its notes)
-whose interval sequence is nearest (dynamic time warping on the intervals in days; ties split
-evenly). The re-identification rate is the share of targets — patients with at least 3 dated
+whose interval sequence is nearest (an alignment distance on the intervals in days: matched
+intervals cost their difference, unmatched ones their length; ties split evenly). The re-identification rate is the share of targets — patients with at least 3 dated
 notes — linked to their own record. No model is needed: surrogates are rendered for the gold
 spans, exactly as ``--mode surrogate`` renders them. Rows:
 
@@ -47,17 +47,17 @@ from dphub.render.dp_dates import BANDS, band_of, unroll
 Point = tuple[str, int]
 
 
-def _dtw(a: Sequence[int], b: Sequence[int]) -> float:
-    """Dynamic time warping distance between two interval sequences (|x - y| per step; an empty
-    sequence against another costs the other's total)."""
-    if not a or not b:
-        return float(sum(a) + sum(b))
-    inf = float("inf")
-    prev = [0.0] + [inf] * len(b)
+def _align(a: Sequence[int], b: Sequence[int]) -> float:
+    """Alignment distance between two interval sequences: matching two intervals costs their
+    difference, an interval left unmatched costs its length (so ``[1, 1, 1]`` is 2 days from
+    ``[1]``: plain dynamic time warping would call them equal)."""
+    prev = [0.0]
+    for y in b:
+        prev.append(prev[-1] + abs(y))
     for x in a:
-        cur = [inf] * (len(b) + 1)
+        cur = [prev[0] + abs(x)]
         for j, y in enumerate(b, 1):
-            cur[j] = abs(x - y) + min(prev[j], cur[j - 1], prev[j - 1])
+            cur.append(min(prev[j - 1] + abs(x - y), prev[j] + abs(x), cur[j - 1] + abs(y)))
         prev = cur
     return prev[-1]
 
@@ -90,7 +90,7 @@ def _steps(points: list[Point]) -> dict[str, list[int]]:
 
 
 def _distance(a: dict[str, list[int]], b: dict[str, list[int]]) -> float:
-    return sum(_dtw(a.get(line, []), b.get(line, [])) for line in ("abs", "md"))
+    return sum(_align(a.get(line, []), b.get(line, [])) for line in ("abs", "md"))
 
 
 def _date_spans(note: Note) -> list[Span]:

@@ -19,7 +19,7 @@ DATES_OPT = typer.Option(
 )
 DATE_EPSILON_OPT = typer.Option(
     None, "--date-epsilon", parser=positive_float, metavar=FLOAT,
-    show_default="0.2 (from benchmarks/date_linkage.py)",
+    show_default="0.1 (from benchmarks/date_linkage.py)",
     help="With --dates dp: ε per interval, per unit of its scale (1 day / 30 days / 365 days).",
 )
 DATE_UNIT_OPT = typer.Option(

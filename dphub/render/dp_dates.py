@@ -57,7 +57,7 @@ __all__ = ["BANDS", "DATE_MECHANISM", "DEFAULT_DATE_EPSILON", "DateBand", "DpDat
 DATE_MECHANISM = "bounded-laplace-intervals"
 #: ``--date-epsilon`` when none is given (ε per band unit, per interval): chosen from
 #: ``benchmarks/date_linkage.py`` on the PhysioNet dev corpus (docs/surrogates.md)
-DEFAULT_DATE_EPSILON = 0.2
+DEFAULT_DATE_EPSILON = 0.1
 #: the anchor's noise domain, in days either way (on top of the secret per-patient offset)
 ANCHOR_DAYS = 365
 
