@@ -392,3 +392,30 @@ def test_cli_dp_options(tmp_path: Path, capsys: Any) -> None:
                  str(key), "--dates", "dp", "--date-epsilon", "0.5"]) == 0
     audit = json.loads((tmp_path / "o3" / "audit.jsonl").read_text().splitlines()[0])
     assert audit["surrogates"]["dates"]["epsilon"] == 0.5
+
+
+@pytest.mark.slow
+def test_ray_dp_run_equals_the_local_one(tmp_path: Path) -> None:
+    """``--dates dp --date-unit patient --ages dp`` on Ray (pre-pass included) writes the bytes
+    of the local run."""
+    ray = pytest.importorskip("ray")
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(6):
+        (src / f"{i % 2}-n{i}.txt").write_text(
+            f"Seen on 07/{10 + i}/2094 and 07/{12 + i}/2094 by Dr. Smith, age {40 + i} years.\n")
+    key = tmp_path / "key"
+    key.write_bytes(KEY)
+    common = ["deid", str(src), "--model", "rules:default", "--mode", "surrogate", "--key-file",
+              str(key), "--dates", "dp", "--date-unit", "patient", "--ages", "dp",
+              "--patient-id-from", r"^(\d+)-", "--batch-size", "2"]
+    assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        assert main([*common, "--out", str(tmp_path / "ray"), "--engine", "ray",
+                     "--ray-workers", "1"]) == 0
+    finally:
+        ray.shutdown()
+    for name in sorted(p.name for p in (tmp_path / "local").iterdir() if p.is_file()):
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()

@@ -62,6 +62,13 @@ Policies (documented choices where HIPAA Safe Harbor leaves room):
   masked). The only values ever kept are ages <= 89, titles, and text without any letter or
   digit.
 
+Differentially private options (issue 28, docs/surrogates.md): ``dates="dp"`` perturbs the
+intervals between a unit's dates with the bounded Laplace mechanism instead of the one shift
+(:mod:`dphub.render.dp_dates`; ``date_unit="patient"`` needs :meth:`SurrogateRenderer.observe`
+of every note first), ``ages="dp"`` perturbs ages <= 89 (:mod:`dphub.render.ages`) and
+``places="geo"`` moves known cities under geo-indistinguishability (:mod:`dphub.render.geo`).
+Their noise comes from the same keyed HMAC stream, so determinism holds as above.
+
 Determinism holds for a given Faker version (its name lists are data); record the version with
 the output when byte-identical reruns matter.
 """
