@@ -230,6 +230,12 @@ def test_patient_unit_gives_one_surrogate_per_date_across_notes() -> None:
     assert _dates_in(r.render(b, b.spans)) == [b1, b2]
 
 
+def test_patient_unit_without_the_prepass_is_refused() -> None:
+    note = _stay("p1")
+    with pytest.raises(ConfigError, match="observe"):
+        SurrogateRenderer(KEY, dates="dp", date_unit="patient").render(note, note.spans)
+
+
 def test_default_surrogates_are_unchanged_by_the_dp_options() -> None:
     note = _stay("p1")
     default = SurrogateRenderer(KEY).render(note, note.spans)
@@ -410,6 +416,9 @@ def test_ray_dp_run_equals_the_local_one(tmp_path: Path) -> None:
               str(key), "--dates", "dp", "--date-unit", "patient", "--ages", "dp",
               "--patient-id-from", r"^(\d+)-", "--batch-size", "2"]
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    first = (tmp_path / "local" / "0-n0.txt").read_text()
+    assert "07/10/2094" not in first and "07/12/2094" not in first  # the dates did move
+    assert "surrogates" in (tmp_path / "local" / "audit.jsonl").read_text()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     try:

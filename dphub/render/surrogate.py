@@ -472,7 +472,10 @@ class SurrogateRenderer(Renderer):
         if self._dp_dates is not None:
             points = self.date_points(note, merged)
             if self.date_unit == "patient":
-                points |= self._observed.get(patient, set())
+                if patient not in self._observed:
+                    raise ConfigError(f"note {note.id}: --date-unit patient needs every note of "
+                                      "the patient observed first (SurrogateRenderer.observe)")
+                points |= self._observed[patient]
             shifts = self._dp_dates.shifts(patient, offset, points)
         ctx = _Ctx(patient, offset, frozenset(forbidden), shifts)
 
