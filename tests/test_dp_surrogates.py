@@ -133,6 +133,11 @@ def test_planar_laplace_radius_is_gamma_2_and_the_move_is_that_far() -> None:
 
 
 # ---------------------------------------------------------------- DP dates
+def _by_note(key: bytes, eps: float) -> SurrogateRenderer:
+    """DP dates, each note its own chain (renders without a pre-pass)."""
+    return SurrogateRenderer(key, dates="dp", date_epsilon=eps, date_unit="note")
+
+
 def _stay(patient: str, note_id: str = "n1") -> Note:
     return _note(note_id, patient, [
         ("Admitted ", None), ("07/22/2094", "DATE"), (", extubated ", None), ("7/25", "DATE"),
@@ -148,16 +153,16 @@ def _dates_in(text: str) -> list[str]:
 
 def test_dp_dates_same_key_same_bytes_other_key_other_bytes() -> None:
     note = _stay("p1")
-    a = SurrogateRenderer(KEY, dates="dp", date_epsilon=0.5).render(note, note.spans)
-    b = SurrogateRenderer(KEY, dates="dp", date_epsilon=0.5).render(note, note.spans)
-    c = SurrogateRenderer(OTHER_KEY, dates="dp", date_epsilon=0.5).render(note, note.spans)
+    a = _by_note(KEY, 0.5).render(note, note.spans)
+    b = _by_note(KEY, 0.5).render(note, note.spans)
+    c = _by_note(OTHER_KEY, 0.5).render(note, note.spans)
     assert a == b and a != c
 
 
 def test_dp_dates_keep_each_format_and_the_order() -> None:
     for i in range(40):
         note = _stay(f"p{i}")
-        out = SurrogateRenderer(KEY, dates="dp", date_epsilon=0.3).render(note, note.spans)
+        out = _by_note(KEY, 0.3).render(note, note.spans)
         found = _dates_in(out)
         assert len(found) == 5
         assert re.fullmatch(r"\d{2}/\d{2}/\d{4}", found[0])  # zero padded, 4-digit year
@@ -179,8 +184,7 @@ def test_dp_dates_perturb_intervals_that_the_shift_keeps() -> None:
         note = _note("n", f"p{i}", [("on ", None), ("7/22/2094", "DATE"), (" and ", None),
                                     ("7/25/2094", "DATE")])
         shift = _dates_in(SurrogateRenderer(KEY).render(note, note.spans))
-        dp = _dates_in(SurrogateRenderer(KEY, dates="dp", date_epsilon=0.5).render(
-            note, note.spans))
+        dp = _dates_in(_by_note(KEY, 0.5).render(note, note.spans))
         gap = [date_points(d)[0][1] for d in shift]
         assert gap[1] - gap[0] == 3
         pts = [date_points(d)[0][1] for d in dp]
@@ -196,7 +200,7 @@ def test_dp_date_epsilon_is_applied_where_the_docs_say() -> None:
         for i in range(150):
             note = _note("n", f"p{i}", [("7/22/2094", "DATE"), (" to ", None),
                                         ("7/25/2094", "DATE")])
-            out = SurrogateRenderer(KEY, dates="dp", date_epsilon=eps).render(note, note.spans)
+            out = _by_note(KEY, eps).render(note, note.spans)
             pts = [date_points(d)[0][1] for d in _dates_in(out)]
             gaps.append(abs(pts[1] - pts[0] - 3))
         return sum(gaps) / len(gaps)
@@ -247,7 +251,7 @@ def test_default_surrogates_are_unchanged_by_the_dp_options() -> None:
 
 @pytest.mark.parametrize("kwargs", [
     {"dates": "fuzzy"}, {"date_epsilon": 1.0}, {"dates": "dp", "date_epsilon": 0.0},
-    {"dates": "dp", "date_epsilon": float("nan")}, {"date_unit": "patient"},
+    {"dates": "dp", "date_epsilon": float("nan")}, {"date_unit": "note"},
     {"ages": "dp", "age_epsilon": -1.0}, {"place_epsilon": 0.1}, {"places": "gps"},
 ])
 def test_bad_dp_options_are_config_errors(kwargs: dict[str, Any]) -> None:

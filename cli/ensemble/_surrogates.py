@@ -23,9 +23,9 @@ DATE_EPSILON_OPT = typer.Option(
     help="With --dates dp: ε per interval, per unit of its scale (1 day / 30 days / 365 days).",
 )
 DATE_UNIT_OPT = typer.Option(
-    "note", "--date-unit",
-    help="With --dates dp: note (each note's dates one chain; streaming) | patient (all of a "
-         "patient's dates one chain, consistent across notes; runs the ensemble twice).",
+    "patient", "--date-unit",
+    help="With --dates dp: patient (all of a patient's dates one chain, one surrogate per date "
+         "across notes; the ensemble runs twice) | note (each note's dates one chain; streaming).",
 )
 AGES_OPT = typer.Option(
     "keep", "--ages",
@@ -54,7 +54,7 @@ def surrogate_options(mode: str, *, dates: str, date_epsilon: float | None, date
     they are the defaults, so a run's settings stay those of older runs)."""
     opts = {"dates": dates, "date_epsilon": date_epsilon, "date_unit": date_unit, "ages": ages,
             "age_epsilon": age_epsilon, "places": places, "place_epsilon": place_epsilon}
-    defaults = {"dates": "shift", "date_unit": "note", "ages": "keep", "places": "faker"}
+    defaults = {"dates": "shift", "date_unit": "patient", "ages": "keep", "places": "faker"}
     chosen = {k: v for k, v in opts.items() if v is not None and defaults.get(k) != v}
     if not chosen:
         return {}

@@ -137,7 +137,7 @@ def check_surrogate_options(**options: Any) -> None:
     """Check the DP options of :class:`SurrogateRenderer` (``dates``, ``date_epsilon`` ...)
     before a run starts: ConfigError as the renderer would raise it."""
     _mechanisms(b"\0" * MIN_KEY_BYTES, options.get("dates", "shift"),
-                options.get("date_epsilon"), options.get("date_unit", "note"),
+                options.get("date_epsilon"), options.get("date_unit", "patient"),
                 options.get("ages", "keep"), options.get("age_epsilon"),
                 options.get("places", "faker"), options.get("place_epsilon"))
 
@@ -160,7 +160,7 @@ def _mechanisms(key: bytes, dates: str, date_epsilon: float | None, date_unit: s
             raise ConfigError(f"{flag} needs {needs}")
         if eps is not None and not (eps > 0 and math.isfinite(eps)):
             raise ConfigError(f"{flag} must be a positive number (got {eps})")
-    if date_unit != "note" and dates != "dp":
+    if date_unit != "patient" and dates != "dp":
         raise ConfigError("--date-unit needs --dates dp (the shift is always per patient)")
     return (
         DpDates(key, DEFAULT_DATE_EPSILON if date_epsilon is None else date_epsilon)
@@ -217,7 +217,7 @@ class SurrogateRenderer(Renderer):
         locale: str = "en_US",
         dates: str = "shift",
         date_epsilon: float | None = None,
-        date_unit: str = "note",
+        date_unit: str = "patient",
         ages: str = "keep",
         age_epsilon: float | None = None,
         places: str = "faker",
