@@ -327,7 +327,7 @@ class Renderer:
         self.mode = mode
         # issue 28: the DP mechanisms of surrogates (names and ε, never values) for run.json and
         # audit.jsonl; None with the default surrogates (older runs' records stay the same)
-        dp = mode == "surrogate" and any(k != "key" for k in options)
+        dp = mode == "surrogate" and any(k in _DP_SURROGATE_OPTIONS for k in options)
         self.mechanisms = self._renderer.describe() if dp else None
         self.needs_prepass = bool(getattr(self._renderer, "needs_prepass", False))
 
@@ -346,6 +346,11 @@ class Renderer:
         if self.mode == "spans":
             return json.loads(out)
         return {"id": note.id, "text": out}
+
+
+#: the options of :class:`dphub.render.SurrogateRenderer` that choose a DP mechanism (issue 28)
+_DP_SURROGATE_OPTIONS = frozenset(("dates", "date_epsilon", "date_unit", "ages", "age_epsilon",
+                                   "places", "place_epsilon"))
 
 
 def key_fingerprint(key: bytes | None) -> str | None:
