@@ -25,6 +25,16 @@ from dphub.cli.ensemble._common import (
     _say,
     ensemble_app,
 )
+from dphub.cli.ensemble._surrogates import (  # issue 28: --dates/--ages/--places
+    AGE_EPSILON_OPT,
+    AGES_OPT,
+    DATE_EPSILON_OPT,
+    DATE_UNIT_OPT,
+    DATES_OPT,
+    PLACE_EPSILON_OPT,
+    PLACES_OPT,
+    surrogate_options,
+)
 from dphub.cli.options import FLOAT, MAX_THREADS, apply_threads, threads_option, unit_interval
 from dphub.errors import ConfigError
 
@@ -87,7 +97,8 @@ def _preflight(input_path: Path, mode: str, key_file: Path | None,
 
 def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
          batch_size: int, workers: int | None, resume: bool, audit_text: bool,
-         fmt: str | None, engine: Any = None, patient_id_from: str | None = None) -> int:
+         fmt: str | None, engine: Any = None, patient_id_from: str | None = None,
+         render_options: dict[str, Any] | None = None) -> int:
     from dphub.runner import run_deid
 
     if workers is not None and engine is None:  # with Ray: threads per actor, set there
@@ -109,6 +120,7 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
                           batch_size=batch_size, resume=resume, audit_text=audit_text,
                           progress=reporter.count_callback("deid", "notes"), engine=engine,
                           patient_id_from=patient_id_from, warn=_say,
+                          render_options=render_options,
                           chunk_progress=reporter.count_callback("deid-chunks", "chunks",
                                                                  restart=True))
     msg = f"{report.done} note(s) de-identified into {out}"
@@ -209,12 +221,22 @@ def deid_cmd(
     ray_workers: int = RAY_WORKERS_OPT,
     patient_id_from: str | None = PATIENT_ID_OPT,
     safe_words: list[Path] = SAFE_WORDS_OPT,
+    dates: str = DATES_OPT,
+    date_epsilon: float | None = DATE_EPSILON_OPT,
+    date_unit: str = DATE_UNIT_OPT,
+    ages: str = AGES_OPT,
+    age_epsilon: float | None = AGE_EPSILON_OPT,
+    places: str = PLACES_OPT,
+    place_epsilon: float | None = PLACE_EPSILON_OPT,
 ) -> int:
     """De-identify notes with the ensemble (plus --owner-model); writes OUT/audit.jsonl."""
     from dphub.ensemble.core import build_ensemble
     from dphub.ensemble.manifest import Manifest
 
     _preflight(input_path, mode, key_file, patient_id_from)
+    render_options = surrogate_options(
+        mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
+        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon)
     out = _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     if workers is not None:  # before ONNX sessions are made: they take torch's thread count
@@ -235,7 +257,8 @@ def deid_cmd(
                               safe_words=safe_words)
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
                 workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
-                engine=run_engine, patient_id_from=patient_id_from)
+                engine=run_engine, patient_id_from=patient_id_from,
+                render_options=render_options)
 
 
 def deid_top_cmd(
@@ -267,12 +290,22 @@ def deid_top_cmd(
     address: str | None = ADDRESS_OPT,
     ray_workers: int = RAY_WORKERS_OPT,
     patient_id_from: str | None = PATIENT_ID_OPT,
+    dates: str = DATES_OPT,
+    date_epsilon: float | None = DATE_EPSILON_OPT,
+    date_unit: str = DATE_UNIT_OPT,
+    ages: str = AGES_OPT,
+    age_epsilon: float | None = AGE_EPSILON_OPT,
+    places: str = PLACES_OPT,
+    place_epsilon: float | None = PLACE_EPSILON_OPT,
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
     from dphub.ensemble.manifest import MemberEntry, card_privacy, weights_digest
 
     _preflight(input_path, mode, key_file, patient_id_from)
+    render_options = surrogate_options(
+        mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
+        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon)
     out = _resolve_out(input_path, out, resume)
     _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
     if model.startswith("rules:"):
@@ -323,4 +356,4 @@ def deid_top_cmd(
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
                 fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe),
-                patient_id_from=patient_id_from)
+                patient_id_from=patient_id_from, render_options=render_options)

@@ -196,6 +196,7 @@ def run_deid(
         "input": str(src.resolve()), "format": fmt, "mode": mode, "audit_text": audit_text,
         "render_options": render_options or {}, "ensemble": _describe_ensemble(ensemble),
         "key": key_fingerprint(key),
+        **({"surrogates": renderer.mechanisms} if renderer.mechanisms else {}),
         **({"patient_id_from": patient_id_from} if patient_id_from is not None else {}),
     }
     created_out = not dst.exists()
@@ -240,6 +241,30 @@ def run_deid(
         raise
     finally:
         lock.release()
+
+
+def _observe_patients(renderer: Renderer, run_engine: Engine, src: Path, fmt: str | None,
+                      patients: re.Pattern[str] | None, batch_size: int) -> None:
+    """The pre-pass of ``--dates dp --date-unit patient`` (issue 28): every readable note, done
+    or not, through the engine once, so the renderer knows all of a patient's dates before the
+    first note is written. Deterministic (same spans), so a resumed run and a Ray run rebuild the
+    same per-patient chains and write the same bytes; the cost is a second pass of the ensemble.
+    Nothing is written: the dates stay in memory."""
+    def readable() -> Iterator[list[WorkItem]]:
+        batch: list[WorkItem] = []
+        for it in _with_patients(map(_printable_key, iter_input(src, fmt)), patients, None):
+            if it.note is not None:
+                batch.append(it)
+            if len(batch) >= batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    for batch, results in run_engine(readable()):
+        for it, res in zip([b for b in batch if b.note is not None], results, strict=True):
+            if it.note is not None and not isinstance(res, str):
+                renderer.observe(it.note, [m.to_span() for m in res.merged])
 
 
 def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
@@ -321,6 +346,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                                            "audit": _audit_record(it, res.merged, note, audit_text)}
                 if vocab_digest:  # issue 26: which safe words let this note's words back
                     content["audit"]["safe_vocab_sha256"] = vocab_digest
+                if renderer.mechanisms:  # issue 28: which mechanisms and ε, never values
+                    content["audit"]["surrogates"] = renderer.mechanisms
                 if jsonl_out:
                     content["record"] = json.dumps(renderer.jsonl_record(note, spans),
                                                    ensure_ascii=False, sort_keys=True)
@@ -367,6 +394,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     # stream the input: the local engine holds one batch of notes at a time
     run_engine = engine or (lambda stream: local_engine(ensemble, stream,
                                                         on_chunk=chunk_progress))
+    if renderer.needs_prepass:
+        _observe_patients(renderer, run_engine, src, fmt, patients, batch_size)
     if progress and report.total and not resume:  # a first line before the first batch
         progress(0, report.total)
     for batch, results in run_engine(batches()):

@@ -21,6 +21,11 @@ from dphub.runner.inputs import WorkItem
 MODES = ("tag", "redact", "surrogate", "spans", "brat")
 
 
+#: the options of :class:`dphub.render.SurrogateRenderer` that choose a DP mechanism (issue 28)
+_DP_SURROGATE_OPTIONS = frozenset(("dates", "date_epsilon", "date_unit", "ages", "age_epsilon",
+                                   "places", "place_epsilon"))
+
+
 class Renderer:
     """Turns (note, merged spans) into output files ``{suffix: content}`` via :mod:`dphub.render`.
 
@@ -41,6 +46,15 @@ class Renderer:
         except TypeError:
             raise ConfigError(f"invalid options for output mode {mode!r}") from None
         self.mode = mode
+        # issue 28: the DP mechanisms of surrogates (names and ε, never values) for run.json and
+        # audit.jsonl; None with the default surrogates (older runs' records stay the same)
+        dp = mode == "surrogate" and any(k in _DP_SURROGATE_OPTIONS for k in options)
+        self.mechanisms = self._renderer.describe() if dp else None
+        self.needs_prepass = bool(getattr(self._renderer, "needs_prepass", False))
+
+    def observe(self, note: Note, spans: Sequence[Span]) -> None:
+        """Pre-pass of ``--date-unit patient``: the renderer learns every date of the patient."""
+        self._renderer.observe(note, spans)
 
     def files(self, note: Note, spans: Sequence[Span]) -> dict[str, str]:
         out = self._renderer.render(note, spans)
