@@ -82,7 +82,7 @@ def test_shipped_file_holds_no_common_name_place_or_date():
     assert not leaked, leaked[:20]
     # the protected exceptions are a handful, not a way around the subtraction
     assert len((names | places) & words) < 20
-    for w in ("smith", "johnson", "jennifer", "michael", "boston", "massachusetts", "california",
+    for w in ("smith", "johnson", "jennifer", "boston", "massachusetts", "california",
               "mexico", "white", "brown", "young"):
         assert w not in words, w
 
