@@ -32,8 +32,15 @@ def vocab() -> SafeVocabulary:
     return SafeVocabulary.from_words(WORDS)
 
 
+def _default_p(word: str) -> float:
+    """A model unsure enough that no word outside the vocabulary comes back under the default
+    LOW (0.1), sure enough that vocabulary words (HIGH) and measurement numbers (0.01) do."""
+    return 0.01 if any(c.isdigit() for c in word) else 0.1
+
+
 class DictTagger:
-    """``token_scores``: one token per letter/digit run, P(PHI) from ``probs`` (default 0.01)."""
+    """``token_scores``: one token per letter/digit run, P(PHI) from ``probs`` (default:
+    :func:`_default_p`)."""
 
     def __init__(self, probs: dict[str, float]) -> None:
         self.probs = probs
@@ -44,7 +51,8 @@ class DictTagger:
         for note in notes:
             ws = list(re.finditer(r"[^\W_]+", note.text))
             offs = np.array([m.span() for m in ws], dtype=np.int64).reshape(-1, 2)
-            phi = np.array([self.probs.get(m.group(), 0.01) for m in ws], dtype=float)
+            phi = np.array([self.probs.get(m.group(), _default_p(m.group())) for m in ws],
+                           dtype=float)
             lp = np.zeros((len(ws), len(LABELS)))
             lp[:, 0] = phi
             out.append(TokenScores(offs, phi, lp, LABELS))
@@ -70,12 +78,28 @@ def surname() -> str:
     return fake.last_name() + "ski"  # made up: no list holds it
 
 
-def test_phi_word_outside_vocabulary_is_hidden_when_every_member_misses_it() -> None:
+@pytest.mark.parametrize("rule, p", [("inverse", 0.2), ("inverse:0,0.2", 0.001)])
+def test_phi_word_outside_vocabulary_is_hidden_when_every_member_misses_it(rule: str,
+                                                                           p: float) -> None:
     name = surname()
     note = Note("a", f"patient seen by dr {name} today")
-    members = [fixed("rules", "a", []), model()]  # neither flags anything
+    # neither member flags it (P below the model's own 0.5); P is not below LOW, or the rule is
+    # the strict one (LOW 0: only vocabulary words come back)
+    members = [fixed("rules", "a", []), model({name: p})]
     assert hidden(Ensemble(members, "any"), note) == []  # forward: the name leaks
-    assert hidden(Ensemble(members, "inverse", safe_vocab=vocab()), note) == [(name, "PHI")]
+    assert hidden(Ensemble(members, rule, safe_vocab=vocab()), note) == [(name, "PHI")]
+
+
+def test_word_outside_vocabulary_needs_a_confident_model() -> None:
+    """The adaptive half: an out-of-vocabulary word comes back only when a model member is sure
+    it is not PHI (P < LOW); with rules alone nothing vouches for it."""
+    note = Note("a", "patient seen by dr today, sob resolved")
+    rules = fixed("rules", "a", [])
+    assert hidden(Ensemble([rules], "inverse", safe_vocab=vocab()), note) == [
+        ("sob resolved", "PHI")]
+    ens = Ensemble([rules, model({"sob": 0.001, "resolved": 0.2})], "inverse:0.05,0.5",
+                   safe_vocab=vocab())
+    assert hidden(ens, note) == [("resolved", "PHI")]
 
 
 def test_vocabulary_word_flagged_by_a_member_is_hidden() -> None:
@@ -199,9 +223,10 @@ def test_calibrate_inverse_picks_low_high_for_the_target_and_refuses_below_the_f
     probs = {"Stable": 0.3, "clinic": 0.1}
     ens = Ensemble([model(probs)], "inverse", safe_vocab=vocab())
     res = calibrate_inverse(ens, _labelled(), 1.0)
-    assert res.rule == "inverse:0.3,0.3" and res.recall == 1.0 and res.precision == 1.0
+    assert res.rule == "inverse:0.1,0.3" and res.recall == 1.0 and res.precision == 1.0
     res = calibrate_inverse(ens, _labelled(), 0.5)
-    assert res.rule == "inverse:1,1" and res.recall == 0.5  # the vocabulary alone decides
+    # vocabulary words come back whatever the model says; words outside it need P < 0.1
+    assert res.rule == "inverse:0.1,1" and res.recall == 0.5
     # a non-PHI vocabulary word the model scores higher than the surname: recall 1 costs it
     ens = Ensemble([model({**probs, "today": 0.45})], "inverse", safe_vocab=vocab())
     with pytest.raises(CalibrationRefused, match="below the minimum precision 0.9"):
@@ -224,7 +249,7 @@ def test_cli_calibrate_stores_the_inverse_thresholds(tmp_path: Path,
     monkeypatch.setattr("dphub.ensemble.evaluation.read_labelled", lambda *a, **k: _labelled())
     assert main(["ensemble", "calibrate", str(tmp_path / "gold.jsonl"), "--target-recall", "1",
                  "--holdout", "0", "-e", str(path)]) == 0
-    assert Manifest.load(path).aggregate == "inverse:0.3,0.3"
+    assert Manifest.load(path).aggregate == "inverse:0.1,0.3"
 
 
 def test_ray_recipe_carries_the_rule_and_the_owner_safe_words(tmp_path: Path,

@@ -17,12 +17,19 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    (:func:`dphub.ensemble.measures.measurement_ranges`: ``5 mg``, ``BP 120/80``) and ``P < LOW``:
    numbers are never safe words, and a number is where dates, ages, IDs, phones and rooms hide,
    so the models must be more confident about it (LOW <= HIGH);
-5. everything else is hidden.
+5. a word **without digits outside the vocabulary** (an abbreviation, a misspelling, a drug the
+   lists lack, or a name) is kept only when the ensemble has at least one model member and
+   ``P < LOW``: the adaptive half of Meldau's rule — what the vocabulary vouches for needs a
+   model that is merely unsure it is PHI (HIGH), what it does not vouch for needs a model that
+   is sure it is not (LOW); without a model nothing vouches for it;
+6. everything else is hidden.
 
-So HIGH is the model confidence a vocabulary word may carry and still come back, and LOW the one a
-measurement may carry. Lower thresholds hide more: ``inverse:0,0`` hides every word a model gives
-any weight, ``inverse:1,1`` lets the vocabulary and the measurements decide alone. The defaults
-(:data:`DEFAULT_LOW`, :data:`DEFAULT_HIGH`) are the one place they are set.
+So HIGH is the model confidence a vocabulary word may carry and still come back, and LOW the one
+everything else may carry. Lower thresholds hide more: ``inverse:0,HIGH`` is the strict rule (only
+vocabulary words come back, whatever the models say about the rest), ``inverse:0,0`` hides every
+word a model gives any weight, ``inverse:1,1`` lets the vocabulary, the measurements and the
+members' flags decide alone. The defaults (:data:`DEFAULT_LOW`, :data:`DEFAULT_HIGH`) are the one
+place they are set.
 
 Hidden words merge into spans: the members' flags (merged as ``any`` merges them, their labels
 and voters kept) plus each hidden word no member flagged (label ``PHI``,
@@ -63,7 +70,8 @@ from dphub.scores import LabelThresholds, TokenScores
 #: Default thresholds of ``--aggregate inverse`` (no ``:LOW,HIGH``), used until ``ensemble
 #: calibrate`` chooses the owner's own. Provisional: the lead sets them from the dev corpus's
 #: training part (benchmarks/recall_first.py on the inner split of its 95 training patients),
-#: never from held-out patients. LOW: the P(PHI) below which a measurement number comes back;
+#: never from held-out patients. LOW: the P(PHI) below which a measurement number or a word outside
+#: the vocabulary comes back (with a model member);
 #: HIGH: the P(PHI) below which a vocabulary word comes back.
 DEFAULT_LOW = 0.05
 DEFAULT_HIGH = 0.2
@@ -91,7 +99,8 @@ class InverseRule:
         t = text.strip().lower()
         shown = text if len(text) <= 80 else text[:60] + "..."
         usage = (f"aggregate rule {shown!r}: use 'inverse' or 'inverse:LOW,HIGH' with "
-                 "0 <= LOW <= HIGH <= 1 (LOW: numbers in measurements, HIGH: vocabulary words)")
+                 "0 <= LOW <= HIGH <= 1 (LOW: measurement numbers and words outside the safe "
+                 "vocabulary, HIGH: vocabulary words)")
         if t == "inverse":
             return cls()
         m = re.fullmatch(r"inverse:\s*(\d*\.?\d+)\s*,\s*(\d*\.?\d+)", t)
@@ -170,7 +179,8 @@ class WordTable:
 
     ``flagged``: a member flags it (hidden whatever the thresholds); ``p``: the highest model
     P(PHI); ``safe``: a safe word (no digits, in the vocabulary); ``measure``: a number (any
-    digit) inside a measurement context.
+    digit) inside a measurement context; ``letters``: a word without digits; ``model``: the
+    ensemble has a model member (without one, P says nothing and only the vocabulary vouches).
     """
 
     start: np.ndarray
@@ -181,10 +191,14 @@ class WordTable:
     measure: np.ndarray
     #: the members' flags, merged as ``any`` merges them
     flags: list[MergedSpan]
+    letters: np.ndarray
+    model: bool
 
     def kept(self, low: float, high: float) -> np.ndarray:
         """Which words come back under ``inverse:LOW,HIGH``."""
-        return ~self.flagged & ((self.safe & (self.p < high)) | (self.measure & (self.p < low)))
+        sure = self.p < low
+        other = (self.letters & ~self.safe) if self.model else np.zeros_like(self.safe)
+        return ~self.flagged & ((self.safe & (self.p < high)) | ((self.measure | other) & sure))
 
 
 def word_table(
@@ -218,7 +232,7 @@ def word_table(
     longest = max((e - s for s, e, _ in word_p), default=0)
     measures = measurement_ranges(text)
     m_starts = [a for a, _ in measures]
-    rows: list[tuple[int, int, bool, float, bool, bool]] = []
+    rows: list[tuple[int, int, bool, float, bool, bool, bool]] = []
     ci = 0
     for m in WORD_RE.finditer(text):
         a, b = m.start(), m.end()
@@ -230,13 +244,14 @@ def word_table(
         if any(c.isdigit() for c in word):
             k = bisect.bisect_right(m_starts, a) - 1
             rows.append((a, b, hit, p, False,
-                         k >= 0 and measures[k][0] <= a and b <= measures[k][1]))
+                         k >= 0 and measures[k][0] <= a and b <= measures[k][1], False))
         else:
-            rows.append((a, b, hit, p, vocab.contains(word), False))
-    cols = list(zip(*rows, strict=True)) if rows else [()] * 6
+            rows.append((a, b, hit, p, vocab.contains(word), False, True))
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 7
     return WordTable(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
                      np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
-                     np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged)
+                     np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
+                     np.array(cols[6], dtype=bool), bool(models))
 
 
 def inverse_aggregate(
