@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 
@@ -206,3 +207,33 @@ def test_card_names_the_l3_base_and_its_source() -> None:
     assert meta["base_model"] == "sentence-transformers/paraphrase-MiniLM-L3-v2"
     card.validate_meta(meta)
 
+
+
+@needs_l3
+def test_dp_model_on_l3_passes_the_gate(l3_dir: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train --base-model minilm-l3`: the card names the L3 base and its source, training
+    records the pinned digest, and the publish gate resolves the base and accepts the model."""
+    import torch
+
+    from dphub import formats, synth
+    from dphub import train as T
+    from dphub.card import load_card
+    from dphub.hub.gate import check_publishable
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "home"))
+    data = tmp_path / "train.jsonl"
+    formats.write(synth.generate(6, kind="nursing", seed=3, patients=3), data, "jsonl")
+    out = tmp_path / "m"
+    T.train(T.TrainOptions(data=data, out=out, base_model="minilm-l3", warm_start="none",
+                           epochs=1.0, batch_size=2, max_physical_batch=2, noise=1.0,
+                           accountant="rdp", max_length=64, stride=16, checkpoint_every=50,
+                           rule_features=False))
+    meta = load_card(out).meta
+    assert meta["base_model"] == encoders_l3.L3_PUBLIC_ID
+    pre = meta["differential_privacy"]["public_pretraining"]
+    assert pre["base_source"]["file_sha256"] == encoders_l3.L3_ONNX_SHA256
+    cfg = json.loads((out / "training_config.json").read_text())
+    assert cfg["base_model_sha256"] == encoders_l3.L3_ENCODER_DIGEST
+    assert check_publishable(out).base_model == encoders_l3.L3_PUBLIC_ID
