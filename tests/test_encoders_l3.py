@@ -237,3 +237,35 @@ def test_dp_model_on_l3_passes_the_gate(l3_dir: Path, tmp_path: Path,
     cfg = json.loads((out / "training_config.json").read_text())
     assert cfg["base_model_sha256"] == encoders_l3.L3_ENCODER_DIGEST
     assert check_publishable(out).base_model == encoders_l3.L3_PUBLIC_ID
+
+
+@needs_l3
+def test_cli_distill_local_student_on_l3(l3_dir: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ensemble distill --base-model minilm-l3`: the owner's (local-only) student is a 3-layer
+    L3 model whose training records the pinned base digest."""
+    import torch
+
+    from dphub import formats, synth
+    from dphub.card import load_card
+    from dphub.cli.main import main
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    notes = tmp_path / "notes.jsonl"
+    formats.write(synth.generate(6, kind="nursing", seed=5, patients=3), notes, "jsonl")
+    manifest = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", "rules:default", "--ensemble", str(manifest)]) == 0
+    out = tmp_path / "student"
+    code = main(["ensemble", "distill", str(notes), "--out", str(out), "--ensemble",
+                 str(manifest), "--base-model", "minilm-l3", "--warm-start", "none",
+                 "--epochs", "1", "--threads", "1"])
+    assert code == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 3
+    tc = json.loads((out / "training_config.json").read_text())
+    assert tc["base_model_sha256"] == encoders_l3.L3_ENCODER_DIGEST
+    card = load_card(out)
+    assert card.meta["base_model"] == encoders_l3.L3_PUBLIC_ID
+    assert card.meta["differential_privacy"].get("local_only") is True
