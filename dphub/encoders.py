@@ -88,10 +88,26 @@ def local_public_id(path: Path) -> str:
     """
     if is_embedded_model(path):
         return DEFAULT_BASE_MODEL_ID
+    if is_l3_model(path):
+        return L3_BASE_MODEL_ID
     name = path.resolve().name
-    if name in EMBEDDED_ALIASES:
+    if name in EMBEDDED_ALIASES or encoders_l3.is_l3_alias(name):
         return LOCAL_ENCODER_ID
     return name
+
+
+def is_l3_model(path: Path) -> bool:
+    """Whether ``path`` holds the MiniLM-L3 base's tensors (its pinned digest; compared only
+    when the configuration's sizes are L3's, so other encoders are told apart unread)."""
+    cfg = _config(path)
+    sizes = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
+             "intermediate_size", "num_attention_heads")
+    if cfg is None or any(cfg.get(k) != encoders_l3.L3_CONFIG[k] for k in sizes):
+        return False
+    try:
+        return encoder_digest(path) == encoders_l3.L3_ENCODER_DIGEST
+    except ModelError:
+        return False
 
 
 def is_embedded_model(path: Path) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 
@@ -269,3 +270,19 @@ def test_cli_distill_local_student_on_l3(l3_dir: Path, tmp_path: Path,
     card = load_card(out)
     assert card.meta["base_model"] == encoders_l3.L3_PUBLIC_ID
     assert card.meta["differential_privacy"].get("local_only") is True
+
+
+@needs_l3
+def test_a_directory_is_the_l3_base_by_its_weights_not_its_name(l3_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """A copy of the converted base passed as a directory is recorded as the L3 base; a
+    directory merely named like it, with other weights, is a local encoder."""
+    from conftest import make_tiny_base_model
+
+    from dphub.encoders import LOCAL_ENCODER_ID, resolve_base_model
+
+    copy = tmp_path / "some-name"
+    shutil.copytree(l3_dir, copy)
+    assert resolve_base_model(str(copy))[1] == encoders_l3.L3_PUBLIC_ID
+    fake = make_tiny_base_model(tmp_path / "x" / "paraphrase-MiniLM-L3-v2")
+    assert resolve_base_model(str(fake))[1] == LOCAL_ENCODER_ID
