@@ -45,6 +45,8 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from dphub.errors import ModelError
 from dphub.io import cache_root
 
@@ -120,8 +122,6 @@ def l3_model_dir(tokenizer_dir: Path, digest: DigestFn, *, source: Path | None =
     if _cached_ok(out, tokenizer_dir, digest):
         return out
     src = source or l3_onnx_path()
-    from filelock import FileLock  # a dependency of dphub; imported here as in runtime.py
-
     parent = out.parent
     _private_dir(parent.parent)
     _private_dir(parent)
@@ -196,7 +196,7 @@ def onnx_state_dict(data: bytes) -> dict[str, Any]:
     except ImportError:
         raise ModelError("converting the MiniLM-L3 base needs the onnx package "
                          "(pip install 'dphub[l3]')") from None
-    import torch
+    import torch  # heavy: only the conversion needs it
 
     try:
         graph = onnx.load_from_string(data).graph
@@ -234,7 +234,7 @@ def convert_onnx(src: Path, out: Path, tokenizer_dir: Path, digest: DigestFn) ->
     files from ``tokenizer_dir``); refused unless ``digest(out)`` is the pinned one."""
     data = read_onnx_source(src)
     state = onnx_state_dict(data)
-    import torch
+    import torch  # heavy: only the conversion needs them
     from safetensors.torch import save_file
     from transformers import BertConfig, BertModel
 
