@@ -26,12 +26,11 @@ feature layout and a digest of the rules (``dphub.rule_features``), and such a m
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from torch import Tensor, nn
 from torchcrf import CRF
 
 import dphub.privacy.grad_samplers  # noqa: F401  (registers the CRF grad sampler with Opacus)
+from dphub.encoders import quiet_transformers as _quiet_transformers
 from dphub.errors import ConfigError, ModelError
 from dphub.io import atomic_write_bytes, atomic_write_text
 from dphub.labels import get_schema
@@ -68,24 +68,6 @@ TOKENIZER_FILES: tuple[str, ...] = (
 #: Files that must never be in a model directory (pickles can execute code when loaded).
 PICKLE_SUFFIXES: tuple[str, ...] = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 ENCODER_INPUTS: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers' weight-loading progress bars and load reports write to stderr; the library
-    stays quiet (errors still raise)."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def nonfinite_tensors(module: nn.Module) -> list[str]:
