@@ -188,7 +188,7 @@ def list_cmd(
 ) -> None:
     """Every repo on the hub (latest revision), or with --pulled the models pulled here."""
     if pulled:
-        from dphub.hub.registry import Registry
+        from dphub.registry import Registry
 
         t = Table(title="pulled models")
         for col in ("repo", "revision", "ε", "δ", "unit", "hub", "path"):

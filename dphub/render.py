@@ -100,6 +100,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dphub.errors import ConfigError, InputError
+from dphub.formats.brat import render_ann
 from dphub.labels import category_of, fine_of
 from dphub.notes import Note, Span, merge_overlapping
 from dphub.textnorm import NormalizedText, normalize, normalized_text
@@ -243,8 +244,6 @@ class BratRenderer(Renderer):
     suffix = ".ann"
 
     def render(self, note: Note, spans: Sequence[Span]) -> str:
-        from dphub.formats.brat import render_ann
-
         return render_ann(replace(note, spans=prepare_spans(note, spans, merge=False)))
 
 

@@ -62,10 +62,12 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from dphub import formats
 from dphub.errors import ConfigError, DphubError, InputError
 from dphub.formats._base import read_sidecar
 from dphub.io import DiskFullError, atomic_open, atomic_write_text
 from dphub.notes import Note, Span
+from dphub.render import RENDERERS, key_recipe
 
 EXIT_SOME_FAILED = 3
 RUN_DIR = ".dphub-run"
@@ -238,8 +240,6 @@ def _iter_jsonl(path: Path) -> Iterator[WorkItem]:
 
 
 def _iter_format(path: Path, fmt: str | None) -> Iterator[WorkItem]:
-    from dphub import formats
-
     for i, (key, note, error) in enumerate(formats.read_each(path, format=fmt)):
         if note is None:
             yield WorkItem(key, i, None, error, None)
@@ -311,8 +311,6 @@ class Renderer:
     """
 
     def __init__(self, mode: str, key: bytes | None = None, **options: Any) -> None:
-        from dphub.render import RENDERERS, key_recipe
-
         if mode not in MODES:
             raise ConfigError(f"unknown output mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode == "surrogate":

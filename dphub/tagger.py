@@ -41,12 +41,24 @@ from torch import Tensor, nn
 from torchcrf import CRF
 
 import dphub.privacy.grad_samplers  # noqa: F401  (registers the CRF grad sampler with Opacus)
+from dphub import align
+from dphub import rule_features as rf
 from dphub.encoders import quiet_transformers as _quiet_transformers
+from dphub.encoders import resolve_base_model
 from dphub.errors import ConfigError, ModelError
 from dphub.io import atomic_write_bytes, atomic_write_text
 from dphub.labels import get_schema
 from dphub.notes import Note, Span
-from dphub.runtime import SHAPE_MULTIPLE, bound_kernel_cache
+from dphub.rule_features import NUM_FEATURES, check_spec, feature_spec, pad_features
+from dphub.runtime import (
+    SHAPE_MULTIPLE,
+    TORCH_RUNTIMES,
+    bf16_autocast,
+    bound_kernel_cache,
+    check_bf16,
+    check_runtime,
+    load_encoder,
+)
 from dphub.scores import TokenScores, spans_from_scores
 
 bound_kernel_cache()  # before any model here runs: oneDNN reads its cache size once
@@ -255,8 +267,6 @@ class TaggerModel(nn.Module):
         ``rule_features`` adds the rule-feature input (:mod:`dphub.rule_features`);
         ``encoder_layers`` keeps only the base's first N transformer layers
         (:func:`truncate_encoder`)."""
-        from dphub.encoders import resolve_base_model
-
         loadable, public_id = resolve_base_model(None if base is None else str(base))
         encoder = _load_encoder(loadable)
         if encoder_layers is not None:
@@ -265,8 +275,6 @@ class TaggerModel(nn.Module):
         tok_src = Path(loadable) if isinstance(loadable, Path) or Path(loadable).is_dir() else None
         spec = None
         if rule_features:
-            from dphub.rule_features import feature_spec
-
             spec = feature_spec()
         model = cls(encoder, tags, head, schema=schema, base_public_id=public_id,
                     tokenizer_source=tok_src, rule_features=spec)
@@ -279,8 +287,6 @@ class TaggerModel(nn.Module):
         ``rule_proj`` starts at zero, so the model's predictions are unchanged until training
         (public warm start, then DP) learns how much each rule flag is worth per tag.
         """
-        from dphub.rule_features import NUM_FEATURES, feature_spec
-
         if self.rule_proj is not None:
             raise ConfigError("this model already takes rule features")
         self.rule_features = copy.deepcopy(spec) if spec is not None else feature_spec()
@@ -612,8 +618,6 @@ class TaggerModel(nn.Module):
         tags = [id2label[k] for k in sorted(id2label, key=int)]
         spec = block.get("rule_features")
         if spec is not None:
-            from dphub.rule_features import check_spec
-
             check_spec(spec, str(model_dir))
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
         with _quiet_transformers():
@@ -822,8 +826,6 @@ class Tagger:
         :attr:`encoder_digest`, built on first use (``progress`` gets a status line first).
         Returns the cache status (None for the torch runtimes). Heads and CRF always run in
         PyTorch fp32 (fp64 for the CRF's marginals)."""
-        from dphub.runtime import TORCH_RUNTIMES, check_bf16, check_runtime, load_encoder
-
         check_runtime(runtime)
         if runtime in TORCH_RUNTIMES:
             if runtime == "torch-bf16":
@@ -841,8 +843,6 @@ class Tagger:
         if self._onnx is not None:
             return self._onnx(batch)
         if self.runtime == "torch-bf16":
-            from dphub.runtime import bf16_autocast
-
             with bf16_autocast(self.device):
                 return self.model.encode(batch).float()
         return self.model.encode(batch)
@@ -850,8 +850,6 @@ class Tagger:
     def encode(self, notes: Sequence[Note], batch_size: int = 16) -> EncodedNotes:
         """Windows of ``notes`` and the encoder's hidden states for each, to share between
         taggers with the same :attr:`encoder_key` (see :meth:`token_scores`)."""
-        from dphub import align
-
         if batch_size < 1:
             raise ConfigError(f"batch size must be at least 1 (got {batch_size})")
         notes = list(notes)
@@ -881,7 +879,6 @@ class Tagger:
         spec = self.model.rule_features
         if spec is None:
             return None
-        from dphub import rule_features as rf
 
         key = str(spec.get("rules_digest"))
         if encoded is not None and key in encoded.rule_features:
@@ -932,8 +929,6 @@ class Tagger:
         notes and batch size) replaces tokenization and the encoder pass: only this tagger's head
         and CRF run. The scores are identical to a run without it.
         """
-        from dphub import align
-
         if batch_size < 1:
             raise ConfigError(f"batch size must be at least 1 (got {batch_size})")
         notes = list(notes)
@@ -962,8 +957,6 @@ class Tagger:
                          align.collate(chunk, pad_id, multiple=SHAPE_MULTIPLE).items()}
                 padded = batch["input_ids"].shape[1]
                 if feats_w is not None:
-                    from dphub.rule_features import pad_features
-
                     batch["rule_features"] = pad_features(
                         [feats_w[i] for i in idx], padded).to(self.device)
                 if encoded is None:

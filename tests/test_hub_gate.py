@@ -458,7 +458,7 @@ def test_pull_refuses_what_the_gate_refuses(model, hub_env, capsys, breakage):
 
     from dphub.errors import PullRefused
     from dphub.hub import ops
-    from dphub.hub.registry import Registry
+    from dphub.registry import Registry
 
     if breakage == "hidden":
         _rewrite_weights(model, lambda t: t.update({"extra.hidden": torch.zeros(1000, 10)}))

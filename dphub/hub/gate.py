@@ -22,7 +22,6 @@ repeats the checks that protect the puller (:func:`check_shareable`), and a publ
 from __future__ import annotations
 
 import fnmatch
-import functools
 import getpass
 import json
 import math
@@ -32,8 +31,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dphub.encoders import meta_encoder
-from dphub.errors import CardError, DphubError, PublishRefused
+from dphub.card import (
+    TRAINING_CONFIG_FORMAT,
+    body_is_rendered,
+    dataset_block,
+    is_public_model,
+    load_card,
+    load_valid_card,
+)
+from dphub.encoders import (
+    DEFAULT_BASE_MODEL_ID,
+    embedded_model_dir,
+    encoder_digest,
+    encoder_tensors,
+    meta_encoder,
+    tensor_bytes,
+)
+from dphub.errors import CardError, ConfigError, DphubError, ModelError, PublishRefused
 from dphub.hub.common import (
     DP_TAG,
     PRIVACY_UNITS,
@@ -42,6 +56,9 @@ from dphub.hub.common import (
     file_sha256,
     read_card_meta,
 )
+from dphub.io import cache_root
+from dphub.privacy.accounting import CLAIM_RTOL, below
+from dphub.registry import Registry
 
 #: ``differential_privacy.training_data`` of a public base model (``dphub.card.PUBLIC_SYNTHETIC``;
 #: repeated so the gate's module does not import the card module at import time).
@@ -67,7 +84,6 @@ TRAINING_HYPERPARAM_KEYS = frozenset({
 PUBLIC_DATA_KEYS = ("synth_notes", "synth_discharge_share", "synth_seed", "synth_sha256")
 #: Every key ``dphub_training`` may hold: the training options, and a pretraining's data record.
 PUBLISHED_HYPERPARAM_KEYS = TRAINING_HYPERPARAM_KEYS | frozenset(PUBLIC_DATA_KEYS)
-TRAINING_CONFIG_FORMAT = 2
 #: Card ``differential_privacy`` fields that ``training_config.json`` must repeat exactly.
 BOUND_FIELDS = ("noise_multiplier", "sample_rate", "steps", "delta", "privacy_unit")
 MAX_TRAINING_CONFIG_BYTES = 65536
@@ -257,8 +273,6 @@ def _check_public_card(model_dir: Path, meta: dict[str, Any],
     """A public base model (``dphub pretrain``) is accepted on its provenance: public synthetic
     notes only, so no private data and no ε; the schema ties ``private: false`` and ``epsilon:
     0`` to that provenance, and the weights stay bound to the card by their hash."""
-    from dphub.card import is_public_model
-
     dp = meta["differential_privacy"]
     if not is_public_model(dp):
         raise _refuse(model_dir, "the card says training_data: public-synthetic but not "
@@ -276,8 +290,6 @@ def _check_public_card(model_dir: Path, meta: dict[str, Any],
 
 def check_card_body(model_dir: Path) -> None:
     """The README body must be dphub's rendering of the front matter (no free text leaves)."""
-    from dphub.card import body_is_rendered, load_card
-
     try:
         card = load_card(model_dir)
     except CardError as e:
@@ -289,16 +301,10 @@ def check_card_body(model_dir: Path) -> None:
                                  "dphub.card.write_card)")
 
 
-def _card_validator() -> Callable[..., Any] | None:
-    """``dphub.card.validate_card`` (schema + accounting recomputation), if installed.
-
-    The directory checks ``validate_card`` can add are the gate's own, run separately here.
-    """
-    try:
-        from dphub.card import validate_card
-    except ImportError:
-        return None
-    return functools.partial(validate_card, check_files=False)
+def _card_validator() -> Callable[..., Any]:
+    """:func:`dphub.card.load_valid_card` (schema + accounting recomputation); the directory
+    checks :func:`dphub.hub.validate.validate_card` adds are the gate's own, run separately."""
+    return load_valid_card
 
 
 def resolve_base_tokenizer_dir(base_model: str | None) -> Path | None:
@@ -307,13 +313,10 @@ def resolve_base_tokenizer_dir(base_model: str | None) -> Path | None:
     The embedded default maps to its packaged files; an ``org/name`` pulled into the registry maps
     to its directory; otherwise the Hugging Face cache is consulted without network access.
     """
-    from dphub.encoders import DEFAULT_BASE_MODEL_ID, embedded_model_dir
-
     if not base_model:
         return None
     if base_model == DEFAULT_BASE_MODEL_ID:  # the one public id; no directory name aliases it
         return embedded_model_dir()
-    from dphub.hub.registry import Registry
 
     try:
         return Registry().get(base_model).path
@@ -630,11 +633,8 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
     if "accountant" in cfg and cfg.get("accountant") != dp.get("accountant"):
         out.append("training_config.json accountant differs from the card's")
     eps_cfg, eps_card = cfg.get("epsilon"), dp.get("epsilon")
-    if _number(eps_cfg) and _number(eps_card):
-        from dphub.privacy.accounting import CLAIM_RTOL, below
-
-        if below(float(eps_card), float(eps_cfg), CLAIM_RTOL):
-            out.append("the card's epsilon is below the epsilon training_config.json recorded")
+    if _number(eps_cfg) and _number(eps_card) and below(float(eps_card), float(eps_cfg), CLAIM_RTOL):
+        out.append("the card's epsilon is below the epsilon training_config.json recorded")
     return out
 
 
@@ -888,9 +888,6 @@ def base_weights_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
     * where the published encoder tensors that training kept frozen can be compared with their
       origin, they must be equal to it (:func:`frozen_tensor_problems`).
     """
-    from dphub.encoders import encoder_digest
-    from dphub.errors import ModelError
-
     base = meta.get("base_model")
     name = _safe_name(base) if isinstance(base, str) else "(none)"
     base_dir = resolve_base_tokenizer_dir(base if isinstance(base, str) else None)
@@ -945,9 +942,6 @@ def frozen_tensor_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str,
     (a warm start built elsewhere, a local public base, ``--init-from``) is not compared: the
     recorded digest is then the only evidence.
     """
-    from dphub.encoders import encoder_tensors, tensor_bytes
-    from dphub.errors import ModelError
-
     hyper = cfg.get("dphub_training")
     if not isinstance(hyper, dict) or "train_layers" not in hyper:
         return []
@@ -990,8 +984,6 @@ def _training_start(meta: dict[str, Any], cfg: dict[str, Any], hyper: dict[str, 
     pre = dp.get("public_pretraining") if isinstance(dp, dict) else None
     public = pre.get("model") if isinstance(pre, dict) else None
     if isinstance(public, str) and public:
-        from dphub.hub.registry import Registry
-
         try:
             return Registry().get(public).path, f"the public base {_safe_name(public)}"
         except DphubError:
@@ -1000,7 +992,7 @@ def _training_start(meta: dict[str, Any], cfg: dict[str, Any], hyper: dict[str, 
         return base_dir, f"the base model {base}"
     if hyper.get("warm_start") != "synth":
         return None
-    from dphub.io import cache_root
+    # heavy: the dphub.train package loads torch and opacus; only this provenance check needs it
     from dphub.train.warmstart import WARM_START_SEED, WarmStartConfig, cache_key
 
     try:
@@ -1098,8 +1090,7 @@ def public_provenance_problems(model_dir: Path, meta: dict[str, Any]) -> list[st
 def _regenerated_data_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str, Any],
                                hyper: dict[str, Any]) -> list[str]:
     """Regenerate the recorded synthetic corpus; compare digest, card blocks and step count."""
-    from dphub.card import dataset_block
-    from dphub.errors import ConfigError
+    # heavy: the dphub.train package loads torch and opacus; only this provenance check needs it
     from dphub.train.pretrain import PretrainConfig, public_data_digest
 
     try:
@@ -1151,6 +1142,7 @@ def _pretrain_steps(model_dir: Path, notes: list[Any], hyper: dict[str, Any]) ->
     per batch), tokenised with the model's (public, already checked) tokenizer."""
     from transformers import AutoTokenizer
 
+    # heavy: the dphub.train package loads torch and opacus; only this provenance check needs it
     from dphub.train.data import encode_notes
 
     try:

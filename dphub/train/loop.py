@@ -34,6 +34,17 @@ import numpy as np
 import torch
 
 from dphub.errors import ConfigError, PrivacyError
+from dphub.privacy.randomness import (
+    MechanismRandomness,
+    PoissonUnitSampler,
+    install_noise_source,
+)
+from dphub.privacy.units import (
+    aggregate_grad_sample_by_unit,
+    batch_num_units,
+    check_one_gradient_per_unit,
+    unit_collate,
+)
 from dphub.train.checkpoints import save_checkpoint
 from dphub.train.data import window_loss
 from dphub.train.options import TrainOptions
@@ -93,13 +104,6 @@ class TrainLoop:
 
     def __init__(self, opts: TrainOptions, plan: PrivacyPlan, model: Any, dataset: Any,
                  tokenizer: Any, on_progress: ProgressFn | None) -> None:
-        from dphub.privacy.randomness import (
-            MechanismRandomness,
-            PoissonUnitSampler,
-            install_noise_source,
-        )
-        from dphub.privacy.units import unit_collate
-
         self.opts, self.plan, self.model, self.on_progress = opts, plan, model, on_progress
         self.params = trainable_parameters(model)
         self.optimizer: Any = torch.optim.Adam(param_groups(model, self.params, opts), lr=opts.lr)
@@ -247,12 +251,6 @@ class TrainLoop:
                     self._run_plain(it, ckpt, fingerprint)
 
     def _run_dp(self, it: Iterator[Any], ckpt: Path, fingerprint: str) -> None:
-        from dphub.privacy.units import (
-            aggregate_grad_sample_by_unit,
-            batch_num_units,
-            check_one_gradient_per_unit,
-        )
-
         step_loss: list[float] = []
         for batch in it:
             before = self.step
@@ -279,8 +277,6 @@ class TrainLoop:
                     return
 
     def _run_plain(self, it: Iterator[Any], ckpt: Path, fingerprint: str) -> None:
-        from dphub.privacy.units import batch_num_units
-
         for batch in it:
             n_units = batch_num_units(batch) if isinstance(batch, dict) else 0
             loss = float("nan")
