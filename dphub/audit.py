@@ -68,6 +68,10 @@ Canary patients are public synthetic data: a model trained with them still carri
 ε for the real patients (the canaries are extra units under the same accounting).
 
 Nothing here prints or exits; canary notes are synthetic, and real notes are never copied.
+
+The bound, its ceiling and the verdicts are :mod:`dphub.privacy.audit_bound`; the card's
+``empirical_audit`` text and check are :mod:`dphub.card.audit` (both re-exported here). What is
+left, over 600 lines, is one concern: running an audit (canaries in, a training run, scores out).
 """
 
 from __future__ import annotations

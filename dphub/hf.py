@@ -33,10 +33,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dphub.encoders import quiet_transformers as _quiet_transformers
 from dphub.errors import DphubError, ModelError
 from dphub.notes import Note
 from dphub.registry import resolve_model
-from dphub.tagger import Tagger, _quiet_transformers
+from dphub.tagger import Tagger
 
 #: The pipeline task name this module registers.
 TASK = "dphub-phi"

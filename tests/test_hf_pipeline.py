@@ -38,7 +38,7 @@ def test_plain_transformers_drops_crf_and_rule_projection_as_the_card_says(
 
     from dphub.card import TEMPLATE_FILE
     from dphub.cards import asset
-    from dphub.tagger import _quiet_transformers
+    from dphub.encoders import quiet_transformers as _quiet_transformers
 
     with _quiet_transformers():
         _, info = AutoModelForTokenClassification.from_pretrained(

@@ -288,7 +288,8 @@ def test_a_shallower_public_base(tmp_path: Path) -> None:
     """`pretrain --encoder-layers N`: the public base keeps its encoder's first N blocks, says so
     in its card, and DP training from it keeps that depth (and refuses to change it)."""
     from dphub.errors import ConfigError
-    from dphub.tagger import TaggerModel, _encoder_layers
+    from dphub.tagger import TaggerModel
+    from dphub.tagger_model import _encoder_layers
 
     encoder = make_tiny_base_model(tmp_path / "enc" / "all-MiniLM-L6-v2")
     opts = T.TrainOptions(base_model=str(encoder), max_length=64, stride=16)
