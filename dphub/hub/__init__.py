@@ -1,5 +1,6 @@
-"""dphub.hub: publish gate, local git hub and Hugging Face protocol backends, verified pull,
-and the local registry of pulled models (see docs/hub.md).
+"""dphub.hub: publish gate, local git hub and Hugging Face protocol backends, verified pull
+(see docs/hub.md). The local registry of pulled models is :mod:`dphub.registry` (below the hub,
+so that training reads it too); its names are re-exported here.
 
 Entry points: :func:`publish`, :func:`pull`, :func:`search`, :func:`info`, :func:`list_models`
 (``dphub.hub.ops``); :class:`Registry`, :class:`Entry` and :func:`resolve_model`
