@@ -211,7 +211,7 @@ def unlisted_file_problems(model_dir: Path, files: list[Path],
 
 
 def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Schema validation (``dphub.card.validate_card``) plus the DP block checks of the gate."""
+    """Schema validation (``dphub.card.load_valid_card``) plus the DP block checks of the gate."""
     try:
         meta = read_card_meta(model_dir)
     except CardError as e:
