@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from dphub import encoders
 from dphub.encoders import (
     DEFAULT_BASE_MODEL_ID,
-    embedded_model_dir,
 )
 from dphub.errors import DphubError
 from dphub.registry import Registry
@@ -53,7 +53,7 @@ def resolve_base_tokenizer_dir(base_model: str | None) -> Path | None:
     if not base_model:
         return None
     if base_model == DEFAULT_BASE_MODEL_ID:  # the one public id; no directory name aliases it
-        return embedded_model_dir()
+        return encoders.embedded_model_dir()  # through the module: tests point it elsewhere
 
     try:
         return Registry().get(base_model).path

@@ -34,17 +34,13 @@ import numpy as np
 import torch
 
 from dphub.errors import ConfigError, PrivacyError
+from dphub.privacy import units  # aggregate/check called through it: tests replace them
 from dphub.privacy.randomness import (
     MechanismRandomness,
     PoissonUnitSampler,
     install_noise_source,
 )
-from dphub.privacy.units import (
-    aggregate_grad_sample_by_unit,
-    batch_num_units,
-    check_one_gradient_per_unit,
-    unit_collate,
-)
+from dphub.privacy.units import batch_num_units, unit_collate
 from dphub.train.checkpoints import save_checkpoint
 from dphub.train.data import window_loss
 from dphub.train.options import TrainOptions
@@ -256,16 +252,16 @@ class TrainLoop:
             before = self.step
             n_units = batch_num_units(batch) if isinstance(batch, dict) else 0
             if n_units == 0:  # empty Poisson batch: a noise-only step
-                aggregate_grad_sample_by_unit(self.model, torch.zeros(0, dtype=torch.long), 0)
+                units.aggregate_grad_sample_by_unit(self.model, torch.zeros(0, dtype=torch.long), 0)
             else:
                 per = window_loss(self.model, batch, self.opts.recall_weight)
                 self._check_loss(per)
                 per.mean().backward()
                 step_loss.append(float(per.detach().mean()))
-                aggregate_grad_sample_by_unit(self.model, batch["unit_index"], n_units)
+                units.aggregate_grad_sample_by_unit(self.model, batch["unit_index"], n_units)
             # the guarantee's invariant, checked on every physical batch: the optimizer is about
             # to clip exactly one gradient per sampled unit
-            check_one_gradient_per_unit(self.model, n_units)
+            units.check_one_gradient_per_unit(self.model, n_units)
             self.optimizer.step()
             if self.step > before:
                 self._check_step()
