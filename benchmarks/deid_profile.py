@@ -27,7 +27,7 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("encoder forward (transformers)", "models/bert/modeling_bert.py", "forward"),
     ("rule features (rule scan)", "dphub/rule_features.py", "notes_features"),
     ("rule member (tag)", "dphub/ensemble/rules.py", "tag"),
-    ("heads (emissions)", "dphub/tagger.py", "head_emissions"),
+    ("heads (emissions)", "dphub/tagger_model.py", "head_emissions"),
     ("Viterbi (pytorch-crf)", "torchcrf/__init__.py", "_viterbi_decode"),
     ("aggregation", "dphub/ensemble/aggregate.py", "aggregate"),
     ("whole-word snapping", "dphub/ensemble/words.py", "snap_to_words"),

@@ -32,7 +32,7 @@ def _resolve(target: str) -> Path:
         return path
     if _REPO_SPEC.match(target):
         try:
-            from dphub.hub.registry import resolve_model
+            from dphub.registry import resolve_model
         except ImportError:
             raise CardError(
                 f"{target}: not a local path, and the hub registry is not available to resolve it"
@@ -138,7 +138,8 @@ def validate(
     the encoder against the declared base (when this machine has that base; otherwise a
     warning says it was not checked).
     """
-    from dphub.card import LOCAL_ONLY_STATEMENT, dp_summary, validate_card
+    from dphub.card import LOCAL_ONLY_STATEMENT, dp_summary
+    from dphub.hub.validate import validate_card
 
     card = validate_card(
         _resolve(target), require_private=require_private, check_accounting=accounting

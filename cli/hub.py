@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -15,7 +16,9 @@ from rich.table import Table
 from dphub import config
 from dphub.cli.options import FLOAT, positive_float
 from dphub.errors import ConfigError
-from dphub.hub.common import RepoRevision
+
+if TYPE_CHECKING:  # the hub package loads the card schema: not for `dphub --help`
+    from dphub.hub.common import RepoRevision
 
 HUB_HELP = "Hub: a local directory, an http(s):// endpoint (HF protocol), or hf://."
 HUB_DEFAULT = "dphub.toml [hub] url, else $DPHUB_HUB, else the per-user hub"
@@ -188,7 +191,7 @@ def list_cmd(
 ) -> None:
     """Every repo on the hub (latest revision), or with --pulled the models pulled here."""
     if pulled:
-        from dphub.hub.registry import Registry
+        from dphub.registry import Registry
 
         t = Table(title="pulled models")
         for col in ("repo", "revision", "ε", "δ", "unit", "hub", "path"):

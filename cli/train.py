@@ -350,7 +350,7 @@ def train(
     Every option left out is taken from dphub.toml (run `dphub init`), else the default shown.
     """
     from dphub import train as training
-    from dphub.train.sources import pull_base_model
+    from dphub.hub.bases import pull_base_model
 
     apply_threads(threads)
     flags = {k: v for k, v in locals().items()

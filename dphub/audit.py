@@ -68,46 +68,58 @@ Canary patients are public synthetic data: a model trained with them still carri
 ε for the real patients (the canaries are extra units under the same accounting).
 
 Nothing here prints or exits; canary notes are synthetic, and real notes are never copied.
+
+The bound, its ceiling and the verdicts are :mod:`dphub.privacy.audit_bound`; the card's
+``empirical_audit`` text and check are :mod:`dphub.card.audit` (both re-exported here). What is
+left, over 600 lines, is one concern: running an audit (canaries in, a training run, scores out).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import math
 import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dphub.errors import CardError, ConfigError, PrivacyError
+from dphub import align, synth
+from dphub import rule_features as rf
+from dphub import train as training
+from dphub.card import load_card, write_card
+from dphub.card.audit import audit_section as audit_section
+from dphub.card.audit import check_audit_block as check_audit_block
+from dphub.card.audit import describe as describe
+from dphub.encoders import resolve_base_model
+from dphub.errors import ConfigError, PrivacyError
 from dphub.io import move_into_place
+from dphub.labels import get_schema
 from dphub.notes import Note, Span
-
-#: ``empirical_audit.method`` in the card.
-METHOD = "one-run-steinke-nasr-jagielski-2023"
-#: ``empirical_audit.signal`` in the card (black-box canary patients).
-SIGNAL = "secret-loss-ratio-vs-alternatives"
-#: ``empirical_audit.signal`` of the white-box gradient-canary audit.
-GRADIENT_SIGNAL = "noisy-gradient-sum-on-dirac-canary"
-#: ``empirical_audit.setting`` per audit method (``--method``).
-SETTINGS = {"gradient": "white-box-gradient-canaries", "patients": "black-box-canary-patients"}
-#: Gradient canaries: the counts :func:`gradient_canary_count` picks from (largest ceiling wins).
-GRADIENT_COUNTS: tuple[int, ...] = (1_000, 2_000, 5_000, 10_000, 20_000, 30_000, 50_000,
-                                    100_000, 200_000, 300_000, 500_000, 1_000_000)
-#: At most this many gradient canaries (one float each per step: memory and noise draws).
-MAX_GRADIENT_CANARIES = 10_000_000
-#: A non-private audit must reach at least this bound for the attack to count as working.
-ATTACK_MIN_EPSILON = 0.5
-#: Fractions of the canaries the auditor guesses on (half "in", half "out"); Bonferroni-corrected.
-GUESS_FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
-#: Verdicts of an audit; a ``failed`` one is never written into a card (see :class:`AuditFailed`).
-VERDICTS = ("passed", "failed", "inconclusive", "not-private")
+from dphub.privacy.audit_bound import ATTACK_MIN_EPSILON as ATTACK_MIN_EPSILON
+from dphub.privacy.audit_bound import GRADIENT_COUNTS as GRADIENT_COUNTS
+from dphub.privacy.audit_bound import GRADIENT_SIGNAL as GRADIENT_SIGNAL
+from dphub.privacy.audit_bound import GUESS_FRACTIONS as GUESS_FRACTIONS
+from dphub.privacy.audit_bound import MAX_GRADIENT_CANARIES as MAX_GRADIENT_CANARIES
+from dphub.privacy.audit_bound import METHOD as METHOD
+from dphub.privacy.audit_bound import SETTINGS as SETTINGS
+from dphub.privacy.audit_bound import SIGNAL as SIGNAL
+from dphub.privacy.audit_bound import VERDICTS as VERDICTS
+from dphub.privacy.audit_bound import Bound as Bound
+from dphub.privacy.audit_bound import epsilon_lower_bound as epsilon_lower_bound
+from dphub.privacy.audit_bound import gradient_canary_count as gradient_canary_count
+from dphub.privacy.audit_bound import judge as judge
+from dphub.privacy.audit_bound import max_possible_bound as max_possible_bound
+from dphub.privacy.audit_bound import one_run_bound as one_run_bound
+from dphub.privacy.audit_bound import p_value as p_value
+from dphub.privacy.audit_bound import verdict_reason as verdict_reason
+from dphub.registry import resolve_model
+from dphub.tagger import ENCODER_INPUTS, TaggerModel
+from dphub.train import Example, batch_from_examples
 
 
 class AuditFailed(PrivacyError):
@@ -122,161 +134,6 @@ class AuditFailed(PrivacyError):
         self.block = block
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-# --------------------------------------------------------------------------------------------
-# the one-run bound
-# --------------------------------------------------------------------------------------------
-
-
-def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
-    """P[at least ``v`` of ``r`` guesses correct] for an (ε, δ)-DP mechanism (Theorem 5.2).
-
-    ``m`` canaries, each included with probability ½; the auditor makes ``r`` guesses (abstains
-    on ``m - r``). With ``q = e^ε / (1 + e^ε)`` (the accuracy of ε-randomized response) the
-    tail is ``P[Binomial(r, q) >= v] + 2 m δ · max_{1<=i<=v} P[v - i <= Binomial(r, q) < v] / i``.
-    """
-    if not 0 <= v <= r <= m:
-        raise ConfigError(f"audit counts must satisfy 0 <= v <= r <= m (got v={v}, r={r}, m={m})")
-    if epsilon < 0 or not 0 <= delta <= 1:
-        raise ConfigError("audit needs epsilon >= 0 and 0 <= delta <= 1")
-    import numpy as np
-    from scipy.special import expit
-    from scipy.stats import binom
-
-    q = float(expit(epsilon))
-    tail = float(binom.sf(v - 1, r, q))  # P[Binomial(r, q) >= v]
-    if delta > 0 and v > 0:
-        below = binom.pmf(np.arange(v - 1, -1, -1), r, q)  # P[B = v-1], P[B = v-2], ..., P[B = 0]
-        alpha = float(np.max(np.cumsum(below) / np.arange(1, v + 1)))
-        tail += 2.0 * m * delta * alpha
-    return min(tail, 1.0)
-
-
-def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float) -> float:
-    """The largest ε that ``v`` correct out of ``r`` guesses rejects at ``confidence``.
-
-    ``p_value`` grows with ε, so this is a bisection for ``p_value(ε) = 1 - confidence``;
-    0 when even ε = 0 is not rejected.
-    """
-    if not 0 < confidence < 1:
-        raise ConfigError(f"audit confidence must be in (0, 1), got {confidence}")
-    beta = 1.0 - confidence
-    if p_value(m, r, v, 0.0, delta) > beta:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while p_value(m, r, v, hi, delta) <= beta:
-        lo, hi = hi, hi * 2
-        if hi > 1e3:  # pragma: no cover - only with absurd m
-            return lo
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if p_value(m, r, v, mid, delta) <= beta:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def max_possible_bound(m: int, delta: float, confidence: float,
-                       fractions: Sequence[float] = GUESS_FRACTIONS) -> float:
-    """The largest bound an audit with ``m`` canaries can report (every guess right).
-
-    One run with few canaries cannot show a large ε: with 64 canaries at 95 % the ceiling is
-    about 2.7, so such an audit can never fail a claim of ε = 8, however broken the mechanism.
-    """
-    each = 1.0 - (1.0 - confidence) / len(fractions)
-    return epsilon_lower_bound(m, m, m, delta, each)
-
-
-@dataclass
-class Bound:
-    """The best of the Bonferroni-corrected guess counts: ε lower bound from ``v`` of ``r``."""
-
-    epsilon: float
-    guesses: int
-    correct: int
-    confidence: float
-
-
-def one_run_bound(scores: Sequence[float], included: Sequence[bool], delta: float,
-                  confidence: float, fractions: Sequence[float] = GUESS_FRACTIONS) -> Bound:
-    """Guess "in" for the highest scores and "out" for the lowest; return the best bound.
-
-    For each fraction ``f`` the auditor guesses on ``round(f m)`` canaries (half the highest
-    scores "in", the rest the lowest scores "out") and computes the bound at confidence
-    ``1 - (1 - confidence) / len(fractions)``: the union bound makes the best of them valid at
-    ``confidence``. Guesses depend on the scores only, never on the inclusion bits.
-    """
-    m = len(scores)
-    if m != len(included) or m == 0:
-        raise ConfigError("audit needs one inclusion bit per canary score, and canaries")
-    order = sorted(range(m), key=lambda i: scores[i], reverse=True)
-    each = 1.0 - (1.0 - confidence) / len(fractions)
-    best = Bound(0.0, 0, 0, confidence)
-    for f in fractions:
-        r = max(1, min(m, round(f * m)))
-        k_in = (r + 1) // 2
-        guess_in, guess_out = order[:k_in], order[m - (r - k_in):] if r > k_in else []
-        v = sum(bool(included[i]) for i in guess_in) + sum(not included[i] for i in guess_out)
-        eps = epsilon_lower_bound(m, r, v, delta, each)
-        if eps > best.epsilon or best.guesses == 0:
-            best = Bound(eps, r, v, confidence)
-    return best
-
-
-def judge(bound: float, ceiling: float, proven_epsilon: float | None) -> str:
-    """The verdict of an audit from its bound, its ceiling and the proven ε (None: no DP).
-
-    ``inconclusive`` whenever the ceiling is below the proven ε: no outcome of that audit could
-    have exceeded the claim, so "passed" would say nothing. Rounded as the card records them
-    (4 decimals), so the card's numbers give the same verdict (:func:`check_audit_block`).
-    """
-    if proven_epsilon is None:
-        return "not-private"
-    bound, ceiling, proven = (round(float(x), 4) for x in (bound, ceiling, proven_epsilon))
-    if bound > proven:
-        return "failed"
-    if ceiling < proven:
-        return "inconclusive"
-    return "passed"
-
-
-def verdict_reason(verdict: str, *, bound: float, ceiling: float, proven: float | None,
-                   count: int, confidence: float) -> str:
-    """One sentence of numbers saying why the verdict is what it is (card, CLI and JSON)."""
-    if verdict == "not-private":
-        return (f"no DP claim to check; the attack reached ε ≥ {bound:.4g} of a possible "
-                f"{ceiling:.4g}")
-    if verdict == "failed":
-        return (f"the lower bound ε ≥ {bound:.4g} exceeds the proven ε = {proven:.4g}: the "
-                "mechanism does not deliver its claimed guarantee")
-    if verdict == "inconclusive":
-        return (f"with {count} canaries at {confidence:.0%} confidence no outcome of this audit "
-                f"can show more than ε ≥ {ceiling:.4g}, below the proven ε = {proven:.4g}: it "
-                "could not have failed, so it checks nothing about this claim")
-    return (f"the lower bound ε ≥ {bound:.4g} does not exceed the proven ε = {proven:.4g}, and "
-            f"this audit could have shown up to ε ≥ {ceiling:.4g}")
-
-
-@functools.lru_cache(maxsize=64)
-def gradient_canary_count(delta: float, confidence: float) -> int:
-    """The number of gradient canaries whose ceiling is largest at ``delta`` and ``confidence``.
-
-    The ceiling (every guess right) grows like ``ln(m)`` until the ``2 m δ`` term of the bound
-    (Theorem 5.2) takes over: at δ = 1e-5 and 95 % it peaks near 30,000 canaries at ≈ 8.24 and
-    falls beyond (8.20 at 20,000, 8.13 at 100,000). Canaries are one float each per step.
-    """
-    best, best_m, falls = -1.0, GRADIENT_COUNTS[0], 0
-    for m in GRADIENT_COUNTS:
-        c = epsilon_lower_bound(m, m, m, delta, confidence)
-        if c > best:
-            best, best_m, falls = c, m, 0
-        else:
-            falls += 1
-            if falls == 2:
-                break
-    return best_m
 
 
 class GradientCanaries:
@@ -482,8 +339,6 @@ def make_canaries(m: int, pool: Sequence[str], *, notes_per_canary: int = 2,
     Secrets and alternatives never share a name word, so an alternative is never another
     canary's (possibly trained) secret.
     """
-    from dphub import synth
-
     if m < 2:
         raise ConfigError(f"--canaries must be at least 2, got {m}")
     if notes_per_canary < 1:
@@ -543,11 +398,6 @@ def secret_losses(model_dir: Path, canaries: Sequence[Canary], *, batch_size: in
     import torch
     from transformers import AutoTokenizer
 
-    from dphub import align
-    from dphub.labels import get_schema
-    from dphub.tagger import ENCODER_INPUTS, TaggerModel
-    from dphub.train import Example, batch_from_examples
-
     model = TaggerModel.load(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     schema = get_schema(model.schema)
@@ -564,7 +414,6 @@ def secret_losses(model_dir: Path, canaries: Sequence[Canary], *, batch_size: in
                                       stride=model.stride)
             feats = None
             if model.rule_features is not None:  # the model's inputs include the rule flags
-                from dphub import rule_features as rf
 
                 feats = rf.window_features(wins, rf.notes_features([n for n, _ in rendered],
                                                                    toks))
@@ -701,11 +550,8 @@ def _tokenizer_for(opts: Any) -> Any:
     if opts.init_from:
         p = Path(str(opts.init_from)).expanduser()
         if not p.is_dir():
-            from dphub.hub.registry import resolve_model
-
             p = Path(resolve_model(str(opts.init_from)))
         return AutoTokenizer.from_pretrained(p)
-    from dphub.encoders import resolve_base_model
 
     loadable, public_id = resolve_base_model(opts.base_model)
     if isinstance(loadable, str):
@@ -803,9 +649,6 @@ def run_audit(opts: Any, audit: AuditOptions, *,
     when the empirical bound exceeds the proven ε. ``on_plan`` is :func:`dphub.train.train`'s:
     it sees the privacy plan (canary units included) before the first step, and may stop it.
     """
-    from dphub import train as training
-    from dphub.card import load_card, write_card
-
     audit.validate()
     opts.validate()
     if opts.privacy_unit != "patient":
@@ -886,113 +729,3 @@ def run_audit(opts: Any, audit: AuditOptions, *,
     result.out_dir = out
     seconds = {"train": round(t1 - t0, 1), "audit": round(time.monotonic() - t1, 1)}
     return AuditResult(result, block, scores, seconds)
-
-
-# --------------------------------------------------------------------------------------------
-# card text and checks
-# --------------------------------------------------------------------------------------------
-
-
-def describe(block: Mapping[str, Any], *, markdown: bool = True) -> str:
-    """Plain-language summary of an ``empirical_audit`` block (what the card body and
-    ``dphub card show`` print)."""
-    b = "**" if markdown else ""
-    can = block.get("canaries") or {}
-    exp = block.get("exposure")
-    bound = block.get("epsilon_lower_bound")
-    proven = block.get("proven_epsilon")
-    conf = block.get("confidence")
-    verdict = block.get("verdict")
-    ceiling = block.get("max_possible_bound")
-    head = (f"Empirical audit ({block.get('date')}): {b}ε ≥ {bound}{b} at {conf:.0%} confidence "
-            f"(δ = {block.get('delta'):.2g}), from {block.get('correct')} correct of "
-            f"{block.get('guesses')} membership guesses on {can.get('count')} ")
-    if block.get("signal") == GRADIENT_SIGNAL:
-        grad = block.get("gradient") or {}
-        head += (f"white-box Dirac gradient canaries of norm C = {grad.get('norm')} inserted into "
-                 f"the clipped sum of each of {grad.get('steps')} DP-SGD steps before the noise "
-                 "(one-run method of Steinke, Nasr & Jagielski 2023; signal: the released noisy "
-                 "sum on each canary's coordinate).")
-    else:
-        head += (f"synthetic canary patients (one-run method of Steinke, Nasr & Jagielski 2023; "
-                 f"signal: loss of each canary's secret PHI against "
-                 f"{(exp or {}).get('candidates', 1) - 1} random alternatives).")
-    lines = [head]
-    if ceiling is not None:
-        lines.append(f"The most this audit could show (every guess right) is ε ≥ {ceiling}.")
-    if verdict == "passed":
-        lines.append(f"Verdict: passed. The audited lower bound does not exceed the proven "
-                     f"ε = {proven}.")
-    elif verdict == "inconclusive":
-        lines.append(
-            f"Verdict: {b}INCONCLUSIVE{b}. That ceiling is below the proven ε = {proven}, so no "
-            "outcome of this audit could have contradicted the claim: it checks nothing about "
-            "it (use more canaries, --method gradient, or audit the same recipe at a smaller "
-            "--target-epsilon)."
-        )
-    elif verdict == "failed":  # only in messages: a failed audit is never written to a card
-        lines.append(f"{b}AUDIT FAILED{b}: the audited lower bound exceeds the proven "
-                     f"ε = {proven}; the training mechanism does not deliver its claimed "
-                     "guarantee.")
-    else:
-        lines.append("The model is not private; the audit measures how much the attack "
-                     "recovers without DP.")
-    if exp:
-        lines.append(
-            f"Exposure of the canaries' secrets (Secret Sharer, max {exp.get('max_bits')} bits): "
-            f"mean {exp.get('mean_included')} bits for included canaries, "
-            f"{exp.get('mean_excluded')} bits for excluded ones."
-        )
-    if block.get("signal") == GRADIENT_SIGNAL:
-        lines.append(
-            "An audit is a lower bound, not a proof: a passed audit is a sanity check that the "
-            "noise is not missing or grossly too small; only the proven ε is a guarantee. It "
-            "checks the noise step and the accounting, not the clipping of real gradients. The "
-            "canaries never reach the model; the proven ε holds for every real patient."
-        )
-    else:
-        lines.append(
-            "An audit is a lower bound, not a proof: a small bound can mean a weak attack; only "
-            "the proven ε is a guarantee. The canaries are public synthetic patients added to "
-            "training; the proven ε still holds for every real patient."
-        )
-    return "\n".join(lines)
-
-
-def audit_section(meta: Mapping[str, Any]) -> str:
-    """The card body's ``## Empirical privacy audit`` section ('' when the card has none)."""
-    block = meta.get("empirical_audit")
-    if not isinstance(block, Mapping):
-        return ""
-    return "\n## Empirical privacy audit\n\n" + describe(block).replace("\n", "\n\n") + "\n"
-
-
-def check_audit_block(meta: Mapping[str, Any]) -> None:
-    """Refuse a card whose audit failed or contradicts its own numbers (for the publish gate).
-
-    The schema validates the block's shape (and has no ``failed`` verdict); this checks what a
-    schema cannot: the verdict agrees with the bound, the ceiling and the proven ε of the same
-    card (a "passed" audit that could not have failed is refused: it must say inconclusive).
-    """
-    block = meta.get("empirical_audit")
-    if block is None:
-        return
-    dp = meta.get("differential_privacy") or {}
-    proven = dp.get("epsilon") if dp.get("private") else None
-    recorded = block.get("proven_epsilon")
-    if (proven is None) != (recorded is None) or (
-        proven is not None and abs(float(proven) - float(recorded)) > 1e-3 * max(1.0, proven)
-    ):
-        raise CardError("empirical_audit.proven_epsilon: does not match differential_privacy")
-    if not isinstance(block.get("max_possible_bound"), int | float):
-        raise CardError("empirical_audit.max_possible_bound: missing (an audit without its "
-                        "ceiling cannot say whether it could have failed)")
-    expected = judge(float(block["epsilon_lower_bound"]), float(block["max_possible_bound"]),
-                     None if recorded is None else float(recorded))
-    if block.get("verdict") != expected:
-        raise CardError(f"empirical_audit.verdict: the numbers say {expected!r}")
-    if expected == "failed":
-        raise CardError(
-            "empirical_audit: the audit FAILED (its ε lower bound exceeds the proven ε); "
-            "the mechanism does not deliver its guarantee"
-        )

@@ -14,6 +14,7 @@ encoder (it could hold anything, e.g. a model fine-tuned on patients without DP)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -142,6 +143,24 @@ def _config(path: Path) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- weights digest
 
 
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' weight-loading progress bars and load reports write to stderr; the library
+    stays quiet (errors still raise)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def meta_encoder(model_dir: Path) -> Any:
     """The encoder ``config.json`` describes, built on PyTorch's meta device (no weight read,
     no memory): its parameter names, dtypes and shapes, pooler left out as the tagger's loader
@@ -150,9 +169,7 @@ def meta_encoder(model_dir: Path) -> Any:
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from dphub.tagger import _quiet_transformers
-
-    with _quiet_transformers(), torch.device("meta"):
+    with quiet_transformers(), torch.device("meta"):
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
         try:
             return AutoModel.from_config(config, add_pooling_layer=False)

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from dphub.errors import InputError
+from dphub import formats
+from dphub.errors import FormatError, InputError
 from dphub.labels import CATEGORIES, category_of
 from dphub.notes import Note, Span
 
@@ -363,9 +364,6 @@ def read_predictions(
     a directory of ``.txt``). Scoring those as "no spans" reported every metric as 0 and every
     phrase as a leak, with exit 0 (issue 16).
     """
-    from dphub import formats
-    from dphub.errors import FormatError
-
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file or directory")
@@ -420,7 +418,6 @@ def _read_deid_output_dir(root: Path) -> dict[str, list[Span]]:
     """A directory written by ``dphub deid`` / ``dphub ensemble deid``: spans or brat mode only."""
     files = list(_deid_files(root))
     if any(f.suffix == ".ann" for f in files):  # --mode brat: a brat corpus plus audit.jsonl
-        from dphub import formats
 
         return {n.id: list(n.spans) for n in formats.read(root, format="brat")}
     span_files: list[Path] = []

@@ -33,7 +33,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dphub.errors import ModelError
+from dphub.encoders import quiet_transformers as _quiet_transformers
+from dphub.errors import DphubError, ModelError
+from dphub.notes import Note
+from dphub.registry import resolve_model
+from dphub.tagger import Tagger
 
 #: The pipeline task name this module registers.
 TASK = "dphub-phi"
@@ -60,9 +64,6 @@ def whole_words(text: str, start: int, end: int) -> tuple[int, int]:
 def model_dir(spec: str | Path) -> Path:
     """The directory of a model: a directory, or a pulled ``org/name[@revision]`` (never a
     download: ``dphub pull`` verifies the weights and the card first)."""
-    from dphub.errors import DphubError
-    from dphub.hub.registry import resolve_model
-
     try:
         return Path(resolve_model(str(spec)))
     except DphubError as e:
@@ -83,8 +84,6 @@ class DphubPipelineModel:
     @classmethod
     def from_pretrained(cls, model: str | Path, *args: Any, **kwargs: Any) -> Any:
         from transformers import AutoConfig, AutoModelForTokenClassification
-
-        from dphub.tagger import Tagger, _quiet_transformers
 
         path = model_dir(model)
         tagger = Tagger.load(path)
@@ -149,8 +148,6 @@ def _pipeline_class() -> type:
 
         def _forward(self, model_inputs: dict[str, Any], threshold: float | None = None,
                      batch_size: int = 16) -> dict[str, Any]:
-            from dphub.notes import Note
-
             text = model_inputs["text"]
             spans = self._tagger.tag([Note(id="input", text=text)], threshold=threshold,
                                      batch_size=batch_size)[0]

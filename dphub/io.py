@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import stat
@@ -220,3 +221,21 @@ def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -
         if isinstance(e, OSError) and e.errno in UNWRITABLE_ERRNOS:
             raise _unwritable(path, e) from None
         raise
+
+
+def dphub_home() -> Path:
+    """The per-user data directory: ``$DPHUB_HOME`` or the platform's user data dir."""
+    env = os.environ.get("DPHUB_HOME")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("dphub", appauthor=False))
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -49,9 +49,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dphub.ensemble.aggregate import MergedSpan
+from dphub.ensemble.core import NoteResult, build_ensemble
+from dphub.ensemble.manifest import Manifest, MemberEntry, model_dir_of, weights_digest
 from dphub.errors import ConfigError
 from dphub.notes import Note
-from dphub.runner import Engine, WorkItem
+from dphub.runner import Engine, WorkItem, deid_isolated
 from dphub.safe_vocab import load as load_safe_vocab
 
 #: Default runner batches per Ray Dataset (window): large enough that loading the ensemble in each
@@ -101,9 +104,6 @@ class EnsembleRecipe:
     safe_vocab_sha256: str | None = field(default=None, kw_only=True)
 
     def build(self) -> Any:
-        from dphub.ensemble.core import build_ensemble
-        from dphub.ensemble.manifest import Manifest, MemberEntry
-
         manifest = Manifest([MemberEntry.from_dict(d, "the Ray engine's recipe")
                              for d in self.members], self.aggregate)
         ensemble = build_ensemble(manifest, owner_model=None if self.owner_model is None
@@ -127,8 +127,6 @@ def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_r
     Why resolve here: a worker on another node has its own registry (or none); the driver has
     verified the pulled files, and the weights digest it pins is checked again by every worker.
     """
-    from dphub.ensemble.manifest import model_dir_of, weights_digest
-
     members = []
     for e in (manifest.members if manifest else []):
         d = e.to_dict()
@@ -172,9 +170,6 @@ def _encode_results(results: list[Any]) -> str:
 
 
 def _decode_results(payload: str) -> list[Any]:
-    from dphub.ensemble.aggregate import MergedSpan
-    from dphub.ensemble.core import NoteResult
-
     data = json.loads(payload)
     if isinstance(data, dict):  # the worker failed unexpectedly: its exception's type only
         raise RuntimeError(f"a Ray worker failed unexpectedly ({data.get('crash', 'unknown')})")
@@ -196,8 +191,6 @@ class DeidWorker:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
-
-        from dphub.runner import deid_isolated
 
         out = []
         for payload in batch["notes"]:

@@ -35,7 +35,7 @@ import numpy as np
 
 from dphub.errors import ModelError
 from dphub.labels import CATEGORIES, category_of
-from dphub.notes import Note
+from dphub.notes import Note, Span
 
 #: Version of the feature layout below (bump when the vector changes meaning).
 FEATURES_VERSION = 1
@@ -60,6 +60,8 @@ def rules_digest() -> str:
     the word lists are hashed by content; the Census and Webster lists by their package
     versions (they are installed files, pinned by version).
     """
+    # function-local until the rule engine leaves dphub.ensemble (issue 30): importing it runs
+    # dphub/ensemble/__init__.py, which imports the tagger, which imports this module
     from dphub.ensemble.rules import RuleOptions
 
     h = hashlib.sha256()
@@ -82,6 +84,8 @@ def rules_digest() -> str:
 
 def feature_spec() -> dict[str, Any]:
     """What ``config.json`` records under ``dphub.rule_features`` for a model that needs them."""
+    # function-local until the rule engine leaves dphub.ensemble (issue 30): importing it runs
+    # dphub/ensemble/__init__.py, which imports the tagger, which imports this module
     from dphub.ensemble.rules import RULES_DEFAULT, RuleOptions
 
     return {
@@ -131,8 +135,9 @@ def shared_rule_member() -> Any:
     """
     from collections import OrderedDict
 
+    # function-local until the rule engine leaves dphub.ensemble (issue 30): importing it runs
+    # dphub/ensemble/__init__.py, which imports the tagger, which imports this module
     from dphub.ensemble.rules import RuleMember
-    from dphub.notes import Span
 
     class _MemoizedRuleMember(RuleMember):
         def __init__(self) -> None:

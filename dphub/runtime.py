@@ -58,7 +58,7 @@ import torch
 from torch import Tensor, nn
 
 from dphub.errors import ConfigError, ModelError
-from dphub.io import atomic_write_bytes, atomic_write_text, cache_root
+from dphub.io import atomic_write_bytes, atomic_write_text, cache_root, dphub_home
 
 RUNTIMES: tuple[str, ...] = ("torch", "torch-bf16", "onnx", "onnx-int8")
 #: runtimes that run the PyTorch encoder itself (no ONNX graph)
@@ -193,8 +193,6 @@ def _cache_dir(digest: str) -> Path:
 
 def cache_key_path() -> Path:
     """Where the per-user key of the ONNX cache's HMACs lives (the dphub home directory)."""
-    from dphub.hub.common import dphub_home
-
     return dphub_home() / CACHE_KEY_FILE
 
 

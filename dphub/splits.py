@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dphub import formats
 from dphub.errors import ConfigError, InputError
 from dphub.notes import Note
 
@@ -144,8 +145,6 @@ def split_corpus(
     when every part succeeded, so a failure leaves no partial split behind. Existing outputs are
     refused unless ``force``.
     """
-    from dphub import formats
-
     check_ratios(ratios)
     if by not in UNITS:
         raise ConfigError(f"unknown split unit {by!r}; choose one of {', '.join(UNITS)}")

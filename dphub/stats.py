@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dphub import formats
+from dphub.encoders import resolve_base_model
+from dphub.errors import ModelError
+from dphub.formats import _base
 from dphub.labels import CATEGORIES
 from dphub.notes import Note
 
@@ -58,9 +62,6 @@ class CorpusStats:
 def load_tokenizer(spec: str | None) -> Any:
     """A fast Hugging Face tokenizer: ``default``/None = the embedded base model's, or a path."""
     from transformers import AutoTokenizer
-
-    from dphub.encoders import resolve_base_model
-    from dphub.errors import ModelError
 
     loadable, _ = resolve_base_model(spec)
     if isinstance(loadable, str) and not Path(loadable).exists():
@@ -146,8 +147,6 @@ def corpus_stats(
 
     ``count_word_pieces`` loads ``tokenizer`` (default: the embedded base model's).
     """
-    from dphub import formats
-
     fmt = format or formats.detect_format(path)
     tok = load_tokenizer(tokenizer) if count_word_pieces or tokenizer is not None else None
     name = None
@@ -166,9 +165,6 @@ def _keep_overlaps_option(fmt: str) -> dict[str, str]:
     ``keep`` policy.
     """
     import inspect
-
-    from dphub import formats
-    from dphub.formats import _base
 
     if "keep" not in getattr(_base, "OVERLAP_POLICIES", ()):
         return {}

@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hub = args.hub or str(work / "hub")
 
     from dphub.hub import ops
-    from dphub.hub.registry import Registry
+    from dphub.registry import Registry
 
     # publish: gate + one commit (a new revision) per publish
     sha, summary = ops.publish(model, "example/deid-nursing", hub=hub, tag="v1")

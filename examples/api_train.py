@@ -33,7 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     from dphub import formats, synth
-    from dphub.card import dp_summary, validate_card
+    from dphub.card import dp_summary
+    from dphub.hub.validate import validate_card
     from dphub.privacy.statement import privacy_statement
     from dphub.train import Progress, TrainOptions, train
 

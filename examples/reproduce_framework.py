@@ -159,8 +159,9 @@ def train_or_skip(
     are made again: an interrupted one's checkpoint is dropped).
     """
     from dphub import checkpoint
-    from dphub.card import dp_summary, validate_card
+    from dphub.card import dp_summary
     from dphub.errors import DphubError
+    from dphub.hub.validate import validate_card
     from dphub.train import checkpoint_dir_for, train
 
     out = Path(opts.out)
@@ -668,7 +669,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from dphub.ensemble.rules import RuleMember, RuleOptions
     from dphub.errors import DphubError
     from dphub.hub import ops
-    from dphub.hub.registry import Registry
+    from dphub.registry import Registry
     from dphub.splits import split_notes
     from dphub.tagger import Tagger
     from dphub.train import TrainOptions

@@ -8,4 +8,6 @@ bash scripts/setup.sh
 # Nothing in the suite loads from a remote hub (models are local directories).
 export TOKENIZERS_PARALLELISM=false
 ruff check .
+# the import contracts of pyproject.toml ([tool.importlinter]; docs/architecture.md)
+lint-imports
 python -m pytest -q "$@"

@@ -239,8 +239,9 @@ def test_non_private_run_beats_a_high_noise_dp_run(
     corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     seeded_canaries: None,
 ) -> None:
-    from dphub.card import load_card, validate_card
+    from dphub.card import load_card
     from dphub.cli.main import main
+    from dphub.hub.validate import validate_card
 
     base = A.run_audit(_opts(corpus, tiny_base_model, tmp_path / "nodp", no_dp=True,
                              noise=None), AUDIT)
@@ -436,8 +437,8 @@ def test_train_with_audit_writes_the_block(
     corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`dphub train --audit`: the model's card carries the audit block, which validates."""
-    from dphub.card import validate_card
     from dphub.cli.main import main
+    from dphub.hub.validate import validate_card
 
     out = tmp_path / "m"
     code = main(["train", str(corpus), "--out", str(out), "--base-model", str(tiny_base_model),
@@ -511,8 +512,8 @@ def test_gradient_audit_fails_a_noise_free_mechanism_at_the_default_recipe(
 def test_gradient_audit_passes_a_working_mechanism_at_the_default_recipe(
     corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from dphub.card import validate_card
     from dphub.cli.main import main
+    from dphub.hub.validate import validate_card
 
     out = tmp_path / "m"
     code = main(_default_recipe_audit(corpus, tiny_base_model, out))
@@ -534,6 +535,7 @@ def test_gradient_canaries_never_reach_the_model(
     """With the noise off, the audited model equals the model `dphub train` writes."""
     from safetensors.torch import load_file
 
+    from dphub.card import audit as card_audit
     from dphub.privacy import randomness as R
 
     def no_noise(self, shape, std, dtype=torch.float32, device="cpu"):  # noqa: ANN001
@@ -545,6 +547,7 @@ def test_gradient_canaries_never_reach_the_model(
     T.train(_opts(corpus, tiny_base_model, tmp_path / "plain", **kw))
     # a noise-free run fails its audit and writes nothing: force the verdict to compare weights
     monkeypatch.setattr(A, "judge", lambda *a: "passed")
+    monkeypatch.setattr(card_audit, "judge", lambda *a: "passed")  # the card's check of it
     res = A.run_audit(_opts(corpus, tiny_base_model, tmp_path / "audited", **kw),
                       A.AuditOptions(canaries=2000))
     assert res.block["correct"] == res.block["guesses"] == 2000  # every canary was in the sum
@@ -557,8 +560,8 @@ def test_inconclusive_audit_writes_the_model_says_why_and_exits_3(
     corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """64 canaries at the default ε 8: the ceiling (≈ 2.7) is below the claim."""
-    from dphub.card import validate_card
     from dphub.cli.main import main
+    from dphub.hub.validate import validate_card
 
     out = tmp_path / "m"
     code = main(_default_recipe_audit(corpus, tiny_base_model, out, "--canaries", "64",

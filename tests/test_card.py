@@ -12,7 +12,9 @@ from faker import Faker
 from hub_fixtures import ALIAS_BOMB, coarse_dataset, private_dp_block
 
 from dphub import card as C
+from dphub.card.render import _with_defaults as with_defaults
 from dphub.errors import CardError
+from dphub.hub.validate import validate_card
 from dphub.notes import Note, Span
 from dphub.privacy.statement import privacy_statement
 
@@ -69,8 +71,8 @@ def test_private_card_round_trips(tmp_path: Path, meta: dict[str, Any]) -> None:
     assert path == tmp_path / "README.md"
     text = path.read_text(encoding="utf-8")
     assert text.startswith("---\n")
-    card = C.validate_card(tmp_path, require_private=True)
-    assert card.meta["differential_privacy"] == C._with_defaults(meta)["differential_privacy"]
+    card = validate_card(tmp_path, require_private=True)
+    assert card.meta["differential_privacy"] == with_defaults(meta)["differential_privacy"]
     assert card.meta["dataset"] == DATASET
     for tag in C.REQUIRED_TAGS:
         assert tag in card.meta["tags"]
@@ -168,7 +170,7 @@ def test_schema_violation_names_path(
     # a card written without validation fails validate_card with the same one-line message
     _write_unvalidated(tmp_path / "m", meta)
     with pytest.raises(CardError) as exc2:
-        C.validate_card(tmp_path / "m")
+        validate_card(tmp_path / "m")
     message = str(exc2.value)
     assert message == str(exc.value)
     assert "\n" not in message
@@ -188,10 +190,10 @@ def test_hand_written_card_with_scalar_language_validates(
 ) -> None:
     path = C.write_card(tmp_path, meta)
     _edit_card(path, r"^language:\n- en$", "language: en")
-    assert C.validate_card(tmp_path).meta["language"] == "en"
+    assert validate_card(tmp_path).meta["language"] == "en"
     _edit_card(path, r"^language: en$", "language: English")
     with pytest.raises(CardError, match="^language: "):
-        C.validate_card(tmp_path)
+        validate_card(tmp_path)
 
 
 def _edit_card(path: Path, pattern: str, repl: str) -> None:
@@ -206,11 +208,11 @@ def test_edited_smaller_epsilon_fails_accounting(tmp_path: Path, meta: dict[str,
     _edit_card(path, r"^  epsilon: .*$", "  epsilon: 1.0")
     assert C.load_card(tmp_path).epsilon == 1.0
     with pytest.raises(CardError) as exc:
-        C.validate_card(tmp_path)
+        validate_card(tmp_path)
     msg = str(exc.value)
     assert msg.startswith("differential_privacy.epsilon: claims 1 but the recorded accounting")
     # the schema alone is satisfied: it is the recomputation that catches the edit
-    C.validate_card(tmp_path, check_accounting=False)
+    validate_card(tmp_path, check_accounting=False)
 
 
 def test_larger_claimed_epsilon_is_conservative_and_valid(
@@ -218,7 +220,7 @@ def test_larger_claimed_epsilon_is_conservative_and_valid(
 ) -> None:
     meta["differential_privacy"]["epsilon"] = meta["differential_privacy"]["epsilon"] * 1.5
     C.write_card(tmp_path, meta)
-    C.validate_card(tmp_path)
+    validate_card(tmp_path)
 
 
 def test_edited_accounting_fields_fail(tmp_path: Path, meta: dict[str, Any]) -> None:
@@ -227,14 +229,14 @@ def test_edited_accounting_fields_fail(tmp_path: Path, meta: dict[str, Any]) -> 
     path = C.write_card(tmp_path, meta)
     _edit_card(path, r"^  steps: .*$", "  steps: 1")
     with pytest.raises(CardError, match=r"^differential_privacy.cross_check.epsilon: records"):
-        C.validate_card(tmp_path)
+        validate_card(tmp_path)
 
 
 def test_edited_cross_check_fails(tmp_path: Path, meta: dict[str, Any]) -> None:
     path = C.write_card(tmp_path, meta)
     _edit_card(path, r"^    epsilon: .*$", "    epsilon: 0.5")
     with pytest.raises(CardError, match=r"^differential_privacy.cross_check.epsilon"):
-        C.validate_card(tmp_path)
+        validate_card(tmp_path)
 
 
 def test_prv_card_validates_against_pld(tmp_path: Path) -> None:
@@ -244,7 +246,7 @@ def test_prv_card_validates_against_pld(tmp_path: Path) -> None:
                           grad_sample_mode="hooks")
     assert dp["cross_check"]["method"] == "pld"
     C.write_card(tmp_path, C.card_meta(dp, dict(DATASET), base_model="org/base"))
-    C.validate_card(tmp_path, require_private=True)
+    validate_card(tmp_path, require_private=True)
     # a claim below the PRV recomputation by more than the tolerance is refused
     dp["epsilon"] = dp["epsilon"] * 0.9
     with pytest.raises(CardError, match="differential_privacy.epsilon: claims"):
@@ -261,11 +263,11 @@ def test_non_private_card_validates_but_gate_refuses(tmp_path: Path) -> None:
     meta = C.card_meta(C.non_private_block(steps=10, epochs=1.0), dict(DATASET),
                        base_model="sentence-transformers/all-MiniLM-L6-v2")
     C.write_card(tmp_path, meta)
-    card = C.validate_card(tmp_path)
+    card = validate_card(tmp_path)
     assert card.private is False and card.epsilon is None
     assert "NOT PRIVATE" in card.body
     with pytest.raises(CardError, match=r"^differential_privacy.private: .*without differential"):
-        C.validate_card(tmp_path, require_private=True)
+        validate_card(tmp_path, require_private=True)
 
 
 def test_statement_patient_unit() -> None:
@@ -298,7 +300,7 @@ def test_weak_guarantee_leads_the_statement_and_headline(tmp_path: Path) -> None
     )
     assert block["epsilon"] > 10
     C.write_card(tmp_path, C.card_meta(block, dict(DATASET), base_model="org/base"))
-    body = C.validate_card(tmp_path).body
+    body = validate_card(tmp_path).body
     privacy = body.split("## Privacy", 1)[1].lstrip()
     assert privacy.startswith(f"**Weak guarantee: epsilon = {block['epsilon']:.3g} is far above "
                               "10**")
@@ -332,7 +334,7 @@ def test_statement_lineage_and_warm_start(tmp_path: Path, dp: dict[str, Any]) ->
     block["lineage"] = [{"repo": "hospital-a/deid", "revision": "v1", "epsilon": 4.0,
                          "delta": 1e-5, "privacy_unit": "patient"}]
     C.write_card(tmp_path, C.card_meta(block, dict(DATASET), base_model="org/base"))
-    card = C.validate_card(tmp_path)
+    card = validate_card(tmp_path)
     assert "fine-tuned from hospital-a/deid@v1" in card.body
     assert "covers only the data of this training round" in card.body
     assert "costs no epsilon" in card.body
@@ -355,7 +357,7 @@ def test_composed_teachers_are_part_of_the_claim(tmp_path: Path, dp: dict[str, A
                                     "run_delta": 1e-5}
     assert [e["composed"] for e in block["lineage"]] == [True, False]
     C.write_card(tmp_path, C.card_meta(block, dict(DATASET), base_model="org/base"))
-    card = C.validate_card(tmp_path)
+    card = validate_card(tmp_path)
     assert "basic composition" in card.body and "declared by the trainer" in card.body
     assert C.dp_summary(card)["init_from"] is None
     # the run's own accounting: the claim without the teacher is refused
@@ -420,7 +422,7 @@ def test_card_never_contains_note_text(tmp_path: Path, dp: dict[str, Any]) -> No
         for note in notes:  # no PHI string and no note id either
             for span in note.spans:
                 assert note.span_text(span) not in text
-        C.validate_card(out)
+        validate_card(out)
     assert blocks[0]["note_types"] == {"nursing": "5-9", "unspecified": "5-9"}
 
 
@@ -435,7 +437,7 @@ def test_add_evaluation_records_numbers_only(tmp_path: Path, meta: dict[str, Any
     C.add_evaluation(tmp_path, results, "/home/owner/data/physionet test.jsonl")
     text = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert PLANTED not in text and "/home/owner" not in text
-    card = C.validate_card(tmp_path)
+    card = validate_card(tmp_path)
     result = card.meta["model-index"][0]["results"][0]
     assert result["dataset"]["name"] == "physionet-test.jsonl"  # no path, no space
     assert result["task"]["type"] == "token-classification"
@@ -448,7 +450,7 @@ def test_add_evaluation_records_numbers_only(tmp_path: Path, meta: dict[str, Any
     # same dataset again replaces; another dataset is added; the DP block is untouched
     C.add_evaluation(tmp_path, {"precision": 0.5, "recall": 0.5, "f1": 0.5}, "physionet-test.jsonl")
     C.add_evaluation(tmp_path, {"precision": 0.6, "recall": 0.6, "f1": 0.6}, "synth")
-    card = C.validate_card(tmp_path)
+    card = validate_card(tmp_path)
     names = [r["dataset"]["name"] for r in card.meta["model-index"][0]["results"]]
     assert names == ["physionet-test.jsonl", "synth"]
     assert card.meta["model-index"][0]["results"][0]["metrics"][2]["value"] == 0.5
@@ -571,7 +573,7 @@ def test_old_card_is_explained_not_passed(tmp_path: Path, dp: dict[str, Any]) ->
     (tmp_path / "training_config.json").write_text(
         '{"lr": 0.001, "seed": 0, "loss_history": [2.5, 2.1]}', encoding="utf-8")
     with pytest.raises(CardError) as exc:
-        C.validate_card(tmp_path)
+        validate_card(tmp_path)
     msg = str(exc.value)
     assert "\n" not in msg
     for expected in (
@@ -603,12 +605,12 @@ def test_card_next_to_weights_is_checked_against_them(tmp_path: Path, dp: dict[s
     from hub_fixtures import make_model_dir
 
     model = make_model_dir(tmp_path / "m")
-    C.validate_card(model, require_private=True)
+    validate_card(model, require_private=True)
     (model / "model.safetensors").write_bytes(b"")
     with pytest.raises(CardError, match="does not match the card's weights_sha256.*empty or "
                                         "truncated"):
-        C.validate_card(model)
-    C.validate_card(model, check_files=False)  # the card alone is still well-formed
+        validate_card(model)
+    validate_card(model, check_files=False)  # the card alone is still well-formed
 
 
 def test_non_private_model_dir_validates_with_its_files(tmp_path: Path) -> None:
@@ -622,11 +624,11 @@ def test_non_private_model_dir_validates_with_its_files(tmp_path: Path) -> None:
     C.write_card(model, meta)
     cfg = training_config({"private": False})
     (model / "training_config.json").write_text(json.dumps(cfg), encoding="utf-8")
-    assert C.validate_card(model).private is False
+    assert validate_card(model).private is False
     cfg["no_dp"] = False
     (model / "training_config.json").write_text(json.dumps(cfg), encoding="utf-8")
     with pytest.raises(CardError, match="does not say no_dp: true but the card is not private"):
-        C.validate_card(model)
+        validate_card(model)
 
 
 # --------------------------------------------------------------------------- bounded YAML (16.4)

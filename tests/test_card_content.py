@@ -15,6 +15,7 @@ import pytest
 from dphub import card as C
 from dphub.cli.main import main
 from dphub.errors import CardError
+from dphub.hub.validate import validate_card
 from dphub.labels import SCHEMAS
 
 DATASET = {
@@ -65,7 +66,7 @@ def test_trainer_texts_are_stored_in_front_matter_and_rendered(tmp_path: Path) -
     meta = C.with_card_text(_meta(), TEXTS)
     assert meta["card_text"] == TEXTS
     C.write_card(tmp_path, meta)
-    card = C.validate_card(tmp_path)
+    card = validate_card(tmp_path)
     assert card.meta["card_text"] == TEXTS
     body = card.body
     for key, title in (("intended_use", "Intended use"), ("out_of_scope", "Out-of-scope uses"),
@@ -99,7 +100,7 @@ def test_evaluation_section_after_add_evaluation(tmp_path: Path) -> None:
     before = _section(C.load_card(tmp_path).body, "Evaluation")
     assert "Not evaluated" in before and "0.86" not in before
     C.add_evaluation(tmp_path, RESULTS, "heldout.jsonl")
-    card = C.validate_card(tmp_path)
+    card = validate_card(tmp_path)
     section = _section(card.body, "Evaluation")
     assert "Evaluated on private data; these numbers are not covered by ε." in section
     assert "| metric | `heldout.jsonl` |" in section
@@ -134,7 +135,7 @@ def test_evaluate_write_card_fills_the_section(tmp_path: Path, tiny_tagger_dir: 
     formats.write(synth.generate(3, seed=5), gold, "jsonl")
     rc = main(["evaluate", "--model", str(model), "--gold", str(gold), "--write-card", "--json"])
     assert rc == 0, capsys.readouterr().err
-    section = _section(C.validate_card(model).body, "Evaluation")
+    section = _section(validate_card(model).body, "Evaluation")
     assert C.EVAL_PRIVACY_STATUS in section and "| Token recall |" in section
     assert "Not evaluated" not in section
 
@@ -153,7 +154,7 @@ def test_card_edit_sets_provenance(tmp_path: Path, capsys: pytest.CaptureFixture
     C.write_card(tmp_path, _meta())
     assert main(["card", "edit", str(tmp_path), "--provenance", TEXTS["provenance"]]) == 0
     assert "card re-validated" in capsys.readouterr().out
-    card = C.validate_card(tmp_path)
+    card = validate_card(tmp_path)
     assert TEXTS["provenance"] in _section(card.body, "Training data provenance")
     assert main(["card", "show", str(tmp_path)]) == 0
     assert "PROVENANCE (from the trainer)" in capsys.readouterr().out

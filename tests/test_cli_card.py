@@ -128,9 +128,9 @@ def test_show_repo_id_resolves_through_registry(
         asked.append(spec)
         return private_dir
 
-    fake = types.ModuleType("dphub.hub.registry")
+    fake = types.ModuleType("dphub.registry")
     fake.resolve_model = resolve_model  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dphub.hub.registry", fake)
+    monkeypatch.setitem(sys.modules, "dphub.registry", fake)
     assert main(["card", "show", "acme/deid-tagger@v2", "--json"]) == 0
     assert asked == ["acme/deid-tagger@v2"]
     assert json.loads(capsys.readouterr().out)["name"] == "demo"

@@ -348,7 +348,7 @@ def test_registry_member_is_pinned_to_the_pulled_revision(
     models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from dphub.hub.registry import Entry, Registry
+    from dphub.registry import Entry, Registry
 
     monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "home"))
     sha = "a" * 40

@@ -286,7 +286,8 @@ def test_encoder_layers_keep_the_first_blocks_through_warm_start_and_training(
     depth cannot be changed."""
     from dataclasses import replace
 
-    from dphub.tagger import Tagger, TaggerModel, _encoder_layers
+    from dphub.tagger import Tagger, TaggerModel
+    from dphub.tagger_model import _encoder_layers
     from dphub.train import pretrain, warmstart  # noqa: F401 (pretrain reads the real class)
     from dphub.train.warmstart import WarmStartConfig, cache_key
 

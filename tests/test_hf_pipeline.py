@@ -36,8 +36,9 @@ def test_plain_transformers_drops_crf_and_rule_projection_as_the_card_says(
 ) -> None:
     from transformers import AutoModelForTokenClassification
 
-    from dphub.card import TEMPLATE_FILE, asset
-    from dphub.tagger import _quiet_transformers
+    from dphub.card import TEMPLATE_FILE
+    from dphub.cards import asset
+    from dphub.encoders import quiet_transformers as _quiet_transformers
 
     with _quiet_transformers():
         _, info = AutoModelForTokenClassification.from_pretrained(

@@ -427,7 +427,8 @@ def test_expected_tensors_match_what_the_tagger_saves(tiny_tagger_dir):
     """The layout the gate derives from config.json is exactly what TaggerModel.save writes."""
     from safetensors import safe_open
 
-    from dphub.hub.gate import _header_layout_problems, config_problems, expected_tensors
+    from dphub.hub.gate import config_problems, expected_tensors
+    from dphub.hub.gate_tensors import _header_layout_problems
 
     assert _header_layout_problems(tiny_tagger_dir / "model.safetensors") == []
     assert config_problems(json.loads((tiny_tagger_dir / "config.json").read_text())) == []
@@ -458,7 +459,7 @@ def test_pull_refuses_what_the_gate_refuses(model, hub_env, capsys, breakage):
 
     from dphub.errors import PullRefused
     from dphub.hub import ops
-    from dphub.hub.registry import Registry
+    from dphub.registry import Registry
 
     if breakage == "hidden":
         _rewrite_weights(model, lambda t: t.update({"extra.hidden": torch.zeros(1000, 10)}))

@@ -16,8 +16,8 @@ from hub_fixtures import card_meta, copy_model, write_card
 from dphub.errors import PullRefused
 from dphub.hub import ops
 from dphub.hub.local import LocalHub
-from dphub.hub.registry import Registry
 from dphub.hub.serve import start_olah, stop_olah
+from dphub.registry import Registry
 
 pytest_plugins = ("hub_fixtures",)
 

@@ -154,8 +154,8 @@ def test_base_model_pull_from_a_hostile_hub_runs_nothing(model, hub_env, how):
     """``dphub train --base-model org/m --hub HUB``: the hub lookup (``info``) and the pull run no
     planted code; the pulled DP model is then refused as a base (not public), cleanly."""
     from dphub.errors import ConfigError
+    from dphub.hub.bases import pull_base_model
     from dphub.hub.ops import publish
-    from dphub.train.sources import pull_base_model
 
     hub, marker = hub_env["hub"], hub_env["tmp"] / "code-ran"
     publish(model, "acme/base", hub=str(hub))

@@ -13,7 +13,7 @@ from dphub.errors import HubError, PullRefused
 from dphub.hub import ops
 from dphub.hub.common import check_relative_path, parse_repo_spec
 from dphub.hub.local import LocalHub
-from dphub.hub.registry import Registry, resolve_model
+from dphub.registry import Registry, resolve_model
 
 pytest_plugins = ("hub_fixtures",)
 
@@ -305,7 +305,6 @@ def test_listing_marks_a_commit_that_bypassed_the_gate_as_unverified(model, hub_
 
 
 def test_listing_verdicts_are_cached_by_card_content(model, hub_env, monkeypatch):
-    from dphub import card
     from dphub.hub import common
 
     common._memo.clear()  # verdicts of earlier tests in this process
@@ -317,7 +316,7 @@ def test_listing_verdicts_are_cached_by_card_content(model, hub_env, monkeypatch
     def boom(*a, **kw):
         raise AssertionError("validated again")
 
-    monkeypatch.setattr(card, "validate_meta", boom)
+    monkeypatch.setattr(common, "validate_meta", boom)
     assert ops.search()[0].summary.verified
     assert ops.info("acme/deid")[0].summary.verified
 

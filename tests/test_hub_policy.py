@@ -20,7 +20,7 @@ from dphub.hub.policy import (
     policy_violation,
     save_hub_policy,
 )
-from dphub.hub.registry import Registry
+from dphub.registry import Registry
 
 pytest_plugins = ("hub_fixtures",)
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dphub import formats, synth
-from dphub.card import LOCAL_ONLY_STATEMENT, load_card, validate_card
+from dphub.card import LOCAL_ONLY_STATEMENT, load_card
 from dphub.cli.main import main
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.ensemble.distill import (
@@ -32,6 +32,7 @@ from dphub.ensemble.distill import (
 from dphub.ensemble.rules import RuleMember, RuleOptions
 from dphub.errors import ConfigError, DphubError
 from dphub.hub import gate
+from dphub.hub.validate import validate_card
 from dphub.notes import Note, Span
 from dphub.train import TrainOptions
 

@@ -14,11 +14,12 @@ from conftest import make_tiny_base_model
 
 from dphub import formats, synth
 from dphub import train as T
-from dphub.card import is_public_model, load_card, validate_card
+from dphub.card import is_public_model, load_card
 from dphub.cli.main import main
 from dphub.encoders import DEFAULT_BASE_MODEL_ID
 from dphub.errors import ConfigError
 from dphub.hub.gate import check_publishable
+from dphub.hub.validate import validate_card
 from dphub.notes import check_spans
 from dphub.train.pretrain import PretrainConfig, parse_train_layers, pretrain
 
@@ -146,8 +147,8 @@ def test_cli_train_pulls_the_public_base_from_the_hub_on_first_use(
     from dphub.hub.ops import publish
 
     monkeypatch.chdir(tmp_path)  # `dphub train` records its last model in ./.dphub
-    from dphub.hub.registry import Registry
-    from dphub.train.sources import pull_base_model
+    from dphub.hub.bases import pull_base_model
+    from dphub.registry import Registry
 
     hub = tmp_path / "hub"
     hub.mkdir()
@@ -287,7 +288,8 @@ def test_a_shallower_public_base(tmp_path: Path) -> None:
     """`pretrain --encoder-layers N`: the public base keeps its encoder's first N blocks, says so
     in its card, and DP training from it keeps that depth (and refuses to change it)."""
     from dphub.errors import ConfigError
-    from dphub.tagger import TaggerModel, _encoder_layers
+    from dphub.tagger import TaggerModel
+    from dphub.tagger_model import _encoder_layers
 
     encoder = make_tiny_base_model(tmp_path / "enc" / "all-MiniLM-L6-v2")
     opts = T.TrainOptions(base_model=str(encoder), max_length=64, stride=16)

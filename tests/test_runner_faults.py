@@ -331,7 +331,7 @@ def test_manifest_lock_is_removed_and_still_serialises_edits(tmp_path: Path) -> 
 # ---------------------------------------------------------------------------- 13: pulled weights
 def test_pulled_model_is_verified_when_loaded(model_template: Path, hub_env: dict[str, Path],
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from dphub.hub.registry import Registry
+    from dphub.registry import Registry
 
     model = copy_model(model_template, hub_env["tmp"] / "model")
     assert main(["publish", str(model), "--repo", "acme/deid", "--tag", "v1"]) == 0

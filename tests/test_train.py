@@ -51,7 +51,8 @@ def _opts(corpus: Path, base: Path, out: Path, **kw) -> T.TrainOptions:
 def test_dp_training_writes_a_valid_private_model_dir(
     corpus: Path, tiny_base_model: Path, tmp_path: Path
 ) -> None:
-    from dphub.card import load_card, validate_card
+    from dphub.card import load_card
+    from dphub.hub.validate import validate_card
     from dphub.tagger import Tagger
 
     out = tmp_path / "model"
@@ -104,7 +105,7 @@ def test_dp_training_writes_a_valid_private_model_dir(
 def test_no_dp_baseline_is_marked_non_private(
     corpus: Path, tiny_base_model: Path, tmp_path: Path
 ) -> None:
-    from dphub.card import validate_card
+    from dphub.hub.validate import validate_card
 
     out = tmp_path / "baseline"
     res = T.train(_opts(corpus, tiny_base_model, out, no_dp=True, noise=None))
@@ -315,7 +316,8 @@ def test_warm_start_is_cached_and_recorded(
 
 
 def test_init_from_records_lineage(corpus: Path, tiny_base_model: Path, tmp_path: Path) -> None:
-    from dphub.card import load_card, validate_card
+    from dphub.card import load_card
+    from dphub.hub.validate import validate_card
 
     first = tmp_path / "first"
     r1 = T.train(_opts(corpus, tiny_base_model, first, epochs=1.0))

@@ -320,7 +320,7 @@ def deid_top_cmd(
         p = Path(model).expanduser()
         if not p.is_dir():
             try:
-                from dphub.hub.registry import resolve_model
+                from dphub.registry import resolve_model
             except ImportError:
                 raise ConfigError(f"{model}: not a model directory") from None
             p = Path(resolve_model(model))

@@ -52,15 +52,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dphub.ensemble.aggregate import AggregateRule
+from dphub.ensemble.core import Slot
 from dphub.ensemble.inverse import InverseRule
 from dphub.ensemble.members import ModelMember
 from dphub.errors import ConfigError, InputError
 from dphub.evaluate import TOKEN_RE
 from dphub.notes import Note, Span
 from dphub.scores import TokenScores
+from dphub.splits import assign_units
 
 if TYPE_CHECKING:
-    from dphub.ensemble.core import Ensemble, Slot
+    from dphub.ensemble.core import Ensemble
 
 #: candidate thresholds on P(not O), most precise first
 GRID: tuple[float, ...] = (
@@ -146,8 +148,6 @@ class CalibrationResult:
 
     def apply(self, slots: Sequence[Slot]) -> list[Slot]:
         """Copies of ``slots`` carrying the calibrated thresholds (others unchanged)."""
-        from dphub.ensemble.core import Slot
-
         out = []
         for s in slots:
             if s.name in self.thresholds:
@@ -481,7 +481,6 @@ def _holdout_split(notes: Sequence[Note], holdout: float, seed: int) -> tuple[li
     """Indices of the calibration and held-out notes, patient-disjoint."""
     if holdout == 0.0:
         return list(range(len(notes))), []
-    from dphub.splits import assign_units
 
     patients = sorted({n.effective_patient_id for n in notes})
     if len(patients) < 2:

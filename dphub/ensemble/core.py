@@ -30,11 +30,13 @@ from dphub.ensemble.manifest import (
     weights_digest,
 )
 from dphub.ensemble.members import Member, ModelMember
+from dphub.ensemble.peers import DeidPlMember, PresidioMember, deidpl_options
 from dphub.ensemble.rules import RULES_DEFAULT, RuleMember, RuleOptions
 from dphub.ensemble.words import snap_to_words, trim_spans, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
 from dphub.rule_features import shared_rule_member
+from dphub.runtime import DEFAULT_RUNTIME, check_runtime
 from dphub.safe_vocab import SafeVocabulary
 from dphub.safe_vocab import load as load_safe_vocab
 from dphub.scores import LabelThresholds
@@ -300,8 +302,6 @@ def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = 
 
 def peer_member(entry: MemberEntry) -> Member:
     """A tool the owner already has (:mod:`dphub.ensemble.peers`), verified against its pin."""
-    from dphub.ensemble.peers import DeidPlMember, PresidioMember, deidpl_options
-
     if entry.kind == "presidio":
         unknown = set(entry.options) - {"entities"}
         entities = entry.options.get("entities")
@@ -353,8 +353,6 @@ def build_ensemble(
     ``safe_words``: the owner's safe words files, added to the shipped vocabulary of the inverse
     rule (refused with another rule: they would change nothing).
     """
-    from dphub.runtime import DEFAULT_RUNTIME, check_runtime
-
     runtime = check_runtime(runtime or (manifest.runtime if manifest else None)
                             or DEFAULT_RUNTIME)
     if int8 and runtime != "torch":
@@ -380,8 +378,6 @@ def apply_runtime(ensemble: Ensemble, runtime: str, *,
                   progress: Callable[[str], None] | None = None) -> None:
     """Switch every model member of ``ensemble`` to ``runtime`` (members on one encoder share
     one ONNX session; members sharing one tagger switch it once)."""
-    from dphub.runtime import check_runtime
-
     check_runtime(runtime)
     done: set[int] = set()
     for slot in ensemble.slots:
@@ -402,8 +398,6 @@ def prepare_runtime(entries: Sequence[MemberEntry], runtime: str, *,
     one error where the user chose the runtime, and the first ``deid`` starts at full speed.
     Returns the number of distinct encoders readied.
     """
-    from dphub.runtime import check_runtime
-
     check_runtime(runtime)
     done: set[str] = set()
     taggers: TaggerCache = {}

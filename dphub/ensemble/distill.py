@@ -51,13 +51,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dphub import formats
+from dphub.card import (
+    compose_teachers,
+    is_public_model,
+    load_card,
+    unit_covers,
+    validate_meta,
+    write_card,
+)
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.ensemble.inverse import InverseRule
-from dphub.errors import ConfigError, InputError
-from dphub.io import move_into_place
+from dphub.ensemble.members import ModelMember
+from dphub.ensemble.rules import RuleMember
+from dphub.errors import ConfigError, DphubError, InputError
+from dphub.hub.gate import public_provenance_problems
+from dphub.io import file_sha256, move_into_place
 from dphub.notes import Note, Span, merge_overlapping
-from dphub.train import TrainOptions, TrainResult
+from dphub.privacy.statement import RULES_NOT_COVERED
+from dphub.train import TrainOptions, TrainResult, train
 from dphub.train.checkpoints import checkpoint_dir_for
+from dphub.train.output import check_output_dir
 from dphub.train.plan import PrivacyPlan
 from dphub.train.results import ProgressFn
 
@@ -136,8 +150,6 @@ def combine_labels(pseudo: Sequence[Note], gold: Sequence[Note]) -> list[Note]:
 
 
 def _has_calibrated_thresholds(ensemble: Ensemble) -> bool:
-    from dphub.ensemble.members import ModelMember
-
     return any(isinstance(s.member, ModelMember)
                and (s.threshold is not None or s.label_thresholds) for s in ensemble.slots)
 
@@ -171,8 +183,6 @@ def _private_workdir(out: Path) -> Iterator[Path]:
 
 
 def _write_notes(notes: Sequence[Note], path: Path) -> Path:
-    from dphub import formats
-
     formats.write(notes, path, "jsonl")  # atomic, 0600 (mkstemp)
     return path
 
@@ -180,8 +190,6 @@ def _write_notes(notes: Sequence[Note], path: Path) -> Path:
 def _train_on(notes: Sequence[Note], opts: TrainOptions, work: Path, tag: str,
               on_progress: ProgressFn | None,
               on_plan: Callable[[PrivacyPlan], None] | None = None) -> TrainResult:
-    from dphub.train import train
-
     if not any(n.spans for n in notes):
         raise InputError("no PHI in the training labels: nothing to learn (is the ensemble "
                          "empty, or are the notes empty?)")
@@ -195,8 +203,6 @@ def _train_on(notes: Sequence[Note], opts: TrainOptions, work: Path, tag: str,
 
 def _check_out(out: Path | None, force: bool) -> Path:
     """The owner model's directory, checked like ``dphub train``'s output."""
-    from dphub.train.output import check_output_dir
-
     if out is None:
         raise ConfigError("give --out DIR: where the owner's model is written")
     check_output_dir(Path(out), force=force)
@@ -337,11 +343,6 @@ def _teacher_card(name: str, path: Path) -> dict[str, Any]:
     the publish gate checks (:func:`dphub.hub.gate.public_provenance_problems`). Otherwise what
     the teacher saw is unknown: refused.
     """
-    from dphub.card import is_public_model, load_card, validate_meta
-    from dphub.errors import DphubError
-    from dphub.hub.common import file_sha256
-    from dphub.hub.gate import public_provenance_problems
-
     why = f"--dp: cannot state the composition with member {name!r}"
     try:
         card = load_card(path)
@@ -379,9 +380,6 @@ def teacher_lineage(ensemble: Ensemble, unit: str, *,
     ``unit`` (a note-level ε does not bound a patient's loss), or a card that does not hold up
     (:func:`_teacher_card`).
     """
-    from dphub.card import is_public_model, unit_covers
-    from dphub.ensemble.members import ModelMember
-
     names = [s.name for s in ensemble.slots]
     unknown = sorted(set(disjoint) - set(names))
     if unknown:
@@ -435,8 +433,6 @@ def _run_budget(opts: TrainOptions, teachers: Sequence[dict[str, Any]]) -> Train
 
 
 def _has_rule_member(ensemble: Ensemble) -> bool:
-    from dphub.ensemble.rules import RuleMember
-
     return any(isinstance(s.member, RuleMember) for s in ensemble.slots)
 
 
@@ -445,9 +441,6 @@ def _amend_dp_card(out: Path, teachers: Sequence[dict[str, Any]], *, calibrated:
     """Rewrite a DP student's card with its teachers composed and the caveats of its labels
     (calibrated thresholds; the rule member's design). Returns the final block (its
     ``epsilon`` and ``delta`` are the claim)."""
-    from dphub.card import compose_teachers, load_card, write_card
-    from dphub.privacy.statement import RULES_NOT_COVERED
-
     card = load_card(out)
     dp = compose_teachers(card.meta["differential_privacy"], teachers)
     before = list(dp.get("not_covered", []))
@@ -461,8 +454,6 @@ def _amend_dp_card(out: Path, teachers: Sequence[dict[str, Any]], *, calibrated:
 
 def _with_student(ensemble: Ensemble, student_dir: Path, r: int) -> Ensemble:
     """The labelling ensemble of the next round: the original members plus this student."""
-    from dphub.ensemble.members import ModelMember
-
     member = ModelMember.load(student_dir, f"student-round-{r}")
     return Ensemble([*ensemble.slots, Slot(member)], ensemble.rule)
 

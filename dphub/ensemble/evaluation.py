@@ -6,15 +6,15 @@ Every member runs once; its own spans and the merged spans are scored with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from dphub.ensemble.core import Ensemble
-from dphub.errors import FormatError, InputError
+from dphub.errors import InputError
 from dphub.evaluate import evaluate_spans
-from dphub.notes import Note, Span, check_spans
+from dphub.formats import read
+from dphub.notes import Note
 
 
 def read_labelled(path: Path | str, fmt: str | None = None) -> list[Note]:
@@ -22,29 +22,7 @@ def read_labelled(path: Path | str, fmt: str | None = None) -> list[Note]:
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: not found")
-    try:
-        from dphub.formats import read
-    except ImportError:
-        read = None  # type: ignore[assignment]
-    if read is not None:
-        notes = list(read(p, format=fmt))
-    elif p.is_file() and (fmt == "jsonl" or p.suffix.lower() in (".jsonl", ".ndjson")):
-        notes = []
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                spans = [Span(int(s["start"]), int(s["end"]), str(s["label"]))
-                         for s in rec.get("spans", [])]
-                text = rec["text"]
-            except (ValueError, KeyError, TypeError):
-                raise FormatError(f"{p.name} line {i}: not a JSONL note record") from None
-            where = f"{p.name} line {i}"
-            notes.append(Note(str(rec.get("id", i)), text, rec.get("patient_id"),
-                              spans=check_spans(spans, len(text), where=where), labelled=True))
-    else:
-        raise InputError(f"{p}: cannot read this corpus (format support not installed)")
+    notes = list(read(p, format=fmt))
     if not notes:
         raise InputError(f"{p}: no notes")
     if not all(n.labelled for n in notes):

@@ -63,9 +63,21 @@ from typing import Any
 import tomli_w
 from filelock import FileLock, Timeout
 
+from dphub.card import dp_summary, load_card
 from dphub.config import check_integer_sizes
+from dphub.ensemble.inverse import parse_rule
+from dphub.ensemble.peers import (
+    check_spec,
+    deidpl_digest,
+    deidpl_options,
+    deidpl_paths,
+    presidio_versions,
+)
 from dphub.errors import ConfigError, DphubError
+from dphub.hub.common import parse_repo_spec
 from dphub.io import atomic_write_text
+from dphub.registry import Registry
+from dphub.runtime import RUNTIMES
 
 DEFAULT_MANIFEST = "dphub-ensemble.toml"
 RULE_SPECS = ("rules:default",)
@@ -154,16 +166,12 @@ class Manifest:
         names = [m.name for m in members]
         if len(set(names)) != len(names):
             raise ConfigError(f"{p}: duplicate member names")
-        from dphub.ensemble.inverse import parse_rule
 
         agg = str(data.get("aggregate", "any"))
         parse_rule(agg)  # any | k-of-n:... | inverse[:LOW,HIGH]
         runtime = data.get("runtime")
-        if runtime is not None:
-            from dphub.runtime import RUNTIMES
-
-            if runtime not in RUNTIMES:
-                raise ConfigError(f"{p}: runtime must be one of {', '.join(RUNTIMES)}")
+        if runtime is not None and runtime not in RUNTIMES:
+            raise ConfigError(f"{p}: runtime must be one of {', '.join(RUNTIMES)}")
         return cls(members, agg, p, runtime)
 
     @classmethod
@@ -304,8 +312,6 @@ def weights_digest(model_dir: Path) -> str:
 def card_privacy(model_dir: Path) -> dict[str, Any]:
     """ε, δ and privacy unit from a model directory's card ({} when it has none)."""
     try:
-        from dphub.card import dp_summary, load_card
-
         summary = dp_summary(load_card(Path(model_dir)))
         if isinstance(summary, dict):
             # a non-private model protects no unit (its card's unit only grouped its batches)
@@ -341,8 +347,6 @@ def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | No
     if timeout is not None and not spec.startswith("deidpl:"):
         raise ConfigError("--timeout applies to deid.pl members (deidpl:DIR) only")
     if spec.startswith("deidpl:"):
-        from dphub.ensemble.peers import deidpl_digest, deidpl_options, deidpl_paths
-
         directory, config = deidpl_paths(spec[len("deidpl:"):])
         options: dict[str, Any] = {"config": config}
         if timeout is not None:
@@ -352,8 +356,6 @@ def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | No
                            revision=deidpl_digest(directory, config), threshold=threshold,
                            options=options)
     if spec.startswith("presidio:"):
-        from dphub.ensemble.peers import check_spec, presidio_versions
-
         check_spec(spec)
         return MemberEntry(name=name or spec, kind="presidio", revision=presidio_versions(),
                            threshold=threshold)
@@ -377,8 +379,6 @@ def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | No
     if not re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w.-]+)?", spec):
         raise ConfigError(f"{spec!r} is neither a model directory, a hub repo (org/name[@rev]), "
                           "rules:default, deidpl:DIR nor presidio:default")
-    from dphub.hub.common import parse_repo_spec
-    from dphub.hub.registry import Registry
 
     repo, rev = parse_repo_spec(spec)
     entry = Registry().get(repo, rev)
@@ -407,8 +407,6 @@ def model_dir_of(entry: MemberEntry) -> Path:
             )
         return p
     if entry.kind == "registry":
-        from dphub.hub.registry import Registry
-
         if not entry.repo:
             raise ConfigError(f"member {entry.name!r}: registry member without a repo")
         got = Registry().get(entry.repo, entry.revision)

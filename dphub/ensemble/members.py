@@ -19,8 +19,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from dphub.ensemble.chunks import CHUNK_OF
 from dphub.notes import Note, Span
 from dphub.scores import TokenScores, spans_from_scores
+from dphub.tagger import Tagger
 
 
 @runtime_checkable
@@ -60,8 +62,6 @@ class ModelMember:
 
     @classmethod
     def load(cls, path: Path, name: str | None = None, **meta: Any) -> ModelMember:
-        from dphub.tagger import Tagger
-
         member = cls(Tagger.load(path), name or Path(path).name, **meta)
         member.path = Path(path)
         return member
@@ -155,8 +155,6 @@ class FixedMember:
     def _chunk_spans(self, note: Note) -> list[Span]:
         """A chunk of a long note (:mod:`dphub.ensemble.chunks`): the note's spans that fall in
         it, clipped to it, in its offsets."""
-        from dphub.ensemble.chunks import CHUNK_OF
-
         of = note.metadata.get(CHUNK_OF)
         if not isinstance(of, dict) or of.get("id") not in self.spans_by_id:
             return []

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError, DphubError, FormatError
+from dphub.formats.physionet import read_span_list
 from dphub.notes import Note, Span
 
 DEIDPL_PREFIX = "deidpl:"
@@ -310,8 +311,6 @@ class DeidPlMember:
 
     def _read_phi(self, phi: Path, notes: list[Note], key: dict[tuple[int, int], int]
                   ) -> list[list[Span]]:
-        from dphub.formats.physionet import read_span_list
-
         try:
             index = read_span_list(phi, source=self.name)
         except FormatError:

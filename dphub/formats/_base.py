@@ -217,8 +217,6 @@ def finish_spans(
     Span-level rules are those of :func:`dphub.notes.check_spans`.
     """
     if overlaps not in OVERLAP_POLICIES:
-        from dphub.errors import ConfigError
-
         raise ConfigError(f"overlaps must be one of {', '.join(OVERLAP_POLICIES)}, not {overlaps!r}")
     pairs = list(items)
     for span, where in pairs:

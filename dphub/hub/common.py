@@ -17,50 +17,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dphub.errors import CardError, HubError
-
-#: One component of a repo id: what the Hugging Face Hub accepts, minus anything path-like.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-#: A revision: a branch, tag or (abbreviated) commit sha; never an option or a range.
-_REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
-_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+from dphub.card import SYNTH_DATASET as SYNTH_DATASET
+from dphub.card import read_card_text, split_front_matter, validate_meta
+from dphub.errors import CardError, DphubError, HubError
+from dphub.io import atomic_write_text
+from dphub.io import dphub_home as dphub_home
+from dphub.io import file_sha256 as file_sha256
+from dphub.labels import SCHEMAS
+from dphub.repo_ids import check_repo_id as check_repo_id
+from dphub.repo_ids import check_revision as check_revision
+from dphub.repo_ids import is_commit_sha as is_commit_sha
+from dphub.repo_ids import parse_repo_spec as parse_repo_spec
 
 #: Tag every published card must carry; Hugging Face search filters on it.
 DP_TAG = "differential-privacy"
 PRIVACY_UNITS = ("patient", "note", "sequence")
-#: the dataset name of dphub's public synthetic notes (:mod:`dphub.synth`) in cards: the only
-#: data a public base model may have been trained on
-SYNTH_DATASET = "dphub-synth"
-
-
-def check_repo_id(repo_id: str) -> str:
-    """Return ``repo_id`` if it is ``org/name`` with safe components, else raise HubError."""
-    parts = repo_id.split("/")
-    if len(parts) != 2 or not all(_NAME_RE.match(p) for p in parts) or ".." in repo_id:
-        raise HubError(
-            f"invalid repo id {repo_id!r}: expected org/name (letters, digits, '.', '_', '-')"
-        )
-    return repo_id
-
-
-def check_revision(revision: str) -> str:
-    """Return ``revision`` if it is a plausible branch/tag/sha (no '..', no leading '-')."""
-    if not _REV_RE.match(revision) or ".." in revision or revision.endswith((".lock", "/")):
-        raise HubError(f"invalid revision {revision!r}")
-    return revision
-
-
-def is_commit_sha(revision: str) -> bool:
-    return bool(_SHA_RE.match(revision))
-
-
-def parse_repo_spec(spec: str) -> tuple[str, str | None]:
-    """Split ``org/name[@revision]`` into a checked repo id and revision (None: latest)."""
-    repo_id, _, revision = spec.partition("@")
-    check_repo_id(repo_id)
-    if revision:
-        check_revision(revision)
-    return repo_id, revision or None
 
 
 def check_relative_path(name: str) -> PurePosixPath:
@@ -75,16 +46,6 @@ def check_relative_path(name: str) -> PurePosixPath:
     ):
         raise HubError(f"unsafe file name in hub listing: {name!r}")
     return p
-
-
-def dphub_home() -> Path:
-    """The per-user data directory: ``$DPHUB_HOME`` or the platform's user data dir."""
-    env = os.environ.get("DPHUB_HOME")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("dphub", appauthor=False))
 
 
 def default_hub() -> str:
@@ -109,14 +70,6 @@ def file_git_sha1(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 #: The YAML front matter block at the start of a README (group 1: its text).
 def parse_front_matter(text: str, *, where: str) -> dict[str, Any]:
     """The YAML front matter of a model card (README.md) as a dict.
@@ -124,15 +77,11 @@ def parse_front_matter(text: str, *, where: str) -> dict[str, Any]:
     :func:`dphub.card.split_front_matter`: size-capped, no YAML aliases or anchors (a
     billion-laughs card would otherwise grow to gigabytes in a hub listing or a pull).
     """
-    from dphub.card import split_front_matter
-
     return split_front_matter(text, where=where)[0]
 
 
 def read_card_meta(model_dir: Path) -> dict[str, Any]:
     """Front matter of ``<model_dir>/README.md`` (size-capped before it is read)."""
-    from dphub.card import read_card_text
-
     readme = Path(model_dir) / "README.md"
     if not readme.is_file():
         raise CardError(f"{readme}: model card (README.md) is missing")
@@ -216,8 +165,6 @@ def _load_cache() -> dict[str, str]:
 
 def _store_cache(key: str, verdict: str) -> None:
     """Best effort: a read-only home or a concurrent writer only costs a recomputation later."""
-    from dphub.io import atomic_write_text
-
     data = _load_cache()
     data[key] = verdict
     if len(data) > _CACHE_MAX:
@@ -235,9 +182,6 @@ def card_problem(meta: dict[str, Any]) -> str | None:
     but its claims are shown as unverified instead of as facts (issue 16, fault 16). The weights
     are not checked here; ``pull`` does that.
     """
-    from dphub.card import validate_meta
-    from dphub.errors import DphubError
-
     if not meta:
         return "no readable model card"
     key = _card_key(meta)
@@ -264,8 +208,6 @@ def _card_labels(ds: dict[str, Any], phi: Any) -> tuple[str, ...]:
     Why: search listed only the labels with training examples (no ``OTHER`` for synthetic
     notes) while the card listed the schema, so the two disagreed about the same model.
     """
-    from dphub.labels import SCHEMAS
-
     name = ds.get("label_schema")
     schema = SCHEMAS.get(name) if isinstance(name, str) else None
     if schema is not None:

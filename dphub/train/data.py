@@ -14,8 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from dphub import align, formats
+from dphub import rule_features as rf
 from dphub.errors import ConfigError, InputError
+from dphub.labels import get_schema
 from dphub.notes import Note
+from dphub.privacy.units import unit_key
+from dphub.rule_features import pad_features
 from dphub.train.options import TrainOptions
 
 
@@ -54,10 +59,6 @@ def encode_notes(
     each position's confidence in its tag (:func:`dphub.align.spans_to_confidence`: the span
     scores of pseudo-labels; gold spans carry none and count as certain).
     """
-    from dphub import align
-    from dphub.labels import get_schema
-    from dphub.privacy.units import unit_key
-
     schema = get_schema(schema_name)
     tag_id = {t: i for i, t in enumerate(tags)}
     toks = align.tokenize(tokenizer, [n.text for n in notes])
@@ -72,8 +73,6 @@ def encode_notes(
     windows = align.make_windows(toks, tokenizer, max_length=max_length, stride=stride)
     feats: list[np.ndarray] | None = None
     if rule_features:
-        from dphub import rule_features as rf
-
         feats = rf.window_features(windows, rf.notes_features(notes, toks))
     out: list[Example] = []
     for wi, w in enumerate(windows):
@@ -125,8 +124,6 @@ def batch_from_examples(examples: Sequence[Example], pad_id: int) -> dict[str, t
         "labels": labels,
     }
     if examples and examples[0].features is not None:
-        from dphub.rule_features import pad_features
-
         out["rule_features"] = pad_features([e.features for e in examples], length)  # type: ignore[misc]
     return out
 
@@ -158,8 +155,6 @@ def recall_weights(
 
 def load_training_notes(opts: TrainOptions) -> list[Note]:
     """Read the training corpus; only labelled notes train."""
-    from dphub import formats
-
     path = Path(opts.data)  # type: ignore[arg-type]
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")

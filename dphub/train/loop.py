@@ -34,6 +34,13 @@ import numpy as np
 import torch
 
 from dphub.errors import ConfigError, PrivacyError
+from dphub.privacy import units  # aggregate/check called through it: tests replace them
+from dphub.privacy.randomness import (
+    MechanismRandomness,
+    PoissonUnitSampler,
+    install_noise_source,
+)
+from dphub.privacy.units import batch_num_units, unit_collate
 from dphub.train.checkpoints import save_checkpoint
 from dphub.train.data import window_loss
 from dphub.train.options import TrainOptions
@@ -93,13 +100,6 @@ class TrainLoop:
 
     def __init__(self, opts: TrainOptions, plan: PrivacyPlan, model: Any, dataset: Any,
                  tokenizer: Any, on_progress: ProgressFn | None) -> None:
-        from dphub.privacy.randomness import (
-            MechanismRandomness,
-            PoissonUnitSampler,
-            install_noise_source,
-        )
-        from dphub.privacy.units import unit_collate
-
         self.opts, self.plan, self.model, self.on_progress = opts, plan, model, on_progress
         self.params = trainable_parameters(model)
         self.optimizer: Any = torch.optim.Adam(param_groups(model, self.params, opts), lr=opts.lr)
@@ -247,27 +247,21 @@ class TrainLoop:
                     self._run_plain(it, ckpt, fingerprint)
 
     def _run_dp(self, it: Iterator[Any], ckpt: Path, fingerprint: str) -> None:
-        from dphub.privacy.units import (
-            aggregate_grad_sample_by_unit,
-            batch_num_units,
-            check_one_gradient_per_unit,
-        )
-
         step_loss: list[float] = []
         for batch in it:
             before = self.step
             n_units = batch_num_units(batch) if isinstance(batch, dict) else 0
             if n_units == 0:  # empty Poisson batch: a noise-only step
-                aggregate_grad_sample_by_unit(self.model, torch.zeros(0, dtype=torch.long), 0)
+                units.aggregate_grad_sample_by_unit(self.model, torch.zeros(0, dtype=torch.long), 0)
             else:
                 per = window_loss(self.model, batch, self.opts.recall_weight)
                 self._check_loss(per)
                 per.mean().backward()
                 step_loss.append(float(per.detach().mean()))
-                aggregate_grad_sample_by_unit(self.model, batch["unit_index"], n_units)
+                units.aggregate_grad_sample_by_unit(self.model, batch["unit_index"], n_units)
             # the guarantee's invariant, checked on every physical batch: the optimizer is about
             # to clip exactly one gradient per sampled unit
-            check_one_gradient_per_unit(self.model, n_units)
+            units.check_one_gradient_per_unit(self.model, n_units)
             self.optimizer.step()
             if self.step > before:
                 self._check_step()
@@ -279,8 +273,6 @@ class TrainLoop:
                     return
 
     def _run_plain(self, it: Iterator[Any], ckpt: Path, fingerprint: str) -> None:
-        from dphub.privacy.units import batch_num_units
-
         for batch in it:
             n_units = batch_num_units(batch) if isinstance(batch, dict) else 0
             loss = float("nan")

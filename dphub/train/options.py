@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError
+from dphub.labels import get_schema
 
 PRIVACY_UNITS = ("patient", "note", "sequence")
 
@@ -177,7 +178,6 @@ class TrainOptions:
             raise ConfigError(f"max_length must be in [8, 512], got {self.max_length}")
         if not 0 <= self.stride < self.max_length - 2:
             raise ConfigError(f"stride must be in [0, max_length - 2), got {self.stride}")
-        from dphub.labels import get_schema
 
         get_schema(self.label_schema)
 

@@ -9,9 +9,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dphub import card
+from dphub.card import TRAINING_CONFIG_FORMAT, write_card
 from dphub.errors import ConfigError
-from dphub.io import atomic_directory, atomic_write_text
+from dphub.io import atomic_directory, atomic_write_text, file_sha256
 from dphub.notes import Note
+from dphub.privacy.randomness import dp_mode
+from dphub.privacy.statement import EXACT_UNITS_NOT_COVERED, RULES_NOT_COVERED
 from dphub.train.options import TrainOptions
 from dphub.train.plan import PrivacyPlan
 from dphub.train.sources import ModelSource
@@ -62,8 +66,6 @@ def build_meta(
     weights_sha256: str | None = None,
 ) -> dict[str, Any]:
     """Card front matter (HF keys + ``differential_privacy`` + ``dataset``) via dphub.card."""
-    from dphub import card
-
     recall = (
         {"enabled": True, "delta_p": float(opts.recall_weight), "rho": "1 + delta_p * FNR_i",
          "computed_from": "own-detached-predictions"}
@@ -83,8 +85,6 @@ def build_meta(
             **{k: v for k, v in common.items() if v is not None},
         )
     else:
-        from dphub.privacy.randomness import dp_mode
-
         dp = card.dp_block(
             accountant=opts.accountant, sample_rate=plan.sample_rate,
             noise_multiplier=float(plan.noise_multiplier), steps=steps,
@@ -96,13 +96,10 @@ def build_meta(
             weights_sha256=weights_sha256, **common,
         )
     if not opts.no_dp and opts.rule_features:
-        from dphub.privacy.statement import RULES_NOT_COVERED
-
         dp["not_covered"] = [*dp["not_covered"], RULES_NOT_COVERED]
     if not opts.no_dp and plan.steps_per_epoch == plan.num_units > 1:
         # q = 1/k is the mechanism's sampling rate (the gate recomputes ε from it, so it is
         # published as used); with k = N it publishes N itself: the card says so
-        from dphub.privacy.statement import EXACT_UNITS_NOT_COVERED
 
         dp["not_covered"] = [*dp["not_covered"], EXACT_UNITS_NOT_COVERED]
     if opts.local_only:  # trained without DP on the owner's notes: it must never leave
@@ -121,7 +118,6 @@ def training_config(opts: TrainOptions, src: ModelSource, plan: PrivacyPlan, ste
     Its keys are the publish gate's allow-list (``dphub.hub.gate.TRAINING_CONFIG_KEYS``,
     ``TRAINING_HYPERPARAM_KEYS``): the gate owns the contract, training writes to it.
     """
-    from dphub.hub.gate import TRAINING_CONFIG_FORMAT
 
     return {
         "format_version": TRAINING_CONFIG_FORMAT,
@@ -155,9 +151,6 @@ def write_model_dir(
     The card is made after the weights are written, so it records the SHA-256 of exactly the
     ``model.safetensors`` it describes (the publish gate checks the two belong together).
     """
-    from dphub.card import write_card
-    from dphub.hub.common import file_sha256
-
     with atomic_directory(out, overwrite=opts.force) as tmp:
         model.save(tmp, base_public_id=src.base_public_id, tokenizer_source=src.tokenizer_dir)
         cfg = training_config(opts, src, plan, steps, epsilon)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dphub.errors import InputError, PrivacyError
+from dphub.privacy import accounting
 from dphub.train.options import DEFAULT_TARGET_EPSILON, TrainOptions, default_delta
 
 
@@ -44,8 +45,6 @@ class PrivacyPlan:
 
 
 def _eps_quiet(accountant: str, q: float, sigma: float, steps: int, delta: float) -> float:
-    from dphub.privacy import accounting
-
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         return accounting.epsilon_for(accountant, q, sigma, steps, delta)
@@ -66,8 +65,6 @@ def plan_privacy(opts: TrainOptions, num_units: int) -> PrivacyPlan:
     if opts.noise is not None:
         sigma = float(opts.noise)
     else:
-        from dphub.privacy import accounting
-
         target = opts.target_epsilon if opts.target_epsilon is not None else DEFAULT_TARGET_EPSILON
         sigma = accounting.noise_for_target_epsilon(opts.accountant, target, q, steps, delta, 0.01)
     planned = steps
@@ -129,7 +126,6 @@ def ways_to_reach(opts: TrainOptions, plan: PrivacyPlan,
     """
     if plan.noise_multiplier is None or plan.delta is None:
         return None, None
-    from dphub.privacy import accounting
 
     try:
         sigma: float | None = _round_up(accounting.noise_for_target_epsilon(

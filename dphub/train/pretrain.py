@@ -15,17 +15,22 @@ one loop, one data path, only the notes, layers and epochs differ.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dphub import card, synth
+from dphub.card import SYNTH_DATASET, TRAINING_CONFIG_FORMAT
+from dphub.encoders import encoder_digest, resolve_base_model
 from dphub.errors import ConfigError
-from dphub.hub.common import SYNTH_DATASET
-from dphub.train.options import check_encoder_layers
+from dphub.io import atomic_directory, atomic_write_text, file_sha256
+from dphub.labels import get_schema
+from dphub.train.options import HEADS, TrainOptions, check_encoder_layers
+from dphub.train.output import TRAINING_CONFIG_FILE, check_output_dir
 from dphub.train.results import Progress, ProgressFn
-from dphub.train.warmstart import WarmStartConfig
+from dphub.train.sources import refuse_private_model_as_base
+from dphub.train.warmstart import WarmStartConfig, train_public, train_rule_stage
 
 #: Progress phase of ``dphub pretrain`` (the warm start's loop reports ``warm-start``).
 PHASE = "pretrain"
@@ -93,8 +98,6 @@ class PretrainConfig:
 
     def warm_start_config(self, max_length: int = 128, stride: int = 32) -> Any:
         """The equivalent :class:`~dphub.train.warmstart.WarmStartConfig` (same loop)."""
-        from dphub.train.warmstart import WarmStartConfig
-
         return WarmStartConfig(
             notes=self.kinds(), synth_seed=self.synth_seed, train_layers=self.train_layers,
             epochs=self.epochs, batch_size=self.batch_size, lr_encoder=self.lr_encoder,
@@ -105,8 +108,6 @@ class PretrainConfig:
     def iter_public_notes(self) -> Any:
         """The public corpus this configuration trains on, note by note (the loop's notes: same
         kinds, counts and seeds)."""
-        from dphub import synth
-
         for i, (kind, k) in enumerate(self.kinds()):
             yield from synth.iter_notes(k, kind=kind, seed=self.synth_seed + i)
 
@@ -166,13 +167,6 @@ def pretrain(
     label schema, head, window length and stride) are used; its data, privacy and optimiser
     fields are not (nothing private is read). Returns the card's front matter.
     """
-    from dphub import card
-    from dphub.encoders import resolve_base_model
-    from dphub.labels import get_schema
-    from dphub.train.options import HEADS, TrainOptions
-    from dphub.train.output import check_output_dir
-    from dphub.train.warmstart import train_public
-
     cfg = cfg or PretrainConfig()
     cfg.validate()
     opts = options if options is not None else TrainOptions()
@@ -203,8 +197,6 @@ def pretrain(
     if opts.rule_features:  # the same rule-feature head stage as the embedded warm start
         import tempfile
 
-        from dphub.train.warmstart import train_rule_stage
-
         with tempfile.TemporaryDirectory(prefix="dphub-pretrain-") as tmp:
             model.save(Path(tmp), base_public_id=public_id, tokenizer_source=base_dir)
             model = train_rule_stage(Path(tmp), base_dir, opts.label_schema,
@@ -219,13 +211,6 @@ def pretrain(
 def _write(out: Path, model: Any, base_dir: Path, public_id: str, opts: Any, cfg: PretrainConfig,
            seed: int, steps: int, dataset: dict[str, Any], force: bool) -> dict[str, Any]:
     """Weights, config, tokenizer, allow-listed training config and card, atomically."""
-    from dphub import card
-    from dphub.encoders import encoder_digest
-    from dphub.hub.common import file_sha256
-    from dphub.hub.gate import TRAINING_CONFIG_FORMAT
-    from dphub.io import atomic_directory, atomic_write_text
-    from dphub.train.output import TRAINING_CONFIG_FILE
-
     training_config = {
         "format_version": TRAINING_CONFIG_FORMAT,
         "dphub_training": {
@@ -258,37 +243,3 @@ def _write(out: Path, model: Any, base_dir: Path, public_id: str, opts: Any, cfg
     except FileExistsError:
         raise ConfigError(f"{out}: output directory exists and is not empty (use --force)") from None
     return meta
-
-
-def refuse_private_model_as_base(base_dir: Path) -> None:
-    """Refuse a dphub model directory that is not a public base as the encoder to build on.
-
-    Why: its weights learned from patients (under DP, or local only without any guarantee). A
-    public base built on them would claim "public data only, no ε" and a DP run would count only
-    its own ε: either way the earlier patients' exposure goes unstated. A plain encoder (no
-    ``dphub`` block in ``config.json``, no training config) and a public base pass.
-    """
-    if is_public_base(base_dir):
-        return
-    dphub_block = False
-    with contextlib.suppress(OSError, ValueError):
-        cfg = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
-        dphub_block = isinstance(cfg, dict) and "dphub" in cfg
-    if dphub_block or (base_dir / "training_config.json").is_file():
-        raise ConfigError(
-            f"--base-model {base_dir.name}: a dphub model that is not a public base (its card "
-            "does not say training_data: public-synthetic); fine-tune a DP model with --init-from"
-        )
-
-
-def is_public_base(model_dir: Path) -> bool:
-    """Whether ``model_dir`` holds a dphub model whose card says public synthetic data only."""
-    from dphub.card import is_public_model, load_card
-    from dphub.errors import DphubError
-
-    if not (model_dir / "model.safetensors").is_file() or not (model_dir / "README.md").is_file():
-        return False
-    try:
-        return is_public_model(load_card(model_dir).dp)
-    except DphubError:
-        return False

@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
+from dphub import checkpoint
 from dphub.errors import ConfigError, InputError, PrivacyError
 from dphub.notes import Note
+from dphub.privacy.units import UnitDataset
 from dphub.train.checkpoints import (
     LEGACY_CHECKPOINT_FILE,
     checkpoint_dir_for,
@@ -56,7 +58,6 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     opts.validate()
     out = Path(opts.out)  # type: ignore[arg-type]
     check_output_dir(out, Path(opts.data), force=opts.force)  # type: ignore[arg-type]
-    from dphub import checkpoint
 
     ckpt_dir = checkpoint_dir_for(out, opts.checkpoint_dir)
     if (ckpt_dir / LEGACY_CHECKPOINT_FILE).exists():
@@ -90,8 +91,6 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     elif not opts.rule_features and model.rule_features is not None:
         raise ConfigError("the initial model takes rule features: train with --rule-features")
     from transformers import AutoTokenizer
-
-    from dphub.privacy.units import UnitDataset
 
     tokenizer = AutoTokenizer.from_pretrained(src.tokenizer_dir)
     examples = encode_notes(

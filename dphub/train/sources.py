@@ -10,8 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dphub.errors import ConfigError, PrivacyError
-from dphub.hub.common import SYNTH_DATASET
+from dphub.card import SYNTH_DATASET, is_public_model, load_card
+from dphub.encoders import encoder_digest, resolve_base_model
+from dphub.errors import ConfigError, DphubError, ModelError, PrivacyError
+from dphub.registry import Registry, resolve_model
+from dphub.tagger import TaggerModel
+from dphub.train import warmstart
 from dphub.train.options import TrainOptions
 from dphub.train.results import ProgressFn
 
@@ -32,9 +36,6 @@ class ModelSource:
 
 
 def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSource:
-    from dphub.encoders import resolve_base_model
-    from dphub.tagger import TaggerModel
-
     if opts.init_from:
         _no_encoder_layers(opts, "--init-from starts from a trained model")
         return _from_pulled_model(opts)
@@ -62,9 +63,6 @@ def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSo
 def _base_digest(base_dir: Path) -> str:
     """What the base encoder's weights are (:func:`dphub.encoders.encoder_digest`), so the card's
     base name can be checked against them; an encoder that cannot be identified is refused."""
-    from dphub.encoders import encoder_digest
-    from dphub.errors import ModelError
-
     try:
         return encoder_digest(base_dir)
     except ModelError as e:
@@ -93,9 +91,6 @@ def warm_start_dir(opts: TrainOptions,
                    on_progress: ProgressFn | None = None) -> tuple[Path, dict[str, Any]]:
     """The public warm start these options train from (built and cached on first use) and its
     card block. It is itself a model directory: scoring it shows what public data alone gives."""
-    from dphub.encoders import resolve_base_model
-    from dphub.train import warmstart
-
     loadable, public_id = resolve_base_model(opts.base_model)
     if isinstance(loadable, str):
         raise ConfigError(f"base model {public_id!r} is not a local directory")
@@ -119,8 +114,6 @@ def _public_base_dir(spec: str | None) -> tuple[Path, str] | None:
     looked up among pulled models. Anything else is left to :func:`resolve_base_model` (a plain
     encoder). A DP model given as ``--base-model`` is refused: that is what ``--init-from`` is for.
     """
-    from dphub.train.pretrain import is_public_base, refuse_private_model_as_base
-
     if not spec or spec == "default":
         return None
     p = Path(spec).expanduser()
@@ -131,57 +124,12 @@ def _public_base_dir(spec: str | None) -> tuple[Path, str] | None:
         return None
     if not REPO_ID.fullmatch(spec.partition("@")[0]) or "/" not in spec:
         return None
-    from dphub.errors import DphubError
-    from dphub.hub.registry import resolve_model
 
     try:
         src = Path(resolve_model(spec))
     except DphubError:
         return None  # not pulled: a plain encoder name, resolved (or refused) as before
     return (src, spec.partition("@")[0]) if is_public_base(src) else None
-
-
-def pull_base_model(spec: str | None, *, hub: str | None = None) -> Path | None:
-    """Pull ``--base-model org/name[@rev]`` from the hub when it names a hub repo not pulled yet.
-
-    Why: a consortium builds its public base once (``dphub pretrain`` + ``dphub publish``); each
-    site's ``dphub train --base-model org/name`` then starts from it without a separate
-    ``dphub pull`` and without building the embedded warm start. The download is the ordinary
-    verified pull (hashes, card, gate, ε policy), so a tampered base is refused exactly as
-    ``dphub pull`` refuses it. Returns the pulled directory, or None when ``spec`` is not a repo
-    id held by the hub (a directory, ``default``, an encoder id): those resolve as before. A
-    pulled model that is not a public base is refused with the pointer to ``--init-from``.
-    """
-    from dphub.encoders import DEFAULT_BASE_MODEL_ID
-    from dphub.errors import HubError
-    from dphub.hub.common import parse_repo_spec
-    from dphub.hub.registry import Registry
-    from dphub.train.pretrain import is_public_base
-
-    if not spec or spec == "default" or Path(spec).expanduser().is_dir():
-        return None
-    repo_part = spec.partition("@")[0]
-    if "/" not in spec or not REPO_ID.fullmatch(repo_part) or repo_part == DEFAULT_BASE_MODEL_ID:
-        return None
-    repo_id, revision = parse_repo_spec(spec)
-    try:
-        Registry().get(repo_id, revision)
-        return None  # pulled already: _public_base_dir takes it from the registry
-    except HubError:
-        pass
-    from dphub.hub.ops import info, pull
-
-    try:
-        info(repo_id, hub=hub)
-    except HubError:
-        return None  # the hub does not hold it: an encoder id, resolved (or refused) as before
-    entry = pull(spec, hub=hub)
-    if not is_public_base(entry.path):
-        raise ConfigError(
-            f"--base-model {spec}: pulled, but its card does not say training_data: "
-            "public-synthetic; fine-tune a DP model with --init-from"
-        )
-    return entry.path
 
 
 def _from_public_base(opts: TrainOptions) -> ModelSource | None:
@@ -191,8 +139,6 @@ def _from_public_base(opts: TrainOptions) -> ModelSource | None:
     if found is None:
         return None
     src, name = found
-    from dphub.card import load_card
-    from dphub.tagger import TaggerModel
 
     model = TaggerModel.load(src)
     if model.head != opts.head:
@@ -211,15 +157,8 @@ def _from_public_base(opts: TrainOptions) -> ModelSource | None:
 
 def _from_pulled_model(opts: TrainOptions) -> ModelSource:
     """Fine-tune a pulled DP model: its weights start, its card gives the lineage."""
-    from dphub.tagger import TaggerModel
-
     p = Path(str(opts.init_from)).expanduser()
-    if p.is_dir():
-        src = p
-    else:
-        from dphub.hub.registry import resolve_model
-
-        src = Path(resolve_model(str(opts.init_from)))
+    src = p if p.is_dir() else Path(resolve_model(str(opts.init_from)))
     model = TaggerModel.load(src)
     if model.head != opts.head:
         raise ConfigError(f"--init-from model has head {model.head!r}, not {opts.head!r}")
@@ -232,7 +171,6 @@ def _from_pulled_model(opts: TrainOptions) -> ModelSource:
     if schema != opts.label_schema:
         raise ConfigError(f"--init-from model uses label schema {schema!r}, not {opts.label_schema!r}")
     base_id = str(cfg.get("_name_or_path") or src.name)
-    from dphub.card import load_card
 
     meta = load_card(src).meta
     dp = meta.get("differential_privacy", {}) or {}
@@ -263,7 +201,36 @@ def _source_repo_revision(spec: str, src: Path, is_dir: bool) -> tuple[str, str]
     repo, _, requested = spec.partition("@")
     rev = ""
     with contextlib.suppress(Exception):
-        from dphub.hub.registry import Registry
-
         rev = str(Registry().get(repo, requested or None).revision or "")
     return repo, rev or requested or "unknown"
+
+
+def refuse_private_model_as_base(base_dir: Path) -> None:
+    """Refuse a dphub model directory that is not a public base as the encoder to build on.
+
+    Why: its weights learned from patients (under DP, or local only without any guarantee). A
+    public base built on them would claim "public data only, no ε" and a DP run would count only
+    its own ε: either way the earlier patients' exposure goes unstated. A plain encoder (no
+    ``dphub`` block in ``config.json``, no training config) and a public base pass.
+    """
+    if is_public_base(base_dir):
+        return
+    dphub_block = False
+    with contextlib.suppress(OSError, ValueError):
+        cfg = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
+        dphub_block = isinstance(cfg, dict) and "dphub" in cfg
+    if dphub_block or (base_dir / "training_config.json").is_file():
+        raise ConfigError(
+            f"--base-model {base_dir.name}: a dphub model that is not a public base (its card "
+            "does not say training_data: public-synthetic); fine-tune a DP model with --init-from"
+        )
+
+
+def is_public_base(model_dir: Path) -> bool:
+    """Whether ``model_dir`` holds a dphub model whose card says public synthetic data only."""
+    if not (model_dir / "model.safetensors").is_file() or not (model_dir / "README.md").is_file():
+        return False
+    try:
+        return is_public_model(load_card(model_dir).dp)
+    except DphubError:
+        return False

@@ -36,9 +36,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from dphub import synth
+from dphub.card import SYNTH_DATASET
 from dphub.errors import ConfigError, DphubError
-from dphub.hub.common import SYNTH_DATASET
-from dphub.io import cache_root
+from dphub.io import atomic_directory, cache_root
+from dphub.rule_features import rules_digest
+from dphub.tagger import TaggerModel
+from dphub.train.data import batch_from_examples, encode_notes
+from dphub.train.encoder_cache import FrozenEncoderCache
+from dphub.train.results import Progress
 
 #: The seed of the public warm start a training builds on, whatever its ``--seed``. Why: the
 #: warm start sees public synthetic notes only, and a second seed rebuilt it from scratch (25
@@ -140,7 +146,6 @@ def cache_key(
         "seed": seed,
     }
     if cfg.rule_features:  # a change of the rules changes the inputs: a new warm start
-        from dphub.rule_features import rules_digest
 
         payload["rule_stage"] = rule_cfg
         payload["rules"] = rules_digest()
@@ -168,8 +173,6 @@ def _acquire(lock: Any, lock_path: Path, on_progress: Callable[[Any], None] | No
     training started meanwhile used to block on this lock without a word and without end.
     """
     from filelock import Timeout
-
-    from dphub.train.results import Progress
 
     limit = wait_timeout()
     t0 = time.monotonic()
@@ -203,8 +206,6 @@ def warm_start(
 ) -> Path:
     """Directory of the warm-started tagger for this key, training it first if not cached."""
     from filelock import FileLock
-
-    from dphub.io import atomic_directory
 
     cfg = cfg or WarmStartConfig()
     plain_dir: Path | None = None
@@ -246,10 +247,6 @@ def train_public(
 ) -> Any:
     """Non-private training of a fresh tagger on synthetic notes (top ``cfg.train_layers``)."""
     from transformers import AutoTokenizer
-
-    from dphub import synth
-    from dphub.tagger import TaggerModel
-    from dphub.train.data import encode_notes
 
     torch.manual_seed(seed)
     notes = []
@@ -298,11 +295,6 @@ def train_rule_stage(
     """
     from transformers import AutoTokenizer
 
-    from dphub import synth
-    from dphub.tagger import TaggerModel
-    from dphub.train.data import encode_notes
-    from dphub.train.encoder_cache import FrozenEncoderCache
-
     torch.manual_seed(seed)
     notes = []
     for i, (kind, n) in enumerate(cfg.notes):
@@ -331,9 +323,6 @@ def _fit(model: Any, examples: list[Any], groups: list[dict[str, Any]], pad_id: 
          batch_size: int, epochs: float, seed: int,
          on_progress: Callable[[Any], None] | None) -> None:
     """Plain (non-private) AdamW with warm-up and linear decay over length-bucketed batches."""
-    from dphub.train.data import batch_from_examples
-    from dphub.train.results import Progress
-
     optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
     rng = np.random.default_rng(seed)
     per_epoch = max(1, len(examples) // batch_size)

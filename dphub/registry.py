@@ -1,4 +1,5 @@
-"""The local registry of pulled models, which the ensemble reads.
+"""The local registry of pulled models, which the ensemble, training (``--init-from``) and the hub
+read. It sits below training and the hub (docs/architecture.md), so it needs nothing above them.
 
 One JSON file, ``<dphub_home>/registry.json``, lists every verified pull (repo, hub, commit,
 ε, δ, privacy unit, directory); model files live under ``<dphub_home>/models/<org>/<name>/<sha>``.
@@ -24,8 +25,8 @@ from typing import Any
 from filelock import FileLock
 
 from dphub.errors import HubError
-from dphub.hub.common import dphub_home, file_sha256, parse_repo_spec
-from dphub.io import atomic_write_text
+from dphub.io import atomic_write_text, dphub_home, file_sha256
+from dphub.repo_ids import parse_repo_spec
 
 REGISTRY_FILE = "registry.json"
 
