@@ -51,6 +51,16 @@ _SCORE, _FIRST, _LAST = len(CATEGORIES), len(CATEGORIES) + 1, len(CATEGORIES) + 
 #: ``rule_lexicon.py``, its structured patterns in ``rule_patterns.py``)
 RULE_SOURCES: tuple[str, ...] = ("rules.py", "rule_lexicon.py", "rule_patterns.py")
 
+#: Rule members whose outputs are byte-identical to a later one although their sources differ:
+#: old digest -> the digest it equals. The source hash changes with any edit, also one that only
+#: moves code; an entry here says a move was checked to change no output, so models trained
+#: before it still load. An entry applies only while this dphub's digest is its target: the
+#: first real change to the rules ends it. (0.1.0's member, cut into three modules in issue 30:
+#: identical spans on 120 synthetic notes under four option sets, with and without a threshold.)
+RULES_DIGEST_EQUIVALENT: dict[str, str] = {
+    "7fab9046c3bbf6cd": "e7f686474bba5dfb",
+}
+
 
 @lru_cache(maxsize=1)
 def rules_digest() -> str:
@@ -106,7 +116,9 @@ def check_spec(spec: Any, where: str) -> int:
             f"{where}: the model needs rule features of layout version {spec.get('version')!r}; "
             f"this dphub computes version {FEATURES_VERSION}: use the dphub release that trained it"
         )
-    if spec.get("rules_digest") != rules_digest():
+    recorded = spec.get("rules_digest")
+    current = rules_digest()
+    if recorded != current and RULES_DIGEST_EQUIVALENT.get(str(recorded)) != current:
         raise ModelError(
             f"{where}: the model was trained with rule features from rules "
             f"{str(spec.get('rules_digest'))[:16]!r}, but this dphub's rule member (patterns, "

@@ -294,3 +294,20 @@ def test_rules_digest_covers_every_module_of_the_rule_member(module: str,
     monkeypatch.setattr(rf.resources, "files", lambda pkg: _Package(real_files(pkg))
                         if pkg == "dphub.ensemble" else real_files(pkg))
     assert rf.rules_digest.__wrapped__() != before
+
+
+def test_an_equivalent_rules_digest_loads_only_while_its_target_is_current(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model trained before a code move (same outputs, other source bytes) still loads; the
+    first real change to the rules (another current digest) refuses it again."""
+    from dphub import rule_features as rf
+    from dphub.errors import ModelError
+
+    spec = {**rf.feature_spec(), "rules_digest": "0123456789abcdef"}
+    with pytest.raises(ModelError, match="retrain"):
+        rf.check_spec(spec, "m")
+    monkeypatch.setitem(rf.RULES_DIGEST_EQUIVALENT, "0123456789abcdef", rf.rules_digest())
+    assert rf.check_spec(spec, "m") == rf.NUM_FEATURES
+    monkeypatch.setitem(rf.RULES_DIGEST_EQUIVALENT, "0123456789abcdef", "fedcba9876543210")
+    with pytest.raises(ModelError, match="retrain"):
+        rf.check_spec(spec, "m")
