@@ -51,6 +51,7 @@ from dphub.errors import CardError, DphubError
 from dphub.io import atomic_write_text
 from dphub.notes import Note
 from dphub.privacy import accounting
+from dphub.privacy.federation import federation_problems  # issue 27: federated cards
 from dphub.privacy.statement import NOT_COVERED, privacy_statement
 
 CARD_FILE = "README.md"
@@ -1361,6 +1362,7 @@ def meta_problems(
                 "(secure mode draws every noise sample from a CSPRNG: mechanism_rng csprng)"]
     if check_accounting and dp["private"]:
         problems = accounting_problems(dp)
+        problems += federation_problems(dp)  # issue 27: each site's epsilon recomputed
         if problems:
             return problems
     if meta.get("empirical_audit") is not None:
