@@ -134,8 +134,50 @@ def serve(
     typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub"}))
 
 
+def _flower_command(name: str) -> str:
+    """A Flower console script of this environment (beside this Python first)."""
+    import shutil
+    import sys
+
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if found is None:
+        raise ConfigError(f"{name} not found: {MISSING_FLWR}")
+    return found
+
+
+def join(
+    data: Path = typer.Argument(..., help="This site's labelled notes (never leave the site)."),
+    server: str = typer.Option(..., "--server", help="The SuperLink's Fleet API, HOST:PORT "
+                               "(default port 9092)."),
+    state: Path = typer.Option(..., "--state", help="This site's state directory (its "
+                               "accountant over all rounds; keep it: a restarted site "
+                               "continues from it)."),
+    root_certificates: Path | None = typer.Option(
+        None, "--root-certificates", help="CA certificate of the SuperLink: TLS. Without it "
+        "the connection is insecure (localhost tests only)."),
+    port: int = typer.Option(9094, "--port", help="This SuperNode's local ClientApp port "
+                             "(distinct per site on one machine)."),
+) -> None:
+    """Run one site: a Flower SuperNode whose ClientApp trains on DATA (until stopped)."""
+    _need_flwr()
+    import subprocess
+
+    if not data.is_file():
+        raise ConfigError(f"{data}: no such file")
+    if "'" in str(data.resolve()) or "'" in str(state.resolve()):
+        raise ConfigError("the data and state paths must not contain a quote (')")
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    argv = [_flower_command("flower-supernode"), "--superlink", server, "--port", str(port),
+            "--node-config", f"data='{data.resolve()}' state='{state.resolve()}'"]
+    argv += (["--root-certificates", str(root_certificates)] if root_certificates
+             else ["--insecure"])
+    raise typer.Exit(subprocess.call(argv))
+
+
 def register(app: typer.Typer) -> None:
     """Add ``federate`` to the root app."""
     federate_app.command("simulate")(simulate)
     federate_app.command("serve")(serve)
+    federate_app.command("join")(join)
     app.add_typer(federate_app, name="federate")

@@ -164,44 +164,38 @@ def _simulate(sites: list[Path], base: Path, out: Path, state: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_simulate_three_sites_two_rounds(sites: list[Path], tiny_base_model: Path,
-                                         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_simulate_three_sites_two_rounds_one_drops(sites: list[Path], tiny_base_model: Path,
+                                                   tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """3 sites x 2 rounds on Flower's simulation engine, site 2 failing in round 2 (one engine
+    start for both checks: Ray's start dominates the time): the run goes on, and the result is
+    an ordinary model directory whose card recomputes every site."""
+    from dphub.federate import apps
+
+    monkeypatch.setenv(apps.DROP_ENV, "2:2")  # site 2 drops out from round 2 on
     meta = _simulate(sites, tiny_base_model, tmp_path / "m", tmp_path / "state")
     assert cli_main(["card", "validate", str(tmp_path / "m")]) == 0
     fed = meta["differential_privacy"]["federation"]
     assert fed["flwr_version"] == "1.42.0" and fed["rounds"] == ROUNDS
-    # every site's accountant spans both rounds: its steps are the sum of its local steps and
-    # its ε is the recomputation for all of them (a per-round accountant would record LOCAL)
-    for i in range(len(sites)):
+    # every site's accountant spans the rounds it took part in: its steps are the sum of its
+    # local steps and its ε the recomputation for all of them (a per-round accountant would
+    # record LOCAL for every site)
+    for i, rounds in enumerate([[1, 2], [1, 2], [1]]):
         st = SiteState.load(tmp_path / "state" / f"site-{i}" / STATE_FILE)
-        assert st is not None and st.steps == ROUNDS * LOCAL and st.rounds == [1, 2]
+        assert st is not None and st.steps == LOCAL * len(rounds) and st.rounds == rounds
+    assert sorted(r["steps"] for r in fed["site_accounting"]) == [LOCAL, 2 * LOCAL, 2 * LOCAL]
     for row in fed["site_accounting"]:
-        assert row["steps"] == ROUNDS * LOCAL
         assert row["epsilon"] == pytest.approx(site_epsilon(row), rel=1e-6)
-        one_round = accounting.epsilon_for("rdp", row["sample_rate"], row["noise_multiplier"],
-                                           LOCAL, row["delta"])
-        assert row["epsilon"] > one_round * 1.05
+        if row["steps"] == 2 * LOCAL:
+            one_round = accounting.epsilon_for("rdp", row["sample_rate"],
+                                               row["noise_multiplier"], LOCAL, row["delta"])
+            assert row["epsilon"] > one_round * 1.05
     cfg = json.loads((tmp_path / "m" / "training_config.json").read_text())
-    assert cfg["steps"] == ROUNDS * LOCAL
+    assert cfg["steps"] == ROUNDS * LOCAL  # the worst site's accounting
     # the server never saw a note: nothing of the notes' text is in what it kept
     server_state = (tmp_path / "state" / "server" / "server_state.json").read_text()
-    text = sites[0].read_text()
-    first = json.loads(text.splitlines()[0])["text"].split()[:3]
+    first = json.loads(sites[0].read_text().splitlines()[0])["text"].split()[:3]
     assert " ".join(first) not in server_state
-
-
-@pytest.mark.slow
-def test_simulate_a_dropped_site_does_not_stop_the_run(sites: list[Path], tiny_base_model: Path,
-                                                       tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from dphub.federate import apps
-
-    monkeypatch.setenv(apps.DROP_ENV, "2:2")  # site 2 fails from round 2 on
-    meta = _simulate(sites, tiny_base_model, tmp_path / "m", tmp_path / "state")
-    card.validate_card(tmp_path / "m")
-    steps = sorted(r["steps"] for r in meta["differential_privacy"]["federation"]
-                   ["site_accounting"])
-    assert steps == [LOCAL, ROUNDS * LOCAL, ROUNDS * LOCAL]
 
 
 def test_cli_without_flower_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
