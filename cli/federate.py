@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +110,8 @@ def serve(
     min_sites: int = typer.Option(2, "--min-sites", min=1, help="Sites to wait for."),
     state_dir: Path | None = typer.Option(None, "--state-dir", help="The server's last round "
                                           "(a killed server resumes from it)."),
-    control: str = typer.Option("127.0.0.1:9093", "--control", help="The SuperLink's Control "
-                                "API address (flwr run talks to it)."),
+    control: str = typer.Option("127.0.0.1:8000", "--control", help="The SuperLink's HTTP "
+                                "API address, HOST:PORT (flwr run talks to it)."),
     root_certificates: Path | None = typer.Option(
         None, "--root-certificates", help="CA certificate of the SuperLink (TLS); without it "
         "the app talks to the SuperLink insecurely (localhost only)."),
@@ -148,8 +149,8 @@ def _flower_command(name: str) -> str:
 
 def join(
     data: Path = typer.Argument(..., help="This site's labelled notes (never leave the site)."),
-    server: str = typer.Option(..., "--server", help="The SuperLink's Fleet API, HOST:PORT "
-                               "(default port 9092)."),
+    server: str = typer.Option(..., "--server", help="The SuperLink's HTTP API, HOST:PORT "
+                               "(flower-superlink's --host/--port, default port 8000)."),
     state: Path = typer.Option(..., "--state", help="This site's state directory (its "
                                "accountant over all rounds; keep it: a restarted site "
                                "continues from it)."),
@@ -161,8 +162,6 @@ def join(
 ) -> None:
     """Run one site: a Flower SuperNode whose ClientApp trains on DATA (until stopped)."""
     _need_flwr()
-    import subprocess
-
     if not data.is_file():
         raise ConfigError(f"{data}: no such file")
     if "'" in str(data.resolve()) or "'" in str(state.resolve()):
@@ -172,7 +171,11 @@ def join(
             "--node-config", f"data='{data.resolve()}' state='{state.resolve()}'"]
     argv += (["--root-certificates", str(root_certificates)] if root_certificates
              else ["--insecure"])
-    raise typer.Exit(subprocess.call(argv))
+    # the SuperNode starts Flower's other console scripts (flower-superexec, flwr-clientapp)
+    # by name: find them beside this Python even when its bin directory is not on PATH
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(argv[0]).parent), env.get("PATH", "")])
+    os.execve(argv[0], argv, env)  # this process becomes the SuperNode (signals reach it)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,6 +6,7 @@ training; most of the time is Ray starting Flower's simulation engine (two runs 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -209,3 +210,81 @@ def test_cli_without_flower_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: P
                    str(tmp_path / "m")])
     assert rc == 2
     assert "pip install 'dphub[federate]'" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_deployment_superlink_and_three_sites_as_processes(sites: list[Path],
+                                                           tiny_base_model: Path,
+                                                           tmp_path: Path) -> None:
+    """Flower's deployment on localhost: a SuperLink, three `dphub federate join` SuperNodes
+    and `flwr run` of the app directory `dphub federate serve` writes, all separate processes;
+    the ServerApp writes the same kind of model directory. Each round's ClientApp is a fresh
+    process there, so the sites' accountants can only span the rounds through their state
+    files."""
+    pytest.importorskip("flwr")
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+           "FLWR_HOME": str(tmp_path / "flwr-home"), "TOKENIZERS_PARALLELISM": "false"}
+    link = _free_port()
+    procs: list[subprocess.Popen] = []
+
+    def start(argv: list[str], log: str) -> None:
+        with open(tmp_path / log, "wb") as fh:
+            procs.append(subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+
+    out = tmp_path / "m"
+    opts = ["--base-model", str(tiny_base_model), "--warm-start", "none", "--accountant", "rdp",
+            "--batch-size", "2", "--lr", "0.01", "--max-length", "48", "--stride", "8",
+            "--no-rule-features", "--rounds", str(ROUNDS), "--local-steps", str(LOCAL)]
+    try:
+        start([str(bindir / "flower-superlink"), "--insecure", "--port", str(link),
+               "--disable-runtime-dependency-installation"], "superlink.log")
+        for i, data in enumerate(sites):
+            start([str(bindir / "dphub"), "federate", "join", str(data), "--server",
+                   f"127.0.0.1:{link}", "--state", str(tmp_path / f"site-{i}"), "--port",
+                   str(_free_port())], f"site-{i}.log")
+        assert cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
+                         str(out), "--min-sites", "3", "--control", f"127.0.0.1:{link}",
+                         "--state-dir", str(tmp_path / "server"), *opts]) == 0
+        run_env = {**env, "FLWR_HOME": str(tmp_path / "app" / "flwr-home")}
+        deadline = time.monotonic() + 480
+        while True:  # the SuperLink needs a moment before it takes runs
+            r = subprocess.run([str(bindir / "flwr"), "run", str(tmp_path / "app"), "dphub"],
+                               env=run_env, capture_output=True, text=True)
+            if "Successfully started run" in r.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(3)
+        assert "Successfully started run" in r.stdout, r.stdout[-500:]
+        while not (out / "README.md").exists() and time.monotonic() < deadline:
+            time.sleep(2)
+        assert (out / "README.md").exists(), (tmp_path / "superlink.log").read_text()[-2000:]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+    card.validate_card(out)
+    fed = card.load_card(out).meta["differential_privacy"]["federation"]
+    assert [r["steps"] for r in fed["site_accounting"]] == [ROUNDS * LOCAL] * 3
+    for i in range(3):
+        st = SiteState.load(tmp_path / f"site-{i}" / STATE_FILE)
+        assert st is not None and st.steps == ROUNDS * LOCAL and st.rounds == [1, 2]

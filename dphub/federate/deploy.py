@@ -33,7 +33,9 @@ def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
         "project": {"name": "dphub-federation", "version": "1.0.0",
                     "description": "dphub federated DP training (dphub federate serve)",
-                    "dependencies": ["dphub[federate]"]},
+                    # no dependencies: every machine runs its installed dphub (start the
+                    # SuperLink with --disable-runtime-dependency-installation)
+                    "dependencies": []},
         "tool": {"flwr": {"app": {
             "publisher": "dphub",
             "components": {"serverapp": "dphub.federate.apps:server_app",
