@@ -52,7 +52,7 @@ ROUNDS = typer.Option(3, "--rounds", min=1, help="Federated rounds.")
 LOCAL = typer.Option(8, "--local-steps", min=1, help="DP-SGD steps per site per round.")
 AGG = typer.Option("mean", "--aggregation", help="mean, or coarse-batch (weights by the lower "
                    "bound of each site's coarse expected batch).")
-BASE = typer.Option(None, "--base-model", help="Public base model (the same on every site).")
+BASE = typer.Option(None, "--base-model", show_default="embedded all-MiniLM-L6-v2", help="Public base model (the same on every site).")
 WARM = typer.Option("synth", "--warm-start", help="synth or none (as dphub train).")
 ACC = typer.Option("prv", "--accountant", help="prv or rdp.")
 BATCH = typer.Option(96, "--batch-size", min=1, help="Expected patients per DP step per site.")
@@ -60,8 +60,8 @@ LR = typer.Option(5e-3, "--lr", help="Learning rate of each site's local steps."
 MAXLEN = typer.Option(128, "--max-length", min=8, help="Window length (word pieces).")
 STRIDE = typer.Option(32, "--stride", min=0, help="Window overlap.")
 RULES = typer.Option(True, "--rule-features/--no-rule-features", help="Rule flags as inputs.")
-NOISE = typer.Option(None, "--noise", help="Fix σ instead of planning it for the target.")
-DELTA = typer.Option(None, "--delta", help="δ per site (default: from each site's size).")
+NOISE = typer.Option(None, "--noise", show_default="planned for the target", help="Fix σ instead of planning it for the target.")
+DELTA = typer.Option(None, "--delta", show_default="min(1e-5, 1/(10 N)) per site", help="δ per site (default: from each site's size).")
 FORCE = typer.Option(False, "--force", help="Replace an existing model directory.")
 
 
@@ -73,9 +73,9 @@ def simulate(
     max_length: int = MAXLEN, stride: int = STRIDE, rule_features: bool = RULES,
     noise: float | None = NOISE, delta: float | None = DELTA,
     state_dir: Path | None = typer.Option(
-        None, "--state-dir", help="Where the sites' accountants and the server's last round are "
+        None, "--state-dir", show_default="OUT.federation", help="Where the sites' accountants and the server's last round are "
         "kept (default: OUT.federation next to OUT); rerunning continues them."),
-    cpus: int | None = typer.Option(None, "--cpus", min=1, help="CPUs for Flower's engine."),
+    cpus: int | None = typer.Option(None, "--cpus", min=1, show_default="one per site, at most the CPUs", help="CPUs for Flower's engine."),
     force: bool = FORCE, threads: int | None = threads_option(),
 ) -> None:
     """Run every site on this machine with Flower's simulation engine."""
@@ -108,12 +108,13 @@ def serve(
     max_length: int = MAXLEN, stride: int = STRIDE, rule_features: bool = RULES,
     noise: float | None = NOISE, delta: float | None = DELTA,
     min_sites: int = typer.Option(2, "--min-sites", min=1, help="Sites to wait for."),
-    state_dir: Path | None = typer.Option(None, "--state-dir", help="The server's last round "
+    state_dir: Path | None = typer.Option(None, "--state-dir", show_default="OUT.federation",
+                                          help="The server's last round "
                                           "(a killed server resumes from it)."),
     control: str = typer.Option("127.0.0.1:8000", "--control", help="The SuperLink's HTTP "
                                 "API address, HOST:PORT (flwr run talks to it)."),
     root_certificates: Path | None = typer.Option(
-        None, "--root-certificates", help="CA certificate of the SuperLink (TLS); without it "
+        None, "--root-certificates", show_default="insecure", help="CA certificate of the SuperLink (TLS); without it "
         "the app talks to the SuperLink insecurely (localhost only)."),
     force: bool = FORCE,
 ) -> None:
@@ -155,7 +156,7 @@ def join(
                                "accountant over all rounds; keep it: a restarted site "
                                "continues from it)."),
     root_certificates: Path | None = typer.Option(
-        None, "--root-certificates", help="CA certificate of the SuperLink: TLS. Without it "
+        None, "--root-certificates", show_default="insecure", help="CA certificate of the SuperLink: TLS. Without it "
         "the connection is insecure (localhost tests only)."),
     port: int = typer.Option(9094, "--port", help="This SuperNode's local ClientApp port "
                              "(distinct per site on one machine)."),
