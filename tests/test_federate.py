@@ -152,6 +152,22 @@ def test_federated_card_recomputes_every_site(sites: list[Path], tiny_base_model
     assert card.meta_problems(low)  # the hook in card.meta_problems: validate and the gate
 
 
+def test_killed_server_resumes_from_its_last_round(sites: list[Path], tiny_base_model: Path,
+                                                   tmp_path: Path) -> None:
+    cfg = FederationConfig(out=tmp_path / "m", options=_options(tiny_base_model), rounds=ROUNDS,
+                           local_steps=LOCAL, state_dir=tmp_path / "server")
+    server = FederationServer(cfg)
+    site = Site(sites[2], tmp_path / "site", _options(tiny_base_model))
+    server.aggregate(1, [site.train_round(_order(1, server.frozen_digest), server.weights)])
+    again = FederationServer(cfg)  # a new process after a kill
+    assert again.round == 1 and set(again.sites) == set(server.sites)
+    assert all(torch.equal(again.weights[k], v) for k, v in server.weights.items())
+    other = FederationConfig(out=tmp_path / "m", options=_options(tiny_base_model),
+                             rounds=ROUNDS + 1, local_steps=LOCAL, state_dir=tmp_path / "server")
+    with pytest.raises(Exception, match="another federation"):
+        FederationServer(other)
+
+
 # ------------------------------------------------------------------ Flower, end to end
 
 

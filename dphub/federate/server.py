@@ -32,7 +32,7 @@ from dphub.privacy.federation import (
     site_epsilon,
 )
 from dphub.privacy.randomness import dp_mode
-from dphub.privacy.statement import RULES_NOT_COVERED
+from dphub.privacy.statement import EXACT_UNITS_NOT_COVERED, RULES_NOT_COVERED
 from dphub.train.output import check_output_dir, write_model_dir
 from dphub.train.plan import PrivacyPlan
 
@@ -173,7 +173,8 @@ class FederationServer:
             self._check_report(rep)
             self.sites[str(rep["site_id"])] = {k: rep[k] for k in (
                 "accountant", "sample_rate", "noise_multiplier", "steps", "delta", "epsilon",
-                "privacy_unit", "units", "expected_batch", "dataset", "budget_spent")}
+                "privacy_unit", "units", "expected_batch", "dataset", "budget_spent",
+                "exact_units")}
         trained = [(w, r) for w, r in replies if w is not None and int(r["trained"]) > 0]
         if trained:
             if self.cfg.aggregation == "mean":
@@ -261,6 +262,8 @@ class FederationServer:
                 grad_sample_mode="hooks", secure_rng=opts.secure_rng, epsilon=eps,
                 mechanism_rng=dp_mode(opts.secure_rng), weights_sha256=sha, **common)
             extra = [RULES_NOT_COVERED] if opts.rule_features else []
+            if any(s.get("exact_units") for s in sites):
+                extra.append(EXACT_UNITS_NOT_COVERED)
             dp["not_covered"] = [*dp["not_covered"], *extra, *FEDERATION_NOT_COVERED]
             dp["federation"] = {
                 "sites": card.coarsen_count(len(sites)),

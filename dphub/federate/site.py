@@ -34,9 +34,9 @@ import torch
 
 from dphub import card
 from dphub.errors import ConfigError, PrivacyError
-from dphub.hub.common import file_sha256
 from dphub.io import atomic_write_text
 from dphub.privacy import accounting
+from dphub.privacy.units import UnitDataset
 from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
 from dphub.train.encoder_cache import FrozenEncoderCache
 from dphub.train.loop import TrainLoop, quiet_epsilon
@@ -80,6 +80,15 @@ def prepare_model(opts: TrainOptions) -> tuple[Any, Any]:
     model.set_trainable(train_layers=opts.train_layers, lora_rank=opts.lora_rank)
     model.max_length, model.stride = opts.max_length, opts.stride
     return src, model
+
+
+def _file_sha256(path: Path) -> str:
+    """What the site's accountant was planned for (a state file of other data is refused)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:
@@ -179,13 +188,12 @@ class Site:
         self.data, self.state_dir = Path(data), Path(state_dir)
         self.state_path = self.state_dir / STATE_FILE
         self.opts = options_for(options, data=self.data, out=self.state_dir / "unused")
-        self.data_sha256 = file_sha256(self.data)
+        self.data_sha256 = _file_sha256(self.data)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         notes = load_training_notes(self.opts)
         check_patient_ids(notes, self.opts.privacy_unit)
         self.src, model = prepare_model(self.opts)
-        from transformers import AutoTokenizer
-
-        from dphub.privacy.units import UnitDataset
+        from transformers import AutoTokenizer  # heavy: only where a site is built
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.src.tokenizer_dir)
         examples = encode_notes(
@@ -322,6 +330,8 @@ class Site:
             "epsilon": float(st.epsilon()),
             "privacy_unit": self.opts.privacy_unit,
             "units": card.coarsen_count(st.num_units),
+            # q = 1/N publishes N itself (as for one site: the card then says so)
+            "exact_units": bool(round(1 / st.sample_rate) == st.num_units > 1),
             "expected_batch": card.coarsen_count(max(1, round(st.sample_rate * st.num_units))),
             "dataset": json.dumps(self.dataset_meta, sort_keys=True),
         }
