@@ -171,27 +171,31 @@ def test_killed_server_resumes_from_its_last_round(sites: list[Path], tiny_base_
 # ------------------------------------------------------------------ Flower, end to end
 
 
-def _simulate(sites: list[Path], base: Path, out: Path, state: Path) -> dict:
-    pytest.importorskip("flwr")
-    from dphub.federate.simulate import simulate
-
-    cfg = FederationConfig(out=out, options=_options(base), rounds=ROUNDS, local_steps=LOCAL,
-                           target_epsilon=8.0)
-    return simulate(sites, cfg, state_dir=state, num_cpus=2)
+def _cli_options(base: Path) -> list[str]:
+    return ["--base-model", str(base), "--warm-start", "none", "--accountant", "rdp",
+            "--batch-size", "2", "--lr", "0.01", "--max-length", "48", "--stride", "8",
+            "--no-rule-features", "--rounds", str(ROUNDS), "--local-steps", str(LOCAL)]
 
 
 @pytest.mark.slow
 def test_simulate_three_sites_two_rounds_one_drops(sites: list[Path], tiny_base_model: Path,
                                                    tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
     """3 sites x 2 rounds on Flower's simulation engine, site 2 failing in round 2 (one engine
     start for both checks: Ray's start dominates the time): the run goes on, and the result is
     an ordinary model directory whose card recomputes every site."""
     from dphub.federate import apps
 
+    pytest.importorskip("flwr")
     monkeypatch.setenv(apps.DROP_ENV, "2:2")  # site 2 drops out from round 2 on
-    meta = _simulate(sites, tiny_base_model, tmp_path / "m", tmp_path / "state")
+    rc = cli_main(["federate", "simulate", *map(str, sites), "--out", str(tmp_path / "m"),
+                   "--target-epsilon", "8", "--state-dir", str(tmp_path / "state"),
+                   "--cpus", "2", *_cli_options(tiny_base_model)])
+    assert rc == 0
+    assert "per-site epsilon" in capsys.readouterr().out
     assert cli_main(["card", "validate", str(tmp_path / "m")]) == 0
+    meta = card.load_card(tmp_path / "m").meta
     fed = meta["differential_privacy"]["federation"]
     assert fed["flwr_version"] == "1.42.0" and fed["rounds"] == ROUNDS
     # every site's accountant spans the rounds it took part in: its steps are the sum of its
@@ -264,9 +268,7 @@ def test_deployment_superlink_and_three_sites_as_processes(sites: list[Path],
                                           start_new_session=True))
 
     out = tmp_path / "m"
-    opts = ["--base-model", str(tiny_base_model), "--warm-start", "none", "--accountant", "rdp",
-            "--batch-size", "2", "--lr", "0.01", "--max-length", "48", "--stride", "8",
-            "--no-rule-features", "--rounds", str(ROUNDS), "--local-steps", str(LOCAL)]
+    opts = _cli_options(tiny_base_model)
     try:
         start([str(bindir / "flower-superlink"), "--insecure", "--port", str(link),
                "--disable-runtime-dependency-installation"], "superlink.log")
