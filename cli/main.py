@@ -107,6 +107,9 @@ def _register_all() -> None:
 
     for module in (data, evaluate, train, pretrain, audit, card, hub, ensemble):
         module.register(app)
+    from dphub.cli import federate  # issue 27: Flower itself is imported only when a command runs
+
+    federate.register(app)
 
 
 _register_all()

@@ -30,6 +30,7 @@ from dphub.card.model import _SAFE_KEY, ModelCard, schema
 from dphub.card.parse import load_card
 from dphub.errors import CardError, DphubError
 from dphub.privacy import accounting
+from dphub.privacy.federation import federation_problems  # issue 27: federated cards
 
 # --------------------------------------------------------------------------- validation
 
@@ -300,6 +301,7 @@ def meta_problems(
                 "(secure mode draws every noise sample from a CSPRNG: mechanism_rng csprng)"]
     if check_accounting and dp["private"]:
         problems = accounting_problems(dp)
+        problems += federation_problems(dp)  # issue 27: each site's epsilon recomputed
         if problems:
             return problems
     if meta.get("empirical_audit") is not None:

@@ -1,0 +1,164 @@
+"""Federated DP training on the PhysioNet dev corpus (issue 27): sites, federation, centralised.
+
+Usage (from the repository root, with ``pip install 'dphub[federate]'``; real data stays on this
+machine, nothing prints note text)::
+
+    python benchmarks/federated_dev_corpus.py --what sites      # each site's own DP model
+    python benchmarks/federated_dev_corpus.py --what central    # one DP model on the union
+    python benchmarks/federated_dev_corpus.py --what federated --rounds 4 --local-steps 8
+    python benchmarks/federated_dev_corpus.py --what curve      # 1, 3, 5, 10 rounds
+    python benchmarks/federated_dev_corpus.py --what all
+
+The split is ``benchmarks/train_dev_corpus.py::_split(0)`` (patient-disjoint 80/20): the 95
+training patients are cut by patient into 3 sites of 45/30/20 (patients shuffled with
+``--site-seed``) and every model is scored on the 36 held-out patients, token-binary, as
+``train_dev_corpus.py`` scores. Every model is DP at patient ε ``--target-epsilon`` per site
+(the federated model's guarantee is the max over the sites: parallel composition). The default
+recipe is ``dphub train``'s (head + CRF + rule projection under DP, 32 steps at q = 1 for these
+sizes); the federation spends the same number of steps per site: ``--rounds × --local-steps``
+(the curve keeps that total: local steps = total / rounds).
+
+Prints one JSON object per model: F1/P/R, ε per site, seconds, seconds and bytes per round
+(federated), peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_dev_corpus import CORPUS, _coerce, _score, _split  # noqa: E402
+
+SITE_SIZES = (45, 30, 20)
+
+
+def _sites(train, sizes=SITE_SIZES, seed: int = 0):
+    """The training notes cut into sites by patient (disjoint), of ``sizes`` patients."""
+    patients = sorted({n.patient_id for n in train})
+    if sum(sizes) != len(patients):
+        raise SystemExit(f"site sizes {sizes} do not add up to {len(patients)} patients")
+    random.Random(seed).shuffle(patients)
+    out, start = [], 0
+    for size in sizes:
+        mine = set(patients[start:start + size])
+        out.append([n for n in train if n.patient_id in mine])
+        start += size
+    return out
+
+
+def _rss() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _train_one(data: Path, out: Path, eps: float, extra: dict) -> dict:
+    from dphub import train as T
+
+    opts = T.TrainOptions(data=data, out=out, target_epsilon=eps, force=True, **extra)
+    t0 = time.monotonic()
+    res = T.train(opts)
+    return {"epsilon": res.epsilon, "steps": res.steps, "sample_rate": res.sample_rate,
+            "noise_multiplier": res.noise_multiplier,
+            "train_seconds": round(time.monotonic() - t0, 1)}
+
+
+def _federate(paths: list[Path], out: Path, state: Path, eps: float, rounds: int, local: int,
+              aggregation: str, extra: dict) -> dict:
+    from dphub.federate.server import FederationConfig
+    from dphub.federate.simulate import simulate
+
+    shutil.rmtree(state, ignore_errors=True)
+    cfg = FederationConfig(out=out, options=extra, rounds=rounds, local_steps=local,
+                           target_epsilon=eps, aggregation=aggregation, force=True)
+    t0 = time.monotonic()
+    meta = simulate(paths, cfg, state_dir=state, num_cpus=min(len(paths), os.cpu_count() or 1))
+    secs = time.monotonic() - t0
+    fed = meta["differential_privacy"]["federation"]
+    server = json.loads((state / "server" / "server_state.json").read_text())
+    return {"epsilon": meta["differential_privacy"]["epsilon"],
+            "site_epsilon_range": fed["epsilon_range"], "rounds": fed["rounds"],
+            "local_steps": local, "aggregation": aggregation,
+            "seconds": round(secs, 1), "seconds_per_round": round(secs / max(1, fed["rounds"]), 1),
+            "bytes_per_round": server.get("bytes_per_round")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--what", choices=["sites", "central", "federated", "curve", "all"],
+                    default="federated")
+    ap.add_argument("--corpus", type=Path, default=CORPUS)
+    ap.add_argument("--work", type=Path, default=None, help="where models go (default: a "
+                    "private temporary directory, removed afterwards)")
+    ap.add_argument("--target-epsilon", type=float, default=8.0)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--local-steps", type=int, default=8)
+    ap.add_argument("--aggregation", default="mean")
+    ap.add_argument("--site-seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--thresholds", default="none")
+    args, rest = ap.parse_known_args(argv)
+    import torch
+
+    from dphub import formats
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # extra ``--key value`` pairs: TrainOptions fields, the same for every model
+    extra = {rest[i].lstrip("-").replace("-", "_"): _coerce(rest[i + 1])
+             for i in range(0, len(rest), 2)}
+    thresholds = [None if t == "none" else float(t) for t in args.thresholds.split(",")]
+    train, test = _split(0, args.corpus)
+    sites = _sites(train, seed=args.site_seed)
+    total = args.rounds * args.local_steps
+    with tempfile.TemporaryDirectory(prefix="dphub-fed-") as tmp:
+        os.chmod(tmp, 0o700)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for i, notes in enumerate(sites):
+            p = Path(tmp) / f"site-{i}.jsonl"
+            formats.write(notes, p, "jsonl")
+            paths.append(p)
+        union = Path(tmp) / "union.jsonl"
+        formats.write(train, union, "jsonl")
+        results = []
+
+        def emit(name: str, model: Path, info: dict) -> None:
+            row = {"model": name, **info, **_score(model, test, thresholds), "peak_rss_mb": _rss()}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+
+        if args.what in ("sites", "all"):
+            for i, (p, size) in enumerate(zip(paths, SITE_SIZES, strict=True)):
+                out = work / f"site-{i}"
+                emit(f"site {i} alone ({size} patients)", out,
+                     _train_one(p, out, args.target_epsilon, extra))
+        if args.what in ("central", "all"):
+            out = work / "central"
+            emit("centralised (95 patients)", out,
+                 _train_one(union, out, args.target_epsilon, extra))
+        if args.what in ("federated", "all"):
+            out = work / "federated"
+            emit(f"federated {args.rounds}x{args.local_steps}", out,
+                 _federate(paths, out, work / "federated.state", args.target_epsilon,
+                           args.rounds, args.local_steps, args.aggregation, extra))
+        if args.what in ("curve", "all"):
+            for rounds in (1, 3, 5, 10):
+                local = max(1, round(total / rounds))
+                out = work / f"federated-{rounds}"
+                emit(f"federated {rounds}x{local}", out,
+                     _federate(paths, out, work / f"federated-{rounds}.state",
+                               args.target_epsilon, rounds, local, args.aggregation, extra))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""`dphub federate`: several sites train one patient-level DP model with Flower (issue 27).
+
+Flower is optional (``pip install 'dphub[federate]'``): this module imports neither Flower nor
+the training stack at import time (``dphub --help`` must work without them); the commands say
+clearly when Flower is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from dphub.cli.options import apply_threads, threads_option
+from dphub.errors import ConfigError
+
+federate_app = typer.Typer(
+    help="Train one DP model across sites without sharing notes (Flower; docs/federated.md).",
+    no_args_is_help=True,
+)
+
+MISSING_FLWR = ("dphub federate needs Flower: pip install 'dphub[federate]' "
+                "(flwr[simulation]==1.42.0)")
+
+
+def _need_flwr() -> None:
+    if importlib.util.find_spec("flwr") is None:
+        raise ConfigError(MISSING_FLWR)
+
+
+def _options(base_model: str | None, warm_start: str, accountant: str, batch_size: int,
+             lr: float, max_length: int, stride: int, rule_features: bool,
+             noise: float | None, delta: float | None) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "warm_start": warm_start, "accountant": accountant, "batch_size": batch_size, "lr": lr,
+        "max_length": max_length, "stride": stride, "rule_features": rule_features,
+    }
+    for k, v in (("base_model", base_model), ("noise", noise), ("delta", delta)):
+        if v is not None:
+            opts[k] = v
+    return opts
+
+
+OUT = typer.Option(..., "--out", "-o", help="Model directory the server writes.")
+TARGET = typer.Option(8.0, "--target-epsilon", min=0.01,
+                      help="Each site's patient-level epsilon budget over all rounds.")
+ROUNDS = typer.Option(3, "--rounds", min=1, help="Federated rounds.")
+LOCAL = typer.Option(8, "--local-steps", min=1, help="DP-SGD steps per site per round.")
+AGG = typer.Option("mean", "--aggregation", help="mean, or coarse-batch (weights by the lower "
+                   "bound of each site's coarse expected batch).")
+BASE = typer.Option(None, "--base-model", show_default="embedded all-MiniLM-L6-v2", help="Public base model (the same on every site).")
+WARM = typer.Option("synth", "--warm-start", help="synth or none (as dphub train).")
+ACC = typer.Option("prv", "--accountant", help="prv or rdp.")
+BATCH = typer.Option(96, "--batch-size", min=1, help="Expected patients per DP step per site.")
+LR = typer.Option(5e-3, "--lr", help="Learning rate of each site's local steps.")
+MAXLEN = typer.Option(128, "--max-length", min=8, help="Window length (word pieces).")
+STRIDE = typer.Option(32, "--stride", min=0, help="Window overlap.")
+RULES = typer.Option(True, "--rule-features/--no-rule-features", help="Rule flags as inputs.")
+NOISE = typer.Option(None, "--noise", show_default="planned for the target", help="Fix σ instead of planning it for the target.")
+DELTA = typer.Option(None, "--delta", show_default="min(1e-5, 1/(10 N)) per site", help="δ per site (default: from each site's size).")
+FORCE = typer.Option(False, "--force", help="Replace an existing model directory.")
+
+
+def simulate(
+    sites: list[Path] = typer.Argument(..., help="One notes file per site (disjoint patients)."),
+    out: Path = OUT, target_epsilon: float = TARGET, rounds: int = ROUNDS,
+    local_steps: int = LOCAL, aggregation: str = AGG, base_model: str | None = BASE,
+    warm_start: str = WARM, accountant: str = ACC, batch_size: int = BATCH, lr: float = LR,
+    max_length: int = MAXLEN, stride: int = STRIDE, rule_features: bool = RULES,
+    noise: float | None = NOISE, delta: float | None = DELTA,
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", show_default="OUT.federation", help="Where the sites' accountants and the server's last round are "
+        "kept (default: OUT.federation next to OUT); rerunning continues them."),
+    cpus: int | None = typer.Option(None, "--cpus", min=1, show_default="one per site, at most the CPUs", help="CPUs for Flower's engine."),
+    force: bool = FORCE, threads: int | None = threads_option(),
+) -> None:
+    """Run every site on this machine with Flower's simulation engine."""
+    _need_flwr()
+    apply_threads(threads)
+    from dphub.federate.server import FederationConfig  # heavy: torch, the training stack
+    from dphub.federate.simulate import simulate as run  # imports Flower
+
+    cfg = FederationConfig(
+        out=out, rounds=rounds, local_steps=local_steps, target_epsilon=target_epsilon,
+        aggregation=aggregation, force=force,
+        options=_options(base_model, warm_start, accountant, batch_size, lr, max_length,
+                         stride, rule_features, noise, delta))
+    state = state_dir or out.with_name(out.name + ".federation")
+    meta = run(sites, cfg, state_dir=state, num_cpus=cpus)
+    dp = meta["differential_privacy"]
+    fed = dp["federation"]
+    lo, hi = fed["epsilon_range"]
+    typer.echo(f"wrote {out}: {fed['rounds']} rounds, sites {fed['sites']}, per-site epsilon "
+               f"{lo:.3g}..{hi:.3g}; patient-level epsilon {dp['epsilon']:.3g} "
+               f"(delta {dp['delta']:.3g}, max over sites)")
+
+
+def serve(
+    app_dir: Path = typer.Option(..., "--app-dir", help="Where to write the Flower app "
+                                 "directory that `flwr run` starts."),
+    out: Path = OUT, target_epsilon: float = TARGET, rounds: int = ROUNDS,
+    local_steps: int = LOCAL, aggregation: str = AGG, base_model: str | None = BASE,
+    warm_start: str = WARM, accountant: str = ACC, batch_size: int = BATCH, lr: float = LR,
+    max_length: int = MAXLEN, stride: int = STRIDE, rule_features: bool = RULES,
+    noise: float | None = NOISE, delta: float | None = DELTA,
+    min_sites: int = typer.Option(2, "--min-sites", min=1, help="Sites to wait for."),
+    state_dir: Path | None = typer.Option(None, "--state-dir", show_default="OUT.federation",
+                                          help="The server's last round "
+                                          "(a killed server resumes from it)."),
+    control: str = typer.Option("127.0.0.1:8000", "--control", help="The SuperLink's HTTP "
+                                "API address, HOST:PORT (flwr run talks to it)."),
+    root_certificates: Path | None = typer.Option(
+        None, "--root-certificates", show_default="insecure", help="CA certificate of the SuperLink (TLS); without it "
+        "the app talks to the SuperLink insecurely (localhost only)."),
+    force: bool = FORCE,
+) -> None:
+    """Write the Flower app directory of this federation (then `flwr run` it; see
+    docs/federated.md for the SuperLink command)."""
+    _need_flwr()
+    from dphub.federate.deploy import write_app_dir  # heavy: the training stack
+    from dphub.federate.server import FederationConfig
+
+    cfg = FederationConfig(
+        out=out.resolve(), rounds=rounds, local_steps=local_steps,
+        target_epsilon=target_epsilon, aggregation=aggregation, force=force,
+        min_sites=min_sites,
+        state_dir=(state_dir or out.with_name(out.name + ".federation")).resolve(),
+        options=_options(base_model, warm_start, accountant, batch_size, lr, max_length,
+                         stride, rule_features, noise, delta))
+    cfg.validate()
+    write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates)
+    typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub"}))
+
+
+def _flower_command(name: str) -> str:
+    """A Flower console script of this environment (beside this Python first)."""
+    import shutil
+    import sys
+
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if found is None:
+        raise ConfigError(f"{name} not found: {MISSING_FLWR}")
+    return found
+
+
+def join(
+    data: Path = typer.Argument(..., help="This site's labelled notes (never leave the site)."),
+    server: str = typer.Option(..., "--server", help="The SuperLink's HTTP API, HOST:PORT "
+                               "(flower-superlink's --host/--port, default port 8000)."),
+    state: Path = typer.Option(..., "--state", help="This site's state directory (its "
+                               "accountant over all rounds; keep it: a restarted site "
+                               "continues from it)."),
+    root_certificates: Path | None = typer.Option(
+        None, "--root-certificates", show_default="insecure", help="CA certificate of the SuperLink: TLS. Without it "
+        "the connection is insecure (localhost tests only)."),
+    port: int = typer.Option(9094, "--port", help="This SuperNode's local ClientApp port "
+                             "(distinct per site on one machine)."),
+) -> None:
+    """Run one site: a Flower SuperNode whose ClientApp trains on DATA (until stopped)."""
+    _need_flwr()
+    if not data.is_file():
+        raise ConfigError(f"{data}: no such file")
+    if "'" in str(data.resolve()) or "'" in str(state.resolve()):
+        raise ConfigError("the data and state paths must not contain a quote (')")
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    argv = [_flower_command("flower-supernode"), "--superlink", server, "--port", str(port),
+            "--node-config", f"data='{data.resolve()}' state='{state.resolve()}'"]
+    argv += (["--root-certificates", str(root_certificates)] if root_certificates
+             else ["--insecure"])
+    # the SuperNode starts Flower's other console scripts (flower-superexec, flwr-clientapp)
+    # by name: find them beside this Python even when its bin directory is not on PATH
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(argv[0]).parent), env.get("PATH", "")])
+    os.execve(argv[0], argv, env)  # this process becomes the SuperNode (signals reach it)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``federate`` to the root app."""
+    federate_app.command("simulate")(simulate)
+    federate_app.command("serve")(serve)
+    federate_app.command("join")(join)
+    app.add_typer(federate_app, name="federate")

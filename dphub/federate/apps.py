@@ -1,0 +1,155 @@
+"""Flower's ServerApp and ClientApp around :mod:`dphub.federate.server` and ``.site``.
+
+One code path for both ways of running (Flower 1.42's Message API): the simulation engine
+(:func:`dphub.federate.simulate.simulate`, ``flwr.simulation.run_simulation``) and a deployment
+(``flower-superlink`` + ``flower-supernode`` + ``flwr run`` of the app directory that
+``dphub federate serve`` writes) load these same two objects.
+
+Where a site finds its data: a SuperNode's ``--node-config "data='...' state='...'"`` in a
+deployment; in the simulation, partition ``i`` is the ``i``-th site of
+``$DPHUB_FEDERATE_SITES`` (set by ``simulate``). The server's configuration comes from the run
+config's ``federation`` value (deployment) or ``$DPHUB_FEDERATE_SERVER`` (simulation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from dphub.errors import ConfigError, DphubError
+from dphub.federate.server import FederationConfig, FederationServer
+from dphub.federate.site import RoundOrder, Site
+
+log = logging.getLogger(__name__)
+
+SITES_ENV = "DPHUB_FEDERATE_SITES"
+SERVER_ENV = "DPHUB_FEDERATE_SERVER"
+#: tests only: "PARTITION:ROUND" makes that simulated site fail from that round on (a dropout)
+DROP_ENV = "DPHUB_FEDERATE_TEST_DROP"
+#: Flower error code of a site's refusal (a DphubError: readable, never note text)
+SITE_REFUSED = 4270
+
+_SITES: dict[tuple[str, str], Site] = {}
+
+
+def _site_paths(context: Context) -> tuple[str, str, int | None]:
+    cfg = context.node_config
+    if "data" in cfg and "state" in cfg:
+        return str(cfg["data"]), str(cfg["state"]), None
+    sites = json.loads(os.environ.get(SITES_ENV, "[]"))
+    pid = int(cfg.get("partition-id", -1))
+    if not 0 <= pid < len(sites):
+        raise ConfigError("this node has no site: start it with --node-config "
+                          "\"data='NOTES' state='STATE_DIR'\"")
+    data, state = sites[pid]
+    return str(data), str(state), pid
+
+
+def _dropped(pid: int | None, rnd: int) -> bool:
+    spec = os.environ.get(DROP_ENV)
+    if pid is None or not spec:
+        return False
+    p, r = (int(x) for x in spec.split(":"))
+    return pid == p and rnd >= r
+
+
+client_app = ClientApp()
+
+
+@client_app.train()
+def site_train(msg: Message, context: Context) -> Message:
+    """One round at one site: DP-SGD from the global weights, reply with the new weights."""
+    cfg = msg.content["config"]
+    try:
+        data, state, pid = _site_paths(context)
+        if _dropped(pid, int(cfg["round"])):
+            raise ConfigError("site dropped out (test)")
+        options = json.loads(str(cfg["options"]))
+        key = (data, state)
+        if key not in _SITES:
+            _SITES[key] = Site(Path(data), Path(state), options)
+        site = _SITES[key]
+        order = RoundOrder(round=int(cfg["round"]), rounds=int(cfg["rounds"]),
+                           local_steps=int(cfg["local_steps"]),
+                           target_epsilon=float(cfg["target_epsilon"]),
+                           frozen_digest=str(cfg["frozen_digest"]))
+        weights, report = site.train_round(order, msg.content["arrays"].to_torch_state_dict())
+    except DphubError as e:
+        return Message(Error(code=SITE_REFUSED, reason=e.message), reply_to=msg)
+    content = RecordDict({"report": ConfigRecord(report)})
+    if weights is not None:
+        content["arrays"] = ArrayRecord(weights)
+    return Message(content=content, reply_to=msg)
+
+
+def _server_config(context: Context) -> FederationConfig:
+    text = context.run_config.get("federation") if context.run_config else None
+    text = text or os.environ.get(SERVER_ENV)
+    if not text:
+        raise ConfigError("no federation configuration (run config 'federation')")
+    return FederationConfig.from_json(str(text))
+
+
+def _wait_for_sites(grid: Grid, want: int, timeout: float) -> list[int]:
+    t0 = time.monotonic()
+    while True:
+        nodes = list(grid.get_node_ids())
+        if len(nodes) >= want or time.monotonic() - t0 > timeout:
+            return nodes
+        time.sleep(1.0)
+
+
+def run_federation(grid: Grid, cfg: FederationConfig) -> dict[str, Any]:
+    """All rounds (from the last checkpointed one), then the model directory."""
+    server = FederationServer(cfg)
+    nodes = _wait_for_sites(grid, cfg.min_sites, cfg.round_timeout)
+    if len(nodes) < cfg.min_sites:
+        raise ConfigError(f"only {len(nodes)} site(s) connected, --min-sites is {cfg.min_sites}")
+    for rnd in range(server.round + 1, cfg.rounds + 1):
+        nodes = list(grid.get_node_ids())  # sites that joined late take part from here
+        order = server.order(rnd)
+        msgs = []
+        for node in nodes:
+            content = RecordDict({"arrays": ArrayRecord(server.weights),
+                                  "config": ConfigRecord(order)})
+            msgs.append(Message(content=content, dst_node_id=node,
+                                message_type=MessageType.TRAIN, group_id=str(rnd)))
+        sent = sum(m.content["arrays"].count_bytes() for m in msgs)
+        replies = list(grid.send_and_receive(msgs, timeout=cfg.round_timeout))
+        parsed, failed, received = [], 0, 0
+        for r in replies:
+            if r.has_error():
+                failed += 1
+                log.warning("round %d: a site did not train (%s)", rnd,
+                            r.error.reason if r.error.code == SITE_REFUSED else
+                            f"Flower error {r.error.code}")
+                continue
+            arrays = r.content.array_records.get("arrays")
+            weights = arrays.to_torch_state_dict() if arrays is not None else None
+            received += arrays.count_bytes() if arrays is not None else 0
+            parsed.append((weights, dict(r.content["report"])))
+        failed += len(nodes) - len(replies)
+        server.bytes_per_round.append(sent + received)
+        n = server.aggregate(rnd, parsed)
+        log.info("round %d: %d site(s) trained, %d did not, %d bytes", rnd, n, failed,
+                 sent + received)
+        if n == 0 and server.all_spent(len(nodes)):
+            log.info("every site's budget is spent: stopping after round %d", rnd)
+            break
+    return server.write()
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def server_main(grid: Grid, context: Context) -> None:
+    run_federation(grid, _server_config(context))
