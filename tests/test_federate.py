@@ -18,6 +18,7 @@ from dphub import card, formats, synth
 from dphub.cli.main import main as cli_main
 from dphub.federate.server import FederationConfig, FederationServer
 from dphub.federate.site import STATE_FILE, RoundOrder, Site, SiteState
+from dphub.hub.validate import validate_card
 from dphub.privacy import accounting
 from dphub.privacy.federation import federation_problems, site_epsilon
 
@@ -126,7 +127,7 @@ def _fed_meta(sites: list[Path], base: Path, tmp_path: Path) -> dict:
 def test_federated_card_recomputes_every_site(sites: list[Path], tiny_base_model: Path,
                                               tmp_path: Path) -> None:
     meta = _fed_meta(sites, tiny_base_model, tmp_path)
-    card.validate_card(tmp_path / "m")  # schema, accounting, files: an ordinary model dir
+    validate_card(tmp_path / "m")  # schema, accounting, files: an ordinary model dir
     dp = meta["differential_privacy"]
     fed = dp["federation"]
     assert fed["sites"] == "2-4" and fed["rounds"] == ROUNDS and fed["local_steps"] == LOCAL
@@ -300,7 +301,7 @@ def test_deployment_superlink_and_three_sites_as_processes(sites: list[Path],
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
-    card.validate_card(out)
+    validate_card(out)
     fed = card.load_card(out).meta["differential_privacy"]["federation"]
     assert [r["steps"] for r in fed["site_accounting"]] == [ROUNDS * LOCAL] * 3
     for i in range(3):

@@ -26,6 +26,7 @@ from dphub.federate.site import (
     trainable_state,
 )
 from dphub.io import atomic_write_bytes, atomic_write_text
+from dphub.privacy import accounting
 from dphub.privacy.federation import (
     FEDERATION_NOT_COVERED,
     PARALLEL_COMPOSITION,
@@ -201,8 +202,6 @@ class FederationServer:
         """A site's accounting must recompute to what it reports (a lying site is caught here
         only as far as its arithmetic goes; see docs/federated.md)."""
         eps = site_epsilon(rep)
-        from dphub.privacy import accounting
-
         if accounting.below(float(rep["epsilon"]), eps, accounting.CLAIM_RTOL):
             raise PrivacyError("a site reported an epsilon below its own accounting")
         if int(rep["steps"]) > self.cfg.rounds * self.cfg.local_steps:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from dphub.card import load_card
 from dphub.errors import ConfigError, InputError
 from dphub.federate import apps
 from dphub.federate.server import FederationConfig
@@ -69,8 +70,6 @@ def simulate(sites: Sequence[Path], cfg: FederationConfig, *, state_dir: Path,
         run_simulation(server_app=apps.server_app, client_app=apps.client_app,
                        num_supernodes=len(sites), backend_config=backend,
                        verbose_logging=verbose)
-    from dphub.card import load_card
-
     if not (cfg.out / "README.md").exists():
         raise ConfigError("the federation ended without a model (see the log above)")
     return load_card(cfg.out).meta
