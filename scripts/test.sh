@@ -11,3 +11,9 @@ ruff check .
 # the import contracts of pyproject.toml ([tool.importlinter]; docs/architecture.md)
 lint-imports
 python -m pytest -q "$@"
+# dphub federate's tests need Flower, which cannot share ./.venv (scripts/setup_federate.sh says
+# why): they run again in ./.venv-federate, where they are not skipped
+if [ $# -eq 0 ]; then
+  bash scripts/setup_federate.sh
+  .venv-federate/bin/python -m pytest -q tests/test_federate.py
+fi
