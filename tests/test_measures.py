@@ -1,0 +1,66 @@
+"""Numbers the inverse rule may let back (issue 26): measurement contexts and their look-alikes."""
+
+from __future__ import annotations
+
+import pytest
+
+from dphub.ensemble.measures import measurement_ranges
+
+
+def released(text: str) -> list[str]:
+    return [text[a:b] for a, b in measurement_ranges(text)]
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("HR 80s", "80s"),                       # a decade after a vital sign
+    ("SBP 90-100s", "90-100s"),              # a range
+    ("RR 20's", "20's"),
+    ("temp 99.1", "99.1"),
+    ("BP 100-120/50-60s", "100-120/50-60s"),  # ranges joined by a slash
+    ("HR in the low 80s", "80s"),            # a few words between name and value
+    ("on 2L NC", "2L"),
+    ("lasix 20 iv", "20 iv"),                # a route is a dose's unit
+    ("at 10cc/hr", "10cc"),
+    ("2-3 L", "2-3 L"),                      # a date-shaped range with a dose unit after it
+    ("K 3.8 hct 28", "3.8"),
+    ("2 units PRBC", "2 units"),
+    ("SpO2 95%", "SpO2"),                    # a term that carries a digit
+    ("given x2 today", "x2"),
+    ("q4h prn", "q4h"),
+    ("I/O +500 today", "+500"),              # a fluid balance
+    ("pain 3/10", "3/10"),                   # the pain scale
+    ("3/10 pain", "3/10"),
+    ("ABG 7.35/40/90/24", "7.35/40/90/24"),
+    ("ABG 7.42/38/105 on", "7.42/38/105"),   # a gas without its name: the pH leads
+    ("vent 500/14/5/0.5", "500/14/5/0.5"),   # a chain with a decimal is no date
+    ("at 0400 turned", "0400"),              # clock times are no identifier
+    ("seen 4pm", "4pm"),
+    ("14:30 ok", "14:30"),
+    ("shift 7a-7p: ok", "7a-7p"),
+    ("gcs 15", "15"),
+    ("1 assist", "1"),                       # a lone digit: a count
+    ("given 2.5 of", "2.5"),                 # a decimal that cannot be a month and day
+])
+def test_measurement_contexts_are_released(text: str, value: str) -> None:
+    assert value in released(text), text
+
+
+@pytest.mark.parametrize("text", [
+    "on 3/10", "seen 3-10 today", "on 3/14 5", "3-10-2026", "03/14/2026", "3/10/26", "on 3.10 seen",
+    "RR 12-20",            # date-shaped range after a keyword: refused (could be 12/20)
+    "BP 3/10",             # a pair that could be a date, even after a keyword
+    "K 3/10/26",
+    "Jan 3", "3 Jan", "March 10",
+    "in 2019", "HR 2019",  # years
+    "67 yo", "67 y/o", "67 year old", "3 months old", "age 67", "aged 91", "in her 90s",
+    "his 80's",
+    "617-555-0143", "(617) 555-0143", "call 555.0143", "+1 617 555 0143", "Ph 555-1234",
+    "MRN 1234567", "id 4", "#2", "no. 3",
+    "rm 12", "room 5", "bed 3", "unit 4", "floor 7", "apt 2",
+    "Boston, CA 90210", "lives at 3 Main St", "7 North",
+    "'88",
+    "the 3rd",             # ordinals stay hidden
+    "at 2000",             # a time that could be a year
+])
+def test_look_alikes_are_not_released(text: str) -> None:
+    assert all(not any(c.isdigit() for c in r) for r in released(text)), (text, released(text))
