@@ -9,9 +9,13 @@ Over the word tokens (:data:`dphub.ensemble.words.WORD_RE`) that contain a digit
 non-PHI and the PHI ones (a token is PHI when a gold span overlaps it), whether
 :func:`dphub.ensemble.measures.measurement_ranges` releases them, and for the released PHI ones
 the category, split into those the rule member flags (they stay hidden under the inverse rule)
-and the *leaks* (released, and no rule flags them). ``--shapes N`` also prints the N most
+and the *leaks* (released, and no rule flags them). ``ceiling_letters_all_released``: the
+token-binary recall, precision and non-PHI tokens kept of the inverse rule if every word without a
+digit came back (``inverse:1,1`` with a model that gives every word P < 1) and only the rule
+member's flags and the numbers hid words: the precision the numbers allow. ``--shapes N`` also prints the N most
 frequent shapes (digits ``d``, letters ``a``, the token with one character of context either
-side) of the non-PHI digit tokens that are not released: where the measurement contexts miss.
+side) of the non-PHI digit tokens that are not released (where the measurement contexts miss),
+and the category and shape of every PHI digit token released (what to guard against).
 
 Parts: ``inner-train`` (tune on it) and ``inner-dev`` (check once) of the dev split's 95 training
 patients (``train_dev_corpus._split(0, inner=True)``). The 36 held-out test patients are never read.
@@ -55,6 +59,7 @@ def count(notes, n_shapes: int = 0) -> dict:
     leaked_phi: Counter = Counter()
     phi_digits: Counter = Counter()
     missed: Counter = Counter()
+    phi_shapes: Counter = Counter()
     for note in notes:
         text = note.text
         ranges = measurement_ranges(text)
@@ -65,9 +70,6 @@ def count(notes, n_shapes: int = 0) -> dict:
         f_starts = [a for a, _ in flags]
         for m in WORD_RE.finditer(text):
             a, b = m.start(), m.end()
-            if not any(ch.isdigit() for ch in m.group()):
-                c["letter_tokens"] += 1
-                continue
             k = bisect.bisect_left(g_starts, b) - 1
             cat = None
             while k >= 0 and gold[k][0] < b:
@@ -75,10 +77,28 @@ def count(notes, n_shapes: int = 0) -> dict:
                     cat = gold[k][2]
                     break
                 k -= 1
-            rel = _inside(ranges, starts, a, b)
+            j = bisect.bisect_left(f_starts, b) - 1
+            flagged = False
+            while j >= 0 and flags[j][0] < b:
+                if flags[j][1] > a:
+                    flagged = True
+                    break
+                j -= 1
+            digit = any(ch.isdigit() for ch in m.group())
+            rel = _inside(ranges, starts, a, b) if digit else True
+            # the ceiling: every letter word released, numbers as measures.py says, flags hide
+            kept = rel and not flagged
+            c["ceil_hidden"] += not kept
+            c["ceil_hidden_phi"] += (not kept) and cat is not None
+            c["ceil_phi"] += cat is not None
+            c["ceil_non_phi_kept"] += kept and cat is None
+            if not digit:
+                c["letter_tokens"] += 1
+                continue
             if cat is None:
                 c["non_phi"] += 1
                 c["non_phi_released"] += rel
+                c["non_phi_released_not_flagged"] += kept
                 if not rel and n_shapes:
                     missed[shape(text[max(0, a - 4):a] + "|" + m.group() + "|" + text[b:b + 4])] += 1
                 continue
@@ -86,27 +106,31 @@ def count(notes, n_shapes: int = 0) -> dict:
             phi_digits[cat] += 1
             if rel:
                 released_phi[cat] += 1
-                j = bisect.bisect_left(f_starts, b) - 1
-                flagged = False
-                while j >= 0 and flags[j][0] < b:
-                    if flags[j][1] > a:
-                        flagged = True
-                        break
-                    j -= 1
+                if n_shapes:
+                    phi_shapes[cat + " " + shape(text[max(0, a - 4):a] + "|" + m.group() + "|"
+                                                 + text[b:b + 4])] += 1
                 if not flagged:
                     leaked_phi[cat] += 1
+    non_phi = c["non_phi"] + c["letter_tokens"] - (c["ceil_phi"] - c["phi"])
     out = {
         "digit_tokens_non_phi": c["non_phi"],
-        "digit_share_of_non_phi_tokens": round(c["non_phi"] / max(1, c["non_phi"]
-                                                                   + c["letter_tokens"]), 4),
+        "digit_share_of_non_phi_tokens": round(c["non_phi"] / max(1, non_phi), 4),
         "non_phi_released": c["non_phi_released"],
         "non_phi_released_pct": round(100 * c["non_phi_released"] / max(1, c["non_phi"]), 2),
+        "non_phi_released_not_flagged_pct": round(100 * c["non_phi_released_not_flagged"]
+                                                  / max(1, c["non_phi"]), 2),
         "digit_tokens_phi": dict(phi_digits.most_common()),
         "phi_released": dict(released_phi.most_common()),
         "phi_released_not_flagged_by_rules": dict(leaked_phi.most_common()),
     }
+    out["ceiling_letters_all_released"] = {
+        "token_recall": round(c["ceil_hidden_phi"] / max(1, c["ceil_phi"]), 4),
+        "token_precision": round(c["ceil_hidden_phi"] / max(1, c["ceil_hidden"]), 4),
+        "non_phi_tokens_kept": round(c["ceil_non_phi_kept"] / max(1, non_phi), 4),
+    }
     if n_shapes:
         out["non_phi_missed_shapes"] = missed.most_common(n_shapes)
+        out["phi_released_shapes"] = phi_shapes.most_common()
     return out
 
 

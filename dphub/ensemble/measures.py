@@ -18,6 +18,12 @@ clinical measurement, each with a reason why it cannot be PHI:
   ``A1c``, ``S1``, spine levels ``L4``, ECG leads ``V1``) and frequencies (``x2``, ``2x``,
   ``q4h``, ``q 2 hrs``);
 * fluid balances (``+500``, ``-200 cc``), the pain scale ``N/10`` after or before ``pain``;
+* without a name: a pair or an ascending range that cannot be a date (``120/80``, ``100-120``), a
+  chain of ``/``-joined numbers with a decimal in it (a blood gas ``7.35/40/90``, ventilator
+  settings), a fraction before a dose (``1/2 tab``), a decade (``80s``), a decimal that cannot be
+  a month and day (``2.5``, not ``3.10``) and a lone digit (``1 assist``) not followed by a
+  capitalised word or a direction (``3 Main St``, ``7 North``). Bare whole numbers of two or
+  more digits stay hidden: a day of the month, an age, a room or part of an ID look the same;
 * clock times (``14:30``, ``4pm``, ``@ 0400``): a time is no HIPAA identifier unless it is part of
   a date, and a date's own digits stay hidden (a four-digit time that could be a year, 19xx/20xx,
   is refused).
@@ -27,8 +33,9 @@ Never a measurement, whatever the context (the guards apply to every pattern):
 * a number that is part of a date, code or longer number: preceded by ``/``, ``-``, ``:``,
   ``.``, ``#``, ``'`` or a letter, or followed by ``/``, ``-``, ``:`` or ``.`` and a digit (so
   ``3/10/2026``, ``617-555-0143``, ``'88`` never match);
-* a pair or range of two whole numbers that could be a month and a day (both at most 31, one at
-  most 12: ``3/10``, ``3-10``, ``10-12``) unless a dose or vital unit follows it directly
+* a pair or range of two whole numbers that could be a month and a day or a two-digit year (the
+  first at most 12, or the first at most 31 and the second at most 12: ``3/10``, ``3-10``,
+  ``10-12``, ``3/98``, ``25/3``) unless a dose or vital unit follows it directly
   (``2-3 L``, ``1-2 tabs``), or it is ``N/10`` in a pain context; ``RR 12-20`` is refused too:
   the price of never showing ``3-10``;
 * a number of more than five digits before the point (IDs, phones); a four-digit 19xx/20xx
@@ -107,6 +114,14 @@ _GAS = re.compile(r"(?<![\w.,/:#'+-])(?=[\d/.-]*\d\.\d)-?\d{1,4}(?:\.\d{1,3})?"
 _LONE = re.compile(
     r"(?<![\w.,/:#'+-])(?:\d{1,2}0'?s|\d{1,3}\.\d{1,2}|\d)(?![\w/:]|[.,-]\d)"
     r"(?!\s*(?:[A-Z][a-z]|(?:north|south|east|west|[nsew])\b))")
+#: a pair or an ascending range without a name (``120/80``, ``100-120``): kept only when it
+#: cannot be a month with a day or a year (see :func:`_date_pair`); a fraction before a dose
+#: (``1/2 tab``, ``1/2 NS``)
+_BARE = re.compile(
+    r"(?<![\w.,/:#'+-])(\d{1,3})(?:'?s)?(\s?-\s?|/)(\d{1,3})(?:'?s)?(?![\w/:]|[.,-]\d)")
+_FRACTION = re.compile(
+    rf"(?<![\w.,/:#'+-])(?:1/2|1/3|1/4|2/3|3/4)(?=\s?(?:ns|strength|{_DOSE})(?![a-z0-9]))",
+    re.IGNORECASE)
 #: words that carry a digit and are no number: gases, vitamins, fluids, heart sounds, spine levels,
 #: ECG leads, frequencies (``x2``, ``2x``, ``q4h``)
 _TERMS = re.compile(
@@ -114,6 +129,8 @@ _TERMS = re.compile(
     r"b12|b6|b1|d5w|d5|d10|d50|d5ns|d5\s?1/2\s?ns|a1c|hba1c|t3|t4|s[1-4]|[ctls][1-9]|"
     r"[ctls]1[0-2]|v[1-6]|x\s?\d{1,2}|\d{1,2}\s?x|q\s?\d{1,2}\s?(?:h|hr|hrs|hours?|min)?)"
     r"(?![\w/]|[.-]\d)", re.IGNORECASE)
+#: a phone number's last digits before ``x12``: an extension, not a count
+_EXTENSION = re.compile(r"\d{3,}\s*$")
 #: a fluid balance: a sign and a number (``+500``, ``-1.2L`` is caught by the unit too)
 _BALANCE = re.compile(r"(?:(?<=\s)|^)([+-]\s?\d{1,4}(?:\.\d{1,2})?)(?![\d/:.-]|\s*[\d(])",
                       re.MULTILINE)
@@ -142,16 +159,21 @@ _GUARD_BEFORE = re.compile(
 _GUARD_AFTER = re.compile(
     rf"^['\s-]*(?:(?:days?|weeks?|wks?|months?|mos?|hours?|hrs?)[\s-]+)?"
     rf"(?:yo|y/o|y\.o\.?|yrs?|years?|old|of\s+age|{_MONTHS})\b", re.IGNORECASE)
+#: a number chained to this one by a dash, slash, colon or point, spaces allowed
+#: (``617- 555- 0143``): part of a phone, date or code
+_CHAIN_BEFORE = re.compile(r"\d\s?[-/:.]\s?$")
+_CHAIN_AFTER = re.compile(r"\s?[-/:]\s?\d|[.,]\d")
 #: two whole numbers that could be a month and a day
 _PAIR = re.compile(r"(?<![\d.])(?=(\d{1,2})'?s?\s?(?:/|-|to)\s?(\d{1,2})(?![\d.]))")
 _UNIT_NOW = re.compile(rf"\s?(?:{_DOSE}|{_VITAL})(?![a-z0-9])", re.IGNORECASE)
 
 
 def _date_pair(value: str) -> bool:
-    """Whether ``value`` holds two whole numbers that could be a month and a day (``3/10``)."""
+    """Whether ``value`` holds two whole numbers that could be a month and a day or a month and
+    a two-digit year (``3/10``, ``10/3``, ``3/98``)."""
     for m in _PAIR.finditer(value):
         a, b = int(m.group(1)), int(m.group(2))
-        if (1 <= a <= 12 and 1 <= b <= 31) or (1 <= a <= 31 and 1 <= b <= 12):
+        if 1 <= a <= 12 or (1 <= a <= 31 and 1 <= b <= 12):
             return True
     return False
 
@@ -160,7 +182,9 @@ def _guarded(text: str, start: int, end: int) -> bool:
     """Whether the words around ``[start, end)`` say it could be a place, ID, age or date."""
     line_start = text.rfind("\n", 0, start) + 1
     before = text[max(line_start, start - 30):start]
-    return bool(_GUARD_BEFORE.search(before) or _GUARD_AFTER.match(text[end:end + 20]))
+    after = text[end:end + 20]
+    return bool(_GUARD_BEFORE.search(before) or _GUARD_AFTER.match(after)
+                or _CHAIN_BEFORE.search(before) or _CHAIN_AFTER.match(after))
 
 
 def measurement_ranges(text: str) -> list[tuple[int, int]]:
@@ -172,7 +196,7 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
         if _YEAR.fullmatch(num) and not re.match(rf"\s?(?:{_DOSE})(?![a-z])", text[m.end(1):],
                                                  re.IGNORECASE):
             continue
-        if (_date_pair(num) and not dose) or _guarded(text, m.start(1), m.end()):
+        if (_date_pair(num) and not dose) or _guarded(text, m.start(1), m.end(1)):
             continue
         out.append((m.start(1), m.end()))
     for m in _AFTER_KEYWORD.finditer(text):
@@ -189,9 +213,16 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
         if _guarded(text, m.start(), m.end()):
             continue
         out.append((m.start(), m.end()))
-    for pattern in (_TERMS, _TIME, _GAS):
+    for m in _BARE.finditer(text):
+        if (_date_pair(m.group()) or (m.group(2).strip() == "-" and int(m.group(1)) >= int(m.group(3)))
+                or _guarded(text, m.start(), m.end())):
+            continue
+        out.append((m.start(), m.end()))
+    for pattern in (_TERMS, _TIME, _GAS, _FRACTION):
         for m in pattern.finditer(text):
             if _YEAR.fullmatch(m.group()) or _guarded(text, m.start(), m.end()):
+                continue
+            if m.group()[:1] in "xX" and _EXTENSION.search(text, max(0, m.start() - 12), m.start()):
                 continue
             out.append((m.start(), m.end()))
     for m in _BALANCE.finditer(text):
