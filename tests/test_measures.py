@@ -43,9 +43,20 @@ def released(text: str) -> list[str]:
     ("was 120/80 and", "120/80"),            # a pair that cannot be a date
     ("was 100-120 and", "100-120"),          # an ascending range that cannot be a date
     ("1/2 NS at", "1/2"),                    # a fraction before a dose
+    ("for 3-4 days", "3-4 days"),            # an ascending range before a duration
+    ("on no O2 now", "O2"),                  # "no" refuses numbers, not terms
+    ("x2-3 today", "x2-3"),
 ])
 def test_measurement_contexts_are_released(text: str, value: str) -> None:
     assert value in released(text), text
+
+
+@pytest.mark.parametrize("text", [
+    "on 3/4 days", "on 4-3 days",  # a date-shaped pair before a duration: slash or descending
+    "room T4", "apt 3", "no. 5", "No 12",
+])
+def test_more_look_alikes_are_not_released(text: str) -> None:
+    assert all(not any(c.isdigit() for c in r) for r in released(text)), (text, released(text))
 
 
 @pytest.mark.parametrize("text", [

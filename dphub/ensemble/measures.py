@@ -36,7 +36,8 @@ Never a measurement, whatever the context (the guards apply to every pattern):
 * a pair or range of two whole numbers that could be a month and a day or a two-digit year (the
   first at most 12, or the first at most 31 and the second at most 12: ``3/10``, ``3-10``,
   ``10-12``, ``3/98``, ``25/3``) unless a dose or vital unit follows it directly
-  (``2-3 L``, ``1-2 tabs``), or it is ``N/10`` in a pain context; ``RR 12-20`` is refused too:
+  (``2-3 L``, ``1-2 tabs``), a duration follows an ascending range with a dash (``3-4 days``),
+  or it is ``N/10`` in a pain context; ``RR 12-20`` is refused too:
   the price of never showing ``3-10``;
 * a number of more than five digits before the point (IDs, phones); a four-digit 19xx/20xx
   number (a year) unless a dose unit follows it directly;
@@ -127,7 +128,8 @@ _FRACTION = re.compile(
 _TERMS = re.compile(
     r"(?<![\w/#-])(?:spo2|sao2|svo2|fio2|pco2|po2|pao2|paco2|etco2|hco3|co2|o2|h2o|cmh2o|h2|"
     r"b12|b6|b1|d5w|d5|d10|d50|d5ns|d5\s?1/2\s?ns|a1c|hba1c|t3|t4|s[1-4]|[ctls][1-9]|"
-    r"[ctls]1[0-2]|v[1-6]|x\s?\d{1,2}|\d{1,2}\s?x|q\s?\d{1,2}\s?(?:h|hr|hrs|hours?|min)?)"
+    r"[ctls]1[0-2]|v[1-6]|x\s?\d{1,2}(?:-\d{1,2})?|\d{1,2}\s?x|"
+    r"q\s?\d{1,2}(?:-\d{1,2})?\s?(?:h|hr|hrs|hours?|min)?)"
     r"(?![\w/]|[.-]\d)", re.IGNORECASE)
 #: a phone number's last digits before ``x12``: an extension, not a count
 _EXTENSION = re.compile(r"\d{3,}\s*$")
@@ -150,11 +152,15 @@ _YEAR = re.compile(r"(?:19|20)\d\d")
 _MONTHS = (r"jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec|january|february|march|april|"
            r"june|july|august|september|october|november|december")
 #: the previous word names a place, an identifier, an age or a month
+_PLACE_ID_WORDS = (r"room|rm|bed|bd|unit|floor|fl|flr|apt|apartment|suite|ste|box|ward|pod|bay|num|"
+                   r"number|mrn|id|acct|account|ext|extension|pager|beeper|page|phone|ph|tel|"
+                   rf"telephone|fax|cell|zip|age|aged|dob|born|{_MONTHS}")
 _GUARD_BEFORE = re.compile(
-    rf"(?:\b(?:room|rm|bed|bd|unit|floor|fl|flr|apt|apartment|suite|ste|box|ward|pod|bay|no|num|"
-    rf"number|mrn|id|acct|account|ext|extension|pager|beeper|page|phone|ph|tel|telephone|fax|cell|"
-    rf"zip|age|aged|dob|born|his|her|their|{_MONTHS})\.?\s*[:#]?\s*|#\s*|\d[/-]\d{{1,4}},?\s+)$",
+    rf"(?:\b(?:{_PLACE_ID_WORDS}|no|his|her|their)\.?\s*[:#]?\s*|#\s*|\d[/-]\d{{1,4}},?\s+)$",
     re.IGNORECASE)
+#: before a term with a digit (``her O2``, ``no O2``) only places, IDs and months refuse
+_GUARD_BEFORE_TERM = re.compile(
+    rf"(?:\b(?:{_PLACE_ID_WORDS})\.?\s*[:#]?\s*|#\s*|\d[/-]\d{{1,4}},?\s+)$", re.IGNORECASE)
 #: the next word is an age or a month
 _GUARD_AFTER = re.compile(
     rf"^['\s-]*(?:(?:days?|weeks?|wks?|months?|mos?|hours?|hrs?)[\s-]+)?"
@@ -178,12 +184,14 @@ def _date_pair(value: str) -> bool:
     return False
 
 
-def _guarded(text: str, start: int, end: int) -> bool:
-    """Whether the words around ``[start, end)`` say it could be a place, ID, age or date."""
+def _guarded(text: str, start: int, end: int, *, term: bool = False) -> bool:
+    """Whether the words around ``[start, end)`` say it could be a place, ID, age or date
+    (``term``: a word with letters and digits, which no person word makes an age)."""
     line_start = text.rfind("\n", 0, start) + 1
     before = text[max(line_start, start - 30):start]
     after = text[end:end + 20]
-    return bool(_GUARD_BEFORE.search(before) or _GUARD_AFTER.match(after)
+    guard = _GUARD_BEFORE_TERM if term else _GUARD_BEFORE
+    return bool(guard.search(before) or _GUARD_AFTER.match(after)
                 or _CHAIN_BEFORE.search(before) or _CHAIN_AFTER.match(after))
 
 
@@ -193,6 +201,9 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
     for m in _UNIT_AFTER.finditer(text):
         num = m.group(1)
         dose = bool(m.group(2)) and bool(_UNIT_NOW.match(text, m.end(1)))
+        if not m.group(2) and "/" not in num:  # a duration: ``3-4 days`` is no date
+            ends = re.findall(r"\d+(?:\.\d+)?", num)
+            dose = len(ends) == 2 and float(ends[0]) < float(ends[1])
         if _YEAR.fullmatch(num) and not re.match(rf"\s?(?:{_DOSE})(?![a-z])", text[m.end(1):],
                                                  re.IGNORECASE):
             continue
@@ -220,7 +231,8 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
         out.append((m.start(), m.end()))
     for pattern in (_TERMS, _TIME, _GAS, _FRACTION):
         for m in pattern.finditer(text):
-            if _YEAR.fullmatch(m.group()) or _guarded(text, m.start(), m.end()):
+            if _YEAR.fullmatch(m.group()) or _guarded(text, m.start(), m.end(),
+                                                      term=pattern is _TERMS):
                 continue
             if m.group()[:1] in "xX" and _EXTENSION.search(text, max(0, m.start() - 12), m.start()):
                 continue
