@@ -38,7 +38,9 @@ def released(text: str) -> list[str]:
     ("14:30 ok", "14:30"),
     ("shift 7a-7p: ok", "7a-7p"),
     ("gcs 15", "15"),
-    ("1 assist", "1"),                       # a lone digit: a count
+    ("1 assist", "1"),
+    ("running in the 80s", "80s"),           # a bare decade below the PHI ages
+    ("sats in the 90s", "90s"),              # ... and any decade after its keyword                       # a lone digit: a count
     ("given 2.5 of", "2.5"),                 # a decimal that cannot be a month and day
     ("was 120/80 and", "120/80"),            # a pair that cannot be a date
     ("was 100-120 and", "100-120"),          # an ascending range that cannot be a date
@@ -70,11 +72,11 @@ def test_more_look_alikes_are_not_released(text: str) -> None:
     "Jan 3", "3 Jan", "March 10",
     "in 2019", "HR 2019",  # years
     "67 yo", "67 y/o", "67 year old", "3 months old", "age 67", "aged 91", "in her 90s",
-    "his 80's",
-    "617-555-0143", "(617) 555-0143", "call 617- 555- 1234", "call 555 1234 x12.", "call 555.0143", "+1 617 555 0143", "Ph 555-1234",
+    "his 80's", "pt in 90s", "Pt 91", "now 100s",  # a bare decade of 90 and over may be an age
+    "617-555-0143", "(617) 555-0143", "call 617- 555- 1234", "HR 617 555 1234", "rate 55 1234", "call 555 1234 x12.", "call 555.0143", "+1 617 555 0143", "Ph 555-1234",
     "MRN 1234567", "id 4", "#2", "no. 3",
     "rm 12", "room 5", "bed 3", "unit 4", "floor 7", "apt 2",
-    "Boston, CA 90210", "lives at 3 Main St", "7 North",
+    "Boston, CA 90210", "lives at 3 Main St", "Main St 12", "7 North",
     "'88",
     "the 3rd",             # ordinals stay hidden
     "at 2000",             # a time that could be a year

@@ -20,7 +20,7 @@ clinical measurement, each with a reason why it cannot be PHI:
 * fluid balances (``+500``, ``-200 cc``), the pain scale ``N/10`` after or before ``pain``;
 * without a name: a pair or an ascending range that cannot be a date (``120/80``, ``100-120``), a
   chain of ``/``-joined numbers with a decimal in it (a blood gas ``7.35/40/90``, ventilator
-  settings), a fraction before a dose (``1/2 tab``), a decade (``80s``), a decimal that cannot be
+  settings), a fraction before a dose (``1/2 tab``), a decade up to ``80s``, a decimal that cannot be
   a month and day (``2.5``, not ``3.10``) and a lone digit (``1 assist``) not followed by a
   capitalised word or a direction (``3 Main St``, ``7 North``). Bare whole numbers of two or
   more digits stay hidden: a day of the month, an age, a room or part of an ID look the same;
@@ -86,13 +86,13 @@ _KEYWORDS = (r"bp|blood\s+pressure|[sdm]?[an]?bp|sbp|dbp|abp|nbp|nibp|art\s+line
              r"temp|temperature|tmax|tc|t\s?max|spo2|sao2|svo2|o2\s*sats?|sats?|saturations?|"
              r"wt|weight|ht|height|bmi|glucose|fsbs|fsbg|fs|bg|bs|cbg|blood\s+sugars?|fingersticks?|"
              r"na|k|cl|hco3|co2|bicarb|bun|cr|creat(?:inine)?|hgb|hb|hct|wbc|plt|platelets|"
-             r"inr|pt|ptt|ph|pco2|po2|pao2|paco2|lactate|lactic\s+acid|trop(?:onin)?|ast|alt|"
+             r"inr|ptt|ph|pco2|po2|pao2|paco2|lactate|lactic\s+acid|trop(?:onin)?|ast|alt|"
              r"alk\s+phos|tbili|t\.?\s?bili|bili(?:rubin)?|albumin|lipase|amylase|ammonia|"
              r"mg|mag|magnesium|phos|ca|calcium|ionized\s+ca|ica|ldl|hdl|a1c|hba1c|tsh|bnp|ck|cpk|"
              r"mb|ef|cvp|map|pap|pas|pad|pcwp|wedge|ci|co|svr|icp|cpp|fio2|peep|ps|psv|tv|vt|"
              r"vte|mv|ve|pip|plateau|pplat|ipap|epap|cpap|etco2|uo|u/o|uop|urine\s+output|"
-             r"i/o|ins?|outs?|intake|output|balance|los|gcs|rass|cam|braden|morse|"
-             r"sr|st|sb|nsr|afib|af|paced|sinus\s+(?:rhythm|tach(?:ycardia)?|brady(?:cardia)?)")
+             r"i/o|intake|output|balance|los|gcs|rass|cam|braden|morse|"
+             r"sr|sb|nsr|afib|af|paced|sinus\s+(?:rhythm|tach(?:ycardia)?|brady(?:cardia)?)")
 #: a few words between a keyword and its value (``HR in the 80s``, ``SBP low 90s``)
 _BETWEEN = (r"(?:\s*(?:of|was|is|are|were|=|:|~|>|<|>=|<=|approx\.?|about|around|at|in|the|"
             r"low|high|mid|upper|lower|down|up|to|from|range|ranging|between|remains?|"
@@ -109,11 +109,12 @@ _AFTER_KEYWORD = re.compile(
 #: settings ``500/14/5/0.5``): a date has no decimal point
 _GAS = re.compile(r"(?<![\w.,/:#'+-])(?=[\d/.-]*\d\.\d)-?\d{1,4}(?:\.\d{1,3})?"
                   r"(?:/-?\d{1,4}(?:\.\d{1,3})?){2,5}(?![\d/:]|[.-]\d|\w)")
-#: a decade (``80s``, ``100's``: ``in her 90s`` is refused by the guards), a decimal that cannot
+#: a decade up to ``80s`` (``in 90s`` alone may be an age over 89, which HIPAA counts as PHI;
+#: ``sats in the 90s`` comes back after its keyword, and ``in her 90s`` never), a decimal that cannot
 #: be a month and day (``2.5``, ``7.35``; not ``3.10``), a lone digit not followed by a
 #: capitalised word or a direction (``3 Main St``, ``7 North``): counts, steps, scores
 _LONE = re.compile(
-    r"(?<![\w.,/:#'+-])(?:\d{1,2}0'?s|\d{1,3}\.\d{1,2}|\d)(?![\w/:]|[.,-]\d)"
+    r"(?<![\w.,/:#'+-])(?:[1-8]0'?s|\d{1,3}\.\d{1,2}|\d)(?![\w/:]|[.,-]\d)"
     r"(?!\s*(?:[A-Z][a-z]|(?:north|south|east|west|[nsew])\b))")
 #: a pair or an ascending range without a name (``120/80``, ``100-120``): kept only when it
 #: cannot be a month with a day or a year (see :func:`_date_pair`); a fraction before a dose
@@ -166,9 +167,10 @@ _GUARD_AFTER = re.compile(
     rf"^['\s-]*(?:(?:days?|weeks?|wks?|months?|mos?|hours?|hrs?)[\s-]+)?"
     rf"(?:yo|y/o|y\.o\.?|yrs?|years?|old|of\s+age|{_MONTHS})\b", re.IGNORECASE)
 #: a number chained to this one by a dash, slash, colon or point, spaces allowed
-#: (``617- 555- 0143``): part of a phone, date or code
+#: (``617- 555- 0143``), or followed by a group of digits as a phone's are (``617 555 0143``):
+#: part of a phone, date or code
 _CHAIN_BEFORE = re.compile(r"\d\s?[-/:.]\s?$")
-_CHAIN_AFTER = re.compile(r"\s?[-/:]\s?\d|[.,]\d")
+_CHAIN_AFTER = re.compile(r"\s?[-/:]\s?\d|[.,]\d|\s\d{3}[\s.-]\d|\s\d{4}(?!\d)")
 #: two whole numbers that could be a month and a day
 _PAIR = re.compile(r"(?<![\d.])(?=(\d{1,2})'?s?\s?(?:/|-|to)\s?(\d{1,2})(?![\d.]))")
 _UNIT_NOW = re.compile(rf"\s?(?:{_DOSE}|{_VITAL})(?![a-z0-9])", re.IGNORECASE)
