@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from faker import Faker
 
 from dphub.ensemble.measures import measurement_ranges
 
@@ -83,3 +84,25 @@ def test_more_look_alikes_are_not_released(text: str) -> None:
 ])
 def test_look_alikes_are_not_released(text: str) -> None:
     assert all(not any(c.isdigit() for c in r) for r in released(text)), (text, released(text))
+
+
+def test_faker_identifiers_in_plain_sentences_are_not_released() -> None:
+    """Dates in the usual formats, phones, street addresses, SSNs, ZIP codes and record numbers
+    from Faker, inside a plain sentence: no digit of theirs comes back."""
+    fake = Faker("en_US")
+    fake.seed_instance(26)
+    formats = ("%m/%d/%Y", "%m/%d/%y", "%m-%d-%Y", "%m/%d", "%m-%d", "%d.%m.%Y", "%B %d, %Y",
+               "%b %d", "%d %b", "%Y-%m-%d", "%m/%y", "%B %Y")
+    values: list[str] = []
+    for _ in range(60):
+        day = fake.date_between("-30y", "+1y")
+        values += [day.strftime(f) for f in formats]
+        values += [fake.phone_number(), fake.street_address(), fake.ssn(), fake.zipcode(),
+                   fake.numerify("MRN #######"), fake.numerify("Room ###"),
+                   f"{fake.random_int(18, 104)} year old", f"{fake.random_int(18, 104)} yo"]
+    for value in values:
+        text = f"pt seen on {value} today"
+        start = text.index(value)
+        for a, b in measurement_ranges(text):
+            assert b <= start or a >= start + len(value) or not any(
+                c.isdigit() for c in text[max(a, start):min(b, start + len(value))]), value
