@@ -31,8 +31,9 @@ clinical measurement, each with a reason why it cannot be PHI:
 Never a measurement, whatever the context (the guards apply to every pattern):
 
 * a number that is part of a date, code or longer number: preceded by ``/``, ``-``, ``:``,
-  ``.``, ``#``, ``'`` or a letter, or followed by ``/``, ``-``, ``:`` or ``.`` and a digit (so
-  ``3/10/2026``, ``617-555-0143``, ``'88`` never match);
+  ``.``, ``#``, ``'`` or a letter, or followed by ``/``, ``-``, ``:`` or ``.`` and a digit, a
+  dash with spaces (``617- 555- 0143``) or a phone-like digit group (``617 555 0143``), so
+  ``3/10/2026``, ``617-555-0143``, ``'88`` never match;
 * a pair or range of two whole numbers that could be a month and a day or a two-digit year (the
   first at most 12, or the first at most 31 and the second at most 12: ``3/10``, ``3-10``,
   ``10-12``, ``3/98``, ``25/3``) unless a dose or vital unit follows it directly
@@ -44,11 +45,14 @@ Never a measurement, whatever the context (the guards apply to every pattern):
 * a value whose previous word names a place, an identifier or an age (``room``, ``rm``, ``bed``,
   ``unit``, ``floor``, ``apt``, ``#``, ``no``, ``mrn``, ``id``, ``ext``, ``pager``, ``phone``,
   ``age``, ``aged``, ``dob``, ``his``/``her`` as in ``in her 90s``), a month name (``Jan 3``)
-  or a date-shaped pair (``3/14 5``: what follows a date may be part of it);
+  or a date-shaped pair (``3/14 5``: what follows a date may be part of it); before a term with
+  letters (``no O2``, ``her FiO2``) only the place, identifier and month words refuse;
   a value followed by an age word (``yo``, ``y/o``, ``year(s)``, ``yr``, ``old``) or a month name.
   Ages are never released: no context reads ``yo``, ``year(s) old`` or ``age``.
 
-Ordinals (``2nd``, ``3rd``) stay hidden: ``the 3rd`` is a date as often as a step.
+Ordinals (``2nd``, ``3rd``) stay hidden: ``the 3rd`` is a date as often as a step. Keywords that
+are also common words or abbreviations of a person or place (``pt``, ``st``, ``in``) are left out.
+``benchmarks/number_contexts.py`` counts what these contexts release on the dev corpus.
 
 Offsets are those of the text given (the ensemble gives it the note's text).
 """
