@@ -3,19 +3,56 @@
 Numbers are never safe words (:mod:`dphub.safe_vocab`): a date, an age, an MRN, a phone number
 or a room is a number. Under the inverse rule (:mod:`dphub.ensemble.inverse`) a number comes back
 only when :func:`measurement_ranges` finds it in a measurement context, and the models are
-confident it is no PHI. The contexts are deliberately few and literal:
+confident it is no PHI. Nursing and ICU notes are full of numbers, about one word in nine, and
+every one hidden for nothing costs precision; so the contexts cover the general shapes of
+clinical measurement, each with a reason why it cannot be PHI:
 
-* a number directly followed by a unit of dose, volume, mass, vital sign, lab value or duration
-  (``5 mg``, ``0.9 mg/dl``, ``98.6 °F``, ``140 mmHg``, ``95%``, ``2 L``, ``3 days``), the
-  duration units not followed by ``old`` / ``of age`` (``3 days old`` is an age);
-* a number of at most three digits before the point, or a pair ``N/N``, after the name of a
-  vital sign or common lab value (``BP 120/80``, ``HR: 88``, ``Na 140``, ``WBC 12.3``).
+* a value directly followed by a unit of dose, volume, mass, rate, vital sign, lab value or
+  duration (``5 mg``, ``0.9 mg/dl``, ``10cc/hr``, ``98.6 °F``, ``140 mmHg``, ``95%``, ``2L``,
+  ``3 days``, ``20 iv``), the duration units not followed by ``old`` / ``of age``;
+* a value after the name of a vital sign, ventilator setting, lab value or clinical score
+  (``BP 120/80``, ``HR: 88``, ``K 3.8``, ``SBP 90-100s``, ``RR 20's``, ``PEEP 5``, ``GCS 15``);
+* a *value* there is a number of at most three digits before the point (five before a unit),
+  a range ``N-N`` / ``N to N``, a pair ``N/N`` after a keyword, and a decade ``80s`` / ``80's``;
+* medical terms that carry a digit (``SpO2``, ``FiO2``, ``HCO3``, ``O2``, ``B12``, ``D5W``,
+  ``A1c``, ``S1``, spine levels ``L4``, ECG leads ``V1``) and frequencies (``x2``, ``2x``,
+  ``q4h``, ``q 2 hrs``);
+* fluid balances (``+500``, ``-200 cc``), the pain scale ``N/10`` after or before ``pain``;
+* without a name: a pair or an ascending range that cannot be a date (``120/80``, ``100-120``), a
+  chain of ``/``-joined numbers with a decimal in it (a blood gas ``7.35/40/90``, ventilator
+  settings), a fraction before a dose (``1/2 tab``), a decade up to ``80s``, a decimal that cannot be
+  a month and day (``2.5``, not ``3.10``) and a lone digit (``1 assist``) not followed by a
+  capitalised word or a direction (``3 Main St``, ``7 North``). Bare whole numbers of two or
+  more digits stay hidden: a day of the month, an age, a room or part of an ID look the same;
+* clock times (``14:30``, ``4pm``, ``@ 0400``): a time is no HIPAA identifier unless it is part of
+  a date, and a date's own digits stay hidden (a four-digit time that could be a year, 19xx/20xx,
+  is refused).
 
-Never a measurement, whatever follows or precedes it: a number that is part of a date, time,
-range of digits or code (preceded by ``/``, ``-``, ``:``, ``.``, ``#`` or a letter), a number of
-more than five digits before the decimal point (IDs, phones), and a four-digit 19xx/20xx number
-(a year) unless a dose unit follows it directly. Ages are never released: no context here reads
-``yo``, ``year(s) old`` or ``age``.
+Never a measurement, whatever the context (the guards apply to every pattern):
+
+* a number that is part of a date, code or longer number: preceded by ``/``, ``-``, ``:``,
+  ``.``, ``#``, ``'`` or a letter, or followed by ``/``, ``-``, ``:`` or ``.`` and a digit, a
+  dash with spaces (``617- 555- 0143``) or a phone-like digit group (``617 555 0143``), so
+  ``3/10/2026``, ``617-555-0143``, ``'88`` never match;
+* a pair or range of two whole numbers that could be a month and a day or a two-digit year (the
+  first at most 12, or the first at most 31 and the second at most 12: ``3/10``, ``3-10``,
+  ``10-12``, ``3/98``, ``25/3``) unless a dose or vital unit follows it directly
+  (``2-3 L``, ``1-2 tabs``), a duration follows an ascending range with a dash (``3-4 days``),
+  or it is ``N/10`` in a pain context; ``RR 12-20`` is refused too:
+  the price of never showing ``3-10``;
+* a number of more than five digits before the point (IDs, phones); a four-digit 19xx/20xx
+  number (a year) unless a dose unit follows it directly;
+* a value whose previous word names a place, an identifier or an age (``room``, ``rm``, ``bed``,
+  ``unit``, ``floor``, ``apt``, ``#``, ``no``, ``mrn``, ``id``, ``ext``, ``pager``, ``phone``,
+  ``age``, ``aged``, ``dob``, ``his``/``her`` as in ``in her 90s``), a month name (``Jan 3``)
+  or a date-shaped pair (``3/14 5``: what follows a date may be part of it); before a term with
+  letters (``no O2``, ``her FiO2``) only the place, identifier and month words refuse;
+  a value followed by an age word (``yo``, ``y/o``, ``year(s)``, ``yr``, ``old``) or a month name.
+  Ages are never released: no context reads ``yo``, ``year(s) old`` or ``age``.
+
+Ordinals (``2nd``, ``3rd``) stay hidden: ``the 3rd`` is a date as often as a step. Keywords that
+are also common words or abbreviations of a person or place (``pt``, ``st``, ``in``) are left out.
+``benchmarks/number_contexts.py`` counts what these contexts release on the dev corpus.
 
 Offsets are those of the text given (the ensemble gives it the note's text).
 """
@@ -24,31 +61,144 @@ from __future__ import annotations
 
 import re
 
-#: a number of at most five digits before the point, not preceded by what makes it part of a
-#: date, time, code or longer number
-_NUM_BODY = r"\d{1,5}(?:\.\d{1,3})?(?![\d])"
-_NUM = r"(?<![\w.,/:#-])" + _NUM_BODY
+#: what may not precede a number: it would be part of a date, time, code, longer number or word
+_NOT_BEFORE = r"(?<![\w.,/:#'+-])"
+#: what may not follow a value: more digits, or a date/phone/code continuing
+_NOT_AFTER = r"(?![\d/:]|[.-]\d|\w)"
+#: a number of at most five digits before the point (a dose, a count)
+_NUM_BODY = r"\d{1,5}(?:\.\d{1,3})?(?!\d)"
 #: after a vital sign's or lab value's name: at most three digits before the point (a ZIP code
 #: after a state, ``CA 90210``, or a phone after ``Ph`` is no lab value)
-_VALUE_BODY = r"\d{1,3}(?:\.\d{1,3})?(?![\d])"
-_VALUE = r"(?<![\w.,/:#-])" + _VALUE_BODY
-_DOSE = (r"mg|mcg|µg|ug|g|gm|gr|kg|lbs?|oz|ml|cc|l|dl|units?|iu|u|meq|mmol|mol|ng|pg|nmol|"
-         r"mg/dl|mg/kg|mcg/kg|mcg/kg/min|mg/kg/day|g/dl|mmol/l|meq/l|u/l|iu/l|ml/hr?|cc/hr?|"
-         r"ml/min|l/min|lpm|tabs?|tablets?|caps?|capsules?|puffs?|drops?|sprays?|patch(?:es)?")
-_VITAL = r"mm\s?hg|bpm|breaths?/min|beats?/min|/min|%|°\s?[fc]|degrees?|kcal|cal|cm|mm"
+_VALUE_BODY = r"\d{1,3}(?:\.\d{1,3})?(?!\d)"
+#: a range of two values (``90-100``, ``2 to 3``)
+_RANGE_TAIL = rf"(?:\s?(?:-|to)\s?{_VALUE_BODY})?"
+_DOSE = (r"mg|mcg|µg|ug|g|gm|gr|kg|lbs?|oz|ml|cc|l|dl|liters?|litres?|units?|iu|u|meq|mmol|mol|"
+         r"ng|pg|nmol|mg/dl|mg/kg|mcg/kg|mcg/kg/min|mg/kg/day|mg/kg/hr?|g/dl|mmol/l|meq/l|u/l|"
+         r"iu/l|ng/ml|pg/ml|ml/hr?|cc/hr?|ml/kg/hr?|cc/kg/hr?|ml/kg|cc/kg|units?/hr?|u/hr?|"
+         r"mg/hr?|mcg/hr?|mcg/min|mg/min|meq/hr?|ml/min|l/min|lpm|l\s?nc|/hr?|tabs?|tablets?|caps?|"
+         r"capsules?|puffs?|drops?|sprays?|patch(?:es)?|amps?|vials?|bags?|doses?|gtts?|fr|french|"
+         r"gauge|ga|iv|ivp|po|pr|sq|sc|sl|im|ng|ngt|x")
+_VITAL = (r"mm\s?hg|cm\s?h2o|bpm|breaths?/min|beats?/min|/min|%|°\s?[fc]?|degrees?|kcal|cal|cm|mm|"
+          r"mm3|k/ul|secs?|seconds?")
 _DURATION = r"days?|weeks?|wks?|hours?|hrs?|minutes?|mins?|months?"
+#: a value directly followed by a unit
 _UNIT_AFTER = re.compile(
-    rf"({_NUM})\s?(?:(?:{_DOSE}|{_VITAL})(?![a-z])|(?:{_DURATION})(?![a-z])"
-    r"(?![\s-]*(?:old|of\s+age)\b))", re.IGNORECASE)
-_KEYWORDS = (r"bp|blood\s+pressure|hr|heart\s+rate|pulse|rr|resp(?:iratory)?\s+rate|temp|"
-             r"temperature|tmax|tc|spo2|sao2|o2\s*sats?|sats?|wt|weight|ht|height|bmi|glucose|"
-             r"fsbs|fs|bg|na|k|cl|hco3|co2|bun|cr|creat(?:inine)?|hgb|hb|hct|wbc|plt|platelets|"
-             r"inr|ptt|ph|pco2|po2|lactate|trop(?:onin)?|ast|alt|alk\s+phos|tbili|albumin|"
-             r"mg|phos|ca|ldl|hdl|a1c|hba1c|tsh|bnp|ck|ef|cvp|map|fio2|peep|tv|vt")
+    rf"{_NOT_BEFORE}({_NUM_BODY}{_RANGE_TAIL})(?:'?s)?\s?(?:({_DOSE}|{_VITAL})(?![a-z0-9])|"
+    rf"(?:{_DURATION})(?![a-z])(?![\s-]*(?:old|of\s+age)\b))", re.IGNORECASE)
+_KEYWORDS = (r"bp|blood\s+pressure|[sdm]?[an]?bp|sbp|dbp|abp|nbp|nibp|art\s+line|a-?line|"
+             r"hr|heart\s+rate|pulse|rate|rr|resp(?:iratory)?(?:\s+rate)?|resps|"
+             r"temp|temperature|tmax|tc|t\s?max|spo2|sao2|svo2|o2\s*sats?|sats?|saturations?|"
+             r"wt|weight|ht|height|bmi|glucose|fsbs|fsbg|fs|bg|bs|cbg|blood\s+sugars?|fingersticks?|"
+             r"na|k|cl|hco3|co2|bicarb|bun|cr|creat(?:inine)?|hgb|hb|hct|wbc|plt|platelets|"
+             r"inr|ptt|ph|pco2|po2|pao2|paco2|lactate|lactic\s+acid|trop(?:onin)?|ast|alt|"
+             r"alk\s+phos|tbili|t\.?\s?bili|bili(?:rubin)?|albumin|lipase|amylase|ammonia|"
+             r"mg|mag|magnesium|phos|ca|calcium|ionized\s+ca|ica|ldl|hdl|a1c|hba1c|tsh|bnp|ck|cpk|"
+             r"mb|ef|cvp|map|pap|pas|pad|pcwp|wedge|ci|co|svr|icp|cpp|fio2|peep|ps|psv|tv|vt|"
+             r"vte|mv|ve|pip|plateau|pplat|ipap|epap|cpap|etco2|uo|u/o|uop|urine\s+output|"
+             r"i/o|intake|output|balance|los|gcs|rass|cam|braden|morse|"
+             r"sr|sb|nsr|afib|af|paced|sinus\s+(?:rhythm|tach(?:ycardia)?|brady(?:cardia)?)")
+#: a few words between a keyword and its value (``HR in the 80s``, ``SBP low 90s``)
+_BETWEEN = (r"(?:\s*(?:of|was|is|are|were|=|:|~|>|<|>=|<=|approx\.?|about|around|at|in|the|"
+            r"low|high|mid|upper|lower|down|up|to|from|range|ranging|between|remains?|"
+            r"remained|stable|sustained)\b|\s*[=:~<>])*\s*")
+#: a keyword's value: numbers, ranges of numbers, decades, joined by ``/`` (``120/80``,
+#: ``100-120/50-60s``, an ABG ``7.35/40/90``)
+_KW_NUM = rf"{_VALUE_BODY}(?:'?s)?"
+_KW_RANGE = rf"{_KW_NUM}(?:\s?(?:-|to)\s?{_KW_NUM})?"
 _AFTER_KEYWORD = re.compile(
-    rf"(?<![\w])(?:{_KEYWORDS})\s*(?:of|was|is|=|:)?\s*({_VALUE}(?:/{_VALUE_BODY})?)(?![/\d.-]\d)",
+    rf"(?<![\w])(?:{_KEYWORDS})(?:'?s)?{_BETWEEN}({_NOT_BEFORE}{_KW_RANGE}(?:/{_KW_RANGE}){{0,4}})"
+    rf"{_NOT_AFTER}", re.IGNORECASE)
+#: an arterial or venous blood gas without its name: a pH and two to four more values
+#: or any chain of three to six numbers joined by ``/`` with a decimal in it (ventilator
+#: settings ``500/14/5/0.5``): a date has no decimal point
+_GAS = re.compile(r"(?<![\w.,/:#'+-])(?=[\d/.-]*\d\.\d)-?\d{1,4}(?:\.\d{1,3})?"
+                  r"(?:/-?\d{1,4}(?:\.\d{1,3})?){2,5}(?![\d/:]|[.-]\d|\w)")
+#: a decade up to ``80s`` (``in 90s`` alone may be an age over 89, which HIPAA counts as PHI;
+#: ``sats in the 90s`` comes back after its keyword, and ``in her 90s`` never), a decimal that cannot
+#: be a month and day (``2.5``, ``7.35``; not ``3.10``), a lone digit not followed by a
+#: capitalised word or a direction (``3 Main St``, ``7 North``): counts, steps, scores
+_LONE = re.compile(
+    r"(?<![\w.,/:#'+-])(?:[1-8]0'?s|\d{1,3}\.\d{1,2}|\d)(?![\w/:]|[.,-]\d)"
+    r"(?!\s*(?:[A-Z][a-z]|(?:north|south|east|west|[nsew])\b))")
+#: a pair or an ascending range without a name (``120/80``, ``100-120``): kept only when it
+#: cannot be a month with a day or a year (see :func:`_date_pair`); a fraction before a dose
+#: (``1/2 tab``, ``1/2 NS``)
+_BARE = re.compile(
+    r"(?<![\w.,/:#'+-])(\d{1,3})(?:'?s)?(\s?-\s?|/)(\d{1,3})(?:'?s)?(?![\w/:]|[.,-]\d)")
+_FRACTION = re.compile(
+    rf"(?<![\w.,/:#'+-])(?:1/2|1/3|1/4|2/3|3/4)(?=\s?(?:ns|strength|{_DOSE})(?![a-z0-9]))",
     re.IGNORECASE)
+#: words that carry a digit and are no number: gases, vitamins, fluids, heart sounds, spine levels,
+#: ECG leads, frequencies (``x2``, ``2x``, ``q4h``)
+_TERMS = re.compile(
+    r"(?<![\w/#-])(?:spo2|sao2|svo2|fio2|pco2|po2|pao2|paco2|etco2|hco3|co2|o2|h2o|cmh2o|h2|"
+    r"b12|b6|b1|d5w|d5|d10|d50|d5ns|d5\s?1/2\s?ns|a1c|hba1c|t3|t4|s[1-4]|[ctls][1-9]|"
+    r"[ctls]1[0-2]|v[1-6]|x\s?\d{1,2}(?:-\d{1,2})?|\d{1,2}\s?x|"
+    r"q\s?\d{1,2}(?:-\d{1,2})?\s?(?:h|hr|hrs|hours?|min)?)"
+    r"(?![\w/]|[.-]\d)", re.IGNORECASE)
+#: a phone number's last digits before ``x12``: an extension, not a count
+_EXTENSION = re.compile(r"\d{3,}\s*$")
+#: a fluid balance: a sign and a number (``+500``, ``-1.2L`` is caught by the unit too)
+_BALANCE = re.compile(r"(?:(?<=\s)|^)([+-]\s?\d{1,4}(?:\.\d{1,2})?)(?![\d/:.-]|\s*[\d(])",
+                      re.MULTILINE)
+#: the pain scale: ``pain 3/10``, ``3/10 pain``
+_PAIN = re.compile(
+    r"(?:pain(?:\s+(?:score|scale|level))?\b[^\n\d]{0,12}?(?<![\w/#.-])(\d{1,2}(?:-\d{1,2})?/10)"
+    r"(?![\d/]|[.-]\d))|(?:(?<![\w/#.-])(\d{1,2}(?:-\d{1,2})?/10)(?![\d/]|[.-]\d)"
+    r"\s*(?:pain|on\s+(?:the\s+)?pain))", re.IGNORECASE)
+#: a clock time: ``14:30``, ``4:30pm``, ``4pm``, ``@ 0400``, ``0400 hrs``
+_TIME = re.compile(
+    r"(?<![\w/#.:-])(?:(?:[01]?\d|2[0-3]):[0-5]\d(?::[0-5]\d)?(?:\s?[ap]\.?m?\.?)?"
+    r"|(?:1[0-2]|0?\d)\s?(?:am|pm|a\.m\.|p\.m\.)|(?:1[0-2]|0?\d)[ap]\s?-\s?(?:1[0-2]|0?\d)[ap])"
+    r"(?![\w/]|[.:-]\d)"
+    r"|(?:(?<=@)|(?<=@\s)|(?<=\bat\s)|(?<=\bby\s)|(?<=\buntil\s))(?:[01]\d|2[0-3])[0-5]\d(?![\w/:]|[.-]\d)"
+    r"|(?<![\w/#.:-])(?:[01]\d|2[0-3])[0-5]\d(?=\s?(?:hrs?|hours)\b)", re.IGNORECASE)
 _YEAR = re.compile(r"(?:19|20)\d\d")
+_MONTHS = (r"jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec|january|february|march|april|"
+           r"june|july|august|september|october|november|december")
+#: the previous word names a place, an identifier, an age or a month
+_PLACE_ID_WORDS = (r"room|rm|bed|bd|unit|floor|fl|flr|apt|apartment|suite|ste|box|ward|pod|bay|num|"
+                   r"number|mrn|id|acct|account|ext|extension|pager|beeper|page|phone|ph|tel|"
+                   rf"telephone|fax|cell|zip|age|aged|dob|born|{_MONTHS}")
+_GUARD_BEFORE = re.compile(
+    rf"(?:\b(?:{_PLACE_ID_WORDS}|no|his|her|their)\.?\s*[:#]?\s*|#\s*|\d[/-]\d{{1,4}},?\s+)$",
+    re.IGNORECASE)
+#: before a term with a digit (``her O2``, ``no O2``) only places, IDs and months refuse
+_GUARD_BEFORE_TERM = re.compile(
+    rf"(?:\b(?:{_PLACE_ID_WORDS})\.?\s*[:#]?\s*|#\s*|\d[/-]\d{{1,4}},?\s+)$", re.IGNORECASE)
+#: the next word is an age or a month
+_GUARD_AFTER = re.compile(
+    rf"^['\s-]*(?:(?:days?|weeks?|wks?|months?|mos?|hours?|hrs?)[\s-]+)?"
+    rf"(?:yo|y/o|y\.o\.?|yrs?|years?|old|of\s+age|{_MONTHS})\b", re.IGNORECASE)
+#: a number chained to this one by a dash, slash, colon or point, spaces allowed
+#: (``617- 555- 0143``), or followed by a group of digits as a phone's are (``617 555 0143``):
+#: part of a phone, date or code
+_CHAIN_BEFORE = re.compile(r"\d\s?[-/:.]\s?$")
+_CHAIN_AFTER = re.compile(r"\s?[-/:]\s?\d|[.,]\d|\s\d{3}[\s.-]\d|\s\d{4}(?!\d)")
+#: two whole numbers that could be a month and a day
+_PAIR = re.compile(r"(?<![\d.])(?=(\d{1,2})'?s?\s?(?:/|-|to)\s?(\d{1,2})(?![\d.]))")
+_UNIT_NOW = re.compile(rf"\s?(?:{_DOSE}|{_VITAL})(?![a-z0-9])", re.IGNORECASE)
+
+
+def _date_pair(value: str) -> bool:
+    """Whether ``value`` holds two whole numbers that could be a month and a day or a month and
+    a two-digit year (``3/10``, ``10/3``, ``3/98``)."""
+    for m in _PAIR.finditer(value):
+        a, b = int(m.group(1)), int(m.group(2))
+        if 1 <= a <= 12 or (1 <= a <= 31 and 1 <= b <= 12):
+            return True
+    return False
+
+
+def _guarded(text: str, start: int, end: int, *, term: bool = False) -> bool:
+    """Whether the words around ``[start, end)`` say it could be a place, ID, age or date
+    (``term``: a word with letters and digits, which no person word makes an age)."""
+    line_start = text.rfind("\n", 0, start) + 1
+    before = text[max(line_start, start - 30):start]
+    after = text[end:end + 20]
+    guard = _GUARD_BEFORE_TERM if term else _GUARD_BEFORE
+    return bool(guard.search(before) or _GUARD_AFTER.match(after)
+                or _CHAIN_BEFORE.search(before) or _CHAIN_AFTER.match(after))
 
 
 def measurement_ranges(text: str) -> list[tuple[int, int]]:
@@ -56,14 +206,50 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for m in _UNIT_AFTER.finditer(text):
         num = m.group(1)
+        dose = bool(m.group(2)) and bool(_UNIT_NOW.match(text, m.end(1)))
+        if not m.group(2) and "/" not in num:  # a duration: ``3-4 days`` is no date
+            ends = re.findall(r"\d+(?:\.\d+)?", num)
+            dose = len(ends) == 2 and float(ends[0]) < float(ends[1])
         if _YEAR.fullmatch(num) and not re.match(rf"\s?(?:{_DOSE})(?![a-z])", text[m.end(1):],
                                                  re.IGNORECASE):
             continue
+        if (_date_pair(num) and not dose) or _guarded(text, m.start(1), m.end(1)):
+            continue
         out.append((m.start(1), m.end()))
     for m in _AFTER_KEYWORD.finditer(text):
-        if _YEAR.fullmatch(m.group(1)):
+        num = m.group(1)
+        if _YEAR.fullmatch(num) or _date_pair(num) or _guarded(text, m.start(1), m.end(1)):
             continue
         out.append((m.start(1), m.end(1)))
+    for m in _LONE.finditer(text):
+        num = m.group()
+        if "." in num and not num.endswith("s"):
+            whole, frac = num.split(".")
+            if len(frac) == 2 and 1 <= int(whole) <= 12 and 1 <= int(frac) <= 31:
+                continue
+        if _guarded(text, m.start(), m.end()):
+            continue
+        out.append((m.start(), m.end()))
+    for m in _BARE.finditer(text):
+        if (_date_pair(m.group()) or (m.group(2).strip() == "-" and int(m.group(1)) >= int(m.group(3)))
+                or _guarded(text, m.start(), m.end())):
+            continue
+        out.append((m.start(), m.end()))
+    for pattern in (_TERMS, _TIME, _GAS, _FRACTION):
+        for m in pattern.finditer(text):
+            if _YEAR.fullmatch(m.group()) or _guarded(text, m.start(), m.end(),
+                                                      term=pattern is _TERMS):
+                continue
+            if m.group()[:1] in "xX" and _EXTENSION.search(text, max(0, m.start() - 12), m.start()):
+                continue
+            out.append((m.start(), m.end()))
+    for m in _BALANCE.finditer(text):
+        if _guarded(text, m.start(1), m.end(1)):
+            continue
+        out.append((m.start(1), m.end(1)))
+    for m in _PAIN.finditer(text):
+        g = 1 if m.group(1) else 2
+        out.append((m.start(g), m.end(g)))
     out.sort()
     merged: list[tuple[int, int]] = []
     for a, b in out:

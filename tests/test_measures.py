@@ -1,0 +1,108 @@
+"""Numbers the inverse rule may let back (issue 26): measurement contexts and their look-alikes."""
+
+from __future__ import annotations
+
+import pytest
+from faker import Faker
+
+from dphub.ensemble.measures import measurement_ranges
+
+
+def released(text: str) -> list[str]:
+    return [text[a:b] for a, b in measurement_ranges(text)]
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("HR 80s", "80s"),                       # a decade after a vital sign
+    ("SBP 90-100s", "90-100s"),              # a range
+    ("RR 20's", "20's"),
+    ("temp 99.1", "99.1"),
+    ("BP 100-120/50-60s", "100-120/50-60s"),  # ranges joined by a slash
+    ("HR in the low 80s", "80s"),            # a few words between name and value
+    ("on 2L NC", "2L"),
+    ("lasix 20 iv", "20 iv"),                # a route is a dose's unit
+    ("at 10cc/hr", "10cc"),
+    ("2-3 L", "2-3 L"),                      # a date-shaped range with a dose unit after it
+    ("K 3.8 hct 28", "3.8"),
+    ("2 units PRBC", "2 units"),
+    ("SpO2 95%", "SpO2"),                    # a term that carries a digit
+    ("given x2 today", "x2"),
+    ("q4h prn", "q4h"),
+    ("I/O +500 today", "+500"),              # a fluid balance
+    ("pain 3/10", "3/10"),                   # the pain scale
+    ("3/10 pain", "3/10"),
+    ("ABG 7.35/40/90/24", "7.35/40/90/24"),
+    ("ABG 7.42/38/105 on", "7.42/38/105"),   # a gas without its name: the pH leads
+    ("vent 500/14/5/0.5", "500/14/5/0.5"),   # a chain with a decimal is no date
+    ("at 0400 turned", "0400"),              # clock times are no identifier
+    ("seen 4pm", "4pm"),
+    ("14:30 ok", "14:30"),
+    ("shift 7a-7p: ok", "7a-7p"),
+    ("gcs 15", "15"),
+    ("1 assist", "1"),
+    ("running in the 80s", "80s"),           # a bare decade below the PHI ages
+    ("sats in the 90s", "90s"),              # ... and any decade after its keyword                       # a lone digit: a count
+    ("given 2.5 of", "2.5"),                 # a decimal that cannot be a month and day
+    ("was 120/80 and", "120/80"),            # a pair that cannot be a date
+    ("was 100-120 and", "100-120"),          # an ascending range that cannot be a date
+    ("1/2 NS at", "1/2"),                    # a fraction before a dose
+    ("for 3-4 days", "3-4 days"),            # an ascending range before a duration
+    ("on no O2 now", "O2"),                  # "no" refuses numbers, not terms
+    ("x2-3 today", "x2-3"),
+])
+def test_measurement_contexts_are_released(text: str, value: str) -> None:
+    assert value in released(text), text
+
+
+@pytest.mark.parametrize("text", [
+    "on 3/4 days", "on 4-3 days",  # a date-shaped pair before a duration: slash or descending
+    "room T4", "apt 3", "no. 5", "No 12",
+])
+def test_more_look_alikes_are_not_released(text: str) -> None:
+    assert all(not any(c.isdigit() for c in r) for r in released(text)), (text, released(text))
+
+
+@pytest.mark.parametrize("text", [
+    "on 3/10", "seen 3-10 today", "in 3/98", "in 10/98 seen", "on 25/3", "was 3-98",
+    "was 120-100 and",     # a descending range: no measurement shape, could be a code
+    "1/2 seen",            # a fraction without a dose is a date (Jan 2)
+    "on 3/14 5", "3-10-2026", "03/14/2026", "3/10/26", "on 3.10 seen",
+    "RR 12-20",            # date-shaped range after a keyword: refused (could be 12/20)
+    "BP 3/10",             # a pair that could be a date, even after a keyword
+    "K 3/10/26",
+    "Jan 3", "3 Jan", "March 10",
+    "in 2019", "HR 2019",  # years
+    "67 yo", "67 y/o", "67 year old", "3 months old", "age 67", "aged 91", "in her 90s",
+    "his 80's", "pt in 90s", "Pt 91", "now 100s",  # a bare decade of 90 and over may be an age
+    "617-555-0143", "(617) 555-0143", "call 617- 555- 1234", "HR 617 555 1234", "rate 55 1234", "call 555 1234 x12.", "call 555.0143", "+1 617 555 0143", "Ph 555-1234",
+    "MRN 1234567", "id 4", "#2", "no. 3",
+    "rm 12", "room 5", "bed 3", "unit 4", "floor 7", "apt 2",
+    "Boston, CA 90210", "lives at 3 Main St", "Main St 12", "7 North",
+    "'88",
+    "the 3rd",             # ordinals stay hidden
+    "at 2000",             # a time that could be a year
+])
+def test_look_alikes_are_not_released(text: str) -> None:
+    assert all(not any(c.isdigit() for c in r) for r in released(text)), (text, released(text))
+
+
+def test_faker_identifiers_in_plain_sentences_are_not_released() -> None:
+    """Dates in the usual formats, phones, street addresses, SSNs, ZIP codes and record numbers
+    from Faker, inside a plain sentence: no digit of theirs comes back."""
+    fake = Faker("en_US")
+    fake.seed_instance(26)
+    formats = ("%m/%d/%Y", "%m/%d/%y", "%m-%d-%Y", "%m/%d", "%m-%d", "%d.%m.%Y", "%B %d, %Y",
+               "%b %d", "%d %b", "%Y-%m-%d", "%m/%y", "%B %Y")
+    values: list[str] = []
+    for _ in range(60):
+        day = fake.date_between("-30y", "+1y")
+        values += [day.strftime(f) for f in formats]
+        values += [fake.phone_number(), fake.street_address(), fake.ssn(), fake.zipcode(),
+                   fake.numerify("MRN #######"), fake.numerify("Room ###"),
+                   f"{fake.random_int(18, 104)} year old", f"{fake.random_int(18, 104)} yo"]
+    for value in values:
+        text = f"pt seen on {value} today"
+        start = text.index(value)
+        for a, b in measurement_ranges(text):
+            assert b <= start or a >= start + len(value) or not any(
+                c.isdigit() for c in text[max(a, start):min(b, start + len(value))]), value
