@@ -350,6 +350,22 @@ def _best_reachable(path: Sequence[tuple[float, float, int]], floor: float | Non
 
 
 # ---------------------------------------------------------------------------- entry point
+def check_calibration_args(notes: Sequence[Note], target_recall: float, holdout: float,
+                           min_precision: float | None) -> list[Note]:
+    """The checks every calibration (forward and inverse) makes of its arguments; the notes as a
+    list."""
+    if not 0.0 < target_recall <= 1.0:
+        raise ConfigError(f"target recall must be in (0, 1] (got {target_recall})")
+    if not 0.0 <= holdout < 1.0:
+        raise ConfigError(f"holdout must be in [0, 1) (got {holdout})")
+    if min_precision is not None and not 0.0 <= min_precision <= 1.0:
+        raise ConfigError(f"minimum precision must be in [0, 1] (got {min_precision})")
+    notes = list(notes)
+    if not notes or not all(n.labelled for n in notes):
+        raise InputError("calibration needs labelled notes (gold spans)")
+    return notes
+
+
 def calibrate(
     ensemble: Ensemble,
     notes: Sequence[Note],
@@ -375,15 +391,7 @@ def calibrate(
     if isinstance(ensemble.rule, InverseRule):  # its own thresholds: LOW, HIGH (issue 26)
         raise ConfigError("the inverse rule is calibrated by "
                           "dphub.ensemble.inverse_calibrate.calibrate_inverse")
-    if not 0.0 < target_recall <= 1.0:
-        raise ConfigError(f"target recall must be in (0, 1] (got {target_recall})")
-    if not 0.0 <= holdout < 1.0:
-        raise ConfigError(f"holdout must be in [0, 1) (got {holdout})")
-    if min_precision is not None and not 0.0 <= min_precision <= 1.0:
-        raise ConfigError(f"minimum precision must be in [0, 1] (got {min_precision})")
-    notes = list(notes)
-    if not notes or not all(n.labelled for n in notes):
-        raise InputError("calibration needs labelled notes (gold spans)")
+    notes = check_calibration_args(notes, target_recall, holdout, min_precision)
     cal_idx, held_idx = _holdout_split(notes, holdout, seed)
     cal = _Notes.of([notes[i] for i in cal_idx])
     held = _Notes.of([notes[i] for i in held_idx]) if held_idx else None

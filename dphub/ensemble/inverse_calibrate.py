@@ -32,6 +32,7 @@ from dphub.ensemble.calibrate import (
     HoldoutReport,
     _best_reachable,
     _holdout_split,
+    check_calibration_args,
 )
 from dphub.ensemble.core import Ensemble
 from dphub.ensemble.inverse import InverseRule, WordTable, word_table
@@ -92,15 +93,7 @@ def calibrate_inverse(
     notes scored)."""
     if not isinstance(ensemble.rule, InverseRule):
         raise ConfigError("calibrating the inverse rule needs --aggregate inverse")
-    if not 0.0 < target_recall <= 1.0:
-        raise ConfigError(f"target recall must be in (0, 1] (got {target_recall})")
-    if not 0.0 <= holdout < 1.0:
-        raise ConfigError(f"holdout must be in [0, 1) (got {holdout})")
-    if min_precision is not None and not 0.0 <= min_precision <= 1.0:
-        raise ConfigError(f"minimum precision must be in [0, 1] (got {min_precision})")
-    notes = list(notes)
-    if not notes or not all(n.labelled for n in notes):
-        raise InputError("calibration needs labelled notes (gold spans)")
+    notes = check_calibration_args(notes, target_recall, holdout, min_precision)
     cal_idx, held_idx = _holdout_split(notes, holdout, seed)
     # every word's P(PHI) down to the lowest grid value: the same spans a run at that rule reads
     lowest = min(v for v in PAIR_GRID if v > 0)
