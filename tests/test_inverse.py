@@ -125,9 +125,11 @@ def test_numbers_come_back_only_in_measurements() -> None:
     assert ("5", "PHI") not in got and all("120" not in t and "88" not in t for t, _ in got)
     texts = [t for t, _ in got]
     assert "03" in texts and "2026" in texts and "617" in texts and "0143" in texts
-    # a confident model hides even a measurement (P >= LOW)
-    ens = Ensemble([model({"5": 0.2})], "inverse:0.1,0.5", safe_vocab=vocab())
+    # a model that doubts it hides even a measurement (P >= HIGH, as for a vocabulary word)
+    ens = Ensemble([model({"5": 0.6})], "inverse:0.1,0.5", safe_vocab=vocab())
     assert ("5", "PHI") in hidden(ens, note)
+    ens = Ensemble([model({"5": 0.2})], "inverse:0.1,0.5", safe_vocab=vocab())
+    assert ("5", "PHI") not in hidden(ens, note)
     for text in ("64 yo", "MRN 1234567", "room 12", "Boston, CA 90210", "Ph 555-1234",
                  "3 months old", "in 2019", "on 3/14 5"):
         assert measurement_ranges(text) == [], text

@@ -14,9 +14,9 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
 3. a word **without digits** is kept when it is in the safe vocabulary (:mod:`dphub.safe_vocab`)
    and ``P < HIGH``;
 4. a word **with digits** is kept when it lies in a measurement context
-   (:func:`dphub.ensemble.measures.measurement_ranges`: ``5 mg``, ``BP 120/80``) and ``P < LOW``:
-   numbers are never safe words, and a number is where dates, ages, IDs, phones and rooms hide,
-   so the models must be more confident about it (LOW <= HIGH);
+   (:func:`dphub.ensemble.measures.measurement_ranges`: ``5 mg``, ``BP 120/80``) and ``P < HIGH``:
+   numbers are never safe words (a number is where dates, ages, IDs, phones and rooms hide), so
+   only a measurement's context vouches for one, as the vocabulary vouches for a word;
 5. a word **without digits outside the vocabulary** (an abbreviation, a misspelling, a drug the
    lists lack, or a name) is kept only when the ensemble has at least one model member and
    ``P < LOW``: the adaptive half of Meldau's rule — what the vocabulary vouches for needs a
@@ -24,8 +24,8 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    is sure it is not (LOW); without a model nothing vouches for it;
 6. everything else is hidden.
 
-So HIGH is the model confidence a vocabulary word may carry and still come back, and LOW the one
-everything else may carry. Lower thresholds hide more: ``inverse:0,HIGH`` is the strict rule (only
+So HIGH is the model confidence a vouched-for word (vocabulary word, measurement) may carry and
+still come back, and LOW the one everything else may carry. Lower thresholds hide more: ``inverse:0,HIGH`` is the strict rule (only
 vocabulary words come back, whatever the models say about the rest), ``inverse:0,0`` hides every
 word a model gives any weight, ``inverse:1,1`` lets the vocabulary, the measurements and the
 members' flags decide alone. The defaults (:data:`DEFAULT_LOW`, :data:`DEFAULT_HIGH`) are the one
@@ -70,9 +70,9 @@ from dphub.scores import LabelThresholds, TokenScores
 #: Default thresholds of ``--aggregate inverse`` (no ``:LOW,HIGH``), used until ``ensemble
 #: calibrate`` chooses the owner's own. Provisional: the lead sets them from the dev corpus's
 #: training part (benchmarks/recall_first.py on the inner split of its 95 training patients),
-#: never from held-out patients. LOW: the P(PHI) below which a measurement number or a word outside
-#: the vocabulary comes back (with a model member);
-#: HIGH: the P(PHI) below which a vocabulary word comes back.
+#: never from held-out patients. LOW: the P(PHI) below which a word outside the vocabulary comes
+#: back (with a model member); HIGH: the P(PHI) below which a vocabulary word or a measurement
+#: number comes back.
 DEFAULT_LOW = 0.05
 DEFAULT_HIGH = 0.2
 
@@ -99,8 +99,8 @@ class InverseRule:
         t = text.strip().lower()
         shown = text if len(text) <= 80 else text[:60] + "..."
         usage = (f"aggregate rule {shown!r}: use 'inverse' or 'inverse:LOW,HIGH' with "
-                 "0 <= LOW <= HIGH <= 1 (LOW: measurement numbers and words outside the safe "
-                 "vocabulary, HIGH: vocabulary words)")
+                 "0 <= LOW <= HIGH <= 1 (LOW: words outside the safe vocabulary, HIGH: "
+                 "vocabulary words and measurement numbers)")
         if t == "inverse":
             return cls()
         m = re.fullmatch(r"inverse:\s*(\d*\.?\d+)\s*,\s*(\d*\.?\d+)", t)
@@ -196,9 +196,9 @@ class WordTable:
 
     def kept(self, low: float, high: float) -> np.ndarray:
         """Which words come back under ``inverse:LOW,HIGH``."""
-        sure = self.p < low
         other = (self.letters & ~self.safe) if self.model else np.zeros_like(self.safe)
-        return ~self.flagged & ((self.safe & (self.p < high)) | ((self.measure | other) & sure))
+        vouched = self.safe | self.measure
+        return ~self.flagged & ((vouched & (self.p < high)) | (other & (self.p < low)))
 
 
 def word_table(
