@@ -186,9 +186,9 @@ def test_simulate_three_sites_two_rounds_one_drops(sites: list[Path], tiny_base_
     """3 sites x 2 rounds on Flower's simulation engine, site 2 failing in round 2 (one engine
     start for both checks: Ray's start dominates the time): the run goes on, and the result is
     an ordinary model directory whose card recomputes every site."""
+    pytest.importorskip("flwr")  # before dphub.federate.apps, which imports Flower
     from dphub.federate import apps
 
-    pytest.importorskip("flwr")
     monkeypatch.setenv(apps.DROP_ENV, "2:2")  # site 2 drops out from round 2 on
     rc = cli_main(["federate", "simulate", *map(str, sites), "--out", str(tmp_path / "m"),
                    "--target-epsilon", "8", "--state-dir", str(tmp_path / "state"),
