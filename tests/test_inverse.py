@@ -26,6 +26,9 @@ from dphub.scores import TokenScores
 WORDS = ("patient", "seen", "by", "dr", "on", "given", "mg", "po", "bp", "call", "wife", "in",
          "clinic", "today", "the", "and", "stable", "hr")
 LABELS = ("NAME", "DATE", "CONTACT", "OTHER")
+#: the thresholds these tests are written for (the shipped defaults are chosen on data and may
+#: move; `test_parse` checks them separately)
+RULE = "inverse:0.05,0.2"
 
 
 def vocab() -> SafeVocabulary:
@@ -78,7 +81,7 @@ def surname() -> str:
     return fake.last_name() + "ski"  # made up: no list holds it
 
 
-@pytest.mark.parametrize("rule, p", [("inverse", 0.2), ("inverse:0,0.2", 0.001)])
+@pytest.mark.parametrize("rule, p", [(RULE, 0.2), ("inverse:0,0.2", 0.001)])
 def test_phi_word_outside_vocabulary_is_hidden_when_every_member_misses_it(rule: str,
                                                                            p: float) -> None:
     name = surname()
@@ -95,7 +98,7 @@ def test_word_outside_vocabulary_needs_a_confident_model() -> None:
     it is not PHI (P < LOW); with rules alone nothing vouches for it."""
     note = Note("a", "patient seen by dr today, sob resolved")
     rules = fixed("rules", "a", [])
-    assert hidden(Ensemble([rules], "inverse", safe_vocab=vocab()), note) == [
+    assert hidden(Ensemble([rules], RULE, safe_vocab=vocab()), note) == [
         ("sob resolved", "PHI")]
     ens = Ensemble([rules, model({"sob": 0.001, "resolved": 0.2})], "inverse:0.05,0.5",
                    safe_vocab=vocab())
@@ -104,7 +107,7 @@ def test_word_outside_vocabulary_needs_a_confident_model() -> None:
 
 def test_vocabulary_word_flagged_by_a_member_is_hidden() -> None:
     note = Note("a", "patient seen by dr Stable today")
-    ens = Ensemble([fixed("rules", "a", [Span(19, 25, "NAME", 1.0)]), model()], "inverse",
+    ens = Ensemble([fixed("rules", "a", [Span(19, 25, "NAME", 1.0)]), model()], RULE,
                    safe_vocab=vocab())
     assert hidden(ens, note) == [("Stable", "NAME")]
 
@@ -120,7 +123,7 @@ def test_vocabulary_word_with_model_p_above_high_is_hidden() -> None:
 
 def test_numbers_come_back_only_in_measurements() -> None:
     note = Note("a", "given 5 mg po on 03/14/2026\ncall 617-555-0143\nBP 120/80 HR 88")
-    ens = Ensemble([model()], "inverse", safe_vocab=vocab())
+    ens = Ensemble([model()], RULE, safe_vocab=vocab())
     got = hidden(ens, note)
     assert ("5", "PHI") not in got and all("120" not in t and "88" not in t for t, _ in got)
     texts = [t for t, _ in got]
@@ -137,11 +140,11 @@ def test_numbers_come_back_only_in_measurements() -> None:
 
 def test_adjacent_hidden_words_merge_but_not_across_lines_or_punctuation() -> None:
     note = Note("a", "wife Anna Maria Xu\nGrell, Boro today")
-    ens = Ensemble([model()], "inverse", safe_vocab=vocab())
+    ens = Ensemble([model()], RULE, safe_vocab=vocab())
     assert hidden(ens, note) == [("Anna Maria Xu", "PHI"), ("Grell", "PHI"), ("Boro", "PHI")]
     # a member's label names the merged span; two different labels stay apart
     ens = Ensemble([fixed("r", "a", [Span(5, 9, "NAME", 1.0), Span(25, 29, "DATE", 1.0)]),
-                    model()], "inverse", safe_vocab=vocab())
+                    model()], RULE, safe_vocab=vocab())
     assert hidden(ens, note) == [("Anna Maria Xu", "NAME"), ("Grell", "PHI"), ("Boro", "DATE")]
 
 
@@ -149,7 +152,7 @@ def test_tag_and_surrogate_modes_and_audit(tmp_path: Path) -> None:
     name = surname()
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"id": "a", "text": f"patient seen by dr {name} today"}) + "\n")
-    ens = Ensemble([fixed("rules", "a", []), model()], "inverse", safe_vocab=vocab())
+    ens = Ensemble([fixed("rules", "a", []), model()], RULE, safe_vocab=vocab())
     run_deid(src, tmp_path / "tag", ens, mode="tag")
     (rec,) = [json.loads(x) for x in (tmp_path / "tag" / "in.jsonl").read_text().splitlines()]
     assert rec["text"] == "patient seen by dr [**PHI**] today"
@@ -164,11 +167,11 @@ def test_resume_refuses_a_changed_vocabulary(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"id": "a", "text": "patient seen today"}) + "\n")
     out = tmp_path / "out"
-    run_deid(src, out, Ensemble([model()], "inverse", safe_vocab=vocab()))
+    run_deid(src, out, Ensemble([model()], RULE, safe_vocab=vocab()))
     other = SafeVocabulary.from_words((*WORDS, "anna"))
     with pytest.raises(ConfigError, match="different settings"):
-        run_deid(src, out, Ensemble([model()], "inverse", safe_vocab=other), resume=True)
-    run_deid(src, out, Ensemble([model()], "inverse", safe_vocab=vocab()), resume=True)
+        run_deid(src, out, Ensemble([model()], RULE, safe_vocab=other), resume=True)
+    run_deid(src, out, Ensemble([model()], RULE, safe_vocab=vocab()), resume=True)
 
 
 def test_rule_parse_and_manifest_round_trip(tmp_path: Path,
@@ -223,14 +226,14 @@ def test_calibrate_inverse_picks_low_high_for_the_target_and_refuses_below_the_f
     from dphub.ensemble.inverse_calibrate import calibrate_inverse
 
     probs = {"Stable": 0.3, "clinic": 0.1}
-    ens = Ensemble([model(probs)], "inverse", safe_vocab=vocab())
+    ens = Ensemble([model(probs)], RULE, safe_vocab=vocab())
     res = calibrate_inverse(ens, _labelled(), 1.0)
     assert res.rule == "inverse:0.1,0.3" and res.recall == 1.0 and res.precision == 1.0
     res = calibrate_inverse(ens, _labelled(), 0.5)
     # vocabulary words come back whatever the model says; words outside it need P < 0.1
     assert res.rule == "inverse:0.1,1" and res.recall == 0.5
     # a non-PHI vocabulary word the model scores higher than the surname: recall 1 costs it
-    ens = Ensemble([model({**probs, "today": 0.45})], "inverse", safe_vocab=vocab())
+    ens = Ensemble([model({**probs, "today": 0.45})], RULE, safe_vocab=vocab())
     with pytest.raises(CalibrationRefused, match="below the minimum precision 0.9"):
         calibrate_inverse(ens, _labelled(), 1.0, min_precision=0.9)
     res = calibrate_inverse(ens, _labelled(), 1.0, min_precision=0.9, force=True, holdout=0.5)
@@ -246,7 +249,7 @@ def test_cli_calibrate_stores_the_inverse_thresholds(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "m.toml"
     assert main(["ensemble", "add", "rules:default", "-e", str(path)]) == 0
-    ens = Ensemble([model({"Stable": 0.3, "clinic": 0.1})], "inverse", safe_vocab=vocab())
+    ens = Ensemble([model({"Stable": 0.3, "clinic": 0.1})], RULE, safe_vocab=vocab())
     monkeypatch.setattr("dphub.ensemble.core.build_ensemble", lambda *a, **k: ens)
     monkeypatch.setattr("dphub.ensemble.evaluation.read_labelled", lambda *a, **k: _labelled())
     assert main(["ensemble", "calibrate", str(tmp_path / "gold.jsonl"), "--target-recall", "1",
@@ -295,7 +298,7 @@ def test_cli_deid_inverse_in_every_output_mode(tmp_path: Path, mode: str,
     key = tmp_path / "key"
     key.write_bytes(b"k" * 32)
     out = tmp_path / "out"
-    args = ["ensemble", "deid", str(src), "--out", str(out), "--aggregate", "inverse",
+    args = ["ensemble", "deid", str(src), "--out", str(out), "--aggregate", RULE,
             "--safe-words", str(own), "--mode", mode, "-e", str(path)]
     assert main(args + (["--key-file", str(key)] if mode == "surrogate" else [])) == 0
     (audit,) = [json.loads(x) for x in (out / "audit.jsonl").read_text().splitlines()]
@@ -312,7 +315,7 @@ def test_cli_deid_inverse_in_every_output_mode(tmp_path: Path, mode: str,
 def test_a_student_cannot_learn_from_the_inverse_rule() -> None:
     from dphub.ensemble.distill import pseudo_label
 
-    ens = Ensemble([model()], "inverse", safe_vocab=vocab())
+    ens = Ensemble([model()], RULE, safe_vocab=vocab())
     with pytest.raises(ConfigError, match="no label a student could learn"):
         pseudo_label(ens, [Note("a", "patient seen today")])
 
@@ -324,8 +327,8 @@ def test_a_long_note_read_in_chunks_hides_what_one_pass_hides() -> None:
                     for i in range(40))
     note = Note("a", text)
     probs = {"today": 0.3, "seen": 0.1}
-    whole = hidden(Ensemble([model(probs)], "inverse", safe_vocab=vocab()), note)
-    chunked = Ensemble([model(probs)], "inverse", safe_vocab=vocab())
+    whole = hidden(Ensemble([model(probs)], RULE, safe_vocab=vocab()), note)
+    chunked = Ensemble([model(probs)], RULE, safe_vocab=vocab())
     chunked.chunk_chars, chunked.chunk_overlap = 300, 40
     assert len(text) > 4 * chunked.chunk_chars
     assert hidden(chunked, note) == whole and whole[0][0].endswith(" today")
