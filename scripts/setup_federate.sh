@@ -15,7 +15,7 @@ fi
 FED_SITE=$(.venv-federate/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "$MAIN_SITE" > "$FED_SITE/zz-dphub-main-venv.pth"  # after Flower's own pins on sys.path
 .venv-federate/bin/python -m pip install -q "flwr[simulation]==1.42.0" 2>&1 \
-  | { grep -v -E "^WARNING: |Not uninstalling|Can't uninstall|outside environment" || true; }
+  | { grep -v -E "^WARNING: |Not uninstalling|Can't uninstall|outside environment|^ERROR: pip.s dependency resolver|^[A-Za-z0-9_.-]+ [0-9][^ ]* requires .*(incompatible|not installed)" || true; }
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
   .venv-federate/bin/python -m pip install -q --no-deps -e . 2>&1 \
   | { grep -v -E "^WARNING: |^ERROR: pip.s dependency resolver|^dphub .* requires " || true; }
