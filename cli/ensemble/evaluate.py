@@ -85,18 +85,11 @@ def calibrate_cmd(
         extra = f" ({', '.join(f'{lab} {v:g}' for lab, v in per.items())}; other labels {t:g})" \
             if per else ""
         typer.echo(f"{name}: threshold {t:g}{extra}")
-    typer.echo(f"calibration notes ({res.notes} notes, {res.patients} patients): ensemble token "
-               f"recall {res.recall:.4f} (target {target_recall}), precision {res.precision:.4f} "
-               f"on {res.tokens} tokens ({res.phi_tokens} PHI)")
-    h = res.holdout
-    if h is not None:
-        rec = "-" if h.recall is None else f"{h.recall:.4f}"
-        typer.echo(f"held-out check ({h.notes} notes, {h.patients} patients): token recall {rec}, "
-                   f"precision {h.precision:.4f} on {h.tokens} tokens ({h.phi_tokens} PHI)")
-        if h.recall is not None and h.recall < target_recall:
-            typer.echo(f"warning: held-out recall {h.recall:.4f} is below the target "
-                       f"{target_recall}; more labelled notes would give steadier thresholds",
-                       err=True)
+    h = _echo_scores(res, target_recall)
+    if h is not None and h.recall is not None and h.recall < target_recall:
+        typer.echo(f"warning: held-out recall {h.recall:.4f} is below the target "
+                   f"{target_recall}; more labelled notes would give steadier thresholds",
+                   err=True)
     if not res.reached:
         typer.echo("warning: target recall not reached; lowest thresholds chosen", err=True)
     if res.forced:
@@ -115,6 +108,20 @@ def calibrate_cmd(
         typer.echo(f"thresholds stored in {manifest_path}")
 
 
+def _echo_scores(res: Any, target_recall: float) -> Any:
+    """Print a calibration's scores on its notes and on the held-out patients (forward and
+    inverse alike); return the held-out report (None without one)."""
+    typer.echo(f"calibration notes ({res.notes} notes, {res.patients} patients): ensemble token "
+               f"recall {res.recall:.4f} (target {target_recall}), precision {res.precision:.4f} "
+               f"on {res.tokens} tokens ({res.phi_tokens} PHI)")
+    h = res.holdout
+    if h is not None:
+        rec = "-" if h.recall is None else f"{h.recall:.4f}"
+        typer.echo(f"held-out check ({h.notes} notes, {h.patients} patients): token recall {rec}, "
+                   f"precision {h.precision:.4f} on {h.tokens} tokens ({h.phi_tokens} PHI)")
+    return h
+
+
 def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdout: float,
                        seed: int, min_precision: float, force: bool, dry_run: bool,
                        manifest_path: Path) -> None:
@@ -128,14 +135,7 @@ def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdo
                                 min_precision=min_precision, force=force,
                                 progress=reporter.count_callback("calibrate", "notes"))
     typer.echo(f"aggregate {res.rule}")
-    typer.echo(f"calibration notes ({res.notes} notes, {res.patients} patients): ensemble token "
-               f"recall {res.recall:.4f} (target {target_recall}), precision {res.precision:.4f} "
-               f"on {res.tokens} tokens ({res.phi_tokens} PHI)")
-    h = res.holdout
-    if h is not None:
-        rec = "-" if h.recall is None else f"{h.recall:.4f}"
-        typer.echo(f"held-out check ({h.notes} notes, {h.patients} patients): token recall {rec}, "
-                   f"precision {h.precision:.4f} on {h.tokens} tokens ({h.phi_tokens} PHI)")
+    _echo_scores(res, target_recall)
     if res.forced:
         typer.echo(f"WARNING (--force): {res.refusal()}", err=True)
     if not dry_run:

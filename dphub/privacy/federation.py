@@ -32,7 +32,8 @@ FEDERATION_NOT_COVERED = (
     "claim assumes each patient is at one site only",
     "a site that lies (poisoned updates, misreported accounting): it can damage the model; "
     "it cannot learn another site's patients beyond the guarantee",
-    "which sites took part and when (sites are counted in coarse ranges only)",
+    "which sites took part and when (sites are not named; the per-site accounting rows show "
+    "how many there were)",
 )
 
 
