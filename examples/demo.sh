@@ -2,6 +2,7 @@
 # The dphub loop end to end, with the CLI only, on synthetic nursing notes:
 #
 #   data synth -> data split (by patient) -> train two sites with DP -> publish to a local hub
+#   (and a public student of one site: post-processing, the site's epsilon)
 #   -> search -> pull -> ensemble add (+ rules:default) -> ensemble deid (Scenario A)
 #   -> train the owner's own DP model -> ensemble deid --owner-model (Scenario B)
 #   -> ensemble evaluate (members and ensemble side by side)
@@ -27,6 +28,7 @@
 #                     cache, because publishing checks the tokenizer against the public base)
 #   DEMO_WARM_START   synth | none (public warm start on synthetic notes)   (default synth)
 #   DEMO_SEED         seed of the notes, the split and the trainings        (default 0)
+#   DEMO_STUDENT_NOTES public synthetic notes site-a's public student learns  (default 40)
 set -euo pipefail
 
 OUT=${1:-./demo-out}
@@ -39,6 +41,7 @@ EPSILON=${DEMO_EPSILON:-8}
 BASE_MODEL=${DEMO_BASE_MODEL:-default}
 WARM_START=${DEMO_WARM_START:-synth}
 SEED=${DEMO_SEED:-0}
+STUDENT_NOTES=${DEMO_STUDENT_NOTES:-40}
 
 command -v dphub >/dev/null || { echo "demo: dphub is not on PATH (run scripts/setup.sh and activate .venv)" >&2; exit 2; }
 if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
@@ -80,6 +83,13 @@ step "4. publish both to the local hub ($OUT/hub); the gate checks card, files a
 for site in site-a site-b; do
   dphub publish "models/$site" --repo "demo/$site" --hub hub
 done
+# a public student of site-a: site-a's model (+ rules) labels public synthetic notes and a student
+# learns them without noise; post-processing of a DP model, so it publishes with site-a's epsilon
+# (on another base, e.g. --base-model minilm-l3, this is how a site gets a faster model for free)
+dphub ensemble distill-public models/site-a --out models/site-a-student --notes "$STUDENT_NOTES" \
+  --epochs "$EPOCHS" --base-model "$BASE_MODEL" --train-layers "$TRAIN_LAYERS" \
+  --warm-start "$WARM_START" --seed "$SEED"
+dphub publish models/site-a-student --repo demo/site-a-student --hub hub
 
 step "5. the owner searches the hub for patient-level models"
 dphub search --hub hub --unit patient --max-epsilon "$EPSILON"
@@ -139,6 +149,7 @@ step "done in $(( SECONDS - START )) s; outputs under $OUT"
 cat <<EOF
   data/                     synthetic notes and the patient-disjoint split (JSONL)
   models/site-a, site-b     the sites' DP models (safetensors + model card README.md)
+  models/site-a-student     site-a's public student (public notes only; site-a's epsilon)
   models/owner              the owner's own DP model (Scenario B)
   hub/                      the local hub the sites published to (one git repo per model)
   home/                     the owner's registry of pulled, verified models

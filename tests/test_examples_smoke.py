@@ -90,6 +90,8 @@ def test_demo_runs_tiny_end_to_end(env: dict[str, str], tiny_base_model: Path,
     stages = [line.split("] ", 1)[1][:2] for line in out.splitlines() if line.startswith("== [")]
     assert stages[:9] == [f"{i}." for i in range(1, 10)], stages
     assert "published demo/site-a@" in out and "published demo/site-b@" in out
+    # issue 29: the public student publishes at its teacher's ε (post-processing)
+    assert "public student of local-teacher-1@" in out and "published demo/site-a-student@" in out
     assert "pulled demo/site-a@" in out and "pulled demo/site-b@" in out
     # the evaluation tables: Scenario A without, Scenario B with the owner's model
     a, b = out.split("Scenario A (pulled")[1].split("Scenario B (pulled")

@@ -29,6 +29,7 @@ keys)::
 
 Package layout (bottom-up; each module imports only those above it in this list):
 ``model`` (:class:`ModelCard`, file names, README text), ``meta`` (producing the blocks),
+``post_processing`` (a public student's block: its teacher's guarantee),
 ``audit`` (the ``empirical_audit`` block in words and its verdict check), ``validation`` (schema,
 accounting recomputation), ``render`` (the body, :func:`build_card`, :func:`write_card`),
 ``parse`` (loading), ``evaluation`` (``model-index``), ``summary`` (flat fields for tables).
@@ -85,6 +86,13 @@ from dphub.card.parse import (  # noqa: F401
     read_card_text,
     split_front_matter,
 )
+from dphub.card.post_processing import (  # noqa: F401
+    DISTILLATION,
+    DP_POST_PROCESSING,
+    POST_PROCESSING_NOT_COVERED,
+    is_post_processing,
+    post_processing_block,
+)
 from dphub.card.render import (  # noqa: F401
     CARD_TEXT_FIELDS,
     CARD_TEXT_KEY,
@@ -137,6 +145,9 @@ __all__ = [
     "TRAINING_CONFIG_FORMAT",
     "accounting_problems",
     "add_evaluation",
+    "DISTILLATION",
+    "DP_POST_PROCESSING",
+    "POST_PROCESSING_NOT_COVERED",
     "audit_section",
     "body_is_rendered",
     "build_card",
@@ -152,6 +163,7 @@ __all__ = [
     "describe",
     "dp_block",
     "dp_summary",
+    "is_post_processing",
     "is_public_model",
     "join_problems",
     "library_versions",
@@ -161,6 +173,7 @@ __all__ = [
     "meta_problems",
     "non_private_block",
     "parse_card",
+    "post_processing_block",
     "public_block",
     "read_card_text",
     "run_delta",

@@ -96,6 +96,7 @@ _DP_ROWS: tuple[tuple[str, str], ...] = (
     ("secure_rng", "secure RNG"),
     ("mechanism_rng", "noise and sampling randomness"),
     ("composition", "composition of this run with its teachers (ε and δ add up)"),
+    ("post_processing", "public student of (post-processing: the teacher's ε, none spent)"),
     ("weights_sha256", "weights SHA-256"),
     ("recall_weighting", "recall weighting"),
     ("public_pretraining", "public warm start (costs no ε)"),

@@ -59,4 +59,15 @@ def dp_summary(card: ModelCard) -> dict[str, Any]:
         "card_text": sorted(_card_texts(meta)),
         "init_from": init[0] if init else None,
         "lineage": lineage,
+        # issue 29: a public student carries its teacher's claim (post-processing)
+        "student_of": _student_of(dp),
     }
+
+
+def _student_of(dp: dict[str, Any]) -> str | None:
+    """``repo@revision`` of a public student's teacher (None for other models)."""
+    pp = dp.get("post_processing")
+    teacher = pp.get("teacher") if isinstance(pp, dict) else None
+    if not isinstance(teacher, dict):
+        return None
+    return f"{teacher.get('repo')}@{teacher.get('revision')} (the teacher's ε: post-processing)"

@@ -112,6 +112,10 @@ def _error_message(err: ValidationError) -> str:
             inst, dict) else []
         shown = ", ".join(k if _SAFE_KEY.match(str(k)) else "<non-identifier key>" for k in extra)
         return f"field(s) not allowed here: {shown}"
+    forbidden = err.validator_value if err.validator == "not" else None
+    if isinstance(forbidden, Mapping) and set(forbidden) == {"required"}:
+        # a field only another kind of card has (post_processing: a public student's)
+        return f"field(s) not allowed here: {', '.join(map(str, forbidden['required']))}"
     if _is_exact_count(err):
         return "is an exact count, published outside the guarantee"
     if inst is None or isinstance(inst, (bool, int, float)):

@@ -38,6 +38,7 @@ from typing import Any
 from dphub.card import (
     TRAINING_CONFIG_FORMAT,
     body_is_rendered,
+    is_post_processing,
     is_public_model,
     load_card,
     load_valid_card,
@@ -67,6 +68,7 @@ from dphub.hub.gate_common import (
 )
 from dphub.hub.gate_common import RULE_FEATURE_KEYS as RULE_FEATURE_KEYS
 from dphub.hub.gate_common import config_problems as config_problems
+from dphub.hub.gate_postprocessing import post_processing_problems  # issue 29
 from dphub.hub.gate_provenance import PUBLIC_HYPERPARAM_KEYS as PUBLIC_HYPERPARAM_KEYS
 from dphub.hub.gate_provenance import PUBLIC_TRAINING_CONFIG_KEYS as PUBLIC_TRAINING_CONFIG_KEYS
 from dphub.hub.gate_provenance import check_public_provenance, public_provenance_problems
@@ -426,6 +428,9 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
     A loss curve, a unit count or any other statistic of the private data is not covered by the
     guarantee; the training config carries hyper-parameters and the accounting inputs only.
     """
+    if is_post_processing(dp):
+        # a public student: its record is a run on public notes, its card its teacher's claim
+        return post_processing_problems(model_dir, dp)
     try:
         cfg = read_training_config(model_dir)
     except GateViolation as e:

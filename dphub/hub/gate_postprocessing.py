@@ -1,0 +1,120 @@
+"""The publish gate's check of a public student (``dphub ensemble distill-public``): its training
+record is a run on public synthetic notes that regenerate to the recorded digest, labelled by the
+teacher the card names, and nothing of a run on someone's notes.
+
+Why the gate needs this: the card of a public student carries its teacher's accounting fields
+and claim (post-processing keeps a DP model's guarantee, :mod:`dphub.card.post_processing`), so
+the card's own checks recompute the *teacher's* ε. That claim is only true if the student never
+saw private data; the record is how that becomes checkable, as for a public base
+(:mod:`dphub.hub.gate_provenance`): the gate regenerates the notes with :mod:`dphub.synth` and
+compares the digest, the teacher's weights digest, the step count and the labels' kind with the
+card. What stays a trust assumption is, as for every card, that the weights were trained on that
+record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dphub.card import TRAINING_CONFIG_FORMAT, is_post_processing
+from dphub.errors import ConfigError, DphubError
+from dphub.hub.gate_common import (
+    PUBLIC_DATA_KEYS,
+    GateViolation,
+    _key_list,
+    read_training_config,
+)
+
+#: ``training_config.json`` keys of a public student: no privacy unit, accountant, sampling rate
+#: or ε (the claim is the teacher's, recorded on the card), no ``init_from``.
+STUDENT_TRAINING_CONFIG_KEYS = frozenset({
+    "format_version", "dphub_training", "base_model", "base_model_sha256", "init_from", "no_dp",
+    "steps",
+})
+#: Its ``dphub_training`` keys: the student's training settings, the public data's record and the
+#: teacher's weights digest.
+STUDENT_HYPERPARAM_KEYS = frozenset({
+    "epochs", "batch_size", "lr", "head", "train_layers", "encoder_layers", "label_schema", "seed",
+    "no_dp", "warm_start", "max_length", "stride", "rule_features", "rule_lr_scale",
+    "recall_weight", "soft_labels", *PUBLIC_DATA_KEYS, "synth_discharge_share",
+    "teacher_sha256", "teacher_rules",
+})
+#: warm starts a public student may begin from: the public one, or the base itself
+PUBLIC_STARTS = ("synth", "none")
+
+
+def post_processing_problems(model_dir: Path, dp: Any) -> list[str]:
+    """Every way a public student's training record fails its card ([] for other cards)."""
+    if not is_post_processing(dp):
+        return []
+    what = "a public student's card needs the training record of dphub ensemble distill-public"
+    try:
+        cfg = read_training_config(model_dir)
+    except GateViolation as e:
+        return [e.message]
+    extra = set(cfg) - STUDENT_TRAINING_CONFIG_KEYS
+    if extra:
+        return [f"training_config.json holds {_key_list(extra)}, which a student trained on "
+                f"public synthetic notes does not record: {what}"]
+    if cfg.get("format_version") != TRAINING_CONFIG_FORMAT:
+        return [f"training_config.json format_version must be {TRAINING_CONFIG_FORMAT}"]
+    hyper = cfg.get("dphub_training")
+    if not isinstance(hyper, dict):
+        return [f"training_config.json has no dphub_training block: {what}"]
+    extra = set(hyper) - STUDENT_HYPERPARAM_KEYS
+    if extra:
+        return [f"training_config.json dphub_training holds {_key_list(extra)}, which a "
+                f"student trained on public synthetic notes does not record: {what}"]
+    if cfg.get("no_dp") is not True or hyper.get("no_dp") is not True or cfg.get("init_from") \
+            or hyper.get("warm_start") not in PUBLIC_STARTS:
+        return [f"training_config.json does not describe a student's run on public notes "
+                f"(no_dp, no init_from, warm_start synth or none): {what}"]
+    missing = [k for k in (*PUBLIC_DATA_KEYS, "teacher_sha256", "teacher_rules", "soft_labels")
+               if k not in hyper]
+    if missing:
+        return [f"training_config.json does not record {', '.join(missing)}, so the card's "
+                f"post_processing cannot be checked: {what}"]
+    pp = dp.get("post_processing") or {}
+    teacher = pp.get("teacher") or {}
+    claims = {
+        "post_processing.notes": (pp.get("notes"), hyper.get("synth_notes")),
+        "post_processing.steps": (pp.get("steps"), cfg.get("steps")),
+        "post_processing.teacher.weights_sha256": (teacher.get("weights_sha256"),
+                                                   hyper.get("teacher_sha256")),
+        "post_processing.rules": (pp.get("rules"), hyper.get("teacher_rules")),
+        "post_processing.labels": (pp.get("labels"),
+                                   "soft" if hyper.get("soft_labels") is True else "hard"),
+    }
+    differ = [k for k, (card_v, rec_v) in claims.items() if card_v != rec_v]
+    if differ:
+        return [f"the card's {', '.join(differ)} differ from training_config.json: the card "
+                "does not describe this student's run"]
+    if teacher.get("weights_sha256") == dp.get("weights_sha256"):
+        return ["post_processing.teacher.weights_sha256 is the model's own: a model cannot be "
+                "its own teacher"]
+    try:
+        return _regenerated_problems(hyper)
+    except DphubError as e:
+        return [f"the public notes training_config.json records cannot be regenerated "
+                f"({e.message})"]
+
+
+def _regenerated_problems(hyper: dict[str, Any]) -> list[str]:
+    """Regenerate the recorded synthetic notes and compare their digest."""
+    # heavy: the dphub.train package loads torch and opacus; only this check needs it
+    from dphub.train.pretrain import PretrainConfig, public_data_digest
+
+    try:
+        pc = PretrainConfig(notes=hyper["synth_notes"],
+                            discharge_share=float(hyper["synth_discharge_share"]),
+                            synth_seed=int(hyper["synth_seed"]))
+        pc.validate()
+    except (TypeError, ValueError):
+        raise ConfigError("the generator's parameters are not numbers") from None
+    if public_data_digest(pc.iter_public_notes()) != hyper["synth_sha256"]:
+        return ["the synthetic notes training_config.json records (synth_notes, "
+                "synth_discharge_share, synth_seed) do not regenerate to its synth_sha256 with "
+                "this dphub: the student's inputs are not the public generator's (or were made "
+                "by another dphub or Faker version: publish with that one)"]
+    return []
