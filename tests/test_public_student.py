@@ -228,6 +228,12 @@ def test_cli_distill_public_then_validate(teacher_dir: Path, tiny_base_model: Pa
     assert f"ε = {eps:.3f}" in cap.out and "public student" in cap.out
     assert load_card(out).dp["post_processing"]["teacher"]["repo"] == "local-teacher-1"
     assert main(["card", "validate", str(out)]) == 0
+    # without --epochs: the student's 8, not dphub train's 32 full-batch DP epochs
+    assert main(["ensemble", "distill-public", str(teacher_dir), "--out", str(tmp_path / "d"),
+                 "--notes", "2", "--base-model", str(tiny_base_model), "--warm-start", "none",
+                 "--threads", "1"]) == 0
+    record = json.loads((tmp_path / "d" / "training_config.json").read_text())
+    assert record["dphub_training"]["epochs"] == 8.0
     capsys.readouterr()
     code = main(["ensemble", "distill-public", str(tmp_path / "nowhere"), "--out",
                  str(tmp_path / "x")])
