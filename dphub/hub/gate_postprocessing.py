@@ -18,12 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from dphub.card import TRAINING_CONFIG_FORMAT, is_post_processing
-from dphub.errors import ConfigError, DphubError
+from dphub.errors import DphubError
 from dphub.hub.gate_common import (
     PUBLIC_DATA_KEYS,
     GateViolation,
-    _key_list,
     read_training_config,
+)
+from dphub.hub.gate_provenance import (
+    SYNTH_DIGEST_MISMATCH,
+    record_key_problems,
+    regenerate_recorded_notes,
 )
 
 #: ``training_config.json`` keys of a public student: no privacy unit, accountant, sampling rate
@@ -53,19 +57,13 @@ def post_processing_problems(model_dir: Path, dp: Any) -> list[str]:
         cfg = read_training_config(model_dir)
     except GateViolation as e:
         return [e.message]
-    extra = set(cfg) - STUDENT_TRAINING_CONFIG_KEYS
-    if extra:
-        return [f"training_config.json holds {_key_list(extra)}, which a student trained on "
-                f"public synthetic notes does not record: {what}"]
+    problems = record_key_problems(cfg, STUDENT_TRAINING_CONFIG_KEYS, STUDENT_HYPERPARAM_KEYS,
+                                   "a student trained on public synthetic notes", what)
+    if problems:
+        return problems
     if cfg.get("format_version") != TRAINING_CONFIG_FORMAT:
         return [f"training_config.json format_version must be {TRAINING_CONFIG_FORMAT}"]
-    hyper = cfg.get("dphub_training")
-    if not isinstance(hyper, dict):
-        return [f"training_config.json has no dphub_training block: {what}"]
-    extra = set(hyper) - STUDENT_HYPERPARAM_KEYS
-    if extra:
-        return [f"training_config.json dphub_training holds {_key_list(extra)}, which a "
-                f"student trained on public synthetic notes does not record: {what}"]
+    hyper = cfg["dphub_training"]
     if cfg.get("no_dp") is not True or hyper.get("no_dp") is not True or cfg.get("init_from") \
             or hyper.get("warm_start") not in PUBLIC_STARTS:
         return [f"training_config.json does not describe a student's run on public notes "
@@ -94,27 +92,8 @@ def post_processing_problems(model_dir: Path, dp: Any) -> list[str]:
         return ["post_processing.teacher.weights_sha256 is the model's own: a model cannot be "
                 "its own teacher"]
     try:
-        return _regenerated_problems(hyper)
+        _, notes = regenerate_recorded_notes(hyper)
     except DphubError as e:
         return [f"the public notes training_config.json records cannot be regenerated "
                 f"({e.message})"]
-
-
-def _regenerated_problems(hyper: dict[str, Any]) -> list[str]:
-    """Regenerate the recorded synthetic notes and compare their digest."""
-    # heavy: the dphub.train package loads torch and opacus; only this check needs it
-    from dphub.train.pretrain import PretrainConfig, public_data_digest
-
-    try:
-        pc = PretrainConfig(notes=hyper["synth_notes"],
-                            discharge_share=float(hyper["synth_discharge_share"]),
-                            synth_seed=int(hyper["synth_seed"]))
-        pc.validate()
-    except (TypeError, ValueError):
-        raise ConfigError("the generator's parameters are not numbers") from None
-    if public_data_digest(pc.iter_public_notes()) != hyper["synth_sha256"]:
-        return ["the synthetic notes training_config.json records (synth_notes, "
-                "synth_discharge_share, synth_seed) do not regenerate to its synth_sha256 with "
-                "this dphub: the student's inputs are not the public generator's (or were made "
-                "by another dphub or Faker version: publish with that one)"]
-    return []
+    return [] if notes is not None else [SYNTH_DIGEST_MISMATCH]

@@ -74,17 +74,11 @@ def public_provenance_problems(model_dir: Path, meta: dict[str, Any]) -> list[st
     except GateViolation as e:
         return [e.message]
     what = "a public-synthetic card needs the training record of dphub pretrain"
-    extra = set(cfg) - PUBLIC_TRAINING_CONFIG_KEYS
-    hyper = cfg.get("dphub_training")
-    if extra:
-        return [f"training_config.json holds {_key_list(extra)}, which a run on public "
-                f"synthetic notes does not record: {what}"]
-    if not isinstance(hyper, dict):
-        return [f"training_config.json has no dphub_training block: {what}"]
-    extra = set(hyper) - PUBLIC_HYPERPARAM_KEYS
-    if extra:
-        return [f"training_config.json dphub_training holds {_key_list(extra)}, which a run on "
-                f"public synthetic notes does not record: {what}"]
+    problems = record_key_problems(cfg, PUBLIC_TRAINING_CONFIG_KEYS, PUBLIC_HYPERPARAM_KEYS,
+                                   "a run on public synthetic notes", what)
+    if problems:
+        return problems
+    hyper = cfg["dphub_training"]
     if cfg.get("no_dp") is not True or hyper.get("no_dp") is not True or cfg.get("init_from") \
             or hyper.get("warm_start") != "none":
         return [f"training_config.json does not describe a pretraining run (no_dp, no "
@@ -103,9 +97,36 @@ def public_provenance_problems(model_dir: Path, meta: dict[str, Any]) -> list[st
                 f"({e.message})"]
 
 
-def _regenerated_data_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str, Any],
-                               hyper: dict[str, Any]) -> list[str]:
-    """Regenerate the recorded synthetic corpus; compare digest, card blocks and step count."""
+def record_key_problems(cfg: dict[str, Any], top_keys: frozenset[str],
+                        hyper_keys: frozenset[str], run: str, what: str) -> list[str]:
+    """Keys of a training record outside a kind of run's allow-lists (top level and
+    ``dphub_training``), or no ``dphub_training`` block: the record is not of ``run``."""
+    extra = set(cfg) - top_keys
+    if extra:
+        return [f"training_config.json holds {_key_list(extra)}, which {run} does not record: "
+                f"{what}"]
+    hyper = cfg.get("dphub_training")
+    if not isinstance(hyper, dict):
+        return [f"training_config.json has no dphub_training block: {what}"]
+    extra = set(hyper) - hyper_keys
+    if extra:
+        return [f"training_config.json dphub_training holds {_key_list(extra)}, which {run} "
+                f"does not record: {what}"]
+    return []
+
+
+#: why a record's public notes are refused when they do not regenerate to its digest
+SYNTH_DIGEST_MISMATCH = (
+    "the synthetic notes training_config.json records (synth_notes, synth_discharge_share, "
+    "synth_seed) do not regenerate to its synth_sha256 with this dphub: the data is not the "
+    "public generator's (or was made by another dphub or Faker version: publish with that one)"
+)
+
+
+def regenerate_recorded_notes(hyper: dict[str, Any]) -> tuple[Any, list[Any] | None]:
+    """(generator configuration, notes) of the public data a training record names, regenerated
+    with :mod:`dphub.synth`; the notes are None when they do not match the record's digest
+    (``synth_sha256``). Raises :class:`ConfigError` when the parameters are not numbers."""
     # heavy: the dphub.train package loads torch and opacus; only this provenance check needs it
     from dphub.train.pretrain import PretrainConfig, public_data_digest
 
@@ -117,11 +138,15 @@ def _regenerated_data_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[
     except (TypeError, ValueError):
         raise ConfigError("the generator's parameters are not numbers") from None
     notes = list(pc.iter_public_notes())
-    if public_data_digest(notes) != hyper["synth_sha256"]:
-        return ["the synthetic notes training_config.json records (synth_notes, "
-                "synth_discharge_share, synth_seed) do not regenerate to its synth_sha256 with "
-                "this dphub: the data is not the public generator's (or was made by another "
-                "dphub or Faker version: publish with that one)"]
+    return pc, (notes if public_data_digest(notes) == hyper["synth_sha256"] else None)
+
+
+def _regenerated_data_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str, Any],
+                               hyper: dict[str, Any]) -> list[str]:
+    """Regenerate the recorded synthetic corpus; compare digest, card blocks and step count."""
+    pc, notes = regenerate_recorded_notes(hyper)
+    if notes is None:
+        return [SYNTH_DIGEST_MISMATCH]
     dp = meta["differential_privacy"]
     pre = dp.get("public_pretraining")
     if not isinstance(pre, dict):
