@@ -116,6 +116,9 @@ def test_student_card_claims_exactly_the_teachers_guarantee(
     words = privacy_statement(s)
     assert "public student" in words and "acme/dp-teacher@abc123" in words
     assert "post-processing" in words
+    assert "carries the guarantee of the model it was distilled from" in words
+    assert "of its teacher's training data" in words
+    assert "This model was trained with differential privacy" not in words
 
 
 def test_the_gate_accepts_the_student_with_the_teachers_epsilon(

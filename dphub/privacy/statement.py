@@ -131,14 +131,18 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
     if weak:
         paras.append(weak)  # the weakness first: a reader may stop after one sentence
     paras.append(summary(dp))
+    student = dp.get("training_data") == DP_POST_PROCESSING
     first = (
-        f"This model was trained with differential privacy (DP-SGD) at "
-        f"**epsilon = {_fmt(eps)}**, **delta = {_fmt(delta)}** with the privacy unit "
+        ("This model carries the guarantee of the model it was distilled from, which was "
+         "trained with differential privacy (DP-SGD) at " if student else
+         "This model was trained with differential privacy (DP-SGD) at ")
+        + f"**epsilon = {_fmt(eps)}**, **delta = {_fmt(delta)}** with the privacy unit "
         f"*{unit}*. The guarantee {unit_description(unit)}."
     )
     cap = dp.get("max_examples_per_unit")
     if unit != "sequence" and cap:
-        first += f" Each {unit} contributed at most {cap} training sequences."
+        first += (f" Each {unit} contributed at most {cap} training sequences"
+                  + (" to the teacher." if student else "."))
     paras.append(first)
     if unit in _WEAK_UNIT_WARNING:
         paras.append(f"**{_WEAK_UNIT_WARNING[unit]}**")
@@ -172,8 +176,10 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
     pre = dp.get("public_pretraining") or {}
     if pre.get("enabled"):
         paras.append(
-            "Before private training the model was warm-started on public synthetic notes. That "
-            "step uses no private data and costs no epsilon."
+            ("The student's own training started from a warm start on public synthetic notes."
+             if student else
+             "Before private training the model was warm-started on public synthetic notes.")
+            + " That step uses no private data and costs no epsilon."
         )
     lineage = [e for e in dp.get("lineage") or [] if e.get("role") != "teacher"]
     teachers = [e for e in dp.get("lineage") or [] if e.get("role") == "teacher"]
@@ -274,8 +280,9 @@ def summary(dp: Mapping[str, Any]) -> str:
         "csprng": "the operating system's cryptographically secure generator",
         "os-seeded": "a generator seeded afresh from the operating system for this run",
     }.get(str(dp.get("mechanism_rng")), "an unrecorded random source")
+    whose = "its teacher's" if dp.get("training_data") == DP_POST_PROCESSING else "its"
     return (
-        f"**In short:** the weights of this model protect each *{unit}* of its training data "
+        f"**In short:** the weights of this model protect each *{unit}* of {whose} training data "
         f"with epsilon = {_fmt(dp.get('epsilon'))}, delta = {_fmt(dp.get('delta'))} "
         f"(DP-SGD: per-{unit} clipping, Gaussian noise and Poisson sampling drawn from {source}). "
         "Outside that guarantee the card publishes only coarse ranges of the dataset's counts, "
