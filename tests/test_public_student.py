@@ -242,3 +242,15 @@ def test_cli_distill_public_then_validate(teacher_dir: Path, tiny_base_model: Pa
                  str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error:") and err.count("\n") == 1
+
+
+def test_cli_defaults_are_the_librarys() -> None:
+    """The command's --notes and --synth-seed defaults are the ones chosen and documented
+    (PublicInputs; the CLI declares them as literals so as not to load torch at start-up)."""
+    import inspect
+
+    from dphub.cli.ensemble.owner import distill_public_cmd
+
+    params = inspect.signature(distill_public_cmd).parameters
+    assert params["notes"].default.default == PublicInputs().notes
+    assert params["synth_seed"].default.default == PublicInputs().synth_seed

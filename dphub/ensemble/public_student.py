@@ -87,9 +87,13 @@ class PublicInputs:
         pc.validate()
         return pc
 
-    def unlabelled(self) -> list[Note]:
-        """The notes, without the generator's gold spans: the student learns the teacher's."""
-        return [replace(n, spans=[], labelled=False) for n in self.generator().iter_public_notes()]
+    def generate(self) -> tuple[list[Note], dict[str, Any]]:
+        """The notes without the generator's gold spans (the student learns the teacher's), and
+        the training record's description of them (the generator's parameters and the digest
+        the publish gate regenerates), generated once."""
+        pc = self.generator()
+        gold = list(pc.iter_public_notes())
+        return [replace(n, spans=[], labelled=False) for n in gold], pc.data_record(gold)
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,7 @@ def distill_public(
         raise ConfigError("distill-public trains without noise: the claim is the teacher's "
                           "(post-processing); DP training here would spend ε for nothing")
     out = _check_out(opts.out, opts.force)
-    notes = inputs.unlabelled()
+    notes, data_record = inputs.generate()
     slots = [Slot(ModelMember.load(teacher.path, "teacher"), None, teacher.dp.get("epsilon"),
                   teacher.dp.get("privacy_unit"), None, None, teacher.dp.get("delta"))]
     if rules:
@@ -159,7 +163,8 @@ def distill_public(
         student = work / "student"
         o = replace(opts, out=student, force=False, checkpoint_dir=ckpt)
         result = _train_on(labelled, o, work, "public", on_progress)
-        _rewrite_as_student(student, teacher, inputs, opts, rules=rules, steps=result.steps)
+        _rewrite_as_student(student, teacher, inputs.notes, data_record, opts, rules=rules,
+                            steps=result.steps)
         move_into_place(student, out, overwrite=opts.force)
     result.out_dir = out
     return OwnerResult(
@@ -169,8 +174,9 @@ def distill_public(
     )
 
 
-def _rewrite_as_student(student: Path, teacher: Teacher, inputs: PublicInputs,
-                        opts: TrainOptions, *, rules: bool, steps: int) -> None:
+def _rewrite_as_student(student: Path, teacher: Teacher, n_notes: int,
+                        data_record: dict[str, Any], opts: TrainOptions, *, rules: bool,
+                        steps: int) -> None:
     """Replace the local run's card and training record with the public student's: the
     teacher's guarantee and dataset block, the student's weights and warm start, and a record
     of public inputs the publish gate regenerates (:mod:`dphub.hub.gate_postprocessing`)."""
@@ -178,7 +184,7 @@ def _rewrite_as_student(student: Path, teacher: Teacher, inputs: PublicInputs,
     cfg = json.loads((student / TRAINING_CONFIG_FILE).read_text(encoding="utf-8"))
     hyper = {k: v for k, v in (cfg.get("dphub_training") or {}).items()
              if k in STUDENT_HYPERPARAM_KEYS}
-    hyper.update(inputs.generator().data_record())
+    hyper.update(data_record)
     hyper.update({"no_dp": True, "soft_labels": bool(opts.soft_labels),
                   "teacher_sha256": str(teacher.dp["weights_sha256"]), "teacher_rules": rules})
     record = {
@@ -196,7 +202,7 @@ def _rewrite_as_student(student: Path, teacher: Teacher, inputs: PublicInputs,
         public_pretraining=local.dp.get("public_pretraining"),
         teacher={"repo": teacher.repo, "revision": teacher.revision,
                  "weights_sha256": teacher.dp["weights_sha256"]},
-        notes=inputs.notes, steps=steps, soft_labels=bool(opts.soft_labels), rules=rules,
+        notes=n_notes, steps=steps, soft_labels=bool(opts.soft_labels), rules=rules,
     )
     if (rules or opts.rule_features) and RULES_NOT_COVERED not in dp["not_covered"]:
         # rule-made labels or rule features: the rule member's design is the caveat it always is

@@ -111,13 +111,15 @@ class PretrainConfig:
         for i, (kind, k) in enumerate(self.kinds()):
             yield from synth.iter_notes(k, kind=kind, seed=self.synth_seed + i)
 
-    def data_record(self) -> dict[str, Any]:
+    def data_record(self, notes: Any = None) -> dict[str, Any]:
         """What ``training_config.json`` records of the public data, so that anyone can
         regenerate it (:mod:`dphub.synth` with these parameters) and check its digest
-        (:func:`public_data_digest`): the publish gate does exactly that."""
+        (:func:`public_data_digest`): the publish gate does exactly that. ``notes``: this
+        configuration's notes, already generated (else they are generated here)."""
         return {"synth_notes": self.notes, "synth_discharge_share": self.discharge_share,
                 "synth_seed": self.synth_seed,
-                "synth_sha256": public_data_digest(self.iter_public_notes())}
+                "synth_sha256": public_data_digest(
+                    self.iter_public_notes() if notes is None else notes)}
 
     def card_block(self, steps: int | None = None, seed: int = 0) -> dict[str, Any]:
         """The card's ``public_pretraining`` block."""
