@@ -26,7 +26,7 @@ from pathlib import Path
 STAGES: tuple[tuple[str, str, str], ...] = (
     ("encoder forward (transformers)", "models/bert/modeling_bert.py", "forward"),
     ("rule features (rule scan)", "dphub/rule_features.py", "notes_features"),
-    ("rule member (tag)", "dphub/ensemble/rules.py", "tag"),
+    ("rule member (tag)", "dphub/rules/engine.py", "tag"),
     ("heads (emissions)", "dphub/tagger_model.py", "head_emissions"),
     ("Viterbi (pytorch-crf)", "torchcrf/__init__.py", "_viterbi_decode"),
     ("aggregation", "dphub/ensemble/aggregate.py", "aggregate"),

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_dev_corpus import _split  # noqa: E402
 
 from dphub.ensemble.measures import measurement_ranges  # noqa: E402
-from dphub.ensemble.rules import RULES_DEFAULT, RuleMember, RuleOptions  # noqa: E402
 from dphub.ensemble.words import WORD_RE  # noqa: E402
 from dphub.labels import category_of  # noqa: E402
+from dphub.rules.engine import RULES_DEFAULT, RuleMember, RuleOptions  # noqa: E402
 
 
 def shape(s: str) -> str:

@@ -138,7 +138,7 @@ def rule_member(work: Path, min_age: int | None) -> Any:
     """``rules:default`` as the reproduction ran it: its recorded ``min_age`` unless given."""
     import json
 
-    from dphub.ensemble.rules import RuleMember, RuleOptions
+    from dphub.rules.engine import RuleMember, RuleOptions
 
     if min_age is None:
         tables = work.parent / "tables.json"

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from dphub import formats
     from dphub.ensemble import Slot
-    from dphub.ensemble.rules import RuleMember, RuleOptions
+    from dphub.rules.engine import RuleMember, RuleOptions
     from dphub.splits import split_notes
 
     notes = list(formats.read(args.corpus, "physionet"))

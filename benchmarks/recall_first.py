@@ -43,8 +43,8 @@ from dphub.ensemble.core import Ensemble, Slot  # noqa: E402
 from dphub.ensemble.inverse import InverseRule, hidden_spans, parse_rule, word_table  # noqa: E402
 from dphub.ensemble.inverse_calibrate import PAIR_GRID  # noqa: E402
 from dphub.ensemble.members import ModelMember  # noqa: E402
-from dphub.ensemble.rules import RULES_DEFAULT, RuleMember, RuleOptions  # noqa: E402
 from dphub.evaluate import evaluate_spans  # noqa: E402
+from dphub.rules.engine import RULES_DEFAULT, RuleMember, RuleOptions  # noqa: E402
 from dphub.safe_vocab import load  # noqa: E402
 
 

@@ -64,7 +64,7 @@ def _child(args: argparse.Namespace) -> None:
         if args.member == "digits":
             slots = [Slot(_Digits())]
         elif args.member.startswith("rules:"):
-            from dphub.ensemble.rules import RuleMember
+            from dphub.rules.engine import RuleMember
 
             slots = [Slot(RuleMember())]
         else:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from importlib import metadata, resources
@@ -36,6 +37,7 @@ import numpy as np
 from dphub.errors import ModelError
 from dphub.labels import CATEGORIES, category_of
 from dphub.notes import Note, Span
+from dphub.rules.engine import RULES_DEFAULT, RuleMember, RuleOptions
 
 #: Version of the feature layout below (bump when the vector changes meaning).
 FEATURES_VERSION = 1
@@ -47,18 +49,21 @@ _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
 _SCORE, _FIRST, _LAST = len(CATEGORIES), len(CATEGORIES) + 1, len(CATEGORIES) + 2
 
 #: the rule member's source files: their bytes stand for its patterns and context rules in
-#: :func:`rules_digest` (the member in ``rules.py``, its word lists and vocabulary in
-#: ``rule_lexicon.py``, its structured patterns in ``rule_patterns.py``)
-RULE_SOURCES: tuple[str, ...] = ("rules.py", "rule_lexicon.py", "rule_patterns.py")
+#: :func:`rules_digest` (the member in ``dphub/rules/engine.py``, its word lists and vocabulary in
+#: ``lexicon.py``, its structured patterns in ``patterns.py``)
+RULE_SOURCES: tuple[str, ...] = ("engine.py", "lexicon.py", "patterns.py")
 
 #: Rule members whose outputs are byte-identical to a later one although their sources differ:
 #: old digest -> the digest it equals. The source hash changes with any edit, also one that only
 #: moves code; an entry here says a move was checked to change no output, so models trained
 #: before it still load. An entry applies only while this dphub's digest is its target: the
 #: first real change to the rules ends it. (0.1.0's member, cut into three modules in issue 30:
-#: identical spans on 120 synthetic notes under four option sets, with and without a threshold.)
+#: identical spans on 120 synthetic notes under four option sets, with and without a threshold;
+#: issue 39 moved the three modules to ``dphub/rules/`` (imports and docstrings only): both
+#: earlier digests now equal the moved member's.)
 RULES_DIGEST_EQUIVALENT: dict[str, str] = {
-    "7fab9046c3bbf6cd": "e7f686474bba5dfb",
+    "7fab9046c3bbf6cd": "9657da16426dbbba",
+    "e7f686474bba5dfb": "9657da16426dbbba",
 }
 
 
@@ -70,15 +75,11 @@ def rules_digest() -> str:
     the word lists are hashed by content; the Census and Webster lists by their package
     versions (they are installed files, pinned by version).
     """
-    # function-local until the rule engine leaves dphub.ensemble (issue 30): importing it runs
-    # dphub/ensemble/__init__.py, which imports the tagger, which imports this module
-    from dphub.ensemble.rules import RuleOptions
-
     h = hashlib.sha256()
     h.update(f"features={FEATURES_VERSION};{','.join(FEATURE_NAMES)}\n".encode())
     h.update(json.dumps(RuleOptions().to_dict(), sort_keys=True).encode())
     for name in RULE_SOURCES:  # issue 30 cut the member into three modules: hash all three
-        h.update(resources.files("dphub.ensemble").joinpath(name).read_bytes())
+        h.update(resources.files("dphub.rules").joinpath(name).read_bytes())
     folder = resources.files("dphub").joinpath("resources", "rules")
     for entry in sorted(folder.iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".txt"):
@@ -94,10 +95,6 @@ def rules_digest() -> str:
 
 def feature_spec() -> dict[str, Any]:
     """What ``config.json`` records under ``dphub.rule_features`` for a model that needs them."""
-    # function-local until the rule engine leaves dphub.ensemble (issue 30): importing it runs
-    # dphub/ensemble/__init__.py, which imports the tagger, which imports this module
-    from dphub.ensemble.rules import RULES_DEFAULT, RuleOptions
-
     return {
         "version": FEATURES_VERSION,
         "member": RULES_DEFAULT,
@@ -145,12 +142,6 @@ def shared_rule_member() -> Any:
     subclasses the rule member rather than changing it: the rule module's bytes are part of
     :func:`rules_digest`, which every rule-feature model pins.
     """
-    from collections import OrderedDict
-
-    # function-local until the rule engine leaves dphub.ensemble (issue 30): importing it runs
-    # dphub/ensemble/__init__.py, which imports the tagger, which imports this module
-    from dphub.ensemble.rules import RuleMember
-
     class _MemoizedRuleMember(RuleMember):
         def __init__(self) -> None:
             super().__init__()

@@ -666,10 +666,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from dphub.ensemble.calibrate import calibrate
     from dphub.ensemble.core import Ensemble, Slot
     from dphub.ensemble.manifest import card_privacy, weights_digest
-    from dphub.ensemble.rules import RuleMember, RuleOptions
     from dphub.errors import DphubError
     from dphub.hub import ops
     from dphub.registry import Registry
+    from dphub.rules.engine import RuleMember, RuleOptions
     from dphub.splits import split_notes
     from dphub.tagger import Tagger
     from dphub.train import TrainOptions

@@ -306,7 +306,7 @@ class ScrambledTagger:
 
 def test_calibration_on_real_word_pieces_matches_tag_time(tiny_tagger_dir: Path) -> None:
     from dphub import synth
-    from dphub.ensemble.rules import RuleMember
+    from dphub.rules.engine import RuleMember
 
     notes = synth.generate(6, kind="nursing", seed=21, patients=3)
     slots = [Slot(ModelMember(ScrambledTagger(tiny_tagger_dir), "m")),

@@ -150,7 +150,7 @@ def test_two_tokenizers_plus_rules_combine_on_characters(models: dict[str, Path]
                                                          corpus: dict[str, object]) -> None:
     from dphub.ensemble.core import Ensemble, Slot
     from dphub.ensemble.members import ModelMember
-    from dphub.ensemble.rules import RuleMember
+    from dphub.rules.engine import RuleMember
 
     a = ModelMember.load(models["minilm"])
     b = ModelMember.load(models["wordpiece"])

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dphub.ensemble.aggregate import AggregateRule, MergedSpan, _precedence, _score, aggregate
-from dphub.ensemble.rules import RuleMember, phrase_alternation, resolve_overlaps
 from dphub.notes import Span
+from dphub.rules.engine import RuleMember, phrase_alternation, resolve_overlaps
 
 LABELS = ("NAME", "DATE", "PHONE", "HOSPITAL", "AGE", "OTHER")
 

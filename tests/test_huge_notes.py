@@ -19,9 +19,9 @@ from dphub.ensemble.chunks import CHUNK_CHARS, CHUNK_OVERLAP, chunk_bounds
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.ensemble.members import FixedMember
 from dphub.ensemble.peers import DeidPlMember, PresidioMember
-from dphub.ensemble.rules import RuleMember
 from dphub.notes import Note, Span
 from dphub.progress import ProgressReporter
+from dphub.rules.engine import RuleMember
 from dphub.runner import run_deid
 from dphub.synth import iter_notes
 

@@ -29,11 +29,11 @@ from dphub.ensemble.distill import (
     pseudo_label,
     train_local,
 )
-from dphub.ensemble.rules import RuleMember, RuleOptions
 from dphub.errors import ConfigError, DphubError
 from dphub.hub import gate
 from dphub.hub.validate import validate_card
 from dphub.notes import Note, Span
+from dphub.rules.engine import RuleMember, RuleOptions
 from dphub.train import TrainOptions
 
 

@@ -253,7 +253,7 @@ def test_ensemble_evaluate_and_calibrate_report_progress(tiny_tagger_dir: Path) 
     from dphub.ensemble.core import Ensemble, Slot
     from dphub.ensemble.evaluation import evaluate_ensemble
     from dphub.ensemble.members import ModelMember
-    from dphub.ensemble.rules import RuleMember
+    from dphub.rules.engine import RuleMember
 
     notes = synth.generate(5, kind="nursing", seed=8)
     ens = Ensemble([Slot(ModelMember.load(tiny_tagger_dir)), Slot(RuleMember())])
@@ -284,7 +284,7 @@ def test_elapsed_counts_from_the_command_start_and_deid_reports_before_its_first
 
     # the runner reports 0/N before the first batch is computed
     from dphub.ensemble.core import Ensemble, Slot
-    from dphub.ensemble.rules import RuleMember
+    from dphub.rules.engine import RuleMember
     from dphub.runner import run_deid
 
     calls: list[tuple[int, int]] = []

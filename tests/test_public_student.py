@@ -27,10 +27,10 @@ from dphub.cli.main import main
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.ensemble.distill import distill, local_options
 from dphub.ensemble.public_student import PublicInputs, Teacher, distill_public
-from dphub.ensemble.rules import RuleMember, RuleOptions
 from dphub.errors import ConfigError, DphubError
 from dphub.hub import gate
 from dphub.privacy.statement import privacy_statement
+from dphub.rules.engine import RuleMember, RuleOptions
 from dphub.train import TrainOptions
 
 

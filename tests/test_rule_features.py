@@ -113,7 +113,7 @@ def test_features_and_the_rule_member_scan_each_note_once(rf_dir: Path,
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
     from dphub.ensemble.manifest import MemberEntry
     from dphub.ensemble.members import ModelMember
-    from dphub.ensemble.rules import RuleMember
+    from dphub.rules.engine import RuleMember
 
     shared = rf.shared_rule_member()
     rules = member_from_entry(MemberEntry("rules:default", "rules"))
@@ -261,7 +261,7 @@ def test_rule_projection_steps_at_its_own_learning_rate(tiny_base_model: Path):
         10 * float((head - before[id(head)]).abs().max()), rel=1e-4)
 
 
-@pytest.mark.parametrize("module", ["rules.py", "rule_lexicon.py", "rule_patterns.py"])
+@pytest.mark.parametrize("module", ["engine.py", "lexicon.py", "patterns.py"])
 def test_rules_digest_covers_every_module_of_the_rule_member(module: str,
                                                              monkeypatch: pytest.MonkeyPatch):
     """Issue 30 cut ``rules.py`` into the member, its lexicon and its patterns: an edit to any of
@@ -269,9 +269,10 @@ def test_rules_digest_covers_every_module_of_the_rule_member(module: str,
     features it was not trained on."""
     from pathlib import Path as _P
 
-    import dphub.ensemble as ens
+    import dphub.rules as rules_pkg
 
-    on_disk = sorted(p.name for p in _P(ens.__file__).parent.glob("rule*.py"))
+    on_disk = sorted(p.name for p in _P(rules_pkg.__file__).parent.glob("*.py")
+                     if p.name != "__init__.py")
     assert sorted(rf.RULE_SOURCES) == on_disk
     real_files = rf.resources.files
     before = rf.rules_digest.__wrapped__()
@@ -292,7 +293,7 @@ def test_rules_digest_covers_every_module_of_the_rule_member(module: str,
             return _Edited(child) if names == (module,) else child
 
     monkeypatch.setattr(rf.resources, "files", lambda pkg: _Package(real_files(pkg))
-                        if pkg == "dphub.ensemble" else real_files(pkg))
+                        if pkg == "dphub.rules" else real_files(pkg))
     assert rf.rules_digest.__wrapped__() != before
 
 
@@ -311,3 +312,26 @@ def test_an_equivalent_rules_digest_loads_only_while_its_target_is_current(
     monkeypatch.setitem(rf.RULES_DIGEST_EQUIVALENT, "0123456789abcdef", "fedcba9876543210")
     with pytest.raises(ModelError, match="retrain"):
         rf.check_spec(spec, "m")
+
+
+def test_the_rule_engine_loads_without_the_ensemble_or_the_tagger() -> None:
+    """Issue 39: the rule engine lives in the model layer (``dphub/rules/``), so the rule
+    features import it at the top; importing it must not pull in the ensemble, the tagger or
+    torch (it once lived in ``dphub.ensemble``, whose package imports the tagger)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dphub.rule_features, dphub.rules.engine; "
+            "print(sorted(m for m in sys.modules if m.startswith(('dphub.ensemble', "
+            "'dphub.tagger', 'torch'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+@pytest.mark.parametrize("before_the_move", ["e7f686474bba5dfb", "7fab9046c3bbf6cd"])
+def test_a_model_pinned_before_the_rules_moved_still_loads(before_the_move: str) -> None:
+    """Moving the three rule modules to ``dphub/rules/`` (issue 39) changed their bytes (imports,
+    docstrings), not their spans: models trained before the move keep loading."""
+    spec = {**rf.feature_spec(), "rules_digest": before_the_move}
+    assert rf.check_spec(spec, "m") == rf.NUM_FEATURES

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dphub.ensemble.rules import DICTIONARY_SCORE, PATTERN_SCORE, RuleMember, RuleOptions
 from dphub.errors import ConfigError
 from dphub.notes import Note
+from dphub.rules.engine import DICTIONARY_SCORE, PATTERN_SCORE, RuleMember, RuleOptions
 
 
 @pytest.fixture(scope="module")

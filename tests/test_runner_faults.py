@@ -24,9 +24,9 @@ from hub_fixtures import copy_model
 from dphub.cli.main import main
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.ensemble.members import FixedMember
-from dphub.ensemble.rules import RuleMember
 from dphub.errors import ConfigError, InputError
 from dphub.notes import Note, Span
+from dphub.rules.engine import RuleMember
 from dphub.runner import EXIT_SOME_FAILED, RUN_DIR, run_deid
 
 pytest_plugins = ("hub_fixtures",)

@@ -16,10 +16,10 @@ from dphub import synth
 from dphub.cli.main import main
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.ensemble.members import FixedMember
-from dphub.ensemble.rules import RuleMember
 from dphub.ensemble.words import snap_to_words
 from dphub.notes import Note, Span
 from dphub.render import render
+from dphub.rules.engine import RuleMember
 from dphub.textnorm import normalize
 
 ZW = "\u200b"

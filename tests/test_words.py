@@ -258,8 +258,8 @@ def test_trimming_keeps_what_belongs_to_the_entity() -> None:
 
 
 def test_the_rule_member_already_gives_entity_spans() -> None:
-    from dphub.ensemble.rules import RuleMember
     from dphub.render import render
+    from dphub.rules.engine import RuleMember
 
     text = "Seen by Dr. Smith and MR. JONES, a 31-year-old seen 03/14/2026 08:40."
     note = Note("r", text)

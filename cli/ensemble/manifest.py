@@ -62,7 +62,7 @@ def add_cmd(
 def _min_age_note(entry: Any, manifest_path: Path) -> str:
     """Which ages a rule member flags, said where it is chosen (issue: the README's figures use
     ``min_age = 90`` while the default flags every age, and the two differ in precision)."""
-    from dphub.ensemble.rules import RuleOptions
+    from dphub.rules.engine import RuleOptions
 
     min_age = RuleOptions.from_dict(entry.options).min_age
     if min_age:

@@ -1,7 +1,7 @@
 """Local ensembles of published DP taggers and rules, combined on characters.
 
 * :mod:`~dphub.ensemble.members`   the member contract, :class:`ModelMember`, :class:`FixedMember`
-* :mod:`~dphub.ensemble.rules`     ``rules:default`` (patterns + permissive dictionaries, ε = 0)
+* :mod:`dphub.rules`               ``rules:default`` (patterns + dictionaries, ε = 0), a layer below
 * :mod:`~dphub.ensemble.peers`     tools the owner has: ``deidpl:DIR`` (deid.pl via perl), ``presidio:default``
 * :mod:`~dphub.ensemble.aggregate` ``any`` / ``k-of-n`` on characters, label choice, voters
 * :mod:`~dphub.ensemble.manifest`  ``dphub-ensemble.toml``: members, pinned revisions, thresholds
@@ -16,7 +16,7 @@ from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
 from dphub.ensemble.core import Ensemble, NoteResult, Slot, build_ensemble
 from dphub.ensemble.manifest import DEFAULT_MANIFEST, Manifest, MemberEntry
 from dphub.ensemble.members import FixedMember, Member, ModelMember
-from dphub.ensemble.rules import RuleMember, RuleOptions
+from dphub.rules.engine import RuleMember, RuleOptions
 
 __all__ = [
     "DEFAULT_MANIFEST",

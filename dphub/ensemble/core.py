@@ -31,11 +31,11 @@ from dphub.ensemble.manifest import (
 )
 from dphub.ensemble.members import Member, ModelMember
 from dphub.ensemble.peers import DeidPlMember, PresidioMember, deidpl_options
-from dphub.ensemble.rules import RULES_DEFAULT, RuleMember, RuleOptions
 from dphub.ensemble.words import snap_to_words, trim_spans, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
 from dphub.rule_features import shared_rule_member
+from dphub.rules.engine import RULES_DEFAULT, RuleMember, RuleOptions
 from dphub.runtime import DEFAULT_RUNTIME, check_runtime
 from dphub.safe_vocab import SafeVocabulary
 from dphub.safe_vocab import load as load_safe_vocab

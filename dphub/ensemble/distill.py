@@ -63,12 +63,12 @@ from dphub.card import (
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.ensemble.inverse import InverseRule
 from dphub.ensemble.members import ModelMember
-from dphub.ensemble.rules import RuleMember
 from dphub.errors import ConfigError, DphubError, InputError
 from dphub.hub.gate import public_provenance_problems
 from dphub.io import file_sha256, move_into_place
 from dphub.notes import Note, Span, merge_overlapping
 from dphub.privacy.statement import RULES_NOT_COVERED
+from dphub.rules.engine import RuleMember
 from dphub.train import TrainOptions, TrainResult, train
 from dphub.train.checkpoints import checkpoint_dir_for
 from dphub.train.output import check_output_dir

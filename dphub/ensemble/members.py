@@ -2,7 +2,7 @@
 
 * :class:`ModelMember` wraps a :class:`dphub.tagger.Tagger`; it also exposes ``token_scores`` so
   calibration runs each model once and applies many thresholds to the cached scores.
-* :class:`~dphub.ensemble.rules.RuleMember` (``rules:default``) needs no data (ε = 0).
+* :class:`~dphub.rules.engine.RuleMember` (``rules:default``) needs no data (ε = 0).
 * :class:`FixedMember` returns given spans; it makes aggregation testable by hand.
 
 Members read notes with invisible and look-alike characters normalised (:mod:`dphub.textnorm`)

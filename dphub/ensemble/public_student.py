@@ -44,12 +44,12 @@ from dphub.ensemble.distill import (
     pseudo_label,
 )
 from dphub.ensemble.members import ModelMember
-from dphub.ensemble.rules import RuleMember, RuleOptions
 from dphub.errors import ConfigError
 from dphub.hub.gate_postprocessing import STUDENT_HYPERPARAM_KEYS
 from dphub.io import atomic_write_text, file_sha256, move_into_place
 from dphub.notes import Note
 from dphub.privacy.statement import RULES_NOT_COVERED
+from dphub.rules.engine import RuleMember, RuleOptions
 from dphub.train import TrainOptions
 from dphub.train.checkpoints import checkpoint_dir_for
 from dphub.train.output import TRAINING_CONFIG_FILE

@@ -1,12 +1,12 @@
-"""Word lists and word-context vocabulary of the rule member (:mod:`dphub.ensemble.rules`).
+"""Word lists and word-context vocabulary of the rule member (:mod:`dphub.rules.engine`).
 
 Why a module of its own: the rule member has three concerns that change for different reasons.
 This one is *what words are*: the dictionaries loaded from ``dphub/resources/rules`` and the
 1990 Census lists (who counts as a name, a place, a common or an English word), and the small
 vocabularies of context words (titles, roles, relatives, credentials, place verbs, hospital
 words) with the tokenizer the member's context rules walk. The structured patterns (dates,
-phones, ids, ages) live in :mod:`dphub.ensemble.rule_patterns`; the member that combines both,
-its options and overlap resolution stay in :mod:`dphub.ensemble.rules`, which re-exports the
+phones, ids, ages) live in :mod:`dphub.rules.patterns`; the member that combines both,
+its options and overlap resolution stay in :mod:`dphub.rules.engine`, which re-exports the
 public names of this module.
 
 Dictionaries and their licenses: ``dphub/resources/rules/README.md``.

@@ -4,8 +4,8 @@ Why a module of its own: dates, phone numbers, ids, ZIP codes and ages are match
 each format needs a check on its numbers and context (a month is 1-12; "4/5" after a strength or
 "10/5" after PEEP is not a date; "2/10" next to "pain" is a score; "800-1000" is a time range,
 not a phone). Those regexes and checks (:func:`_valid`) change together and independently of the
-word lists (:mod:`dphub.ensemble.rule_lexicon`) and of the member that applies them
-(:mod:`dphub.ensemble.rules`).
+word lists (:mod:`dphub.rules.lexicon`) and of the member that applies them
+(:mod:`dphub.rules.engine`).
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ the word lists and not an English word (Webster's 2nd via ``english-words``, see
 :func:`is_english`), so that the context rules do not turn "SON VISITED" into a name.
 
 Where the parts live: this module holds the member (:class:`RuleMember`), its options and overlap
-resolution; the word lists and context vocabulary are in :mod:`dphub.ensemble.rule_lexicon`, the
-structured patterns and their number checks in :mod:`dphub.ensemble.rule_patterns`.
+resolution; the word lists and context vocabulary are in :mod:`dphub.rules.lexicon`, the
+structured patterns and their number checks in :mod:`dphub.rules.patterns`.
 
 Dictionaries and their licenses: ``dphub/resources/rules/README.md``.
 """
@@ -36,7 +36,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dphub.ensemble.rule_lexicon import (
+from dphub.errors import ConfigError
+from dphub.labels import is_known
+from dphub.notes import Note, Span
+from dphub.rules.lexicon import (
     _CLINICIAN_WORDS,
     _CREDENTIALS,
     _DOSE_VERB,
@@ -67,13 +70,10 @@ from dphub.ensemble.rule_lexicon import (
     dictionaries,
     is_english,
 )
-from dphub.ensemble.rule_patterns import _I, _PATTERNS, _TIME_PATTERNS, _valid
-from dphub.errors import ConfigError
-from dphub.labels import is_known
-from dphub.notes import Note, Span
+from dphub.rules.patterns import _I, _PATTERNS, _TIME_PATTERNS, _valid
 
 #: the public names, including those that live in the two sibling modules since the cut of
-#: issue 30 (``from dphub.ensemble.rules import is_english`` keeps working)
+#: issue 30 (``from dphub.rules.engine import is_english`` keeps working)
 __all__ = [
     "CENSUS_SURNAMES", "DICTIONARY_SCORE", "PATTERN_SCORE", "RULES_DEFAULT", "Dictionaries",
     "RuleMember", "RuleOptions", "dictionaries", "is_english", "phrase_alternation",
