@@ -36,6 +36,13 @@ def _tree(procs: list[psutil.Process]) -> dict[int, psutil.Process]:
     return out
 
 
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def watch(parent_pid: int) -> int:
     """Wait for ``parent_pid`` to end, then end every process it had started; how many."""
     try:
@@ -43,12 +50,15 @@ def watch(parent_pid: int) -> int:
     except psutil.Error:
         return 0
     known: dict[int, psutil.Process] = {}
-    while parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE:
-        known.update({pid: p for pid, p in _tree(parent.children(recursive=True)).items()
-                      if pid not in known})
-        known = {pid: p for pid, p in known.items() if p.is_running()}
+    while _alive(parent):
+        try:
+            kids = parent.children(recursive=True)
+        except psutil.Error:
+            break
+        known.update({pid: p for pid, p in _tree(kids).items() if pid not in known})
+        known = {pid: p for pid, p in known.items() if _alive(p)}
         time.sleep(POLL)
-    left = [p for p in _tree(list(known.values())).values() if p.is_running()]
+    left = [p for p in _tree(list(known.values())).values() if _alive(p)]
     for p in left:
         with contextlib.suppress(psutil.Error):
             p.terminate()
