@@ -50,8 +50,9 @@ TARGET = typer.Option(8.0, "--target-epsilon", min=0.01,
                       help="Each site's patient-level epsilon budget over all rounds.")
 ROUNDS = typer.Option(3, "--rounds", min=1, help="Federated rounds.")
 LOCAL = typer.Option(8, "--local-steps", min=1, help="DP-SGD steps per site per round.")
-AGG = typer.Option("mean", "--aggregation", help="mean, or coarse-batch (weights by the lower "
-                   "bound of each site's coarse expected batch).")
+AGG = typer.Option("mean", "--aggregation", help="mean; coarse-batch (weights by the lower "
+                   "bound of each site's coarse expected batch); median or trimmed-mean "
+                   "(Flower's robust aggregates, against a lying site).")
 BASE = typer.Option(None, "--base-model", show_default="embedded all-MiniLM-L6-v2", help="Public base model (the same on every site).")
 WARM = typer.Option("synth", "--warm-start", help="synth or none (as dphub train).")
 ACC = typer.Option("prv", "--accountant", help="prv or rdp.")
@@ -131,7 +132,6 @@ def serve(
         state_dir=(state_dir or out.with_name(out.name + ".federation")).resolve(),
         options=_options(base_model, warm_start, accountant, batch_size, lr, max_length,
                          stride, rule_features, noise, delta))
-    cfg.validate()
     write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates)
     typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub"}))
 

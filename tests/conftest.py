@@ -8,6 +8,7 @@ full MiniLM vocabulary so the real fast WordPiece tokenizer drives it.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -51,6 +52,10 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(1)
+    # the test hub server olah lives in its own environment (scripts/setup.sh; issue 37)
+    olah = Path(__file__).resolve().parent.parent / ".venv-olah" / "bin" / "python"
+    if olah.is_file():
+        os.environ.setdefault("DPHUB_OLAH_PYTHON", str(olah))
 
 
 @pytest.fixture(autouse=True)

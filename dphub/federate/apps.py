@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,15 @@ def _wait_for_sites(grid: Grid, want: int, timeout: float) -> list[int]:
         time.sleep(1.0)
 
 
+def _error_category(reply: Message) -> str:
+    """What the server logs of a site's error: a short category, never the site's free text
+    (which could name paths or note ids)."""
+    reason = str(reply.error.reason or "")
+    if reply.error.code == SITE_REFUSED and re.fullmatch(r"[a-z][a-z -]{0,39}", reason):
+        return f"refused: {reason}"
+    return "refused" if reply.error.code == SITE_REFUSED else f"Flower error {reply.error.code}"
+
+
 def run_federation(grid: Grid, cfg: FederationConfig) -> dict[str, Any]:
     """All rounds (from the last checkpointed one), then the model directory."""
     server = FederationServer(cfg)
@@ -128,14 +138,19 @@ def run_federation(grid: Grid, cfg: FederationConfig) -> dict[str, Any]:
         for r in replies:
             if r.has_error():
                 failed += 1
-                log.warning("round %d: a site did not train (%s)", rnd,
-                            r.error.reason if r.error.code == SITE_REFUSED else
-                            f"Flower error {r.error.code}")
+                log.warning("round %d: a site did not train (%s)", rnd, _error_category(r))
                 continue
-            arrays = r.content.array_records.get("arrays")
-            weights = arrays.to_torch_state_dict() if arrays is not None else None
-            received += arrays.count_bytes() if arrays is not None else 0
-            parsed.append((weights, dict(r.content["report"])))
+            try:
+                arrays = r.content.array_records.get("arrays")
+                weights = arrays.to_torch_state_dict() if arrays is not None else None
+                received += arrays.count_bytes() if arrays is not None else 0
+                report = dict(r.content.config_records["report"])
+            except Exception as e:  # noqa: BLE001 - any malformed reply drops that site only
+                failed += 1
+                log.warning("round %d: a site's reply is malformed (%s): dropped", rnd,
+                            type(e).__name__)
+                continue
+            parsed.append((weights, report, int(r.metadata.src_node_id)))
         failed += len(nodes) - len(replies)
         server.bytes_per_round.append(sent + received)
         n = server.aggregate(rnd, parsed)

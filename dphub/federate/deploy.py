@@ -23,9 +23,19 @@ from dphub.io import atomic_write_text
 CONNECTION = "dphub"
 
 
+def _is_host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
 def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
                   root_certificates: Path | None) -> None:
     """Write ``pyproject.toml`` (the Flower app) and ``flwr-home/config.toml`` (the connection)."""
+    cfg.validate()  # every option before anything is written
+    if root_certificates is not None and not Path(root_certificates).is_file():
+        raise ConfigError(f"{root_certificates}: no such certificate file")
+    if not _is_host_port(control):
+        raise ConfigError(f"--control must be HOST:PORT, got {control!r}")
     app_dir = Path(app_dir)
     if app_dir.exists() and any(app_dir.iterdir()) and not (app_dir / "pyproject.toml").exists():
         raise ConfigError(f"{app_dir}: exists and is not a dphub federation app directory")

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -18,7 +21,8 @@ from typing import Any
 import torch
 
 from dphub import card
-from dphub.errors import ConfigError, PrivacyError
+from dphub.errors import ConfigError
+from dphub.federate import reports
 from dphub.federate.site import (
     frozen_digest,
     options_for,
@@ -26,12 +30,7 @@ from dphub.federate.site import (
     trainable_state,
 )
 from dphub.io import atomic_write_bytes, atomic_write_text
-from dphub.privacy import accounting
-from dphub.privacy.federation import (
-    FEDERATION_NOT_COVERED,
-    PARALLEL_COMPOSITION,
-    site_epsilon,
-)
+from dphub.privacy.federation import FEDERATION_NOT_COVERED, PARALLEL_COMPOSITION
 from dphub.privacy.randomness import dp_mode
 from dphub.privacy.statement import EXACT_UNITS_NOT_COVERED, RULES_NOT_COVERED
 from dphub.train.output import check_output_dir, write_model_dir
@@ -39,7 +38,16 @@ from dphub.train.plan import PrivacyPlan
 
 log = logging.getLogger(__name__)
 
-AGGREGATIONS = ("mean", "coarse-batch")
+#: mean and coarse-batch average the (bounded) updates; median and trimmed-mean are Flower's
+#: robust aggregates (coordinate-wise), for federations that expect a lying site
+AGGREGATIONS = ("mean", "coarse-batch", "median", "trimmed-mean")
+#: trimmed-mean: the share cut at each end, per coordinate (Flower's FedTrimmedAvg default)
+TRIM_PROPORTION = 0.2
+#: the report fields the server keeps per site (its card's accounting row and coarse counts)
+SITE_ROW = ("accountant", "sample_rate", "noise_multiplier", "steps", "delta", "epsilon",
+            "privacy_unit", "units", "expected_batch", "dataset", "budget_spent", "exact_units")
+#: one site's reply: (weights or None, report) or (weights or None, report, Flower node id)
+Reply = tuple[Any, ...]
 SERVER_STATE = "server_state.json"
 SERVER_WEIGHTS = "server_weights.safetensors"
 ASSUMPTION = "a patient treated at two sites composes: epsilon adds"
@@ -61,14 +69,20 @@ class FederationConfig:
     force: bool = False
 
     def validate(self) -> None:
+        """Every option, before any work (one readable line; no model, no Flower, no Ray)."""
         if self.rounds < 1 or self.local_steps < 1:
             raise ConfigError("--rounds and --local-steps must be >= 1")
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"--aggregation must be one of {', '.join(AGGREGATIONS)}")
-        if not self.target_epsilon > 0:
-            raise ConfigError("--target-epsilon must be > 0")
+        if not (math.isfinite(self.target_epsilon) and self.target_epsilon > 0):
+            raise ConfigError(f"--target-epsilon must be a finite number > 0, "
+                              f"got {self.target_epsilon}")
         if self.min_sites < 1:
             raise ConfigError("--min-sites must be >= 1")
+        if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
+            raise ConfigError("the round timeout must be a finite number > 0")
+        # the shared recipe as every site will read it (same checks as dphub train's)
+        options_for(self.options, data=Path("."), out=self.out, force=self.force).validate()
 
     def to_json(self) -> str:
         d = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -109,6 +123,11 @@ class FederationServer:
     round: int = 0
     sites: dict[str, dict[str, Any]] = field(default_factory=dict)
     bytes_per_round: list[int] = field(default_factory=list)
+    #: site id -> the Flower node that first reported it (this server process; a resumed
+    #: server rebinds, and a known site's row still only continues its own accounting)
+    nodes: dict[str, int] = field(default_factory=dict)
+    #: why replies of the last round were dropped (field names and numbers only)
+    dropped: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.cfg.validate()
@@ -143,6 +162,18 @@ class FederationServer:
         self.weights = load_file(str(d / SERVER_WEIGHTS))
         self.round = int(raw["round"])
         self.sites = raw["sites"]
+        for row in self.sites.values():  # a state written before reports were checked
+            try:
+                reports.check_report({**row, "site_id": "0" * 16, "trained": 0},
+                                     privacy_unit=self.opts.privacy_unit,
+                                     accountant=self.opts.accountant,
+                                     label_schema=self.opts.label_schema,
+                                     batch_size=self.opts.batch_size,
+                                     max_steps=self.cfg.rounds * self.cfg.local_steps,
+                                     local_steps=self.cfg.local_steps)
+            except reports.Rejected as e:
+                raise ConfigError(f"{d}: a site's recorded report is invalid ({e.message}); "
+                                  "delete this --state-dir to start the federation again") from None
         self.bytes_per_round = raw.get("bytes_per_round", [])
         log.info("server: resumed after round %d", self.round)
 
@@ -167,45 +198,89 @@ class FederationServer:
                 "frozen_digest": self.frozen_digest,
                 "options": json.dumps(self.cfg.options, sort_keys=True)}
 
-    def aggregate(self, rnd: int, replies: list[tuple[dict[str, torch.Tensor] | None,
-                                                     dict[str, Any]]]) -> int:
-        """Fold one round's replies in; returns how many sites contributed weights."""
-        for _, rep in replies:
-            self._check_report(rep)
-            self.sites[str(rep["site_id"])] = {k: rep[k] for k in (
-                "accountant", "sample_rate", "noise_multiplier", "steps", "delta", "epsilon",
-                "privacy_unit", "units", "expected_batch", "dataset", "budget_spent",
-                "exact_units")}
-        trained = [(w, r) for w, r in replies if w is not None and int(r["trained"]) > 0]
+    def aggregate(self, rnd: int, replies: Sequence[Reply]) -> int:
+        """Fold one round's replies in; returns how many sites contributed weights.
+
+        A reply is ``(weights, report)`` or ``(weights, report, node_id)`` (the Flower node it
+        came from). Every reply is checked before it touches the server's state
+        (:mod:`dphub.federate.reports`); one that fails is dropped from this round with a
+        logged reason (``self.dropped``), never the federation.
+        """
+        self.dropped = []
+        ids = Counter(str(r[1].get("site_id")) if isinstance(r[1], Mapping) else None
+                      for r in replies)
+        accepted: list[tuple[dict[str, torch.Tensor] | None, dict[str, Any], int | None]] = []
+        for reply in replies:
+            weights, rep = reply[0], reply[1]
+            node = reply[2] if len(reply) > 2 else None
+            try:
+                if not isinstance(rep, Mapping):
+                    raise reports.Rejected("report: not a record")
+                clean = reports.check_report(
+                    rep, privacy_unit=self.opts.privacy_unit, accountant=self.opts.accountant,
+                    label_schema=self.opts.label_schema, batch_size=self.opts.batch_size,
+                    max_steps=self.cfg.rounds * self.cfg.local_steps,
+                    local_steps=self.cfg.local_steps)
+                sid = clean["site_id"]
+                self._check_identity(sid, node, ids[sid])
+                reports.check_continuity(clean, self.sites.get(sid))
+                reports.check_update(weights, self.weights, lr=self.opts.lr,
+                                     rule_lr_scale=self.opts.rule_lr_scale,
+                                     steps=int(clean["trained"]))
+            except reports.Rejected as e:
+                self.dropped.append(e.message)
+                log.warning("round %d: a site was dropped from the round (%s)", rnd, e.message)
+                continue
+            accepted.append((weights, clean, node))
+        for _, rep, node in accepted:
+            sid = rep["site_id"]
+            if node is not None:
+                self.nodes[sid] = node
+            self.sites[sid] = {k: rep[k] for k in SITE_ROW}
+        trained = [(w, r) for w, r, _ in accepted if w is not None]
         if trained:
-            if self.cfg.aggregation == "mean":
-                weights = [1.0] * len(trained)
-            else:  # coarse-batch: the lower bound of the site's coarse expected batch
-                weights = [float(max(1, _range_low(r["expected_batch"]))) for _, r in trained]
-            total = sum(weights)
-            new = {}
-            for name, old in self.weights.items():
-                acc = torch.zeros_like(old, dtype=torch.float64)
-                for (w, _), a in zip(trained, weights, strict=True):
-                    if set(w) != set(self.weights) or tuple(w[name].shape) != tuple(old.shape):
-                        raise ConfigError("a site returned other parameters than the federation's")
-                    acc += a * w[name].to(torch.float64)
-                new[name] = (acc / total).to(old.dtype)
-                if not bool(torch.isfinite(new[name]).all()):
-                    raise ConfigError(f"round {rnd}: the aggregate of {name} is not finite")
-            self.weights = new
+            self.weights = self._combine(trained)
         self.round = rnd
         self.checkpoint()
         return len(trained)
 
-    def _check_report(self, rep: dict[str, Any]) -> None:
-        """A site's accounting must recompute to what it reports (a lying site is caught here
-        only as far as its arithmetic goes; see docs/federated.md)."""
-        eps = site_epsilon(rep)
-        if accounting.below(float(rep["epsilon"]), eps, accounting.CLAIM_RTOL):
-            raise PrivacyError("a site reported an epsilon below its own accounting")
-        if int(rep["steps"]) > self.cfg.rounds * self.cfg.local_steps:
-            raise PrivacyError("a site reported more steps than the federation ran")
+    def _check_identity(self, sid: str, node: int | None, times: int) -> None:
+        """One site id, one accountant, one node: refuse a second reply with a known id."""
+        bound = self.nodes.get(sid)
+        if node is not None:
+            if bound is not None and bound != node:
+                raise reports.Rejected("a site id already bound to another node")
+            if any(n == node and s != sid for s, n in self.nodes.items()):
+                raise reports.Rejected("a node reported a second site id")
+        if times > 1 and (node is None or bound is None):
+            raise reports.Rejected("one site id twice in one round")
+
+    def _combine(self, trained: list[tuple[dict[str, torch.Tensor], dict[str, Any]]]
+                 ) -> dict[str, torch.Tensor]:
+        """The new global weights from the accepted sites' (bounded) weights."""
+        agg = self.cfg.aggregation
+        if agg in ("median", "trimmed-mean"):
+            # Flower's robust aggregates (optional dependency: imported where used)
+            from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
+
+            names = list(self.weights)
+            arrays = [([w[n].to(torch.float64).numpy() for n in names], 1) for w, _ in trained]
+            out = (aggregate_median(arrays) if agg == "median"
+                   else aggregate_trimmed_avg(arrays, TRIM_PROPORTION))
+            return {n: torch.as_tensor(a).to(self.weights[n].dtype)
+                    for n, a in zip(names, out, strict=True)}
+        if agg == "mean":
+            weights = [1.0] * len(trained)
+        else:  # coarse-batch: the lower bound of the site's coarse expected batch
+            weights = [float(max(1, _range_low(r["expected_batch"]))) for _, r in trained]
+        total = sum(weights)
+        new = {}
+        for name, old in self.weights.items():
+            acc = torch.zeros_like(old, dtype=torch.float64)
+            for (w, _), a in zip(trained, weights, strict=True):
+                acc += a * w[name].to(torch.float64)
+            new[name] = (acc / total).to(old.dtype)
+        return new
 
     def all_spent(self, expected: int) -> bool:
         return (len(self.sites) >= expected

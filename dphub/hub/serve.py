@@ -5,10 +5,16 @@ hub layout (``<hub>/models/<org>/<name>``, bare repos). ``offline = true`` keeps
 contacting huggingface.co; its download cache and logs go to a scratch directory. olah reads the
 repositories with GitPython, i.e. with git: it runs under the same git environment as the local
 backend (:func:`dphub.hub.local.git_env`), so nothing a hub repository configures can run.
+
+olah may run from its own environment: ``$DPHUB_OLAH_PYTHON`` names that environment's Python
+(olah pins fastapi >= 0.141, which Flower 1.42, the ``federate`` extra, refuses, so the project's
+environment keeps Flower and ``scripts/setup.sh`` gives olah ``./.venv-olah``).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import socket
 import subprocess
 import sys
@@ -45,18 +51,40 @@ def write_olah_config(hub_dir: Path, workdir: Path, port: int, host: str = "127.
     return path
 
 
+#: the Python of an environment with olah installed (default: this one)
+OLAH_PYTHON_ENV = "DPHUB_OLAH_PYTHON"
+
+
+def olah_python() -> str:
+    """The Python that runs olah: ``$DPHUB_OLAH_PYTHON`` if set, else this one."""
+    py = os.environ.get(OLAH_PYTHON_ENV)
+    if not py:
+        return sys.executable
+    if not (Path(py).is_file() and os.access(py, os.X_OK)):
+        raise HubError(f"${OLAH_PYTHON_ENV} is not an executable Python: {py}")
+    return py
+
+
+def has_olah() -> bool:
+    """Whether :func:`olah_python` can import olah."""
+    py = olah_python()
+    if py == sys.executable:
+        return importlib.util.find_spec("olah") is not None
+    return subprocess.run([py, "-c", "import olah"], stdin=subprocess.DEVNULL,
+                          capture_output=True, timeout=120).returncode == 0
+
+
 def olah_command(config: Path, workdir: Path) -> list[str]:
-    return [sys.executable, "-m", "olah.server", "--config", str(config),
+    return [olah_python(), "-m", "olah.server", "--config", str(config),
             "--log-path", str(workdir / "logs")]
 
 
 def start_olah(hub_dir: Path, workdir: Path, port: int | None = None,
                host: str = "127.0.0.1", timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
     """Start olah in the background; return (process, base URL) once it answers."""
-    try:
-        import olah  # noqa: F401
-    except ImportError:
-        raise HubError("`dphub hub serve` needs olah (pip install 'dphub[serve]')") from None
+    if not has_olah():
+        raise HubError("`dphub hub serve` needs olah: pip install 'dphub[serve]', or olah in "
+                       f"its own environment named by ${OLAH_PYTHON_ENV}") from None
     if not (Path(hub_dir) / "models").is_dir():
         raise HubError(f"{hub_dir} is not a dphub hub (no models/ directory)")
     port = port or free_port(host)
