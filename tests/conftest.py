@@ -61,6 +61,13 @@ def _no_progress_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DPHUB_PROGRESS", "off")
 
 
+@pytest.fixture(autouse=True)
+def _private_dphub_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A dphub home per test: DP trainings record their releases in the privacy ledger there
+    (never the user's own ledger, and no test composes with another test's releases)."""
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "dphub-home"))
+
+
 @pytest.fixture(scope="session")
 def tiny_base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory of a tiny random BERT base model (safetensors + MiniLM tokenizer files).

@@ -325,12 +325,18 @@ def test_init_from_records_lineage(corpus: Path, tiny_base_model: Path, tmp_path
     r2 = T.train(_opts(corpus, tiny_base_model, second, init_from=str(first), epochs=1.0))
     validate_card(second, require_private=True)
     dp = load_card(second).meta["differential_privacy"]
+    first_dp = load_card(first).meta["differential_privacy"]
     assert dp["lineage"] == [{"repo": "first", "revision": "local",
                               "epsilon": pytest.approx(r1.epsilon, rel=1e-6),
-                              "delta": r1.delta, "privacy_unit": "patient"}]
-    # the new ε covers the new training only
-    assert dp["epsilon"] == pytest.approx(r2.epsilon, rel=1e-6)
-    assert not math.isclose(dp["epsilon"], r1.epsilon + r2.epsilon)
+                              "delta": r1.delta, "privacy_unit": "patient",
+                              "role": "init_from", "composed": True,
+                              "weights_sha256": first_dp["weights_sha256"],
+                              "accounting": {"accountant": "rdp", "sample_rate": r1.sample_rate,
+                                             "noise_multiplier": r1.noise_multiplier,
+                                             "steps": r1.steps}}]
+    # issue 38: the parent may have seen these patients, so the claim composes both runs
+    assert dp["composition"]["run_epsilon"] == pytest.approx(r2.epsilon, rel=1e-6)
+    assert max(r1.epsilon, r2.epsilon) < dp["epsilon"] <= r1.epsilon + r2.epsilon
 
 
 def test_init_from_a_non_private_model_is_refused(
