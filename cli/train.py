@@ -450,10 +450,9 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
     the ε checked is the total the card will claim, not this run's alone. ``batch_flag``: how
     the command spells the training batch size (``--train-batch-size`` for distill).
     """
-    from dphub.errors import PrivacyError
     from dphub.hub.policy import policy_violation
-    from dphub.train.lineage import projected_claim
-    from dphub.train.plan import projected_epsilon, ways_to_reach
+    from dphub.train.lineage import above_policy, projected_claim
+    from dphub.train.plan import projected_epsilon
 
     def check(plan: Any, teachers: Any = ()) -> None:
         run_eps = projected_epsilon(opts, plan)
@@ -462,10 +461,11 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
         entries = [*plan.lineage, *({**t, "role": "teacher"} for t in teachers)]
         composed = [t for t in entries if t.get("composed")]
         eps = projected_claim(run_eps, plan, opts, entries).epsilon
-        spent = eps - run_eps
         units = _UNIT_PLURAL.get(opts.privacy_unit, "units")
-        total = (f" for this run; composed with {len(composed)} earlier release(s) it depends "
-                 f"on, the card claims ε = {eps:.4g}") if composed else ""
+        what = ("teacher(s)" if all(t.get("role") == "teacher" for t in composed)
+                else "release(s) (the --init-from model, teachers)")
+        total = (f" for this run; with the ε {eps - run_eps:.4g} of {len(composed)} composed "
+                 f"{what}, the card claims ε = {eps:.4g}") if composed else ""
         typer.echo(
             f"privacy plan: {plan.num_units} {units}, q = {plan.sample_rate:.4g}, "
             f"σ = {plan.noise_multiplier:.3g}, {plan.steps} steps, δ = {plan.delta:.2g}: "
@@ -491,30 +491,10 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
                        f"{policy.max_epsilon:g} of the policy of the hub {hub}; training anyway "
                        "(--allow-above-policy): `dphub publish` will refuse this model", err=True)
             return
-        # what the run itself may spend (basic composition: following the advice stays within)
-        left = policy.max_epsilon - sum(float(t["epsilon"]) for t in composed)
-        sigma, epochs = ways_to_reach(opts, plan, left) if left > 0 else (None, None)
-        ways = []
-        if sigma is not None:
-            ways.append(f"more noise (--noise {sigma:g} or more, or --target-epsilon "
-                        f"{left:g})")
-        if epochs is not None:
-            ways.append(f"fewer epochs (--epochs {epochs:.6g} or fewer, or --max-epsilon "
-                        f"{policy.max_epsilon:g} to stop in time)")
-        if full:
-            ways.append(f"a {batch_flag} well below the {plan.num_units} {units} (q = 1 now)")
-        if composed:
-            ways.append("fewer composed releases (remove a member or the --init-from model, or "
-                        "declare one trained on none of these patients with --disjoint-teacher)")
-        parts = (f" (this run {run_eps:.4g} composed with earlier releases: +{spent:.4g})"
-                 if composed else "")
-        raise PrivacyError(
-            f"projected ε = {eps:.4g}{parts} exceeds the maximum {policy.max_epsilon:g} of the "
-            f"policy of the hub {hub} ({policy.describe()}); nothing was trained. To reach it, "
-            f"train with {' or '.join(ways) if ways else 'more noise'}; or pass "
-            "--allow-above-policy to train anyway (`dphub publish` to that hub will refuse the "
-            "model)"
-        )
+        err = above_policy(opts, plan, policy, teachers=teachers,
+                           where=f"the policy of the hub {hub}", batch_flag=batch_flag)
+        if err is not None:  # the library's refusal: one function, the same message
+            raise err
 
     return check
 

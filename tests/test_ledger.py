@@ -267,3 +267,84 @@ def test_dp_distillation_refuses_calibrated_thresholds(tiny_base_model: Path,
                                          stride=16), dp=False)
     distill(Ensemble([rules, slot(threshold=0.4)]), notes, local)
     assert load_card(tmp_path / "loc").dp.get("local_only") is True
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_federated_site_records_its_spend_over_all_rounds(
+        corpora, tiny_base_model: Path, tmp_path: Path) -> None:
+    """The site hook: one ledger record per site, its accountant over every round so far."""
+    from dphub.federate.site import RoundOrder, Site
+
+    opts = dict(warm_start="none", batch_size=2, max_physical_batch=8, accountant="rdp",
+                max_length=48, stride=8, lr=1e-2, rule_features=False,
+                base_model=str(tiny_base_model))
+    site = Site(corpora["same"], tmp_path / "site", opts)
+    weights = {n: p.detach().clone() for n, p in site.model.named_parameters()
+               if p.requires_grad}
+    for rnd in (1, 2):
+        order = RoundOrder(round=rnd, rounds=2, local_steps=2, target_epsilon=8.0,
+                           frozen_digest=site.frozen_digest)
+        weights, report = site.train_round(order, weights)
+        [rec] = L.load_ledger().releases
+        assert rec.kind == "federated_round" and rec.history[0].steps == 2 * rnd
+        assert rec.epsilon == pytest.approx(report["epsilon"], rel=1e-9)
+    assert rec.patients == L.patient_digests(formats.read(corpora["copy"]))
+
+
+def test_a_dp_student_and_its_public_student_are_recorded(tiny_base_model: Path,
+                                                          tmp_path: Path) -> None:
+    """distill --dp re-records its run as a distillation with the final claim; a public student
+    of it spends nothing but carries its patients and its claim."""
+    from dphub.ensemble.core import Ensemble, Slot
+    from dphub.ensemble.distill import distill, local_options
+    from dphub.ensemble.public_student import PublicInputs, Teacher, distill_public
+    from dphub.ensemble.rules import RuleMember, RuleOptions
+
+    notes = synth.generate(8, kind="nursing", seed=5, patients=3)
+    rules = Ensemble([Slot(RuleMember("rules:default", RuleOptions()), None, 0.0)])
+
+    def opts(out: Path) -> T.TrainOptions:
+        return T.TrainOptions(out=out, base_model=str(tiny_base_model), warm_start="none",
+                              epochs=1.0, max_length=64, stride=16, accountant="rdp",
+                              noise=1.0, checkpoint_every=50, batch_size=2)
+
+    teacher = tmp_path / "teacher"
+    distill(rules, notes, local_options(opts(teacher), dp=True))
+    tdp = load_card(teacher).dp
+    [rec] = L.load_ledger().releases
+    assert rec.kind == "distill" and rec.release == tdp["weights_sha256"]
+    assert rec.epsilon == pytest.approx(tdp["epsilon"])
+    assert rec.patients == L.patient_digests(notes)
+    student = tmp_path / "student"
+    distill_public(Teacher.load(teacher, "acme/dp-teacher", "abc123"),
+                   local_options(opts(student), dp=False), PublicInputs(notes=5, synth_seed=7))
+    pub = L.load_ledger().find(load_card(student).dp["weights_sha256"])
+    assert pub is not None and pub.kind == "public_student" and pub.parents == (rec.release,)
+    assert pub.patients == rec.patients and pub.epsilon == rec.epsilon
+    # the dataset's spend counts the teacher once (the student is its post-processing)
+    spend = L.dataset_spend(L.load_ledger(), rec.patients)
+    assert spend.total is not None and spend.total.epsilon == pytest.approx(rec.epsilon)
+
+
+def test_train_refuses_above_the_policy_by_itself(corpora, tiny_base_model: Path,
+                                                  tmp_path: Path) -> None:
+    """Issue 39 item 6: a library caller of train() gets the policy check before the first step
+    (the default policy, or its own), on the composed claim; allow_above_policy overrides."""
+    from dphub.errors import PrivacyError
+    from dphub.privacy.policy import Policy
+
+    first = tmp_path / "first"
+    r1 = T.train(_opts(corpora["same"], tiny_base_model, first))
+    second = tmp_path / "second"
+    tight = Policy(max_epsilon=r1.epsilon * 1.05)  # one run fits, the composition does not
+    with pytest.raises(PrivacyError, match=r"exceeds the maximum .* of the policy .*"
+                                           r"nothing was trained"):
+        T.train(_opts(corpora["same"], tiny_base_model, second, init_from=str(first),
+                      policy=tight))
+    assert not second.exists()
+    with pytest.raises(PrivacyError, match="of the default policy"):  # ε ≈ 60 at σ = 0.3
+        T.train(_opts(corpora["same"], tiny_base_model, second, noise=0.3, epochs=4.0))
+    assert not second.exists()
+    T.train(_opts(corpora["disjoint"], tiny_base_model, second, init_from=str(first),
+                  policy=tight, allow_above_policy=True))
+    assert load_card(second).dp["epsilon"] > tight.max_epsilon

@@ -235,6 +235,28 @@ def amend_release(release: str, *, kind: str, epsilon: float, delta: float,
                            () if composed else rec.history, rec.parents, rec.created))
 
 
+def record_inherited(release: str, parent: str) -> None:
+    """Record a release that spends nothing itself but carries ``parent``'s guarantee (a public
+    student: post-processing of its teacher), with the parent's patients and claim. A parent
+    this ledger does not know (trained elsewhere) leaves nothing to record."""
+    with _locked() as path:
+        ledger = _read(path)
+    rec = ledger.find(parent)
+    if rec is None:
+        return
+    record_release(Release(release, "public_student", rec.epsilon, rec.delta, rec.privacy_unit,
+                           ancestry(ledger, [parent]), rec.history, (parent,)))
+
+
+def record_federated_round(site_id: str, steps: GaussianSteps, *, epsilon: float,
+                           delta: float, privacy_unit: str, patients: frozenset[str]) -> None:
+    """Record (or update) a federated site's spend: one record per site, its one accountant over
+    all its rounds so far (the server's model is post-processing of the sites' updates)."""
+    rid = hashlib.sha256(f"federated-site:{site_id}".encode()).hexdigest()
+    record_release(Release(rid, "federated_round", epsilon, delta, privacy_unit, patients,
+                           (steps,)))
+
+
 @dataclass(frozen=True)
 class DatasetSpend:
     """One dataset's entry in ``dphub ledger show``: the releases that used any of its patients
@@ -277,5 +299,5 @@ def ancestry(ledger: Ledger, parents: Sequence[str]) -> frozenset[str]:
 
 
 __all__ = ["KINDS", "DatasetSpend", "Ledger", "Release", "all_datasets", "amend_release",
-           "ancestry", "dataset_spend", "dataset_digest", "ledger_dir",
+           "ancestry", "dataset_spend", "record_federated_round", "record_inherited", "dataset_digest", "ledger_dir",
            "ledger_key", "load_ledger", "patient_digests", "record_release"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from dphub.errors import ConfigError
 from dphub.labels import get_schema
+from dphub.privacy.policy import Policy
 
 PRIVACY_UNITS = ("patient", "note", "sequence")
 
@@ -106,6 +107,11 @@ class TrainOptions:
     #: then not composed into the claim (checked against the privacy ledger where it knows the
     #: parent: :func:`dphub.train.lineage.settle_lineage`)
     disjoint_teacher: bool = False
+    #: the ε policy the run must stay within (None: the default policy, ε ≤ 10 per patient);
+    #: :func:`dphub.train.train` refuses before the first step a run whose projected claim
+    #: exceeds it, unless ``allow_above_policy`` (issue 39 item 6)
+    policy: Policy | None = None
+    allow_above_policy: bool = False
     warm_start: str = "synth"
     no_dp: bool = False
     max_length: int = 128
@@ -199,7 +205,7 @@ class TrainOptions:
         """Hyper-parameters as recorded in ``training_config.json``: no paths, no user names."""
         hidden = {"data", "out", "checkpoint_dir", "resume", "force", "_stop_after", "base_model",
                   "init_from", "card_text", "local_only", "training_labels",
-                  "disjoint_teacher"}
+                  "disjoint_teacher", "policy", "allow_above_policy"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
 
 

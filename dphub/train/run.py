@@ -28,7 +28,7 @@ from dphub.train.checkpoints import (
 )
 from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
 from dphub.train.encoder_cache import cached_encoder
-from dphub.train.lineage import record_run, settle_lineage
+from dphub.train.lineage import check_policy, record_run, settle_lineage
 from dphub.train.loop import TrainingDiverged, TrainLoop, quiet_epsilon
 from dphub.train.options import TrainOptions
 from dphub.train.output import build_meta, check_output_dir, write_model_dir
@@ -53,7 +53,10 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     the card's ``dataset`` block describes the real corpus only.
 
     ``on_plan`` sees the privacy plan (q, σ, steps, δ: the projected ε) before the first step;
-    it may raise a :class:`DphubError` to stop the run there (the CLI's hub-policy check).
+    it may raise a :class:`DphubError` to stop the run there (the CLI's hub-policy check, which
+    calls :func:`dphub.train.lineage.above_policy`). Without it, ``train()`` refuses by itself
+    a run whose projected claim exceeds ``opts.policy`` (default ε ≤ 10 per patient) unless
+    ``opts.allow_above_policy``.
     ``gradient_audit(optimizer, plan)`` is called once the DP optimizer's noise source is
     installed (the white-box canaries of :class:`dphub.audit.GradientCanaries`); DP runs only.
     """
@@ -119,7 +122,9 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
         plan.sample_rate, plan.steps, plan.noise_multiplier,
     )
     if on_plan is not None:
-        on_plan(plan)
+        on_plan(plan)  # the caller's check (the CLI's: the hub's policy, printed advice)
+    else:
+        check_policy(opts, plan)  # a library caller gets the policy check by itself
     fingerprint = run_fingerprint(opts, examples, src.base_public_id)
     state = load_checkpoint(ckpt_dir, fingerprint) if opts.resume else None
 
