@@ -106,6 +106,9 @@ def test_init_from_on_the_same_patients_composes_and_the_policy_sees_the_total(
     assert dp["epsilon"] == pytest.approx(exact, rel=1e-9)
     assert max(r1.epsilon, r2.epsilon) < dp["epsilon"] <= r1.epsilon + r2.epsilon
     assert dp["delta"] == pytest.approx(r1.delta + r2.delta)
+    body = load_card(out).body  # the words say so too (they used to say "this round only")
+    assert "may have been trained on the same units" in body
+    assert "covers only the data of this training round" not in body
     # the keyed patient digests stay local: nothing of the ledger on the published card
     text = (out / "README.md").read_text(encoding="utf-8")
     for rec in L.load_ledger().releases:
