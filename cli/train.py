@@ -273,8 +273,15 @@ SECURE_RNG_OPT = typer.Option(
 RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run.")
 INIT_FROM_OPT = typer.Option(
         None, "--init-from", show_default="the warm start",
-        help="Start from a pulled model (org/name[@revision]) or a model directory.",
+        help="Start from a pulled model (org/name[@revision]) or a model directory. Its ε "
+        "composes with this run's in the card's claim (it may have seen these patients) unless "
+        "--disjoint-teacher.",
     )
+DISJOINT_TEACHER_OPT = typer.Option(
+    False, "--disjoint-teacher",
+    help="Declare that the --init-from model was trained on none of these patients: its ε is "
+    "not composed. Refused when the privacy ledger records otherwise.",
+)
 WARM_START_OPT = typer.Option(
         None, "--warm-start", show_default="synth",
         help="synth (public synthetic notes, costs no ε) | none.",
@@ -327,6 +334,7 @@ def train(
     secure_rng: bool | None = SECURE_RNG_OPT,
     resume: bool = RESUME_OPT,
     init_from: str | None = INIT_FROM_OPT,
+    disjoint_teacher: bool = DISJOINT_TEACHER_OPT,
     warm_start: str | None = WARM_START_OPT,
     no_dp: bool = NO_DP_OPT,
     checkpoint_every: int | None = CHECKPOINT_EVERY_OPT,
@@ -376,12 +384,17 @@ def train(
         typer.echo(f"wrote {result.out_dir} (NOT PRIVATE: --no-dp; {result.steps} steps)")
     else:
         extra = " (stopped by --max-epsilon)" if result.stopped_by_max_epsilon else ""
+        dp = (result.meta or {}).get("differential_privacy") or {}
+        claim = float(dp.get("epsilon", result.epsilon))
+        if dp.get("composition"):
+            extra += (f"; composed with its --init-from model ({dp['composition']['method']}), "
+                      f"the card claims ε = {claim:.3f}, δ = {float(dp['delta']):.2g}")
         typer.echo(
             f"wrote {result.out_dir}: ε = {result.epsilon:.3f}, δ = {result.delta:.2g}, "
             f"unit = {opts.privacy_unit}, {result.steps} steps, σ = {result.noise_multiplier:.3f}"
             f"{extra}"
         )
-        _warn_above_policy(result.epsilon, opts.privacy_unit, cfg)
+        _warn_above_policy(claim, opts.privacy_unit, cfg)
 
 
 def build_options(flags: dict[str, Any], cfg: dict[str, Any], **fixed: Any) -> Any:
@@ -437,20 +450,22 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
     the ε checked is the total the card will claim, not this run's alone. ``batch_flag``: how
     the command spells the training batch size (``--train-batch-size`` for distill).
     """
-    from dphub.errors import PrivacyError
     from dphub.hub.policy import policy_violation
-    from dphub.train.plan import projected_epsilon, ways_to_reach
+    from dphub.train.lineage import above_policy, projected_claim
+    from dphub.train.plan import projected_epsilon
 
     def check(plan: Any, teachers: Any = ()) -> None:
         run_eps = projected_epsilon(opts, plan)
         if run_eps is None:  # --no-dp: no guarantee to project
             return
-        composed = [t for t in teachers if t.get("composed")]
-        spent = sum(float(t["epsilon"]) for t in composed)
-        eps = run_eps + spent
+        entries = [*plan.lineage, *({**t, "role": "teacher"} for t in teachers)]
+        composed = [t for t in entries if t.get("composed")]
+        eps = projected_claim(run_eps, plan, opts, entries).epsilon
         units = _UNIT_PLURAL.get(opts.privacy_unit, "units")
-        total = (f" for this run; with the ε {spent:.4g} of {len(composed)} composed "
-                 f"teacher(s), the card claims ε = {eps:.4g}") if composed else ""
+        what = ("teacher(s)" if all(t.get("role") == "teacher" for t in composed)
+                else "release(s) (the --init-from model, teachers)")
+        total = (f" for this run; with the ε {eps - run_eps:.4g} of {len(composed)} composed "
+                 f"{what}, the card claims ε = {eps:.4g}") if composed else ""
         typer.echo(
             f"privacy plan: {plan.num_units} {units}, q = {plan.sample_rate:.4g}, "
             f"σ = {plan.noise_multiplier:.3g}, {plan.steps} steps, δ = {plan.delta:.2g}: "
@@ -476,28 +491,10 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
                        f"{policy.max_epsilon:g} of the policy of the hub {hub}; training anyway "
                        "(--allow-above-policy): `dphub publish` will refuse this model", err=True)
             return
-        left = policy.max_epsilon - spent  # what the run itself may spend
-        sigma, epochs = ways_to_reach(opts, plan, left) if left > 0 else (None, None)
-        ways = []
-        if sigma is not None:
-            ways.append(f"more noise (--noise {sigma:g} or more, or --target-epsilon "
-                        f"{left:g})")
-        if epochs is not None:
-            ways.append(f"fewer epochs (--epochs {epochs:.6g} or fewer, or --max-epsilon "
-                        f"{policy.max_epsilon:g} to stop in time)")
-        if full:
-            ways.append(f"a {batch_flag} well below the {plan.num_units} {units} (q = 1 now)")
-        if composed:
-            ways.append("fewer composed teachers (remove a member, or declare one trained on "
-                        "none of these patients with --disjoint-teacher NAME)")
-        parts = f" (this run {run_eps:.4g} + composed teachers {spent:.4g})" if composed else ""
-        raise PrivacyError(
-            f"projected ε = {eps:.4g}{parts} exceeds the maximum {policy.max_epsilon:g} of the "
-            f"policy of the hub {hub} ({policy.describe()}); nothing was trained. To reach it, "
-            f"train with {' or '.join(ways) if ways else 'more noise'}; or pass "
-            "--allow-above-policy to train anyway (`dphub publish` to that hub will refuse the "
-            "model)"
-        )
+        err = above_policy(opts, plan, policy, teachers=teachers,
+                           where=f"the policy of the hub {hub}", batch_flag=batch_flag)
+        if err is not None:  # the library's refusal: one function, the same message
+            raise err
 
     return check
 

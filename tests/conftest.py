@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,22 @@ def _no_progress_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     on a loaded machine a run can outlast the reporter's quiet first seconds, and tests that
     read stderr should not depend on the machine's speed."""
     monkeypatch.setenv("DPHUB_PROGRESS", "off")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_dphub_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A dphub home for session- and module-scoped fixtures (which run before the per-test one
+    below): a fixture that trains a DP model never writes the user's own privacy ledger."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPHUB_HOME", str(tmp_path_factory.mktemp("dphub-home")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _private_dphub_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A dphub home per test: DP trainings record their releases in the privacy ledger there
+    (never the user's own ledger, and no test composes with another test's releases)."""
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "dphub-home"))
 
 
 @pytest.fixture(scope="session")

@@ -162,6 +162,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(
         data=corpus, out=full, base_model=str(tiny_base_model), warm_start="none", epochs=12.0,
         batch_size=2, max_physical_batch=1, noise=1.0, accountant="rdp", checkpoint_every=3,
         lr=0.005, seed=7, train_layers=1,
+        allow_above_policy=True,  # ε ≈ 13.7, as the CLI run's --allow-above-policy
     ))
 
     out = tmp_path / "killed"

@@ -17,6 +17,7 @@ from dphub.encoders_l3 import L3_SOURCE  # issue 29
 from dphub.labels import get_schema
 from dphub.notes import Note
 from dphub.privacy import accounting
+from dphub.privacy.composition import Composed, Part, compose, lineage_part, run_history
 from dphub.privacy.statement import NOT_COVERED
 
 # --------------------------------------------------------------------------- producing meta
@@ -102,18 +103,22 @@ def dp_block(
 
 
 #: ``lineage`` roles: ``init_from`` (``--init-from``: a model this one was fine-tuned from; entries
-#: without a role are this) and ``teacher`` (``ensemble distill``: a member whose labels this model
-#: learnt). ``composed`` teachers may have seen this model's units: their ε and δ are in the claim.
+#: without a role are this, from cards written before the ledger) and ``teacher`` (``ensemble
+#: distill``: a member whose labels this model learnt). ``composed`` entries may have seen this
+#: model's units: their ε and δ are in the claim (:func:`composed_claim`).
 LINEAGE_TEACHER = "teacher"
+LINEAGE_INIT_FROM = "init_from"
 #: ``composition.method``: basic sequential composition, ε and δ add up (a valid upper bound for
-#: any mechanisms, whatever their accountants).
+#: any mechanisms, whatever their accountants); ``prv`` / ``rdp`` name the accountant that
+#: composed the Gaussian histories exactly (:mod:`dphub.privacy.composition`).
 BASIC_COMPOSITION = "basic"
 
 
 def composed_lineage(dp: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The lineage entries whose ε and δ the card's claim must include (composed teachers)."""
+    """The lineage entries whose ε and δ the card's claim must include (composed teachers and a
+    composed ``--init-from`` parent)."""
     return [e for e in dp.get("lineage") or []
-            if isinstance(e, Mapping) and e.get("role") == LINEAGE_TEACHER
+            if isinstance(e, Mapping) and e.get("role") in (LINEAGE_TEACHER, LINEAGE_INIT_FROM)
             and e.get("composed") is True]
 
 
@@ -126,14 +131,37 @@ def run_delta(dp: Mapping[str, Any]) -> float:
     return float(dp["delta"])
 
 
+def composed_claim(dp: Mapping[str, Any], run_epsilon: float) -> Composed:
+    """This run (ε ``run_epsilon`` at :func:`run_delta`, its accounting fields as its Gaussian
+    history) composed with the composed entries of its lineage: the card's claim, and with a
+    recomputed ``run_epsilon`` the floor ``card validate`` checks it against."""
+    run = Part(float(run_epsilon), run_delta(dp), run_history(dp))
+    return compose([run, *(lineage_part(e) for e in composed_lineage(dp))])
+
+
+def apply_composition(dp: Mapping[str, Any]) -> dict[str, Any]:
+    """``dp`` with its claim composed over the composed entries of its lineage (unchanged when
+    there are none); ``composition`` keeps this run's own ε and δ so that the accounting can
+    still be recomputed."""
+    out = dict(dp)
+    if not composed_lineage(dp):
+        return out
+    comp = dp.get("composition")
+    run_eps = float(comp["run_epsilon"]) if isinstance(comp, Mapping) else float(dp["epsilon"])
+    claim = composed_claim(dp, run_eps)
+    out["composition"] = {"method": claim.method, "run_epsilon": run_eps,
+                          "run_delta": run_delta(dp)}
+    out["epsilon"], out["delta"] = claim.epsilon, claim.delta
+    return out
+
+
 def compose_teachers(dp: Mapping[str, Any], teachers: Sequence[Mapping[str, Any]]
                      ) -> dict[str, Any]:
     """``dp`` (a run's private block) with ``teachers`` added to its lineage and composed.
 
     Each teacher is ``{repo, revision, epsilon, delta, privacy_unit, composed}``; those with
-    ``composed`` true may have seen this run's units, so the claim becomes this run's (ε, δ) plus
-    theirs (basic composition, :data:`BASIC_COMPOSITION`); ``composition`` keeps this run's own
-    ε and δ so the accounting can still be recomputed. A teacher's ε is its card's claim, which
+    ``composed`` true may have seen this run's units, so the claim becomes this run's (ε, δ)
+    composed with theirs (:func:`apply_composition`). A teacher's ε is its card's claim, which
     already composes its own teachers.
     """
     out = dict(dp)
@@ -143,14 +171,7 @@ def compose_teachers(dp: Mapping[str, Any], teachers: Sequence[Mapping[str, Any]
     if not lineage:
         return out
     out["lineage"] = lineage
-    parts = [t for t in teachers if t.get("composed")]
-    if parts:
-        run_eps, run_d = float(dp["epsilon"]), run_delta(dp)
-        out["composition"] = {"method": BASIC_COMPOSITION, "run_epsilon": run_eps,
-                              "run_delta": run_d}
-        out["epsilon"] = run_eps + sum(float(t["epsilon"]) for t in parts)
-        out["delta"] = run_d + sum(float(t["delta"]) for t in parts)
-    return out
+    return apply_composition(out)
 
 
 def coarsen_count(n: int) -> str:

@@ -491,7 +491,8 @@ def _audit_section(meta: Mapping[str, Any]) -> str:
 
 def _lineage_title(e: Mapping[str, Any]) -> str:
     if e.get("role") != LINEAGE_TEACHER:
-        return "initialised from"
+        return ("initialised from (same units possible: composed)" if e.get("composed") is True
+                else "initialised from")
     return ("teacher (same units possible: composed)" if e.get("composed") is True
             else "teacher (declared to share no unit: not composed)")
 

@@ -22,6 +22,7 @@ from dphub.card.meta import (
     BASIC_COMPOSITION,
     _epsilon_independent,
     _epsilon_opacus,
+    composed_claim,
     composed_lineage,
     is_public_model,
     run_delta,
@@ -30,6 +31,7 @@ from dphub.card.model import _SAFE_KEY, ModelCard, schema
 from dphub.card.parse import load_card
 from dphub.errors import CardError, DphubError
 from dphub.privacy import accounting
+from dphub.privacy.composition import EXACT_METHODS
 from dphub.privacy.federation import federation_problems  # issue 27: federated cards
 
 # --------------------------------------------------------------------------- validation
@@ -213,12 +215,16 @@ def accounting_problems(dp: Mapping[str, Any]) -> list[str]:
     problems = composition_problems(dp)
     claimed = float(dp["epsilon"])
     fields = f"{key[0]}, q={key[1]:g}, sigma={key[2]:g}, steps={key[3]}, delta={key[4]:g}"
-    # the claim covers this run plus every composed teacher (basic composition): its floor is
-    # the sum; without teachers, spent is 0
-    spent = sum(float(e["epsilon"]) for e in composed_lineage(dp))
-    if spent:
-        fields += f", plus composed teachers' epsilon {spent:g}"
-    primary, independent = run_primary + spent, run_independent + spent
+    primary, independent = run_primary, run_independent
+    if composed_lineage(dp):
+        # the claim covers this run composed with every composed lineage entry (one function,
+        # dphub.privacy.composition): its floor is that composition of the recomputed run
+        claim = composed_claim(dp, run_primary)
+        fields += f", composed with the lineage ({claim.method})"
+        primary = claim.epsilon
+        # dp-accounting has no exact composition here: its floor is its basic sum, capped by
+        # the Opacus composition (the run's own record is still checked against it below)
+        independent = min(composed_claim(dp, run_independent).basic_epsilon, primary)
     if accounting.below(claimed, primary, accounting.CLAIM_RTOL):
         problems.append(
             f"differential_privacy.epsilon: claims {claimed:.6g} but the recorded accounting "
@@ -257,7 +263,8 @@ def composition_problems(dp: Mapping[str, Any]) -> list[str]:
             return ["differential_privacy.composition: recorded but the lineage lists no "
                     "composed teacher"]
         return []
-    if not isinstance(comp, Mapping) or comp.get("method") != BASIC_COMPOSITION:
+    if not isinstance(comp, Mapping) or comp.get("method") not in (BASIC_COMPOSITION,
+                                                                   *EXACT_METHODS):
         return ["differential_privacy.composition: the lineage lists composed teachers but the "
                 f"card does not record their composition (method {BASIC_COMPOSITION!r})"]
     problems = []

@@ -67,6 +67,7 @@ from dphub.errors import ConfigError, DphubError, InputError
 from dphub.hub.gate import public_provenance_problems
 from dphub.io import file_sha256, move_into_place
 from dphub.notes import Note, Span, merge_overlapping
+from dphub.privacy.ledger import amend_release
 from dphub.privacy.statement import RULES_NOT_COVERED
 from dphub.rules.engine import RuleMember
 from dphub.train import TrainOptions, TrainResult, train
@@ -83,9 +84,14 @@ from dphub.train.results import ProgressFn
 #: exists because a few noisy full-batch steps cannot move it, and hundreds of exact ones can.
 LOCAL_DEFAULTS: dict[str, object] = {"privacy_unit": "note", "batch_size": 8, "rule_lr_scale": 1.0}
 
-#: ``not_covered`` entry of a DP student labelled with thresholds calibrated on owner notes.
-CALIBRATION_NOT_COVERED = ("thresholds calibrated on the owner's labelled notes, used to make the "
-                           "training labels")
+#: Why a DP student refuses thresholds fitted on the owner's notes (issue 38, item 3).
+CALIBRATED_DP_REFUSAL = (
+    "distill --dp: the manifest sets thresholds on model members (from `ensemble calibrate` on "
+    "the owner's notes, or by hand); thresholds fitted on your notes make every training label "
+    "depend on other patients, which no accountant of this run covers. Remove threshold and "
+    "label_thresholds from the model members of the manifest (they then use their own "
+    "decoding), or distil without --dp (a local-only model)"
+)
 
 CountFn = Callable[[int, int], None]
 #: ``on_plan`` of :func:`distill`: the student's privacy plan and its teachers' lineage entries
@@ -242,6 +248,8 @@ def distill(
     opts.check_soft_labels()  # before the labelling, not after it
     teachers: list[dict[str, Any]] = []
     if not opts.no_dp:
+        if _has_calibrated_thresholds(ensemble):
+            raise ConfigError(CALIBRATED_DP_REFUSAL)
         _check_dp_teacher(ensemble, rounds)
         teachers = teacher_lineage(ensemble, opts.privacy_unit, disjoint=disjoint_teachers)
         opts = _run_budget(opts, teachers)
@@ -279,9 +287,7 @@ def distill(
         if not opts.no_dp:
             # the card is complete (teachers composed, caveats added) before the directory
             # appears at `out`: a crash in between leaves no card claiming this run's ε alone
-            claim = _amend_dp_card(student, teachers,
-                                   calibrated=_has_calibrated_thresholds(ensemble),
-                                   rules=_has_rule_member(ensemble))
+            claim = _amend_dp_card(student, teachers, rules=_has_rule_member(ensemble))
         move_into_place(student, out, overwrite=opts.force)
     result.out_dir = out
     return OwnerResult(
@@ -436,19 +442,21 @@ def _has_rule_member(ensemble: Ensemble) -> bool:
     return any(isinstance(s.member, RuleMember) for s in ensemble.slots)
 
 
-def _amend_dp_card(out: Path, teachers: Sequence[dict[str, Any]], *, calibrated: bool,
+def _amend_dp_card(out: Path, teachers: Sequence[dict[str, Any]], *,
                    rules: bool = False) -> dict[str, Any]:
-    """Rewrite a DP student's card with its teachers composed and the caveats of its labels
-    (calibrated thresholds; the rule member's design). Returns the final block (its
-    ``epsilon`` and ``delta`` are the claim)."""
+    """Rewrite a DP student's card with its teachers composed and the caveat of its labels
+    (the rule member's design), and its ledger record with the final claim. Returns the final
+    block (its ``epsilon`` and ``delta`` are the claim)."""
     card = load_card(out)
     dp = compose_teachers(card.meta["differential_privacy"], teachers)
     before = list(dp.get("not_covered", []))
-    extra = [c for c, on in ((CALIBRATION_NOT_COVERED, calibrated), (RULES_NOT_COVERED, rules))
-             if on and c not in before]
+    extra = [RULES_NOT_COVERED] if rules and RULES_NOT_COVERED not in before else []
     dp["not_covered"] = before + extra
     if teachers or extra:
         write_card(out, {**card.meta, "differential_privacy": dp})
+    # the ledger recorded the student's run as a plain training: it is this distillation
+    amend_release(str(dp["weights_sha256"]), kind="distill", epsilon=float(dp["epsilon"]),
+                  delta=float(dp["delta"]), composed=dp.get("composition") is not None)
     return dp
 
 

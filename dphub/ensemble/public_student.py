@@ -48,6 +48,7 @@ from dphub.errors import ConfigError
 from dphub.hub.gate_postprocessing import STUDENT_HYPERPARAM_KEYS
 from dphub.io import atomic_write_text, file_sha256, move_into_place
 from dphub.notes import Note
+from dphub.privacy.ledger import record_inherited
 from dphub.privacy.statement import RULES_NOT_COVERED
 from dphub.rules.engine import RuleMember, RuleOptions
 from dphub.train import TrainOptions
@@ -165,6 +166,9 @@ def distill_public(
         result = _train_on(labelled, o, work, "public", on_progress)
         _rewrite_as_student(student, teacher, inputs.notes, data_record, opts, rules=rules,
                             steps=result.steps)
+        # the ledger: the student spends nothing but carries its teacher's patients (issue 38)
+        record_inherited(file_sha256(student / "model.safetensors"),
+                         str(teacher.dp["weights_sha256"]))
         move_into_place(student, out, overwrite=opts.force)
     result.out_dir = out
     return OwnerResult(

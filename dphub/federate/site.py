@@ -36,6 +36,8 @@ from dphub import card
 from dphub.errors import ConfigError, PrivacyError
 from dphub.io import atomic_write_text
 from dphub.privacy import accounting
+from dphub.privacy.composition import GaussianSteps
+from dphub.privacy.ledger import patient_digests, record_federated_round
 from dphub.privacy.units import UnitDataset
 from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
 from dphub.train.encoder_cache import FrozenEncoderCache
@@ -208,6 +210,7 @@ class Site:
             [e.unit for e in examples], max_examples_per_unit=self.opts.max_examples_per_unit,
             features=[e.features for e in examples] if self.opts.rule_features else None,
         )
+        self.patients = patient_digests(notes)  # issue 38: the privacy ledger's record
         self.model = model
         self.names = trainable_names(model)
         self.frozen_digest = frozen_digest(model)
@@ -312,6 +315,11 @@ class Site:
         st.rounds = [*st.rounds, int(order.round)]
         st.save(self.state_path)
         eps = quiet_epsilon(acc, st.delta)
+        record_federated_round(  # issue 38: this site's spend, all its rounds, in its ledger
+            st.site_id, GaussianSteps(st.accountant, st.sample_rate, st.noise_multiplier,
+                                      st.steps),
+            epsilon=eps, delta=st.delta, privacy_unit=self.opts.privacy_unit,
+            patients=self.patients)
         log.info("site: round %d, %d local steps, %d in all, epsilon %.3f", order.round, take,
                  st.steps, eps)
         return trainable_state(self.model), self.report(st, trained=take)

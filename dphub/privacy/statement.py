@@ -189,11 +189,26 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
             f"delta = {_fmt(e.get('delta'))}, unit {e.get('privacy_unit')})"
             for e in lineage
         ]
-        paras.append(
-            "This model was fine-tuned from " + "; ".join(parts) + ". The epsilon above covers "
-            "only the data of this training round; data used by the source models is covered "
-            "by their own guarantees, and a unit present in both datasets adds the epsilons up."
-        )
+        comp = dp.get("composition") or {}
+        if any(e.get("composed") is True for e in lineage):  # issue 38: --init-from composes
+            how = ("by basic composition (epsilons and deltas add up)"
+                   if comp.get("method") in (None, "basic") else
+                   f"by composing both DP-SGD runs' noise histories in one {comp.get('method')} "
+                   "accountant (tighter than adding the epsilons, never looser)")
+            paras.append(
+                "This model was fine-tuned from " + "; ".join(parts) + ", which may have been "
+                "trained on the same units. The epsilon and delta above cover both: this "
+                f"training run's own (epsilon = {_fmt(comp.get('run_epsilon'))}, delta = "
+                f"{_fmt(comp.get('run_delta'))}) composed with the source model's, {how}."
+            )
+        else:
+            paras.append(
+                "This model was fine-tuned from " + "; ".join(parts) + ". The epsilon above "
+                "covers only the data of this training round (the trainer declared the source "
+                "model's units disjoint from these, or its card predates composition); data "
+                "used by the source model is covered by its own guarantee, and a unit present "
+                "in both datasets adds the epsilons up."
+            )
     if teachers:
         paras.append(_teacher_words(dp, teachers))
     paras.append(_randomness_words(dp))

@@ -10,6 +10,7 @@ options        :class:`TrainOptions` (every knob, defaults, validation)
 data           labelled notes -> windows with tag ids -> batches; the per-window loss
 plan           the privacy plan (q, steps, σ, δ) fixed before the first step
 sources        initial weights: public base + synthetic warm start, or a pulled DP model
+lineage        the privacy ledger: a parent's disjointness checked, the composed claim, the record
 warmstart      the public warm start (synthetic notes, no private data, no ε), built once, cached
 pretrain       ``dphub pretrain``: the same public training written as a shareable public base
 encoder_cache  head-only runs look the frozen encoder's outputs up instead of recomputing them

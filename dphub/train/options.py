@@ -14,6 +14,7 @@ from typing import Any
 
 from dphub.errors import ConfigError
 from dphub.labels import get_schema
+from dphub.privacy.policy import Policy
 
 PRIVACY_UNITS = ("patient", "note", "sequence")
 
@@ -102,6 +103,15 @@ class TrainOptions:
     secure_rng: bool = False
     resume: bool = False
     init_from: str | None = None
+    #: the trainer declares that the ``init_from`` model saw none of these patients: its ε is
+    #: then not composed into the claim (checked against the privacy ledger where it knows the
+    #: parent: :func:`dphub.train.lineage.settle_lineage`)
+    disjoint_teacher: bool = False
+    #: the ε policy the run must stay within (None: the default policy, ε ≤ 10 per patient);
+    #: :func:`dphub.train.train` refuses before the first step a run whose projected claim
+    #: exceeds it, unless ``allow_above_policy`` (issue 39 item 6)
+    policy: Policy | None = None
+    allow_above_policy: bool = False
     warm_start: str = "synth"
     no_dp: bool = False
     max_length: int = 128
@@ -170,6 +180,9 @@ class TrainOptions:
         if self.local_only and not self.no_dp:
             raise ConfigError("a local-only model is trained without DP (a DP model is "
                               "publishable, not local only)")
+        if self.disjoint_teacher and not self.init_from:
+            raise ConfigError("--disjoint-teacher declares the --init-from model's patients "
+                              "disjoint from these: give --init-from")
         if self.training_labels is not None:
             _choice("training labels", self.training_labels, TRAINING_LABELS)
         if self.recall_weight < 0:
@@ -191,7 +204,8 @@ class TrainOptions:
     def public_dict(self) -> dict[str, Any]:
         """Hyper-parameters as recorded in ``training_config.json``: no paths, no user names."""
         hidden = {"data", "out", "checkpoint_dir", "resume", "force", "_stop_after", "base_model",
-                  "init_from", "card_text", "local_only", "training_labels"}
+                  "init_from", "card_text", "local_only", "training_labels",
+                  "disjoint_teacher", "policy", "allow_above_policy"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
 
 

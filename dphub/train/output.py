@@ -95,6 +95,7 @@ def build_meta(
             mechanism_rng=dp_mode(opts.secure_rng),
             weights_sha256=weights_sha256, **common,
         )
+        dp = card.apply_composition(dp)  # a composed --init-from parent: the claim adds it
     if not opts.no_dp and opts.rule_features:
         dp["not_covered"] = [*dp["not_covered"], RULES_NOT_COVERED]
     if not opts.no_dp and plan.steps_per_epoch == plan.num_units > 1:

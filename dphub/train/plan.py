@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +31,9 @@ class PrivacyPlan:
     noise_multiplier: float | None
     delta: float | None
     stopped_by_max_epsilon: bool
+    #: the card lineage the run starts with (an ``--init-from`` parent): its composed entries
+    #: are part of the claim the plan check projects
+    lineage: tuple[Mapping[str, Any], ...] = field(default=())
 
     @property
     def expected_batch(self) -> float:

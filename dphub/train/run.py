@@ -16,6 +16,7 @@ import torch
 from dphub import checkpoint
 from dphub.errors import ConfigError, InputError, PrivacyError
 from dphub.notes import Note
+from dphub.privacy.ledger import patient_digests
 from dphub.privacy.units import UnitDataset
 from dphub.train.checkpoints import (
     LEGACY_CHECKPOINT_FILE,
@@ -27,6 +28,7 @@ from dphub.train.checkpoints import (
 )
 from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
 from dphub.train.encoder_cache import cached_encoder
+from dphub.train.lineage import check_policy, record_run, settle_lineage
 from dphub.train.loop import TrainingDiverged, TrainLoop, quiet_epsilon
 from dphub.train.options import TrainOptions
 from dphub.train.output import build_meta, check_output_dir, write_model_dir
@@ -51,7 +53,10 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     the card's ``dataset`` block describes the real corpus only.
 
     ``on_plan`` sees the privacy plan (q, σ, steps, δ: the projected ε) before the first step;
-    it may raise a :class:`DphubError` to stop the run there (the CLI's hub-policy check).
+    it may raise a :class:`DphubError` to stop the run there (the CLI's hub-policy check, which
+    calls :func:`dphub.train.lineage.above_policy`). Without it, ``train()`` refuses by itself
+    a run whose projected claim exceeds ``opts.policy`` (default ε ≤ 10 per patient) unless
+    ``opts.allow_above_policy``.
     ``gradient_audit(optimizer, plan)`` is called once the DP optimizer's noise source is
     installed (the white-box canaries of :class:`dphub.audit.GradientCanaries`); DP runs only.
     """
@@ -79,6 +84,9 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     train_notes = [*notes, *extra_notes]
     check_patient_ids(train_notes, opts.privacy_unit)
     src = initial_model(opts, on_progress)
+    # the privacy ledger: keyed digests of the real corpus's patients (never the canaries')
+    patients = frozenset() if opts.no_dp else patient_digests(notes)
+    settle_lineage(opts, src, patients)
     if not REPO_ID.fullmatch(src.base_public_id):
         # the card records the base as a public hub id; find out now, not after training
         raise ConfigError(
@@ -107,13 +115,16 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
         confidence=[e.confidence for e in examples] if opts.soft_labels else None,
     )
     plan = plan_privacy(opts, len(dataset))
+    plan.lineage = tuple(src.lineage)  # the plan check projects the composed claim
     log.info(
         "%d units, %d windows used (%d left out by max_examples_per_unit), q = %.4g, %d steps, "
         "sigma = %s", len(dataset), dataset.num_windows, dataset.dropped_windows,
         plan.sample_rate, plan.steps, plan.noise_multiplier,
     )
     if on_plan is not None:
-        on_plan(plan)
+        on_plan(plan)  # the caller's check (the CLI's: the hub's policy, printed advice)
+    else:
+        check_policy(opts, plan)  # a library caller gets the policy check by itself
     fingerprint = run_fingerprint(opts, examples, src.base_public_id)
     state = load_checkpoint(ckpt_dir, fingerprint) if opts.resume else None
 
@@ -156,6 +167,8 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
         lambda sha: build_meta(opts, plan, src, notes, real_windows, loop.step, epsilon,
                                weights_sha256=sha),
     )
+    if not opts.no_dp:
+        record_run(opts, src, plan, notes, meta, patients=patients)
     write_run_log(run_log_path(ckpt_dir), {
         "steps": loop.step,
         "loss_history": [None if math.isnan(v) else round(v, 5) for v in loop.losses],

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dphub.card import SYNTH_DATASET, is_public_model, load_card
+from dphub.card import LINEAGE_INIT_FROM, SYNTH_DATASET, is_public_model, load_card
 from dphub.encoders import encoder_digest, resolve_base_model
 from dphub.errors import ConfigError, DphubError, ModelError, PrivacyError
+from dphub.privacy.composition import run_history
 from dphub.registry import Registry, resolve_model
 from dphub.tagger import TaggerModel
 from dphub.train import warmstart
@@ -33,6 +34,9 @@ class ModelSource:
     #: (recorded as ``training_config.json`` ``base_model_sha256``; the publish gate compares it
     #: with the declared base's). None: not known (a source trained before it was recorded).
     base_sha256: str | None = None
+    #: the ``--init-from`` model's weights digest (its card's ``weights_sha256``): how the privacy
+    #: ledger finds its record
+    parent_weights_sha256: str | None = None
 
 
 def initial_model(opts: TrainOptions, on_progress: ProgressFn | None) -> ModelSource:
@@ -176,21 +180,31 @@ def _from_pulled_model(opts: TrainOptions) -> ModelSource:
     dp = meta.get("differential_privacy", {}) or {}
     base_id = str(meta.get("base_model") or base_id)
     pretraining = dp.get("public_pretraining")
-    lineage: list[dict[str, Any]] = list(dp.get("lineage") or [])
     if not dp.get("private") or dp.get("epsilon") is None:
         raise PrivacyError(
             f"--init-from {opts.init_from}: the source model is not private (its card says "
             "private: false); fine-tuning it cannot produce a private model"
         )
     repo, rev = _source_repo_revision(str(opts.init_from), src, p.is_dir())
-    lineage.append({
+    # one entry: the parent's claim already composes its own lineage. Composed unless the
+    # trainer declares its patients disjoint (the ledger checks that in dphub.train.lineage)
+    entry: dict[str, Any] = {
         "repo": repo,
         "revision": rev,
         "epsilon": dp.get("epsilon"),
         "delta": dp.get("delta"),
         "privacy_unit": dp.get("privacy_unit"),
-    })
-    return ModelSource(model, base_id, src, pretraining, lineage, recorded_base_digest(src))
+        "role": LINEAGE_INIT_FROM,
+        "composed": not opts.disjoint_teacher,
+    }
+    sha = dp.get("weights_sha256")
+    if isinstance(sha, str):
+        entry["weights_sha256"] = sha
+    history = run_history(dp)
+    if history and dp.get("composition") is None:  # one plain DP-SGD run: exact composition
+        entry["accounting"] = history[0].to_json()
+    return ModelSource(model, base_id, src, pretraining, [entry], recorded_base_digest(src),
+                       sha if isinstance(sha, str) else None)
 
 
 def _source_repo_revision(spec: str, src: Path, is_dir: bool) -> tuple[str, str]:
