@@ -100,6 +100,9 @@ def check_port_free(port: int) -> None:
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port {port}: must be 1-65535")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as uvicorn binds: a port left in TIME_WAIT by a stopped site is free, a listening
+        # one is not
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -257,3 +260,12 @@ def _stop_group(child: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
         child.wait()
+
+
+def superlink_argv(*, host: str, port: int, ca: Path, cert: Path, key: Path) -> list[str]:
+    """``flower-superlink`` as docs/federated.md runs it: TLS, only registered SuperNodes
+    (``flwr supernode register``), no dependency installation (every machine runs its
+    installed dphub)."""
+    return ["flower-superlink", "--host", host, "--port", str(port), "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation", "--ssl-ca-certfile", str(ca),
+            "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
