@@ -130,6 +130,32 @@ def test_policy_file_toml_and_json(tmp_path: Path) -> None:
             SitePolicy.from_file(js)
 
 
+
+def test_card_site_row_records_the_site_policy(notes_file: Path, tiny_base_model: Path,
+                                               tmp_path: Path) -> None:
+    from dphub import card
+    from dphub.federate.server import FederationConfig, FederationServer, site_policy_row
+    from dphub.hub.validate import validate_card
+
+    opts = {**OPTIONS, "base_model": str(tiny_base_model)}
+    cfg = FederationConfig(out=tmp_path / "m", options=opts, rounds=1, local_steps=2)
+    server = FederationServer(cfg)
+    policy = SitePolicy(max_epsilon=6.0, min_noise=0.4, delta=1e-5)
+    site = Site(notes_file, tmp_path / "site", opts, policy)
+    order = RoundOrder(round=1, rounds=1, local_steps=2, target_epsilon=6.0,
+                       frozen_digest=server.frozen_digest)
+    server.aggregate(1, [site.train_round(order, server.weights)])
+    server.write()
+    validate_card(tmp_path / "m")
+    rows = card.load_card(tmp_path / "m").meta["differential_privacy"]["federation"][
+        "site_accounting"]
+    assert [r["policy"] for r in rows] == [policy.to_dict()]
+    # what a report claims as its policy is checked, never copied as is
+    for bad in ("not json", '{"max_epsilon": NaN}', '{"max_epsilon": 1e30}', '{"x": 1}',
+                '"str"', "[]", None, 5, '{"unit": "patient", "max_epsilon": 2, "pad": "' +
+                "a" * 2000 + '"}'):
+        assert site_policy_row(bad) is None, bad
+
 # ------------------------------------------------------------------ one accountant, one process
 
 

@@ -20,6 +20,7 @@ import torch
 from dphub import card
 from dphub.errors import ConfigError, PrivacyError
 from dphub.federate.site import (
+    SitePolicy,
     frozen_digest,
     options_for,
     prepare_model,
@@ -101,6 +102,17 @@ def merge_dataset_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def site_policy_row(text: Any) -> dict[str, Any] | None:
+    """A report's ``policy`` (the site's own, JSON) as the card's site row records it; None
+    when absent or not a policy (the report's accounting is checked either way)."""
+    if not isinstance(text, str) or len(text) > 1000:
+        return None
+    try:
+        return SitePolicy(**json.loads(text)).to_dict()
+    except (ValueError, TypeError, ConfigError):
+        return None
+
+
 @dataclass
 class FederationServer:
     """Global weights and the sites' latest reports, resumable from ``state_dir``."""
@@ -176,6 +188,9 @@ class FederationServer:
                 "accountant", "sample_rate", "noise_multiplier", "steps", "delta", "epsilon",
                 "privacy_unit", "units", "expected_batch", "dataset", "budget_spent",
                 "exact_units")}
+            policy = site_policy_row(rep.get("policy"))  # the site's own policy (issue 37)
+            if policy is not None:
+                self.sites[str(rep["site_id"])]["policy"] = policy
         trained = [(w, r) for w, r in replies if w is not None and int(r["trained"]) > 0]
         if trained:
             if self.cfg.aggregation == "mean":
@@ -232,7 +247,7 @@ class FederationServer:
                            float(worst["noise_multiplier"]), delta, False)
         accounting_rows = sorted(
             ({k: s[k] for k in ("accountant", "sample_rate", "noise_multiplier", "steps", "delta",
-                                "epsilon", "privacy_unit")} for s in sites),
+                                "epsilon", "privacy_unit", "policy") if k in s} for s in sites),
             key=lambda r: (r["epsilon"], r["sample_rate"], r["steps"]))
         eps_all = [float(s["epsilon"]) for s in sites]
         units = sum(_range_low(s["units"]) for s in sites)
