@@ -186,6 +186,27 @@ def test_second_process_on_a_state_directory_is_refused(notes_file: Path,
     assert (state / ".lock").stat().st_mode & 0o077 == 0
 
 
+
+def test_state_of_another_node_key_is_refused(notes_file: Path, tiny_base_model: Path,
+                                              tmp_path: Path) -> None:
+    """A deployed site's id is its node key's digest: a state directory whose accountant was
+    written under another key (a replaced key or directory) is refused, not continued."""
+    _flwr()
+    from dphub.federate.deploy import ensure_node_key, node_key_id
+
+    state = tmp_path / "s"
+    state.mkdir()
+    key, created = ensure_node_key(state)
+    assert created and ensure_node_key(state) == (key, False)
+    assert key.stat().st_mode & 0o077 == 0
+    opts = {**OPTIONS, "base_model": str(tiny_base_model)}
+    site = Site(notes_file, state, opts, site_id=node_key_id(key))
+    st = site.state(_order(1, site.frozen_digest))
+    assert st is not None and st.site_id == node_key_id(key)
+    other = Site(notes_file, state, opts, site_id="0" * 16)
+    with pytest.raises(ConfigError, match="another site id"):
+        other.state(_order(1, other.frozen_digest))
+
 # ------------------------------------------------------------------ the app a site runs
 
 
