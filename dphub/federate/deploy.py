@@ -236,18 +236,21 @@ def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = Non
         stop.set()
         raise _Stopped
 
+    child: subprocess.Popen[bytes] | None = None
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    child = subprocess.Popen(supernode_argv(plan, supernode), env=env,
-                             start_new_session=True, preexec_fn=_die_with_parent)
     try:
+        child = subprocess.Popen(supernode_argv(plan, supernode), env=env,
+                                 start_new_session=True, preexec_fn=_die_with_parent)
+        running = child
         site_runner.serve_tasks(f"127.0.0.1:{plan.port}", stop, app_hash=plan.app_hash,
-                                alive=lambda: child.poll() is None)
+                                alive=lambda: running.poll() is None)
     except _Stopped:
         pass
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        _stop_group(child)
+        if child is not None:
+            _stop_group(child)
 
 
 def _stop_group(child: subprocess.Popen[bytes]) -> None:
