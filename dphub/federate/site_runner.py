@@ -122,7 +122,11 @@ def run_task(address: str, token: str, *, app_hash: str | None = None) -> str:
             log.warning("site: refused the server's app: %s", e.message)
             reply = apps.site_error("app", message)
         else:
-            reply = apps.client_app(message=message, context=context)
+            try:
+                reply = apps.client_app(message=message, context=context)
+            except Exception as e:  # noqa: BLE001 - e.g. a message type dphub does not serve
+                log.error("site: the ClientApp failed (%s)", type(e).__name__)
+                reply = apps.site_error("internal", message)
             status, details = SubStatus.COMPLETED, ""
             outcome = ("trained" if not reply.has_error() else
                        "refused: " + reply.error.reason.split(":", 1)[0])
