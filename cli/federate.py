@@ -177,8 +177,9 @@ def join(
     unit: str | None = typer.Option(None, "--unit", show_default="patient",
                                     help="The only privacy unit this site trains at."),
     app_hash: str | None = typer.Option(
-        None, "--app-hash", help="Accept only the app bundle with this SHA-256 (the "
-        "server's `serve` prints it); otherwise any dphub app without code."),
+        None, "--app-hash", help="Accept only the app bundle with this SHA-256 (agreed "
+        "with the server's operator; a refused bundle's hash is in the site's log); "
+        "otherwise any dphub app without code."),
 ) -> None:
     """Run one site: a Flower SuperNode whose tasks run dphub's installed ClientApp on DATA
     (never code the server sends), under the site's own privacy policy, until stopped."""

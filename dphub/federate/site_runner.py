@@ -64,8 +64,8 @@ def check_fab(content: bytes, fab_hash: str, pin: str | None = None) -> None:
     if digest != fab_hash:
         raise AppRefused("the app bundle does not match its hash")
     if pin is not None and digest != pin:
-        raise AppRefused(f"the app bundle's hash {digest[:12]}… is not the pinned "
-                         f"{pin[:12]}… (--app-hash)")
+        raise AppRefused(f"the app bundle's hash {digest} is not the pinned {pin} "
+                         "(--app-hash)")
     if len(content) > _MAX_FAB_BYTES:
         raise AppRefused("the app bundle is larger than a dphub app (it holds no code)")
     try:
