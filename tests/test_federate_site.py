@@ -173,10 +173,15 @@ def test_second_process_on_a_state_directory_is_refused(notes_file: Path,
                                                         tiny_base_model: Path,
                                                         tmp_path: Path) -> None:
     state = tmp_path / "s"
+    opts = {**OPTIONS, "base_model": str(tiny_base_model)}
+    site = Site(notes_file, state, opts)  # built before the other process took the directory
     holder = _holder(state)
     try:
         with pytest.raises(ConfigError, match="in use by another dphub process"):
-            Site(notes_file, state, {**OPTIONS, "base_model": str(tiny_base_model)})
+            Site(notes_file, state, opts)
+        with pytest.raises(ConfigError, match="in use by another dphub process"):
+            site.train_round(_order(1, site.frozen_digest), {})
+        assert not (state / STATE_FILE).exists()  # nothing counted
         with pytest.raises(ConfigError, match="in use"):
             hold_state_dir(state)
     finally:

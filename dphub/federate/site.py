@@ -19,12 +19,14 @@ are:
 * the site owns its guarantee (:class:`SitePolicy`): the server's target ε, σ, δ and unit are
   requests, and a round asking for more than the site's policy is refused before the accountant
   is touched;
-* one process per state directory (:func:`hold_state_dir`, a file lock held for the process's
-  life): two processes on one accountant would each count only their own steps.
+* one process per state directory (a file lock: :func:`hold_state_dir` for ``join``'s life,
+  :func:`locked_state_dir` around each round elsewhere): two processes on one accountant
+  would each count only their own steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,6 +34,7 @@ import math
 import secrets
 import tomllib
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,24 +236,44 @@ class SitePolicy:
 _HELD: dict[Path, FileLock] = {}
 
 
-def hold_state_dir(state_dir: Path) -> None:
-    """Lock ``state_dir`` for this process's life (one accountant, one process).
-
-    A second process is refused at once with one line; the lock is the OS's (``flock``), so
-    a killed process releases it. Idempotent within one process (the site is rebuilt there).
-    """
+def _lock(state_dir: Path) -> tuple[Path, FileLock]:
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = state_dir.resolve()
-    if key in _HELD:
-        return
     lock = FileLock(key / LOCK_FILE, thread_local=False, mode=0o600)
     try:
         lock.acquire(timeout=0)
     except Timeout:
         raise ConfigError(f"{state_dir}: in use by another dphub process (one accountant per "
                           "site: stop the other one first)") from None
+    return key, lock
+
+
+def hold_state_dir(state_dir: Path) -> None:
+    """Lock ``state_dir`` for this process's life (``join``: one accountant, one process).
+
+    A second process is refused at once with one line; the lock is the OS's (``flock``), so
+    a killed process releases it. Idempotent within one process.
+    """
+    if Path(state_dir).resolve() in _HELD:
+        return
+    key, lock = _lock(state_dir)
     _HELD[key] = lock
+
+
+@contextlib.contextmanager
+def locked_state_dir(state_dir: Path) -> Iterator[None]:
+    """``state_dir`` locked for one round (or held already by this process, as ``join``
+    does). Per round, not per process: Flower's simulation may run one site's rounds in
+    different worker processes, one at a time."""
+    if Path(state_dir).resolve() in _HELD:
+        yield
+        return
+    _, lock = _lock(state_dir)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @dataclass
@@ -317,7 +340,8 @@ class Site:
         self.policy = policy or SitePolicy()
         self.opts = options_for(options, data=self.data, out=self.state_dir / "unused")
         self.policy.check_options(self.opts)
-        hold_state_dir(self.state_dir)
+        with locked_state_dir(self.state_dir):  # refused at once while another process runs it
+            pass
         self.data_sha256 = _file_sha256(self.data)
         notes = load_training_notes(self.opts)
         check_patient_ids(notes, self.opts.privacy_unit)
@@ -419,6 +443,11 @@ class Site:
         Returns the new trainable weights (None when the budget is spent) and the site's
         report: its accounting over ALL its rounds (never the round's alone) and coarse counts.
         """
+        with locked_state_dir(self.state_dir):
+            return self._train_round(order, arrays)
+
+    def _train_round(self, order: RoundOrder, arrays: dict[str, torch.Tensor]
+                     ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         if order.frozen_digest != self.frozen_digest:
             raise ConfigError("the server's public base differs from this site's (frozen "
                               "weights digest); pull the same base model")
