@@ -152,31 +152,60 @@ def join(
     data: Path = typer.Argument(..., help="This site's labelled notes (never leave the site)."),
     server: str = typer.Option(..., "--server", help="The SuperLink's HTTP API, HOST:PORT "
                                "(flower-superlink's --host/--port, default port 8000)."),
-    state: Path = typer.Option(..., "--state", help="This site's state directory (its "
-                               "accountant over all rounds; keep it: a restarted site "
-                               "continues from it)."),
+    state: Path = typer.Option(..., "--state", help="This site's state directory: its "
+                               "accountant over all rounds and its node key (keep it: a "
+                               "restarted site continues from it; a lost one is a new site)."),
     root_certificates: Path | None = typer.Option(
-        None, "--root-certificates", show_default="insecure", help="CA certificate of the SuperLink: TLS. Without it "
-        "the connection is insecure (localhost tests only)."),
-    port: int = typer.Option(9094, "--port", help="This SuperNode's local ClientApp port "
-                             "(distinct per site on one machine)."),
+        None, "--root-certificates", help="CA certificate of the SuperLink (TLS; required "
+        "unless --insecure)."),
+    insecure: bool = typer.Option(False, "--insecure", help="No TLS and no node key: only "
+                                  "towards a loopback SuperLink (a test on one machine)."),
+    port: int = typer.Option(9094, "--port", help="This SuperNode's local Runtime API port "
+                             "(loopback; distinct per site on one machine)."),
+    policy_file: Path | None = typer.Option(
+        None, "--policy", help="The site's privacy policy, TOML or JSON (max_epsilon, "
+        "min_noise, delta, unit); the flags below override it."),
+    max_epsilon: float | None = typer.Option(
+        None, "--max-epsilon", show_default="8", help="Most epsilon this site spends over "
+        "all rounds (a round asking for more is refused)."),
+    min_noise: float | None = typer.Option(
+        None, "--min-noise", show_default="0.5", help="Least noise multiplier (sigma) this "
+        "site trains with."),
+    delta: float | None = typer.Option(
+        None, "--max-delta", show_default="min(1e-5, 1/(10 N))", help="Largest delta this "
+        "site accepts."),
+    unit: str | None = typer.Option(None, "--unit", show_default="patient",
+                                    help="The only privacy unit this site trains at."),
+    app_hash: str | None = typer.Option(
+        None, "--app-hash", help="Accept only the app bundle with this SHA-256 (agreed "
+        "with the server's operator; a refused bundle's hash is in the site's log); "
+        "otherwise any dphub app without code."),
 ) -> None:
-    """Run one site: a Flower SuperNode whose ClientApp trains on DATA (until stopped)."""
+    """Run one site: a Flower SuperNode whose tasks run dphub's installed ClientApp on DATA
+    (never code the server sends), under the site's own privacy policy, until stopped."""
     _need_flwr()
-    if not data.is_file():
-        raise ConfigError(f"{data}: no such file")
-    if "'" in str(data.resolve()) or "'" in str(state.resolve()):
-        raise ConfigError("the data and state paths must not contain a quote (')")
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    argv = [_flower_command("flower-supernode"), "--superlink", server, "--port", str(port),
-            "--node-config", f"data='{data.resolve()}' state='{state.resolve()}'"]
-    argv += (["--root-certificates", str(root_certificates)] if root_certificates
-             else ["--insecure"])
-    # the SuperNode starts Flower's other console scripts (flower-superexec, flwr-clientapp)
-    # by name: find them beside this Python even when its bin directory is not on PATH
+    from dataclasses import replace
+
+    from dphub.federate.deploy import plan_join, run_join  # heavy: the training stack
+    from dphub.federate.site import SitePolicy
+
+    policy = SitePolicy.from_file(policy_file) if policy_file is not None else SitePolicy()
+    flags = {"max_epsilon": max_epsilon, "min_noise": min_noise, "delta": delta, "unit": unit}
+    policy = replace(policy, **{k: v for k, v in flags.items() if v is not None})
+    plan = plan_join(data, state, server, port=port, root_certificates=root_certificates,
+                     insecure=insecure, policy=policy, app_hash=app_hash)
+    supernode = _flower_command("flower-supernode")
+    if plan.insecure:
+        typer.echo("warning: --insecure: no TLS and no node authentication (loopback only)",
+                   err=True)
+    if plan.key_created:
+        typer.echo(f"new node key: register it at the SuperLink before this site can join: "
+                   f"flwr supernode register {plan.key.with_suffix('.pub')}", err=True)
+    typer.echo(f"site policy: {json.dumps(policy.to_dict(), sort_keys=True)}", err=True)
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(argv[0]).parent), env.get("PATH", "")])
-    os.execve(argv[0], argv, env)  # this process becomes the SuperNode (signals reach it)
+    env["PATH"] = os.pathsep.join([str(Path(supernode).parent), env.get("PATH", "")])
+    run_join(plan, supernode, env=env)
+    typer.echo("stopped", err=True)
 
 
 def register(app: typer.Typer) -> None:

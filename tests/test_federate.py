@@ -276,7 +276,7 @@ def test_deployment_superlink_and_three_sites_as_processes(sites: list[Path],
         for i, data in enumerate(sites):
             start([str(bindir / "dphub"), "federate", "join", str(data), "--server",
                    f"127.0.0.1:{link}", "--state", str(tmp_path / f"site-{i}"), "--port",
-                   str(_free_port())], f"site-{i}.log")
+                   str(_free_port()), "--insecure"], f"site-{i}.log")
         assert cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
                          str(out), "--min-sites", "3", "--control", f"127.0.0.1:{link}",
                          "--state-dir", str(tmp_path / "server"), *opts]) == 0

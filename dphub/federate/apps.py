@@ -5,10 +5,15 @@ One code path for both ways of running (Flower 1.42's Message API): the simulati
 (``flower-superlink`` + ``flower-supernode`` + ``flwr run`` of the app directory that
 ``dphub federate serve`` writes) load these same two objects.
 
-Where a site finds its data: a SuperNode's ``--node-config "data='...' state='...'"`` in a
-deployment; in the simulation, partition ``i`` is the ``i``-th site of
-``$DPHUB_FEDERATE_SITES`` (set by ``simulate``). The server's configuration comes from the run
-config's ``federation`` value (deployment) or ``$DPHUB_FEDERATE_SERVER`` (simulation).
+Where a site finds its data: in a deployment, ``dphub federate join`` runs this ClientApp in
+its own process (:mod:`dphub.federate.site_runner`, never code the server ships) and sets
+:func:`use_local_site`; the SuperNode itself never holds the paths. In the simulation,
+partition ``i`` is the ``i``-th site of ``$DPHUB_FEDERATE_SITES`` (set by ``simulate``). The
+server's configuration comes from the run config's ``federation`` value (deployment) or
+``$DPHUB_FEDERATE_SERVER`` (simulation).
+
+What a site sends the server when it does not train is a category (:data:`SITE_ERRORS`), never
+the error's text: that may name paths or note ids. The site logs the details locally.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from dphub.errors import ConfigError, DphubError
+from dphub.errors import ConfigError, DphubError, InputError, PrivacyError
 from dphub.federate.server import FederationConfig, FederationServer
-from dphub.federate.site import RoundOrder, Site
+from dphub.federate.site import PolicyRefused, RoundOrder, Site, SitePolicy
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +40,56 @@ SITES_ENV = "DPHUB_FEDERATE_SITES"
 SERVER_ENV = "DPHUB_FEDERATE_SERVER"
 #: tests only: "PARTITION:ROUND" makes that simulated site fail from that round on (a dropout)
 DROP_ENV = "DPHUB_FEDERATE_TEST_DROP"
-#: Flower error code of a site's refusal (a DphubError: readable, never note text)
+#: Flower error code of a site's refusal; its reason is one of SITE_ERRORS' values
 SITE_REFUSED = 4270
+#: what a site tells the server when it does not train: a category, never paths or note ids
+SITE_ERRORS = {
+    "policy": "policy: the round asks for more than this site's privacy policy allows",
+    "app": "app: this site runs only dphub's installed federation ClientApp",
+    "privacy": "privacy: the site's accounting refused the round",
+    "data": "data: the site's notes could not be used",
+    "config": "config: the round's recipe or base does not match this site",
+    "internal": "internal: the site failed (details in the site's own log)",
+}
 
 _SITES: dict[tuple[str, str], Site] = {}
+_LOCAL: dict[str, Any] = {}
+
+
+def use_local_site(data: Path, state: Path, policy: SitePolicy, *,
+                   site_id: str | None = None) -> None:
+    """This process is one deployed site (``dphub federate join``): its notes, state, policy
+    and the site id bound to its node key."""
+    _LOCAL.update(data=str(Path(data).resolve()), state=str(Path(state).resolve()),
+                  policy=policy, site_id=site_id)
+
+
+def error_category(e: BaseException) -> str:
+    """The category a site sends for an error (its text stays in the site's log)."""
+    if isinstance(e, PolicyRefused):
+        return "policy"
+    if isinstance(e, PrivacyError):
+        return "privacy"
+    if isinstance(e, InputError):
+        return "data"
+    if isinstance(e, DphubError):
+        return "config"
+    return "internal"
+
+
+def site_error(category: str, msg: Message) -> Message:
+    """The error reply the server gets: a fixed sentence per category."""
+    return Message(Error(code=SITE_REFUSED, reason=SITE_ERRORS[category]), reply_to=msg)
 
 
 def _site_paths(context: Context) -> tuple[str, str, int | None]:
+    if _LOCAL:
+        return _LOCAL["data"], _LOCAL["state"], None
     cfg = context.node_config
-    if "data" in cfg and "state" in cfg:
-        return str(cfg["data"]), str(cfg["state"]), None
     sites = json.loads(os.environ.get(SITES_ENV, "[]"))
     pid = int(cfg.get("partition-id", -1))
     if not 0 <= pid < len(sites):
-        raise ConfigError("this node has no site: start it with --node-config "
-                          "\"data='NOTES' state='STATE_DIR'\"")
+        raise ConfigError("this node has no site: run it with dphub federate join")
     data, state = sites[pid]
     return str(data), str(state), pid
 
@@ -76,15 +116,21 @@ def site_train(msg: Message, context: Context) -> Message:
         options = json.loads(str(cfg["options"]))
         key = (data, state)
         if key not in _SITES:
-            _SITES[key] = Site(Path(data), Path(state), options)
+            _SITES[key] = Site(Path(data), Path(state), options, _LOCAL.get("policy"),
+                               site_id=_LOCAL.get("site_id"))
         site = _SITES[key]
         order = RoundOrder(round=int(cfg["round"]), rounds=int(cfg["rounds"]),
                            local_steps=int(cfg["local_steps"]),
                            target_epsilon=float(cfg["target_epsilon"]),
                            frozen_digest=str(cfg["frozen_digest"]))
         weights, report = site.train_round(order, msg.content["arrays"].to_torch_state_dict())
-    except DphubError as e:
-        return Message(Error(code=SITE_REFUSED, reason=e.message), reply_to=msg)
+    except Exception as e:  # noqa: BLE001 - the server gets a category, the site the details
+        category = error_category(e)
+        if isinstance(e, DphubError):
+            log.warning("site: round refused (%s): %s", category, e.message)
+        else:  # not ours: its text may quote a note, so only its type is logged
+            log.error("site: round failed (%s)", type(e).__name__)
+        return site_error(category, msg)
     content = RecordDict({"report": ConfigRecord(report)})
     if weights is not None:
         content["arrays"] = ArrayRecord(weights)

@@ -8,17 +8,33 @@ directory holds no code: its components are dphub's own ServerApp and ClientApp
 (:mod:`dphub.federate.apps`), which every machine has installed; the federation's settings
 travel in its run config. ``flwr-home/config.toml`` names the SuperLink connection (TLS with
 ``root-certificates``, else insecure: localhost only). Commands: docs/federated.md.
+
+The site's side (``dphub federate join``): :func:`plan_join` checks every option before any
+process starts and locks the state directory; :func:`run_join` runs ``flower-supernode`` with
+process isolation, TLS and the site's node key, and takes its tasks with dphub's own ClientApp
+(:mod:`dphub.federate.site_runner`), so no code the server ships runs at the site.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import hashlib
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
 
-from dphub.errors import ConfigError
+from dphub.errors import ConfigError, InputError
 from dphub.federate.server import FederationConfig
-from dphub.io import atomic_write_text
+from dphub.federate.site import SitePolicy, hold_state_dir
+from dphub.io import atomic_write_bytes, atomic_write_text
 
 CONNECTION = "dphub"
 
@@ -61,3 +77,208 @@ def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
     flwr_config = {"superlink": {"default": CONNECTION, CONNECTION: conn}}
     atomic_write_text(app_dir / "pyproject.toml", tomli_w.dumps(project))
     atomic_write_text(app_dir / "flwr-home" / "config.toml", tomli_w.dumps(flwr_config))
+
+
+# ---------------------------------------------------------------------- the site: `join`
+
+NODE_KEY = "node_key"
+SUPERNODE_LOG_NOTE = ("the SuperNode never holds the notes' path: dphub's ClientApp runs in "
+                      "this process")
+
+
+def split_address(address: str, what: str = "--server") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too), checked before any work."""
+    host, sep, port = str(address).rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{what} {address!r}: expected HOST:PORT (port 1-65535)")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Only these hosts may take an insecure (no TLS, no node key) connection."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_port_free(port: int) -> None:
+    """The SuperNode's local Runtime API port (one line when taken, not a traceback)."""
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port {port}: must be 1-65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as uvicorn binds: a port left in TIME_WAIT by a stopped site is free, a listening
+        # one is not
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise ConfigError(f"--port {port} is in use on this machine: choose another "
+                              "(one per site)") from None
+
+
+def ensure_node_key(state_dir: Path) -> tuple[Path, bool]:
+    """The site's node key (EC P-384, OpenSSH format, 0600) in its state directory.
+
+    It is the site's identity at the SuperLink (``--enable-supernode-auth``: only registered
+    keys join) and it lives with the accountant: a lost or replaced state directory has a new
+    key, which the SuperLink refuses until the operator registers it (a new site, knowingly).
+    Returns the private key's path and whether it was created now (then register its ``.pub``).
+    """
+    # optional dependency: cryptography comes with Flower (dphub[federate])
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = Path(state_dir) / NODE_KEY
+    if key.exists():
+        return key, False
+    private = ec.generate_private_key(ec.SECP384R1())
+    atomic_write_bytes(key, private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption()))
+    atomic_write_bytes(key.with_suffix(".pub"), private.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n")
+    return key, True
+
+
+def node_key_id(key: Path) -> str:
+    """A stable id for the site (its public key's digest): the same id as long as the key."""
+    pub = Path(key).with_suffix(".pub").read_bytes().split()[1]
+    return hashlib.sha256(pub).hexdigest()[:16]
+
+
+@dataclass
+class JoinPlan:
+    """A site's checked `join` options (everything validated before any process starts)."""
+
+    data: Path
+    state: Path
+    server: str
+    port: int
+    policy: SitePolicy
+    root_certificates: Path | None = None
+    key: Path | None = None
+    key_created: bool = False
+    app_hash: str | None = None
+
+    @property
+    def insecure(self) -> bool:
+        return self.root_certificates is None
+
+
+def plan_join(data: Path, state: Path, server: str, *, port: int,
+              root_certificates: Path | None, insecure: bool, policy: SitePolicy,
+              app_hash: str | None = None) -> JoinPlan:
+    """Validate `join`'s options, lock the state directory, make the node key if needed.
+
+    TLS and a node key are the default; ``insecure`` (neither) is allowed only towards a
+    loopback SuperLink, so it can only be a test on one machine.
+    """
+    data, state = Path(data), Path(state)
+    if not data.is_file():
+        raise InputError(f"{data}: no such file")
+    host, _ = split_address(server)
+    if app_hash is not None and (len(app_hash) != 64
+                                 or any(c not in "0123456789abcdef" for c in app_hash)):
+        raise ConfigError("--app-hash: expected the app bundle's SHA-256 (64 hex digits)")
+    if insecure:
+        if root_certificates is not None:
+            raise ConfigError("--insecure and --root-certificates: choose one")
+        if not is_loopback(host):
+            raise ConfigError(f"--insecure: only towards a loopback SuperLink (127.0.0.1, "
+                              f"::1, localhost), not {host}; give --root-certificates")
+    elif root_certificates is None:
+        raise ConfigError("--root-certificates CA.crt is required (TLS); --insecure only "
+                          "for a test on this machine")
+    elif not Path(root_certificates).is_file():
+        raise ConfigError(f"--root-certificates {root_certificates}: no such file")
+    check_port_free(port)
+    if state.exists() and not state.is_dir():
+        raise ConfigError(f"--state {state}: not a directory")
+    hold_state_dir(state)
+    key, created = (None, False) if insecure else ensure_node_key(state)
+    return JoinPlan(data=data.resolve(), state=state.resolve(), server=server, port=port,
+                    policy=policy, root_certificates=(None if insecure else
+                                                      Path(root_certificates).resolve()),
+                    key=key, key_created=created, app_hash=app_hash)
+
+
+def supernode_argv(plan: JoinPlan, exe: str) -> list[str]:
+    """``flower-supernode`` as a site runs it: process isolation (no app process of Flower's),
+    its Runtime API on loopback only (no dependency installation: its default), TLS and the
+    node key."""
+    argv = [exe, "--superlink", plan.server, "--isolation", "process",
+            "--host", "127.0.0.1", "--port", str(plan.port)]
+    if plan.insecure:
+        return [*argv, "--insecure"]
+    assert plan.key is not None and plan.root_certificates is not None
+    return [*argv, "--root-certificates", str(plan.root_certificates),
+            "--auth-supernode-private-key", str(plan.key)]
+
+
+class _Stopped(Exception):
+    """SIGTERM/SIGINT reached `join`."""
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """The SuperNode ends when `join` does, even on SIGKILL (Linux's parent-death signal)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = None) -> None:
+    """Run the site until stopped: the SuperNode as a child, dphub's ClientApp here.
+
+    SIGTERM or SIGINT stop both (the SuperNode's process group is terminated and waited for,
+    so nothing is left running); a SuperNode that exits on its own (refused key, bad
+    certificate) ends `join` with one line.
+    """
+    from dphub.federate import apps, site_runner  # optional dependency: Flower
+
+    site_id = node_key_id(plan.key) if plan.key is not None else None
+    apps.use_local_site(plan.data, plan.state, plan.policy, site_id=site_id)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+        raise _Stopped
+
+    child: subprocess.Popen[bytes] | None = None
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        child = subprocess.Popen(supernode_argv(plan, supernode), env=env,
+                                 start_new_session=True, preexec_fn=_die_with_parent)
+        running = child
+        site_runner.serve_tasks(f"127.0.0.1:{plan.port}", stop, app_hash=plan.app_hash,
+                                alive=lambda: running.poll() is None)
+    except _Stopped:
+        pass
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if child is not None:
+            _stop_group(child)
+
+
+def _stop_group(child: subprocess.Popen[bytes]) -> None:
+    """Terminate the SuperNode's whole process group and wait (then kill what is left)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGTERM)
+    try:
+        child.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def superlink_argv(*, host: str, port: int, ca: Path, cert: Path, key: Path) -> list[str]:
+    """``flower-superlink`` as docs/federated.md runs it: TLS, only registered SuperNodes
+    (``flwr supernode register``), no dependency installation (every machine runs its
+    installed dphub)."""
+    return ["flower-superlink", "--host", host, "--port", str(port), "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation", "--ssl-ca-certfile", str(ca),
+            "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]

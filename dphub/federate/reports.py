@@ -63,6 +63,8 @@ REPORT_SCHEMA: dict[str, Any] = {
         "exact_units": {"type": "boolean"},
         "expected_batch": {"type": "string", "pattern": "^[1-9][0-9]{0,11}-[1-9][0-9]{0,11}$"},
         "dataset": {"type": "string", "maxLength": 20000},
+        # the site's own privacy policy (JSON; fedsite): recorded on its card row when valid
+        "policy": {"type": "string", "maxLength": 1000},
     },
 }
 

@@ -24,6 +24,7 @@ from dphub import card
 from dphub.errors import ConfigError
 from dphub.federate import reports
 from dphub.federate.site import (
+    SitePolicy,
     frozen_digest,
     options_for,
     prepare_model,
@@ -113,6 +114,17 @@ def merge_dataset_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
                                              for b in blocks)) for k in names}
     out.pop("name", None)
     return out
+
+
+def site_policy_row(text: Any) -> dict[str, Any] | None:
+    """A report's ``policy`` (the site's own, JSON) as the card's site row records it; None
+    when absent or not a policy (the report's accounting is checked either way)."""
+    if not isinstance(text, str) or len(text) > 1000:
+        return None
+    try:
+        return SitePolicy(**json.loads(text)).to_dict()
+    except (ValueError, TypeError, ConfigError):
+        return None
 
 
 @dataclass
@@ -237,6 +249,9 @@ class FederationServer:
             if node is not None:
                 self.nodes[sid] = node
             self.sites[sid] = {k: rep[k] for k in SITE_ROW}
+            policy = site_policy_row(rep.get("policy"))  # the site's own policy (issue 37)
+            if policy is not None:
+                self.sites[sid]["policy"] = policy
         trained = [(w, r) for w, r, _ in accepted if w is not None]
         if trained:
             self.weights = self._combine(trained)
@@ -307,7 +322,7 @@ class FederationServer:
                            float(worst["noise_multiplier"]), delta, False)
         accounting_rows = sorted(
             ({k: s[k] for k in ("accountant", "sample_rate", "noise_multiplier", "steps", "delta",
-                                "epsilon", "privacy_unit")} for s in sites),
+                                "epsilon", "privacy_unit", "policy") if k in s} for s in sites),
             key=lambda r: (r["epsilon"], r["sample_rate"], r["steps"]))
         eps_all = [float(s["epsilon"]) for s in sites]
         units = sum(_range_low(s["units"]) for s in sites)

@@ -15,22 +15,33 @@ are:
   steps in its last round, then answers "budget spent");
 * only the parameters trained under DP travel (the head, the CRF, the rule projection: the
   frozen public base never leaves), and the site refuses a round whose frozen base differs from
-  its own (same digest on every site).
+  its own (same digest on every site);
+* the site owns its guarantee (:class:`SitePolicy`): the server's target ε, σ, δ and unit are
+  requests, and a round asking for more than the site's policy is refused before the accountant
+  is touched;
+* one process per state directory (a file lock: :func:`hold_state_dir` for ``join``'s life,
+  :func:`locked_state_dir` around each round elsewhere): two processes on one accountant
+  would each count only their own steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import math
 import secrets
+import tomllib
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock, Timeout
 
 from dphub import card
 from dphub.errors import ConfigError, PrivacyError
@@ -38,7 +49,7 @@ from dphub.io import atomic_write_text
 from dphub.privacy import accounting
 from dphub.privacy.composition import GaussianSteps
 from dphub.privacy.ledger import patient_digests, record_federated_round
-from dphub.privacy.units import UnitDataset
+from dphub.privacy.units import PRIVACY_UNITS, UnitDataset
 from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
 from dphub.train.encoder_cache import FrozenEncoderCache
 from dphub.train.loop import TrainLoop, quiet_epsilon
@@ -50,6 +61,7 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "site_state.json"
 STATE_FORMAT = 1
+LOCK_FILE = ".lock"
 
 #: TrainOptions fields the server sends every site (all sites train the same recipe).
 FEDERATED_OPTIONS = (
@@ -130,6 +142,142 @@ def load_trainable(model: torch.nn.Module, arrays: dict[str, torch.Tensor]) -> N
             p.copy_(t.to(p.dtype))
 
 
+class PolicyRefused(PrivacyError):
+    """A round asked for more than the site's own privacy policy allows (nothing was spent)."""
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """The site's own guarantee: what it accepts whatever the server asks.
+
+    The server's target ε, σ, δ and privacy unit are requests; a round asking for a larger ε
+    over all rounds, less noise, a larger δ or another unit is refused. Defaults are safe: ε 8
+    over all rounds (``dphub train``'s default target), σ at least 0.5, δ at most
+    ``min(1e-5, 1/(10 N))`` (None: that default), patient-level.
+    """
+
+    max_epsilon: float = 8.0
+    min_noise: float = 0.5
+    delta: float | None = None
+    unit: str = "patient"
+
+    def __post_init__(self) -> None:
+        def bad(name: str, value: Any, want: str) -> ConfigError:
+            return ConfigError(f"site policy: {name} {value!r} must be {want}")
+
+        for name in ("max_epsilon", "min_noise"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise bad(name, v, "a number")
+        if not (math.isfinite(self.max_epsilon) and 0 < self.max_epsilon <= 100):
+            raise bad("max_epsilon", self.max_epsilon, "finite, > 0 and <= 100")
+        if not (math.isfinite(self.min_noise) and self.min_noise > 0):
+            raise bad("min_noise", self.min_noise, "finite and > 0")
+        if self.delta is not None and (isinstance(self.delta, bool)
+                                       or not isinstance(self.delta, int | float)
+                                       or not (math.isfinite(self.delta)
+                                               and 0 < self.delta < 1e-2)):
+            raise bad("delta", self.delta, "a number in (0, 0.01)")
+        if self.unit not in PRIVACY_UNITS:
+            raise bad("unit", self.unit, "one of " + ", ".join(PRIVACY_UNITS))
+
+    @classmethod
+    def from_file(cls, path: Path) -> SitePolicy:
+        """A policy file: TOML (``.toml``) or JSON, keys as the fields (unknown keys refused)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+            raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the site policy ({e.strerror})") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not a site policy ({type(e).__name__})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: not a site policy (a table of settings)")
+        unknown = set(raw) - {"max_epsilon", "min_noise", "delta", "unit"}
+        if unknown:
+            raise ConfigError(f"{path}: unknown site policy settings "
+                              f"{', '.join(sorted(map(str, unknown)))}")
+        return cls(**raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def check_options(self, opts: TrainOptions) -> None:
+        """The recipe's requests: unit, fixed σ, fixed δ (before anything is built or spent)."""
+        if opts.privacy_unit != self.unit:
+            raise PolicyRefused(f"the round asks for privacy unit {opts.privacy_unit}; this "
+                                f"site's policy is {self.unit}")
+        if opts.noise is not None and not float(opts.noise) >= self.min_noise:
+            raise PolicyRefused(f"the round asks for noise {float(opts.noise):g}; this site's "
+                                f"policy is at least {self.min_noise:g}")
+        if opts.delta is not None and self.delta is not None \
+                and not float(opts.delta) <= self.delta:
+            raise PolicyRefused(f"the round asks for delta {float(opts.delta):g}; this site's "
+                                f"policy is at most {self.delta:g}")
+
+    def check_order(self, order: RoundOrder) -> None:
+        """The round's requested ε over all rounds (a request: never above the policy's)."""
+        if not order.target_epsilon <= self.max_epsilon * (1 + accounting.CLAIM_RTOL):
+            raise PolicyRefused(f"the round asks for epsilon {order.target_epsilon:g} over all "
+                                f"rounds; this site's policy is at most {self.max_epsilon:g}")
+
+    def check_state(self, st: SiteState) -> None:
+        """The accountant's own numbers, planned or restored, against the policy."""
+        if not st.target_epsilon <= self.max_epsilon * (1 + accounting.CLAIM_RTOL):
+            raise PolicyRefused(f"the round asks for epsilon {st.target_epsilon:g} over all "
+                                f"rounds; this site's policy is at most {self.max_epsilon:g}")
+        if not st.noise_multiplier >= self.min_noise:
+            raise PolicyRefused(f"the round needs noise {st.noise_multiplier:.3g}; this site's "
+                                f"policy is at least {self.min_noise:g}")
+        if self.delta is not None and not st.delta <= self.delta:
+            raise PolicyRefused(f"the site's delta {st.delta:g} is above its policy's "
+                                f"{self.delta:g}")
+
+
+_HELD: dict[Path, FileLock] = {}
+
+
+def _lock(state_dir: Path) -> tuple[Path, FileLock]:
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = state_dir.resolve()
+    lock = FileLock(key / LOCK_FILE, thread_local=False, mode=0o600)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(f"{state_dir}: in use by another dphub process (one accountant per "
+                          "site: stop the other one first)") from None
+    return key, lock
+
+
+def hold_state_dir(state_dir: Path) -> None:
+    """Lock ``state_dir`` for this process's life (``join``: one accountant, one process).
+
+    A second process is refused at once with one line; the lock is the OS's (``flock``), so
+    a killed process releases it. Idempotent within one process.
+    """
+    if Path(state_dir).resolve() in _HELD:
+        return
+    key, lock = _lock(state_dir)
+    _HELD[key] = lock
+
+
+@contextlib.contextmanager
+def locked_state_dir(state_dir: Path) -> Iterator[None]:
+    """``state_dir`` locked for one round (or held already by this process, as ``join``
+    does). Per round, not per process: Flower's simulation may run one site's rounds in
+    different worker processes, one at a time."""
+    if Path(state_dir).resolve() in _HELD:
+        yield
+        return
+    _, lock = _lock(state_dir)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 @dataclass
 class RoundOrder:
     """What the server asks of a site in one round."""
@@ -186,12 +334,17 @@ class SiteState:
 class Site:
     """A site's model, patients and accountant, reused across rounds within one process."""
 
-    def __init__(self, data: Path, state_dir: Path, options: dict[str, Any]) -> None:
+    def __init__(self, data: Path, state_dir: Path, options: dict[str, Any],
+                 policy: SitePolicy | None = None, *, site_id: str | None = None) -> None:
         self.data, self.state_dir = Path(data), Path(state_dir)
+        self.site_id = site_id  # a deployed site's: its node key's id (deploy.node_key_id)
         self.state_path = self.state_dir / STATE_FILE
+        self.policy = policy or SitePolicy()
         self.opts = options_for(options, data=self.data, out=self.state_dir / "unused")
+        self.policy.check_options(self.opts)
+        with locked_state_dir(self.state_dir):  # refused at once while another process runs it
+            pass
         self.data_sha256 = _file_sha256(self.data)
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         notes = load_training_notes(self.opts)
         check_patient_ids(notes, self.opts.privacy_unit)
         self.src, model = prepare_model(self.opts)
@@ -232,6 +385,9 @@ class Site:
         k = max(1, round(n / self.opts.batch_size))
         q = 1.0 / k
         delta = self.opts.delta if self.opts.delta is not None else default_delta(n)
+        if self.policy.delta is not None:
+            delta = min(delta, self.policy.delta)
+        self.policy.check_order(order)
         if delta > 1.0 / n:
             raise PrivacyError(f"delta {delta:g} exceeds 1/N for this site; choose delta <= 1/N")
         planned = order.rounds * order.local_steps
@@ -240,7 +396,7 @@ class Site:
         else:
             sigma = accounting.noise_for_target_epsilon(
                 self.opts.accountant, order.target_epsilon, q, planned, delta, 0.01)
-        return SiteState(site_id=secrets.token_hex(8), data_sha256=self.data_sha256,
+        return SiteState(site_id=self.site_id or secrets.token_hex(8), data_sha256=self.data_sha256,
                          accountant=self.opts.accountant, sample_rate=q,
                          noise_multiplier=float(sigma), delta=float(delta),
                          target_epsilon=float(order.target_epsilon), num_units=n)
@@ -251,6 +407,9 @@ class Site:
             if st.data_sha256 != self.data_sha256 or st.num_units != len(self.dataset):
                 raise ConfigError(f"{self.state_path}: was written for other data; a site's "
                                   "accountant covers one set of patients")
+            if self.site_id is not None and st.site_id != self.site_id:
+                raise ConfigError(f"{self.state_path}: belongs to another site id than this "
+                                  "node key's (a replaced key or state directory)")
             if st.accountant != self.opts.accountant:
                 raise ConfigError(f"{self.state_path}: accountant {st.accountant}, the "
                                   f"federation uses {self.opts.accountant}")
@@ -258,6 +417,7 @@ class Site:
         if order is None:
             return None
         st = self._new_state(order)
+        self.policy.check_state(st)  # before the state exists: a refused round spends nothing
         st.save(self.state_path)
         return st
 
@@ -286,11 +446,19 @@ class Site:
         Returns the new trainable weights (None when the budget is spent) and the site's
         report: its accounting over ALL its rounds (never the round's alone) and coarse counts.
         """
+        with locked_state_dir(self.state_dir):
+            return self._train_round(order, arrays)
+
+    def _train_round(self, order: RoundOrder, arrays: dict[str, torch.Tensor]
+                     ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         if order.frozen_digest != self.frozen_digest:
             raise ConfigError("the server's public base differs from this site's (frozen "
                               "weights digest); pull the same base model")
+        self.policy.check_options(self.opts)
+        self.policy.check_order(order)
         st = self.state(order)
         assert st is not None
+        self.policy.check_state(st)  # a restored accountant too (the policy may be stricter now)
         take = self._steps_this_round(st, order.local_steps)
         if take == 0:
             return None, self.report(st, trained=0)
@@ -342,4 +510,5 @@ class Site:
             "exact_units": bool(round(1 / st.sample_rate) == st.num_units > 1),
             "expected_batch": card.coarsen_count(max(1, round(st.sample_rate * st.num_units))),
             "dataset": json.dumps(self.dataset_meta, sort_keys=True),
+            "policy": json.dumps(self.policy.to_dict(), sort_keys=True),
         }
