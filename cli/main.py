@@ -103,9 +103,9 @@ def _root(
 
 
 def _register_all() -> None:
-    from dphub.cli import audit, card, data, ensemble, evaluate, hub, pretrain, train
+    from dphub.cli import audit, card, data, ensemble, evaluate, hub, pretrain, review, train
 
-    for module in (data, evaluate, train, pretrain, audit, card, hub, ensemble):
+    for module in (data, evaluate, train, pretrain, audit, card, hub, ensemble, review):
         module.register(app)
     from dphub.cli import federate  # issue 27: Flower itself is imported only when a command runs
 
