@@ -16,6 +16,7 @@ from dphub.errors import ConfigError
 def _need_extra() -> None:
     try:
         import jinja2  # noqa: F401
+        import markdown_it  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
@@ -72,6 +73,20 @@ def review_cmd(
     serve(make_app(review, path, token), sock)
 
 
+def review_hub_cmd(
+    html: Path = typer.Option(..., "--html", metavar="FILE", help="Where to write the page."),
+    hub: str | None = typer.Option(None, "--hub", show_default="$DPHUB_HUB or the local hub",
+                                   help="The hub to list."),
+) -> None:
+    """The hub, readable: one HTML page of its models (ε, unit, labels, lineage, cards)."""
+    _need_extra()
+    from dphub.review.hub_page import write_hub_page
+
+    n = write_hub_page(html, hub)
+    typer.echo(f"wrote {html} ({n} model(s))")
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``dphub review`` to the root app."""
+    """Add ``dphub review`` and ``dphub review-hub`` to the root app."""
     app.command("review")(review_cmd)
+    app.command("review-hub")(review_hub_cmd)

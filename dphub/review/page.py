@@ -16,11 +16,11 @@ import jinja2
 from dphub.io import atomic_write_text
 from dphub.review.run import SHOWN_CATEGORIES, Review
 
-_TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES = Path(__file__).parent / "templates"
 
 
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
                               autoescape=True, undefined=jinja2.StrictUndefined)
 
 
