@@ -29,9 +29,9 @@ def review_cmd(
                                    help="The --out DIR of a finished `dphub ensemble deid`."),
     notes: Path = typer.Option(..., "--notes", help="The notes the run read (its INPUT)."),
     gold: Path | None = typer.Option(
-        None, "--gold", help="Gold annotations: mark misses and false positives, show scores."),
+        None, "--gold", show_default="none", help="Gold annotations: mark misses and false positives, show scores."),
     html: Path | None = typer.Option(
-        None, "--html", metavar="FILE",
+        None, "--html", metavar="FILE", show_default="serve the page on 127.0.0.1",
         help="Write one self-contained, read-only HTML file (0600; it holds note text) "
              "instead of serving the page."),
     corrections: Path | None = typer.Option(
@@ -40,7 +40,8 @@ def review_cmd(
         help="Where the page saves corrections (labelled notes, JSONL, 0600); never inside DIR."),
     port: int = typer.Option(0, "--port", min=0, max=65535,
                              help="Port on 127.0.0.1 (0: a free one)."),
-    fmt: str | None = typer.Option(None, "--format", help="The notes' format, if not detected."),
+    fmt: str | None = typer.Option(None, "--format", show_default="the run's, else detected",
+                                      help="The notes' format, if not detected."),
 ) -> None:
     """See what a run hid and correct it: a page on 127.0.0.1 (or one HTML file)."""
     _need_extra()
