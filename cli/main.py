@@ -112,10 +112,11 @@ def _register_all() -> None:
         hub,
         ledger,  # issue 38: the privacy ledger
         pretrain,
+        review,  # issue 40: the review page
         train,
     )
 
-    for module in (data, evaluate, train, pretrain, audit, card, hub, ensemble, ledger):
+    for module in (data, evaluate, train, pretrain, audit, card, hub, ensemble, ledger, review):
         module.register(app)
     from dphub.cli import federate  # issue 27: Flower itself is imported only when a command runs
 

@@ -1,0 +1,93 @@
+"""``dphub review``: the page of a finished de-identification run (issue 40).
+
+Thin: read the run (:func:`dphub.review.run.load_review`), then either write the self-contained
+page (``--html``, 0600, with a warning) or serve it on loopback and print its URL with the token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from dphub.errors import ConfigError
+
+
+def _need_extra() -> None:
+    try:
+        import jinja2  # noqa: F401
+        import markdown_it  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise ConfigError("dphub review needs the review extra: pip install 'dphub[review]'") \
+            from None
+
+
+def review_cmd(
+    run_dir: Path = typer.Argument(..., metavar="DIR",
+                                   help="The --out DIR of a finished `dphub ensemble deid`."),
+    notes: Path = typer.Option(..., "--notes", help="The notes the run read (its INPUT)."),
+    gold: Path | None = typer.Option(
+        None, "--gold", show_default="none", help="Gold annotations: mark misses and false positives, show scores."),
+    html: Path | None = typer.Option(
+        None, "--html", metavar="FILE", show_default="serve the page on 127.0.0.1",
+        help="Write one self-contained, read-only HTML file (0600; it holds note text) "
+             "instead of serving the page."),
+    corrections: Path | None = typer.Option(
+        None, "--corrections", metavar="FILE",
+        show_default="$DPHUB_HOME/review/<run name>.corrections.jsonl",
+        help="Where the page saves corrections (labelled notes, JSONL, 0600); never inside DIR."),
+    port: int = typer.Option(0, "--port", min=0, max=65535,
+                             help="Port on 127.0.0.1 (0: a free one)."),
+    fmt: str | None = typer.Option(None, "--format", show_default="the run's, else detected",
+                                      help="The notes' format, if not detected."),
+) -> None:
+    """See what a run hid and correct it: a page on 127.0.0.1 (or one HTML file)."""
+    _need_extra()
+    from dphub.review.corrections import check_corrections_path, default_corrections_path
+    from dphub.review.run import load_review
+
+    inputs = [notes] + ([gold] if gold is not None else [])
+    if html is not None:
+        check_corrections_path(html.with_suffix(".jsonl"), run_dir, inputs)  # same places refused
+        if html.suffix.lower() not in (".html", ".htm"):
+            raise ConfigError(f"{html}: name the page *.html")
+    review = load_review(run_dir, notes, gold_path=gold, fmt=fmt)
+    if html is not None:
+        from dphub.review.page import write_page
+
+        write_page(review, html)
+        typer.echo(f"wrote {html} ({len(review.notes)} notes)")
+        typer.echo(f"warning: {html} holds note text (PHI): keep it private (0600), do not "
+                   "share or upload it", err=True)
+        return
+    path = check_corrections_path(corrections or default_corrections_path(run_dir), run_dir,
+                                  inputs)
+    from dphub.review.server import bind_loopback, make_app, new_token, serve, url
+
+    token = new_token()
+    sock = bind_loopback(port)
+    typer.echo(f"review page of {run_dir} ({len(review.notes)} notes), on this machine only:")
+    typer.echo(f"  {url(sock, token)}")
+    typer.echo(f"corrections are saved to {path}; Ctrl-C stops the server", err=True)
+    serve(make_app(review, path, token), sock)
+
+
+def review_hub_cmd(
+    html: Path = typer.Option(..., "--html", metavar="FILE", help="Where to write the page."),
+    hub: str | None = typer.Option(None, "--hub", show_default="$DPHUB_HUB or the local hub",
+                                   help="The hub to list."),
+) -> None:
+    """The hub, readable: one HTML page of its models (ε, unit, labels, lineage, cards)."""
+    _need_extra()
+    from dphub.review.hub_page import write_hub_page
+
+    n = write_hub_page(html, hub)
+    typer.echo(f"wrote {html} ({n} model(s))")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``dphub review`` and ``dphub review-hub`` to the root app."""
+    app.command("review")(review_cmd)
+    app.command("review-hub")(review_hub_cmd)

@@ -1,0 +1,12 @@
+"""``dphub review``: a page to read a finished de-identification run and correct it (issue 40).
+
+* :mod:`~dphub.review.run`         a run (``run.json``, ``audit.jsonl``) read back with its notes
+* :mod:`~dphub.review.doubt`       the order of review (members disagree, near a threshold, the
+  inverse rule's words)
+* :mod:`~dphub.review.corrections` the reviewer's corrections as labelled notes (JSONL, 0600)
+* :mod:`~dphub.review.page`        the page (Jinja2, plain CSS/JS, no external request)
+* :mod:`~dphub.review.server`      serving it on loopback (Starlette + uvicorn, token, Host check)
+
+The web modules import the optional ``review`` extra (starlette, uvicorn, jinja2); this package's
+``__init__`` imports none of them.
+"""

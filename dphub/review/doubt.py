@@ -1,0 +1,76 @@
+"""The order of review: notes that teach most come first (issue 40, docs/review.md).
+
+Why a score of its own: a reviewer reads a sample, not the run, so the sample should be the notes
+whose labels would change the next model most. Three signals, all read from the run's audit (no
+model is loaded, no note text is needed), summed per note:
+
+* **members disagree** (weight 1 per span): a hidden span that some, but not all, of the run's
+  members voted for;
+* **near a threshold** (up to 1 per span): a span whose score (the best voter's P(PHI)) lies
+  within :data:`NEAR` of the threshold of a voting member that has one, ``1 - |score - t| / NEAR``
+  (0 at the edge of the band, 1 on the threshold); members without a threshold (rules, fixed
+  spans) give none;
+* **inverse-rule words** (weight 1 per span): words the inverse rule hid that no member typed
+  (label ``PHI``, no voter), where the members' view and the rule's disagree by construction.
+
+Ties keep the run's order, so the order is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: the width of the band around a member's threshold in which a score counts as doubtful
+NEAR = 0.2
+
+
+@dataclass(frozen=True)
+class Doubt:
+    """A note's doubt: the total and its three parts (shown on the page next to the note)."""
+
+    disagree: int
+    near: float
+    inverse: int
+
+    @property
+    def total(self) -> float:
+        return round(self.disagree + self.near + self.inverse, 6)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "disagree": self.disagree, "near": round(self.near, 6),
+                "inverse": self.inverse}
+
+
+def span_disagrees(voters: Sequence[str], members: Sequence[str]) -> bool:
+    """Some but not all of the run's members voted for the span."""
+    return 0 < len(set(voters) & set(members)) < len(set(members))
+
+
+def note_doubt(spans: Sequence[Mapping[str, Any]], members: Sequence[str],
+               thresholds: Mapping[str, float]) -> Doubt:
+    """The doubt of one note from its audit spans (``voters``, ``score``, ``label``)."""
+    disagree = inverse = 0
+    near = 0.0
+    for s in spans:
+        voters = list(s.get("voters") or ())
+        if not voters:
+            inverse += 1
+            continue
+        if span_disagrees(voters, members):
+            disagree += 1
+        score = s.get("score")
+        best = 0.0
+        for v in voters:
+            t = thresholds.get(v)
+            if t is None or score is None:
+                continue
+            best = max(best, 1.0 - abs(float(score) - t) / NEAR)
+        near += best
+    return Doubt(disagree, near, inverse)
+
+
+def doubt_order(doubts: Sequence[Doubt]) -> list[int]:
+    """Indices of the notes, most doubtful first; ties in the run's order."""
+    return sorted(range(len(doubts)), key=lambda i: (-doubts[i].total, i))

@@ -1,0 +1,47 @@
+"""The review page as HTML: one Jinja2 template, plain CSS and JS inline, no external request.
+
+Why one template for both uses: the served page and the self-contained file (``--html``) must
+show the same thing; the file only lacks the save endpoint (it is read-only) and carries a
+Content-Security-Policy that forbids any request, so opening it fetches nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from dphub.io import atomic_write_text
+from dphub.review.run import SHOWN_CATEGORIES, Review
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
+                              autoescape=True, undefined=jinja2.StrictUndefined)
+
+
+def script_json(obj: Any) -> str:
+    """JSON safe inside ``<script type="application/json">``: ``<``, ``>``, ``&`` escaped, so
+    note text such as ``</script>`` cannot end the element."""
+    return (json.dumps(obj, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def render_page(review: Review, *, save_url: str | None = None, token: str | None = None,
+                corrections: dict[str, Any] | None = None, nonce: str | None = None) -> str:
+    """The page; without ``save_url`` it is the read-only, self-contained file."""
+    config = {"save_url": save_url, "token": token, "corrections": corrections or {"notes": {}}}
+    return _env().get_template("review.html.j2").render(
+        run_name=review.run_dir.name, rule=review.rule or "?", categories=SHOWN_CATEGORIES,
+        data_json=script_json(review.to_dict()), config_json=script_json(config),
+        static=save_url is None, nonce=nonce)
+
+
+def write_page(review: Review, path: Path) -> None:
+    """The self-contained page, written atomically and 0600 (it holds note text)."""
+    atomic_write_text(path, render_page(review))
+    Path(path).chmod(0o600)

@@ -1,0 +1,252 @@
+"""A finished de-identification run read back for review: notes, audit spans, gold, counts.
+
+Why here and not in the page: the page (:mod:`dphub.review.page`) and the server
+(:mod:`dphub.review.server`) only render what this module computes, so the tests check the
+numbers without a browser. The run's ``audit.jsonl`` is matched to the input notes by the
+runner's own keys (:func:`dphub.runner.iter_input`: a relative path, ``line N`` or a note id),
+the same reading ``ensemble deid`` did, so every offset lands on the text the members read.
+
+Errors name files, keys and note ids, never text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dphub.ensemble.words import WORD_RE
+from dphub.errors import InputError
+from dphub.evaluate import evaluate_spans
+from dphub.formats import read as read_notes
+from dphub.io import read_small_file
+from dphub.labels import CATEGORIES, UNTYPED, category_of
+from dphub.notes import Note, Span
+from dphub.review.doubt import Doubt, doubt_order, note_doubt, span_disagrees
+from dphub.runner import AUDIT, PARAMS, RUN_DIR, iter_input
+
+#: the largest run.json read (it holds settings, not notes)
+_PARAMS_CAP = 1 << 20
+#: categories a span can show: HIPAA's plus the inverse rule's untyped PHI
+SHOWN_CATEGORIES = (*CATEGORIES, UNTYPED)
+
+
+@dataclass
+class ReviewNote:
+    """One note of the run: its text, its hidden spans (audit), gold misses, its doubt."""
+
+    key: str
+    id: str
+    text: str
+    spans: list[dict[str, Any]]
+    doubt: Doubt
+    misses: list[dict[str, Any]] = field(default_factory=list)
+    patient_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "id": self.id, "text": self.text, "spans": self.spans,
+                "misses": self.misses, "doubt": self.doubt.to_dict()}
+
+
+@dataclass
+class Review:
+    """Everything the page shows, in the order of doubt (:mod:`dphub.review.doubt`)."""
+
+    run_dir: Path
+    rule: str
+    members: list[str]
+    thresholds: dict[str, float]
+    notes: list[ReviewNote]
+    scores: dict[str, Any] | None = None
+
+    def counts(self) -> dict[str, int]:
+        """Hidden spans per category over the run (categories without a span left out)."""
+        c = Counter(s["category"] for n in self.notes for s in n.spans)
+        return {cat: c[cat] for cat in SHOWN_CATEGORIES if c[cat]}
+
+    def words(self) -> dict[str, int]:
+        """Words of the run (letter/digit runs) and how many of them no span hides."""
+        total = kept = 0
+        for n in self.notes:
+            hidden = np.zeros(len(n.text) + 1, dtype=bool)
+            for s in n.spans:
+                hidden[s["start"] : s["end"]] = True
+            for m in WORD_RE.finditer(n.text):
+                total += 1
+                kept += not hidden[m.start() : m.end()].any()
+        return {"total": total, "kept": kept}
+
+    def note(self, key: str) -> ReviewNote:
+        for n in self.notes:
+            if n.key == key:
+                return n
+        raise InputError(f"no note {key!r} in this run")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run": {"name": self.run_dir.name, "rule": self.rule, "members": self.members,
+                    "thresholds": self.thresholds},
+            "categories": list(SHOWN_CATEGORIES),
+            "label_categories": list(CATEGORIES),
+            "counts": self.counts(),
+            "words": self.words(),
+            "scores": self.scores,
+            "notes": [n.to_dict() for n in self.notes],
+        }
+
+
+def _settings(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_DIR / PARAMS
+    try:
+        raw = read_small_file(path, _PARAMS_CAP, what="the run's settings")
+    except FileNotFoundError:
+        raise InputError(f"{run_dir}: not a de-identification run (no {RUN_DIR}/{PARAMS}); "
+                         "give the --out DIR of `dphub ensemble deid`") from None
+    try:
+        params = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise InputError(f"{path}: not valid JSON") from None
+    if not isinstance(params, dict) or not isinstance(params.get("settings"), dict):
+        raise InputError(f"{path}: not a run's settings")
+    if params.get("status") != "complete":
+        raise InputError(f"{run_dir}: the run is not finished (finish it with "
+                         "`dphub ensemble deid ... --resume`)")
+    return params["settings"]
+
+
+def _members(settings: Mapping[str, Any]) -> tuple[str, list[str], dict[str, float]]:
+    ens = settings.get("ensemble") or {}
+    names: list[str] = []
+    thresholds: dict[str, float] = {}
+    for row in ens.get("members") or ():
+        if not isinstance(row, list) or not row or not isinstance(row[0], str):
+            raise InputError("the run's settings list a member without a name")
+        names.append(row[0])
+        if len(row) > 2 and isinstance(row[2], int | float) and not isinstance(row[2], bool):
+            thresholds[row[0]] = float(row[2])
+    return str(ens.get("rule", "")), names, thresholds
+
+
+def _audit(run_dir: Path) -> dict[str, dict[str, Any]]:
+    path = run_dir / AUDIT
+    if not path.is_file():
+        raise InputError(f"{run_dir}: no {AUDIT} (give the --out DIR of a finished run)")
+    out: dict[str, dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                raise InputError(f"{path}:{lineno}: not valid JSON") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) \
+                    or not isinstance(rec.get("spans"), list):
+                raise InputError(f"{path}:{lineno}: not an audit record")
+            out[rec["key"]] = rec
+    return out
+
+
+def _span(d: Any, text_len: int, where: str, members: Sequence[str]) -> dict[str, Any]:
+    try:
+        start, end, label = int(d["start"]), int(d["end"]), str(d["label"])
+        voters = [str(v) for v in d.get("voters") or ()]
+        score = None if d.get("score") is None else float(d["score"])
+    except (KeyError, TypeError, ValueError):
+        raise InputError(f"{where}: a span without start, end and label") from None
+    if not 0 <= start < end <= text_len:
+        raise InputError(f"{where}: a span [{start}, {end}) outside the note's {text_len} "
+                         "characters (were these the notes the run read?)")
+    return {"start": start, "end": end, "label": label, "category": category_of(label),
+            "voters": voters, "score": score, "inverse": not voters,
+            "disagree": span_disagrees(voters, members), "gold": None}
+
+
+def _ranges(mask: np.ndarray) -> list[tuple[int, int]]:
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def _mark_gold(note: ReviewNote, gold: Note) -> None:
+    """Spans no gold character overlaps become false positives; gold characters no span hides
+    become misses (labelled with the gold span's label)."""
+    n = len(note.text)
+    gold_mask = np.zeros(n, dtype=bool)
+    for g in gold.spans:
+        gold_mask[g.start : g.end] = True
+    pred_mask = np.zeros(n, dtype=bool)
+    for s in note.spans:
+        pred_mask[s["start"] : s["end"]] = True
+        s["gold"] = "tp" if gold_mask[s["start"] : s["end"]].any() else "fp"
+    for a, b in _ranges(gold_mask & ~pred_mask):
+        label = next((g.label for g in gold.spans if g.start < b and a < g.end), UNTYPED)
+        note.misses.append({"start": a, "end": b, "label": label,
+                            "category": category_of(label)})
+
+
+def load_review(run_dir: Path, notes_path: Path, *, gold_path: Path | None = None,
+                fmt: str | None = None) -> Review:
+    """Read a finished run (``--out DIR`` of ``ensemble deid``) with its input notes.
+
+    ``fmt`` is the notes' format when it cannot be detected (as for ``deid --format``);
+    ``gold_path`` adds misses, false positives and the scores (:func:`dphub.evaluate`).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir}: not a directory (give the --out DIR of a finished run)")
+    settings = _settings(run_dir)
+    rule, members, thresholds = _members(settings)
+    audit = _audit(run_dir)
+    notes: list[ReviewNote] = []
+    for item in iter_input(Path(notes_path), fmt or settings.get("format")):
+        rec = audit.pop(item.key, None)
+        if item.note is None or rec is None:
+            continue  # a note that failed in the run (or now): nothing was hidden to review
+        note = item.note
+        if rec.get("id") != note.id:
+            raise InputError(f"{item.key}: the run's audit names note {rec.get('id')!r}, the "
+                             f"notes {note.id!r} (were these the notes the run read?)")
+        where = f"{AUDIT}, {item.key}"
+        spans = sorted((_span(d, len(note.text), where, members) for d in rec["spans"]),
+                       key=lambda s: (s["start"], s["end"]))
+        notes.append(ReviewNote(item.key, note.id, note.text, spans,
+                                note_doubt(spans, members, thresholds),
+                                patient_id=note.patient_id))
+    if audit:
+        raise InputError(f"{len(audit)} audited note(s) are not in {notes_path} (first: "
+                         f"{next(iter(audit))}); give the notes the run read")
+    if not notes:
+        raise InputError(f"{run_dir}: no note to review")
+    order = doubt_order([n.doubt for n in notes])
+    notes = [notes[i] for i in order]
+    scores = _gold(notes, gold_path) if gold_path is not None else None
+    return Review(run_dir, rule, members, thresholds, notes, scores)
+
+
+def _gold(notes: Sequence[ReviewNote], gold_path: Path) -> dict[str, Any]:
+    if not Path(gold_path).exists():
+        raise InputError(f"{gold_path}: not found")
+    by_id = {n.id: n for n in notes}
+    gold: list[Note] = []
+    for g in read_notes(gold_path):
+        if g.id not in by_id:
+            continue
+        if not g.labelled:
+            raise InputError(f"{gold_path}: note {g.id} carries no gold annotations")
+        if g.text != by_id[g.id].text:
+            raise InputError(f"{gold_path}: note {g.id} differs from the run's note")
+        gold.append(g)
+        _mark_gold(by_id[g.id], g)
+    if not gold:
+        raise InputError(f"{gold_path}: no note of the run is in it")
+    pred = {g.id: [Span(s["start"], s["end"], s["label"]) for s in by_id[g.id].spans]
+            for g in gold}
+    result = evaluate_spans(gold, pred)
+    return {"notes": len(gold), **result.headline(),
+            "non_phi_tokens_kept": result.utility["non_phi_tokens_kept"],
+            "leaks": len(result.leaks)}

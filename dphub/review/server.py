@@ -1,0 +1,142 @@
+"""Serving the review page on loopback: token, Host check, nothing logged, one file written.
+
+Why each guard: the page holds note text. It binds to 127.0.0.1 only (no other machine reaches
+it); a Host header that is not loopback is refused (a DNS-rebinding page in the reviewer's browser
+reaches 127.0.0.1 under its own host name); every request needs the random token printed at
+start, compared in constant time (:func:`secrets.compare_digest`), so another local user or a
+page guessing the port gets nothing; responses carry ``Cache-Control: no-store``, no referrer and
+a Content-Security-Policy that allows no request but the page's own save. uvicorn's access log
+is off (request lines carry the token), and the save handler turns every error into a PHI-free
+message: the only file the server writes is the corrections file
+(:func:`dphub.review.corrections.save_corrections`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from dphub.errors import DphubError
+from dphub.review.corrections import load_corrections, save_corrections
+from dphub.review.page import render_page
+from dphub.review.run import Review
+
+LOOPBACK_HOSTS = frozenset(("127.0.0.1", "localhost", "[::1]", "::1"))
+#: the largest corrections request read (offsets and labels, never text)
+MAX_BODY = 16 << 20
+TOKEN_HEADER = "x-dphub-token"
+
+
+def new_token() -> str:
+    """A fresh random token (256 bits) for the page's URL."""
+    return secrets.token_urlsafe(32)
+
+
+def _host(value: str) -> str:
+    value = value.strip().lower()
+    if value.startswith("["):  # [::1]:port
+        return value.split("]", 1)[0] + "]"
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class _Guard:
+    """Refuses a non-loopback Host (421) and a missing or wrong token (403) before any route."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app, self.token = app, token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        req = Request(scope)
+        if _host(req.headers.get("host", "")) not in LOOPBACK_HOSTS:
+            await _text(421, "this page answers on loopback only")(scope, receive, send)
+            return
+        given = req.query_params.get("token") or req.headers.get(TOKEN_HEADER) or ""
+        if not secrets.compare_digest(given.encode(), self.token):
+            await _text(403, "a valid token is needed (the URL printed by `dphub review`)")(
+                scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _text(status: int, msg: str) -> Response:
+    return Response(msg + "\n", status_code=status, media_type="text/plain",
+                    headers=_HEADERS)
+
+
+_HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
+            "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY"}
+
+
+def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
+    """The Starlette app: ``GET /`` the page, ``POST /corrections`` saves the labelled notes."""
+
+    async def page(request: Request) -> Response:
+        nonce = secrets.token_urlsafe(16)
+        try:
+            earlier = load_corrections(review, corrections_path)
+        except DphubError as e:
+            return _text(409, f"error: {e.message}")
+        html = render_page(review, save_url="/corrections", token=token, corrections=earlier,
+                           nonce=nonce)
+        csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
+               "connect-src 'self'; img-src 'none'; base-uri 'none'; form-action 'none'; "
+               "frame-ancestors 'none'")
+        return HTMLResponse(html, headers={**_HEADERS, "Content-Security-Policy": csp})
+
+    async def save(request: Request) -> Response:
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return JSONResponse({"error": "send application/json"}, 415, headers=_HEADERS)
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                return JSONResponse({"error": "corrections too large"}, 413, headers=_HEADERS)
+        try:
+            payload = json.loads(body)
+            n = save_corrections(review, payload, corrections_path)
+        except (ValueError, RecursionError):
+            return JSONResponse({"error": "not valid JSON"}, 400, headers=_HEADERS)
+        except DphubError as e:  # messages name keys and offsets, never text
+            return JSONResponse({"error": e.message}, 400, headers=_HEADERS)
+        return JSONResponse({"notes": n, "path": str(corrections_path)}, headers=_HEADERS)
+
+    app = Starlette(routes=[Route("/", page, methods=["GET"]),
+                            Route("/corrections", save, methods=["POST"])])
+    return _Guard(app, token)
+
+
+def bind_loopback(port: int = 0) -> socket.socket:
+    """A listening socket on 127.0.0.1 (``port`` 0: one the system chooses)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as e:
+        sock.close()
+        raise DphubError(f"cannot listen on 127.0.0.1:{port} ({e.strerror})") from None
+    sock.listen(16)
+    return sock
+
+
+def serve(app: ASGIApp, sock: socket.socket) -> None:
+    """Run uvicorn on ``sock`` until interrupted; no access log, warnings only."""
+    import uvicorn  # the optional `review` extra; imported only to serve
+
+    config = uvicorn.Config(app, access_log=False, log_level="warning", lifespan="off",
+                            server_header=False, date_header=False)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def url(sock: socket.socket, token: str) -> str:
+    """The page's address with its token."""
+    return f"http://127.0.0.1:{sock.getsockname()[1]}/?token={token}"

@@ -1,0 +1,119 @@
+"""``dphub review`` in a real headless Chromium (issue 40): open a run, the highlighted spans are
+the audit's, filter by category, mark a missed span, save, and the saved file trains a local
+model with ``dphub ensemble train``. Skips only when Debian's chromium (or Playwright) is absent;
+``.ci/run`` installs chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def _serve(run: Path, notes: Path, corr: Path, home: Path) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "DPHUB_HOME": str(home), "DPHUB_PROGRESS": "off"}
+    proc = subprocess.Popen([sys.executable, "-m", "dphub.cli.main", "review", str(run),
+                             "--notes", str(notes), "--corrections", str(corr)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for _ in range(2):
+        line = proc.stdout.readline()
+        if "http://127.0.0.1:" in line:
+            return proc, line.strip()
+    proc.kill()
+    raise AssertionError(proc.stderr.read())
+
+
+@pytest.mark.slow
+def test_review_page_in_chromium(tmp_path: Path, tiny_base_model: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from review_fixtures import TEXTS, at, audit, leaks, make_run
+
+    from dphub.cli.main import main
+    from dphub.ensemble.evaluation import read_labelled
+
+    run, notes, _ = make_run(tmp_path)
+    corr = tmp_path / "private" / "corrections.jsonl"
+    proc, url = _serve(run, notes, corr, tmp_path / "home")
+    try:
+        base = url.split("/?")[0]
+        for bad in (base + "/", base + "/?token=nope"):  # no token, a wrong one: refused
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(bad, timeout=30)
+            assert e.value.code == 403
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1100, "height": 700})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            requests: list[str] = []
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(url)
+            # the highlighted spans are the audit's, note by note
+            want = audit(run)
+            for nid in TEXTS:
+                got = page.eval_on_selector_all(
+                    f'section.note[data-id="{nid}"] .phi[data-start]',
+                    "els => els.map(e => [+e.dataset.start, +e.dataset.end, e.dataset.label,"
+                    " e.dataset.voters, e.textContent])")
+                assert got == [[s["start"], s["end"], s["label"], ",".join(s["voters"]),
+                                TEXTS[nid][s["start"]:s["end"]]] for s in want[nid]]
+            assert page.locator("section.note").first.get_attribute("data-id") == "y"
+            # filter by category: only the note with a DATE stays
+            page.select_option("#f-cat", "DATE")
+            assert page.locator("section.note:not(.hidden)").count() == 1
+            page.select_option("#f-cat", "")
+            page.check("#f-disagree")
+            assert page.eval_on_selector_all("section.note:not(.hidden)",
+                                             "els => els.map(e => e.dataset.id)") == ["y"]
+            page.uncheck("#f-disagree")
+            # mark a missed span: select "home" in note y, choose LOCATION
+            a, b = at("y", "home")
+            page.evaluate("""([a, b]) => {
+                const seg = [...document.querySelectorAll('section.note[data-id="y"] .text span')]
+                    .find(s => +s.dataset.o <= a && a + (b - a) <= +s.dataset.o + s.textContent.length);
+                const r = document.createRange(), o = +seg.dataset.o;
+                r.setStart(seg.firstChild, a - o); r.setEnd(seg.firstChild, b - o);
+                const sel = window.getSelection(); sel.removeAllRanges(); sel.addRange(r);
+            }""", [a, b])
+            card = page.locator('section.note[data-id="y"]')
+            card.locator("select.add-cat").select_option("LOCATION")
+            card.locator("button.add").click()
+            assert card.locator(".added").inner_text() == "home"
+            # reject the false DATE
+            d0, _ = at("y", "03/04/2021")
+            card.locator(f'.phi[data-start="{d0}"]').click()
+            page.click("#m-reject")
+            assert "rejected" in card.locator(f'.phi[data-start="{d0}"]').get_attribute("class")
+            page.click("#save")
+            page.wait_for_function("document.getElementById('msg').textContent.startsWith('saved')",
+                                   timeout=30_000)
+            if os.environ.get("DPHUB_REVIEW_SCREENSHOT"):
+                page.screenshot(path=os.environ["DPHUB_REVIEW_SCREENSHOT"])
+            browser.close()
+        assert not errors
+        assert all(r.startswith(base) for r in requests)  # nothing external
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    assert not leaks(out + err)  # no note text in the server's output or logs
+    assert oct(corr.stat().st_mode & 0o777) == "0o600"
+    labelled = read_labelled(corr)
+    assert [(n.id, [(s.start, s.end, s.label) for s in n.spans]) for n in labelled] == [
+        ("y", [(*at("y", "Quinby Marlowe"), "DOCTOR"), (*at("y", "Elmsworth Clinic"), "HOSPITAL"),
+               (*at("y", "home"), "LOCATION")])]
+    # the saved file trains the owner's local model (Scenario B)
+    assert main(["ensemble", "train", str(corr), "--out", str(tmp_path / "own"),
+                 "--base-model", str(tiny_base_model), "--warm-start", "none", "--epochs", "1",
+                 "--threads", "1", "--batch-size", "1"]) == 0
+    assert (tmp_path / "own" / "model.safetensors").exists()
