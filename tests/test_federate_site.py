@@ -635,3 +635,45 @@ def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) 
         os.killpg(again.pid, signal.SIGTERM)
         assert again.wait(timeout=60) == 0
     assert not _ours(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_deployed_round_asking_more_than_the_policy_is_refused(tiny_base_model: Path,
+                                                               notes_file: Path,
+                                                               tmp_path: Path) -> None:
+    """dphub's own app, submitted with a target ε above the site's policy: the site refuses the
+    round (the server reads the category `policy`) and its accountant is never created."""
+    _flwr()
+    link = _free_port()
+    server = f"127.0.0.1:{link}"
+    with _procs(tmp_path) as procs:
+        procs.start([str(BIN / "flower-superlink"), "--insecure", "--port", str(link),
+                     "--disable-runtime-dependency-installation"], "superlink.log")
+        _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join.log",
+              "--insecure", "--max-epsilon", "4")
+        assert cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
+                         str(tmp_path / "m"), "--min-sites", "1", "--control", server,
+                         "--state-dir", str(tmp_path / "server"), "--base-model",
+                         str(tiny_base_model), "--warm-start", "none", "--accountant", "rdp",
+                         "--batch-size", "2", "--max-length", "48", "--stride", "8",
+                         "--no-rule-features", "--rounds", "1", "--local-steps", "2",
+                         "--target-epsilon", "50"]) == 0
+        env = {**procs.env, "FLWR_HOME": str(tmp_path / "app" / "flwr-home")}
+        t0 = time.monotonic()
+        while True:
+            r = subprocess.run([str(BIN / "flwr"), "run", str(tmp_path / "app"), "dphub"],
+                               env=env, capture_output=True, text=True, timeout=120)
+            if "Successfully started run" in r.stdout or time.monotonic() - t0 > 120:
+                break
+            time.sleep(3)
+        assert "Successfully started run" in r.stdout, r.stdout[-1000:]
+        procs.wait_for("join.log", "round refused (policy)", timeout=400)
+        assert "epsilon 50 over all rounds" in procs.log("join.log")
+        assert not (tmp_path / "st" / STATE_FILE).exists()  # the accountant never started
+        server_state = tmp_path / "server" / "server_state.json"
+        while not server_state.exists():  # the server's round 1: no site's accounting in it
+            assert time.monotonic() - t0 < 400
+            time.sleep(1)
+        assert json.loads(server_state.read_text())["sites"] == {}
+        assert not (tmp_path / "m" / "README.md").exists()
+    assert not _ours(str(tmp_path))
