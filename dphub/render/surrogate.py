@@ -90,7 +90,7 @@ from dphub.render.ages import AGE_MECHANISM, DEFAULT_AGE_EPSILON, MAX_KEPT_AGE, 
 from dphub.render.base import Renderer, _replace_spans, prepare_spans
 from dphub.render.dates import DatePoint, Shift, date_point, date_points, shift_date_text
 from dphub.render.dp_dates import DATE_MECHANISM, DEFAULT_DATE_EPSILON, DpDates
-from dphub.render.geo import DEFAULT_PLACE_EPSILON, PLACE_MECHANISM, GeoPlaces
+from dphub.render.geo import DEFAULT_PLACE_EPSILON, GeoPlaces
 from dphub.render.keys import MIN_KEY_BYTES, date_offset_days, hmac_int, load_key
 from dphub.render.values import (
     _code_like,
@@ -258,8 +258,7 @@ class SurrogateRenderer(Renderer):
             out["ages"] = {"mechanism": AGE_MECHANISM, "epsilon": self._dp_ages.epsilon,
                            "epsilon_per": "year", "domain": [0, MAX_KEPT_AGE]}
         if self._geo is not None:
-            out["places"] = {"mechanism": PLACE_MECHANISM, "epsilon": self._geo.epsilon,
-                             "epsilon_per": "km"}
+            out["places"] = self._geo.describe()
         return out
 
     def date_points(self, note: Note, spans: Sequence[Span]) -> set[DatePoint]:
