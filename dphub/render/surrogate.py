@@ -124,6 +124,8 @@ _AGE_RE = re.compile(
 _MAX_AGE = 120  # a bigger number is not an age (it falls back to the category tag)
 #: what follows an age in years (``--ages dp`` perturbs only those): nothing, or a year unit
 _IN_YEARS_RE = re.compile(r"\+?(?:\s*-?\s*(?:years?|yrs?|yo|y/o|y\.o\.?|y)(?:[\s-]*old)?)?", re.I)
+#: the smallest ``--place-epsilon`` (per km): below it the planar Laplace radius overflows
+MIN_PLACE_EPSILON = 1e-300
 #: location labels ``--places geo`` may move (a city, or a place of unknown kind)
 _GEO_FINE = frozenset(("CITY", "LOCATION-OTHER", "LOCATION"))
 #: the options of surrogate mode's mechanisms, and their values
@@ -160,6 +162,10 @@ def _mechanisms(key: bytes, dates: str, date_epsilon: float | None, date_unit: s
             raise ConfigError(f"{flag} needs {needs}")
         if eps is not None and not (eps > 0 and math.isfinite(eps)):
             raise ConfigError(f"{flag} must be a positive number (got {eps})")
+    if place_epsilon is not None and place_epsilon < MIN_PLACE_EPSILON:
+        # a radius of -ln(u)/ε km overflows to infinity: no point on Earth to move to
+        raise ConfigError(f"--place-epsilon must be at least {MIN_PLACE_EPSILON:g} per km "
+                          f"(got {place_epsilon:g})")
     if date_unit != "patient" and dates != "dp":
         raise ConfigError("--date-unit needs --dates dp (the shift is always per patient)")
     return (
