@@ -70,3 +70,12 @@ def test_places_at_a_vanishing_epsilon_are_one_line() -> None:
         SurrogateRenderer(KEY, places="geo", place_epsilon=5e-324)
     with pytest.raises(ConfigError, match="at least"):
         check_surrogate_options(places="geo", place_epsilon=1e-320)
+
+
+def test_dp_dates_state_the_per_patient_total_and_what_stays_visible() -> None:
+    d = SurrogateRenderer(KEY, dates="dp", date_epsilon=0.1).describe()["dates"]
+    total = d["per_patient"]
+    assert total["worst_case_per_interval"] == {"days": 3.0, "months": pytest.approx(1.11, 0.01),
+                                                "years": pytest.approx(9.907, 0.001)}
+    assert total["worst_case_per_anchor"] == pytest.approx(73.0)
+    assert "sum" in total["composition"] and "number of distinct dates" in total["left_visible"]

@@ -259,7 +259,8 @@ class SurrogateRenderer(Renderer):
         if self._dp_dates is not None:
             out["dates"] = {"mechanism": DATE_MECHANISM, "epsilon": self._dp_dates.epsilon,
                             "epsilon_per": "interval, per band unit (1 day / 30 days / 365 days)",
-                            "unit": self.date_unit}
+                            "unit": self.date_unit,
+                            "per_patient": self._dp_dates.patient_total()}
         if self._dp_ages is not None:
             out["ages"] = {"mechanism": AGE_MECHANISM, "epsilon": self._dp_ages.epsilon,
                            "epsilon_per": "year", "domain": [0, MAX_KEPT_AGE]}
