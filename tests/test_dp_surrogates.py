@@ -349,7 +349,9 @@ def test_a_resumed_dp_run_is_byte_identical_and_the_audit_names_the_mechanism(
     for name in ("in.jsonl", "audit.jsonl"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
     audit = [json.loads(x) for x in (tmp_path / "whole" / "audit.jsonl").read_text().splitlines()]
-    assert audit[0]["surrogates"]["dates"] == {
+    dates = dict(audit[0]["surrogates"]["dates"])
+    assert dates.pop("per_patient")["worst_case_per_anchor"] == 365.0  # issue 38: the total
+    assert dates == {
         "mechanism": "bounded-laplace-intervals", "epsilon": 0.5,
         "epsilon_per": "interval, per band unit (1 day / 30 days / 365 days)", "unit": unit}
     assert audit[0]["surrogates"]["ages"]["epsilon"] == 0.5

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 __all__ = ["BoundedLaplace", "planar_laplace", "EARTH_RADIUS_KM"]
 
 EARTH_RADIUS_KM = 6371.0088
+#: a bounded Laplace whose base scale exceeds this many domain widths samples the uniform law
+UNIFORM_RATIO = 1e9
 
 
 def _check_uniform(u: float) -> None:
@@ -57,6 +59,12 @@ class BoundedLaplace:
             raise ValueError(f"sensitivity must be positive, got {self.sensitivity!r}")
         if not self.upper > self.lower:
             raise ValueError(f"empty domain [{self.lower}, {self.upper}]")
+        if self.sensitivity / self.epsilon > UNIFORM_RATIO * (self.upper - self.lower):
+            # the scale dwarfs the domain: the truncated Laplace is uniform to within 1e-9 and
+            # its floating-point CDF loses the domain (ε = 1e-20 divided by zero); the uniform
+            # law is 0-DP, so it keeps every ε
+            object.__setattr__(self, "scale", math.inf)
+            return
         object.__setattr__(self, "scale", self._find_scale())
 
     def _find_scale(self) -> float:
@@ -93,12 +101,16 @@ class BoundedLaplace:
             return 0.0
         if t >= self.upper:
             return 1.0
+        if math.isinf(self.scale):
+            return (t - self.lower) / (self.upper - self.lower)
         lo, hi = self._cdf_untruncated(self.lower, x), self._cdf_untruncated(self.upper, x)
         return (self._cdf_untruncated(t, x) - lo) / (hi - lo)
 
     def sample(self, value: float, u: float) -> float:
         """``value`` perturbed by the uniform ``u`` in (0, 1), in ``[lower, upper]``."""
         _check_uniform(u)
+        if math.isinf(self.scale):
+            return self.lower + u * (self.upper - self.lower)
         x = min(max(value, self.lower), self.upper)
         lo, hi = self._cdf_untruncated(self.lower, x), self._cdf_untruncated(self.upper, x)
         p = lo + u * (hi - lo)

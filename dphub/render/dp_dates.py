@@ -118,6 +118,21 @@ class DpDates:
                        for b in BANDS}
         self._anchor = BoundedLaplace(self.epsilon, 1, -ANCHOR_DAYS, ANCHOR_DAYS)
 
+    def patient_total(self) -> dict[str, object]:
+        """What one patient's dates cost in all (issue 38), for the audit and run.json: the
+        released intervals and anchors compose (basic composition, a sum), each at most ε times
+        its domain's width in units (two timelines of a patient can differ anywhere in it)."""
+        eps = self.epsilon
+        return {
+            "composition": "basic (sum) over the patient's released intervals and chain anchors",
+            "total": "epsilon x (anchor shift in days + sum of interval changes in band units)",
+            "worst_case_per_interval": {b.name: round(eps * (b.upper - b.lower) / b.unit, 6)
+                                        for b in BANDS},
+            "worst_case_per_anchor": round(eps * 2 * ANCHOR_DAYS, 6),
+            "left_visible": "the number of distinct dates of each chain, their order, each "
+                            "interval's band, which mentions are the same date, each date's format",
+        }
+
     def noisy_interval(self, patient: str, line: str, a: int, b: int, interval: int) -> int:
         """The perturbed interval between the points ``a`` < ``b`` (``interval`` days apart)."""
         band = band_of(interval)

@@ -90,7 +90,7 @@ from dphub.render.ages import AGE_MECHANISM, DEFAULT_AGE_EPSILON, MAX_KEPT_AGE, 
 from dphub.render.base import Renderer, _replace_spans, prepare_spans
 from dphub.render.dates import DatePoint, Shift, date_point, date_points, shift_date_text
 from dphub.render.dp_dates import DATE_MECHANISM, DEFAULT_DATE_EPSILON, DpDates
-from dphub.render.geo import DEFAULT_PLACE_EPSILON, PLACE_MECHANISM, GeoPlaces
+from dphub.render.geo import DEFAULT_PLACE_EPSILON, GeoPlaces
 from dphub.render.keys import MIN_KEY_BYTES, date_offset_days, hmac_int, load_key
 from dphub.render.values import (
     _code_like,
@@ -124,6 +124,8 @@ _AGE_RE = re.compile(
 _MAX_AGE = 120  # a bigger number is not an age (it falls back to the category tag)
 #: what follows an age in years (``--ages dp`` perturbs only those): nothing, or a year unit
 _IN_YEARS_RE = re.compile(r"\+?(?:\s*-?\s*(?:years?|yrs?|yo|y/o|y\.o\.?|y)(?:[\s-]*old)?)?", re.I)
+#: the smallest ``--place-epsilon`` (per km): below it the planar Laplace radius overflows
+MIN_PLACE_EPSILON = 1e-300
 #: location labels ``--places geo`` may move (a city, or a place of unknown kind)
 _GEO_FINE = frozenset(("CITY", "LOCATION-OTHER", "LOCATION"))
 #: the options of surrogate mode's mechanisms, and their values
@@ -160,6 +162,10 @@ def _mechanisms(key: bytes, dates: str, date_epsilon: float | None, date_unit: s
             raise ConfigError(f"{flag} needs {needs}")
         if eps is not None and not (eps > 0 and math.isfinite(eps)):
             raise ConfigError(f"{flag} must be a positive number (got {eps})")
+    if place_epsilon is not None and place_epsilon < MIN_PLACE_EPSILON:
+        # a radius of -ln(u)/ε km overflows to infinity: no point on Earth to move to
+        raise ConfigError(f"--place-epsilon must be at least {MIN_PLACE_EPSILON:g} per km "
+                          f"(got {place_epsilon:g})")
     if date_unit != "patient" and dates != "dp":
         raise ConfigError("--date-unit needs --dates dp (the shift is always per patient)")
     return (
@@ -253,13 +259,13 @@ class SurrogateRenderer(Renderer):
         if self._dp_dates is not None:
             out["dates"] = {"mechanism": DATE_MECHANISM, "epsilon": self._dp_dates.epsilon,
                             "epsilon_per": "interval, per band unit (1 day / 30 days / 365 days)",
-                            "unit": self.date_unit}
+                            "unit": self.date_unit,
+                            "per_patient": self._dp_dates.patient_total()}
         if self._dp_ages is not None:
             out["ages"] = {"mechanism": AGE_MECHANISM, "epsilon": self._dp_ages.epsilon,
                            "epsilon_per": "year", "domain": [0, MAX_KEPT_AGE]}
         if self._geo is not None:
-            out["places"] = {"mechanism": PLACE_MECHANISM, "epsilon": self._geo.epsilon,
-                             "epsilon_per": "km"}
+            out["places"] = self._geo.describe()
         return out
 
     def date_points(self, note: Note, spans: Sequence[Span]) -> set[DatePoint]:

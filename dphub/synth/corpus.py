@@ -40,6 +40,10 @@ _NOTES_PER_PATIENT: dict[str, int] = {"nursing": 5, "discharge": 2, "realistic-n
 #: share of notes written all in capitals (realistic nursing: a minority, as in the notes users have)
 _UPPER_SHARE: dict[str, float] = {"nursing": 0.75, "realistic-nursing": 0.35}
 
+#: the most notes (and patients) one corpus may have: 10 million notes stream for hours; more is
+#: a typo or an attack (``--n 10**19`` allocated a list per patient and ran out of memory)
+MAX_NOTES = 10_000_000
+
 _LAYOUTS: dict[str, Callable[[_NoteWriter], None]] = {
     "nursing": _nursing_note,
     "discharge": _discharge_note,
@@ -54,6 +58,8 @@ def _check_args(n: int, kind: str, patients: int | None) -> int:
                           f"{', '.join(ALL_KINDS)}")
     if not isinstance(n, int) or n < 0:
         raise ConfigError(f"number of notes must be a non-negative integer, got {n!r}")
+    if n > MAX_NOTES:
+        raise ConfigError(f"number of notes must be at most {MAX_NOTES:,}")
     if patients is None:
         return max(1, round(n / _NOTES_PER_PATIENT[kind])) if n else 0
     if not isinstance(patients, int) or patients < 1:
@@ -77,9 +83,14 @@ def iter_notes(n: int, kind: str = "nursing", seed: int = 0, patients: int | Non
     """Yield ``n`` synthetic labelled notes one at a time (constant memory for large ``n``).
 
     Notes come grouped by patient, in order; ``generate`` with the same arguments returns the
-    same notes.
+    same notes. The arguments are checked at the call, before the first note is asked for.
     """
     n_patients = _check_args(n, kind, patients)
+    return _notes(n, kind, seed, n_patients)
+
+
+def _notes(n: int, kind: str, seed: int, n_patients: int) -> Iterator[Note]:
+    """The note stream of :func:`iter_notes` (arguments checked)."""
     if n == 0:
         return
     counts = _notes_per_patient(n, n_patients, seed, kind)
