@@ -56,8 +56,8 @@ MAX_BYTES = 64 << 20
 #: the documented SHA-256 of each shipped file (``scripts/build_safe_vocab.py`` prints them;
 #: docs/safe_vocab.md lists them): a file that differs is refused at load
 SHIPPED_SHA256 = {
-    "safe_words.txt": "bf35310baad4e38ce60c3c8e66cceb5b2ca4e67247b9c1ea4bd1ed9d50ce58a3",
-    "context_words.txt": "bc5585bc28023055dfb52ee948fd4545773790313d5db338e1a79a616559ab15",
+    "safe_words.txt": "6642c9d49426f3cac5062cfe37145717fefffaeff40e01cac4b7fb629b080d0b",
+    "context_words.txt": "2a1706a8a0347ee670d238b860fbc95044ea8cba41ee462d1bc659d77b4fdde4",
 }
 
 

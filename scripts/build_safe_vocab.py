@@ -236,7 +236,8 @@ def build(include: Mapping[str, Iterable[str]], exclude: Mapping[str, Iterable[s
             outright |= removed
         else:
             if name not in world:
-                named |= alone & candidates
+                # a common word a name or place removes ("good", "yellow" of "Yellow Springs")
+                named |= (alone | listed) & candidates
             removed -= protect
             if name in world:
                 removed -= common

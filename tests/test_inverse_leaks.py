@@ -195,3 +195,46 @@ def test_shipped_digests_are_the_documented_ones() -> None:
     for name, digest in safe_vocab.SHIPPED_SHA256.items():
         assert hashlib.sha256(safe_vocab._resource(name)).hexdigest() == digest, name
         assert digest in doc, name
+
+
+# ------------------------------------------------------------------ the new release paths
+
+@pytest.mark.parametrize("text,phi", [
+    ("seen by dr. will today", "will"),          # a cue before, across a period
+    ("stable. will smith called", "will smith"),  # a surname after it is no safe word
+    ("plan: will ward aware", "will ward"),        # two context words side by side
+    ("bs/Art", "Art"),                             # capitalised: never released
+    ("stable; good-\nwin called", "good-\nwin"),   # a surname broken across a line
+])
+def test_context_word_after_a_clause_stays_hidden_next_to_a_name(rules_only: Ensemble, text: str,
+                                                                 phi: str) -> None:
+    assert leaked(rules_only, text, phi) == [], text
+
+
+def test_context_word_after_a_clause_comes_back(rules_only: Ensemble) -> None:
+    seen = shown(rules_only, "afebrile. good uo overnight\n")
+    assert "good uo" in seen
+
+
+@pytest.mark.parametrize("text,phi", [("Ward's plan reviewed", "Ward's"),
+                                      ("per will's wife", "will's"),
+                                      ("seen by Smith's team", "Smith's")])
+def test_possessive_of_a_name_stays_hidden(rules_only: Ensemble, text: str, phi: str) -> None:
+    assert leaked(rules_only, text, phi) == [], text
+
+
+def test_contraction_of_a_safe_word_comes_back(rules_only: Ensemble) -> None:
+    seen = shown(rules_only, "pt's wife says she doesn't know\n")
+    assert "pt's" in seen and "doesn't" in seen
+
+
+@pytest.mark.parametrize("text,phi", [("call x 5551234 re pt", "x 5551234"),
+                                      ("rm J 12 today", "J"), ("seen at P 12 Main St", "P 12")])
+def test_one_letter_before_a_number_that_is_no_measurement_stays_hidden(rules_only: Ensemble,
+                                                                       text: str, phi: str) -> None:
+    assert leaked(rules_only, text, phi) == [], text
+
+
+def test_one_letter_value_name_comes_back(rules_only: Ensemble) -> None:
+    seen = shown(rules_only, "K 3.8 repleted, pain x 2\n")
+    assert seen.startswith("K 3.8") and "x 2" in seen

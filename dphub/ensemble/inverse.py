@@ -257,7 +257,8 @@ def word_table(
             rows.append((a, b, hit, p, False,
                          k >= 0 and measures[k][0] <= a and b <= measures[k][1], False))
         else:
-            safe = vocab.contains(word) or a in shorthand or wi in released
+            safe = (vocab.contains(word) or a in shorthand or wi in released
+                    or _clitic(text, found, wi, vocab) or _value_key(text, found, wi, measures))
             rows.append((a, b, hit, p, safe, False, True))
     cols = list(zip(*rows, strict=True)) if rows else [()] * 7
     blocked = np.zeros(len(found), dtype=bool)
@@ -327,7 +328,8 @@ dr doctor mr mrs ms miss mister prof professor sister brother father mother son 
 husband friend aunt uncle cousin nephew niece grandson granddaughter grandmother grandfather
 nurse rn md np pa attending resident fellow intern by with to from at named called call paged
 page notified contacted spoke saw seen see per and or of in near lives living visited visit
-st saint mt mount fort lake port new north south east west dear hi hello
+st saint mt mount fort lake port new north south east west dear hi hello name contact signed
+team cc thanks thank family
 """.split())  # noqa: SIM905 - a readable word block
 #: a word after which a context word may be a name or a place
 NAME_CUES_AFTER = frozenset("""
@@ -336,31 +338,56 @@ county city university college school and or called said says reports reported s
 notified aware family
 """.split())  # noqa: SIM905 - a readable word block
 _SPACES = frozenset(" \t")
+#: between a context word and the word before it: spaces (the word before must be a safe word)
+#: or a clause's punctuation on the same line (``.``, ``;``, ``/``: the word before is another
+#: clause's and need only be no name cue)
+_BEFORE_GAP = re.compile(r"[ \t]+")
+_BEFORE_CLAUSE = re.compile(r"[ \t]*[,:;./(=][ \t]*")
+#: after a context word: the end of a clause or of the line
+_CLAUSE_END = re.compile(r"[ \t]*(?:[.,;:!?)/=]|\r?\n|$)")
 
 
 def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary) -> set[int]:
     """Indices of the context words (ordinary words that are also names or places: "will",
-    "ward", "good") that the words around them show to be no name: written in lower case (or
-    in an all-capitals line, as its neighbours), between two safe words of the same case on
-    the same line (spaces only between them), neither of which is a name cue ("Dr", "by",
-    "with", "Hospital"). A capitalised context word is never released: "Will" may be anyone."""
+    "ward", "good") that the words around them show to be no name.
+
+    Released: a context word in lower case (or in capitals between words in capitals: a note
+    written in capitals) whose previous word on the same line is no name cue ("Dr", "by",
+    "with", "son") and either a safe word of the same case separated by spaces, or the end of
+    another clause (``stable. good``, ``bs/clear``); and which is followed by the end of a
+    clause (``.``, ``,``, ``;``, ``)``, ``/``, the end of the line), a number, or a safe word
+    of the same case that is no cue after a name ("MD", "Hospital", "called"): a surname after
+    a first name is no safe word. A capitalised context word is never released ("Will" may be anyone), nor one
+    next to another context word ("will ward")."""
     out: set[int] = set()
     for i, m in enumerate(words):
         w = m.group()
-        if not vocab.is_context(w) or i == 0 or i + 1 >= len(words):
+        if i == 0 or not vocab.is_context(w):
             continue
-        prev, nxt = words[i - 1], words[i + 1]
-        if not (set(text[prev.end():m.start()]) <= _SPACES and text[prev.end():m.start()]
-                and set(text[m.end():nxt.start()]) <= _SPACES and text[m.end():nxt.start()]):
+        caps = not w.islower()
+        if caps and not (w.isupper() and len(w) > 1):
             continue
-        pw, nw = prev.group(), nxt.group()
-        if w.islower():
-            same = pw.islower() and nw.islower()
-        else:
-            same = w.isupper() and pw.isupper() and nw.isupper() and len(pw) > 1 and len(nw) > 1
-        if not same or pw.lower() in NAME_CUES_BEFORE or nw.lower() in NAME_CUES_AFTER:
+        prev = words[i - 1]
+        pw = prev.group()
+        if pw.lower() in NAME_CUES_BEFORE:
             continue
-        if vocab.contains(pw) and vocab.contains(nw):
+        if _BEFORE_GAP.fullmatch(text, prev.end(), m.start()):
+            if (not vocab.contains(pw) or (pw.isupper() and len(pw) > 1) != caps
+                    or (not caps and not pw.islower())):
+                continue
+        elif not _BEFORE_CLAUSE.fullmatch(text, prev.end(), m.start()):
+            continue
+        if _CLAUSE_END.match(text, m.end()):
+            out.add(i)
+            continue
+        if i + 1 >= len(words):
+            continue
+        nxt = words[i + 1]
+        nw = nxt.group()
+        digits = any(c.isdigit() for c in nw)
+        if (set(text[m.end():nxt.start()]) <= _SPACES and text[m.end():nxt.start()]
+                and nw.lower() not in NAME_CUES_AFTER and (digits or vocab.contains(nw))
+                and (digits or ((nw.isupper() and len(nw) > 1) if caps else nw.islower()))):
             out.add(i)
     return out
 
@@ -442,6 +469,37 @@ def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabula
         if _HYPHEN_BREAK.fullmatch(gap(i)) and not vocab.contains(lower[i] + lower[i + 1]):
             out.update((i, i + 1))
     return out
+
+
+#: the endings of English contractions and possessives (``pt's``, ``don't``, ``we'll``)
+_CLITICS = frozenset(("s", "t", "d", "m", "ll", "re", "ve"))
+_APOSTROPHES = frozenset("'’")
+#: one-letter names of a value (potassium ``K 3.8``, ``x 2``, ``q 4``, pulse ``P 80``, temperature
+#: ``T 37.2``): released only right before a number the measurement contexts released
+_VALUE_KEYS = frozenset("kxqpt")
+
+
+def _clitic(text: str, words: Sequence[re.Match[str]], i: int, vocab: SafeVocabulary) -> bool:
+    """Whether word ``i`` ends a contraction or possessive of a safe word (``pt's``): never of
+    a name (``Smith's``: "smith" is no safe word)."""
+    m = words[i]
+    if i == 0 or m.group().lower() not in _CLITICS:
+        return False
+    prev = words[i - 1]
+    return (prev.end() + 1 == m.start() and text[prev.end()] in _APOSTROPHES
+            and vocab.contains(prev.group()))
+
+
+def _value_key(text: str, words: Sequence[re.Match[str]], i: int,
+               measures: Sequence[tuple[int, int]]) -> bool:
+    """Whether word ``i`` is a one-letter value name right before a released measurement."""
+    m = words[i]
+    if m.group().lower() not in _VALUE_KEYS or i + 1 >= len(words):
+        return False
+    nxt = words[i + 1]
+    if not set(text[m.end():nxt.start()]) <= _SPACES or nxt.start() - m.end() > 2:
+        return False
+    return any(a <= nxt.start() and nxt.end() <= b for a, b in measures)
 
 
 def _typed(label: str) -> bool:
