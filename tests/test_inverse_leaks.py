@@ -206,14 +206,20 @@ def test_shipped_digests_are_the_documented_ones() -> None:
     ("bs/Art", "Art"),                             # capitalised: never released
     ("stable; good-\nwin called", "good-\nwin"),   # a surname broken across a line
 ])
-def test_context_word_after_a_clause_stays_hidden_next_to_a_name(rules_only: Ensemble, text: str,
-                                                                 phi: str) -> None:
+@pytest.mark.parametrize("across", [False, True])
+def test_context_word_after_a_clause_stays_hidden_next_to_a_name(
+        rules_only: Ensemble, text: str, phi: str, across: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("dphub.ensemble.inverse.CONTEXT_ACROSS_CLAUSES", across)
     assert leaked(rules_only, text, phi) == [], text
 
 
-def test_context_word_after_a_clause_comes_back(rules_only: Ensemble) -> None:
+@pytest.mark.parametrize("across", [False, True])
+def test_context_word_after_a_clause_comes_back_only_when_asked(
+        rules_only: Ensemble, across: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("dphub.ensemble.inverse.CONTEXT_ACROSS_CLAUSES", across)
     seen = shown(rules_only, "afebrile. good uo overnight\n")
-    assert "good uo" in seen
+    assert ("good uo" in seen) == across
 
 
 @pytest.mark.parametrize("text,phi", [("Ward's plan reviewed", "Ward's"),

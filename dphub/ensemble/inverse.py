@@ -347,18 +347,26 @@ _BEFORE_CLAUSE = re.compile(r"[ \t]*[,:;./(=][ \t]*")
 _CLAUSE_END = re.compile(r"[ \t]*(?:[.,;:!?)/=]|\r?\n|$)")
 
 
-def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary) -> set[int]:
+#: release context words across a clause's punctuation and before numbers too (measured in
+#: docs/recall_first.md: more text kept, less recall on the tuning split, so off by default)
+CONTEXT_ACROSS_CLAUSES = False
+
+
+def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary,
+                     across_clauses: bool | None = None) -> set[int]:
     """Indices of the context words (ordinary words that are also names or places: "will",
     "ward", "good") that the words around them show to be no name.
 
     Released: a context word in lower case (or in capitals between words in capitals: a note
-    written in capitals) whose previous word on the same line is no name cue ("Dr", "by",
-    "with", "son") and either a safe word of the same case separated by spaces, or the end of
-    another clause (``stable. good``, ``bs/clear``); and which is followed by the end of a
-    clause (``.``, ``,``, ``;``, ``)``, ``/``, the end of the line), a number, or a safe word
-    of the same case that is no cue after a name ("MD", "Hospital", "called"): a surname after
-    a first name is no safe word. A capitalised context word is never released ("Will" may be anyone), nor one
+    written in capitals) between two safe words of the same case on the same line, separated
+    by spaces only, the one before no name cue ("Dr", "by", "with", "son"), the one after no
+    cue after a name ("MD", "Hospital", "called"): a surname after a first name is no safe
+    word. ``across_clauses`` (default :data:`CONTEXT_ACROSS_CLAUSES`) also releases it after
+    the end of another clause (``stable. good``, ``bs/clear``) and before the end of a clause
+    (``.``, ``,``, ``;``, ``)``, ``/``, the end of the line) or a number. A capitalised context word is never released ("Will" may be anyone), nor one
     next to another context word ("will ward")."""
+    if across_clauses is None:
+        across_clauses = CONTEXT_ACROSS_CLAUSES
     out: set[int] = set()
     for i, m in enumerate(words):
         w = m.group()
@@ -375,16 +383,16 @@ def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocab
             if (not vocab.contains(pw) or (pw.isupper() and len(pw) > 1) != caps
                     or (not caps and not pw.islower())):
                 continue
-        elif not _BEFORE_CLAUSE.fullmatch(text, prev.end(), m.start()):
+        elif not (across_clauses and _BEFORE_CLAUSE.fullmatch(text, prev.end(), m.start())):
             continue
-        if _CLAUSE_END.match(text, m.end()):
+        if across_clauses and _CLAUSE_END.match(text, m.end()):
             out.add(i)
             continue
         if i + 1 >= len(words):
             continue
         nxt = words[i + 1]
         nw = nxt.group()
-        digits = any(c.isdigit() for c in nw)
+        digits = across_clauses and any(c.isdigit() for c in nw)
         if (set(text[m.end():nxt.start()]) <= _SPACES and text[m.end():nxt.start()]
                 and nw.lower() not in NAME_CUES_AFTER and (digits or vocab.contains(nw))
                 and (digits or ((nw.isupper() and len(nw) > 1) if caps else nw.islower()))):
