@@ -244,3 +244,25 @@ def test_one_letter_before_a_number_that_is_no_measurement_stays_hidden(rules_on
 def test_one_letter_value_name_comes_back(rules_only: Ensemble) -> None:
     seen = shown(rules_only, "K 3.8 repleted, pain x 2\n")
     assert seen.startswith("K 3.8") and "x 2" in seen
+
+
+def test_cli_refuses_a_tampered_vocabulary_with_one_error_line(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from dphub.cli.main import main
+
+    real = safe_vocab._resource
+    monkeypatch.setattr(safe_vocab, "_resource",
+                        lambda name: real(name).replace(b"\npatient\n", b"\n"))
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text("patient seen today\n")
+    path = tmp_path / "m.toml"
+    assert main(["ensemble", "add", "rules:default", "-e", str(path)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert main(["ensemble", "deid", str(src), "--out", str(out), "--aggregate", "inverse",
+                 "-e", str(path)]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "sha256" in lines[0]
+    assert not out.exists() or not any(out.iterdir())
