@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_dev_corpus import CORPUS, _split  # noqa: E402
 
+from dphub.ensemble import inverse as inverse_module  # noqa: E402
 from dphub.ensemble.core import Ensemble, Slot  # noqa: E402
 from dphub.ensemble.inverse import InverseRule, hidden_spans, parse_rule, word_table  # noqa: E402
 from dphub.ensemble.inverse_calibrate import PAIR_GRID  # noqa: E402
@@ -93,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", choices=("inner", "test"), default="inner")
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--sweep", action="store_true", help="print the LOW/HIGH grid too")
+    ap.add_argument("--across-clauses", action="store_true",
+                    help="release context words across clause punctuation too (issue 36's "
+                         "measured variant; off in the product)")
     a = ap.parse_args(argv)
+    inverse_module.CONTEXT_ACROSS_CLAUSES = a.across_clauses
     rule = parse_rule(a.rule)
     if not isinstance(rule, InverseRule):
         ap.error("--rule must be inverse or inverse:LOW,HIGH")
@@ -103,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     models = [Slot(ModelMember.load(p, p.name), a.threshold) for p in a.model]
     print(json.dumps({"split": a.split, "notes": len(notes),
                       "patients": len({n.effective_patient_id for n in notes}),
-                      "rule": str(rule), "safe_vocab_sha256": vocab.digest,
+                      "rule": str(rule), "across_clauses": a.across_clauses,
+                      "safe_vocab_sha256": vocab.digest,
                       "safe_vocab_size": vocab.size, "models": [p.name for p in a.model]}))
     if models:
         fwd = Ensemble([rules, *models], "any")

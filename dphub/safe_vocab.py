@@ -21,6 +21,15 @@ resumed run refuses another vocabulary, and every audit record carries the diges
 
 Errors never quote the file's content (an owner's file may hold anything): a bad line is
 reported by its number only.
+
+*Context words* (``context_words.txt``, shipped beside the list, issue 36) are ordinary words
+that are also a first name, surname or place in an English-language list ("will", "art",
+"ward", "good"): not safe words, but words the inverse rule may release where the words around
+them show they are no name (:func:`dphub.ensemble.inverse.context_safe`).
+
+The shipped files are checked against their documented SHA-256 (:data:`SHIPPED_SHA256`,
+docs/safe_vocab.md) at every load: a changed file is refused, never silently used, and a
+vocabulary without a single word is refused too (it would hide every word without saying why).
 """
 
 from __future__ import annotations
@@ -44,6 +53,13 @@ _LETTERS = re.compile(r"[^\W\d_]+")
 #: the largest vocabulary file read (the shipped one is a few MB at most)
 MAX_BYTES = 64 << 20
 
+#: the documented SHA-256 of each shipped file (``scripts/build_safe_vocab.py`` prints them;
+#: docs/safe_vocab.md lists them): a file that differs is refused at load
+SHIPPED_SHA256 = {
+    "safe_words.txt": "6642c9d49426f3cac5062cfe37145717fefffaeff40e01cac4b7fb629b080d0b",
+    "context_words.txt": "2a1706a8a0347ee670d238b860fbc95044ea8cba41ee462d1bc659d77b4fdde4",
+}
+
 
 def normalize_word(word: str) -> str:
     """The form a word is looked up in: normalised as members read it, NFC, lower case."""
@@ -59,6 +75,8 @@ class SafeVocabulary:
     #: the shipped file's ``#`` header lines (its sources and their versions)
     sources: tuple[str, ...] = ()
     files: tuple[str, ...] = field(default=(), compare=False)
+    #: words that are also names or places: released only in a context that is no name's
+    context: frozenset[str] = frozenset()
 
     @property
     def size(self) -> int:
@@ -70,21 +88,51 @@ class SafeVocabulary:
 
     __contains__ = contains
 
+    def is_context(self, word: str) -> bool:
+        """Whether ``word`` is a context word (also a name or place; not a safe word)."""
+        return normalize_word(word) in self.context
+
     @classmethod
-    def from_words(cls, words: Iterable[str], sources: Sequence[str] = ()) -> SafeVocabulary:
-        """A vocabulary from words in memory (tests); its digest is over the sorted words."""
+    def from_words(cls, words: Iterable[str], sources: Sequence[str] = (),
+                   context: Iterable[str] = ()) -> SafeVocabulary:
+        """A vocabulary from words in memory (tests); its digest is over the sorted words (and
+        the context words, when there are any)."""
         ws = frozenset(normalize_word(w) for w in words if w.strip())
+        cw = frozenset(normalize_word(w) for w in context if w.strip()) - ws
         data = "\n".join(sorted(ws)).encode("utf-8")
-        return cls(ws, hashlib.sha256(data).hexdigest(), tuple(sources))
+        if cw:
+            data += b"\n#context\n" + "\n".join(sorted(cw)).encode("utf-8")
+        return cls(ws, hashlib.sha256(data).hexdigest(), tuple(sources), context=cw)
 
 
-def _shipped_bytes() -> bytes:
-    ref = resources.files("dphub").joinpath("resources", "safe_vocab", "safe_words.txt")
+def _resource(name: str) -> bytes:
+    """The bytes of a shipped file of ``dphub/resources/safe_vocab/`` (unchecked)."""
+    ref = resources.files("dphub").joinpath("resources", "safe_vocab", name)
     try:
         return ref.read_bytes()
     except OSError:
-        raise ConfigError("the shipped safe vocabulary (dphub/resources/safe_vocab/"
-                          "safe_words.txt) is missing: reinstall dphub") from None
+        raise ConfigError(f"the shipped safe vocabulary (dphub/resources/safe_vocab/{name}) is "
+                          "missing: reinstall dphub") from None
+
+
+def _verified(name: str) -> bytes:
+    """A shipped file, refused unless its SHA-256 is the documented one (a tampered or
+    truncated vocabulary would release or hide words nobody chose)."""
+    data = _resource(name)
+    if hashlib.sha256(data).hexdigest() != SHIPPED_SHA256[name]:
+        raise ConfigError(f"the shipped safe vocabulary (dphub/resources/safe_vocab/{name}) does "
+                          "not match its documented sha256 (docs/safe_vocab.md): it was changed "
+                          "after the build; reinstall dphub or rebuild it with "
+                          "scripts/build_safe_vocab.py")
+    return data
+
+
+def _shipped_bytes() -> bytes:
+    return _verified("safe_words.txt")
+
+
+def _shipped_context_bytes() -> bytes:
+    return _verified("context_words.txt")
 
 
 def _parse(data: bytes, where: str, *, shipped: bool) -> tuple[set[str], list[str]]:
@@ -133,11 +181,21 @@ def load(path: str | os.PathLike[str] | None = None,
     outer = hashlib.sha256()
     for data, where, base in blobs:
         w, h = _parse(data, where, shipped=base)
+        if base and not w:
+            raise ConfigError(f"{where} holds no words: the inverse rule would hide every word "
+                              "(reinstall dphub, or give a vocabulary file with words)")
         words |= w
         header.extend(h)
         outer.update(hashlib.sha256(data).digest())
+    context: set[str] = set()
+    if path is None:
+        data = _shipped_context_bytes()
+        context, _ = _parse(data, "the shipped context words", shipped=True)
+        outer.update(hashlib.sha256(data).digest())
+    # an owner's safe word is the owner's choice: it is safe, not a context word
     return SafeVocabulary(frozenset(words), outer.hexdigest(), tuple(header),
-                          tuple(str(p) for p in ((path,) if path is not None else ()) + tuple(extra)))
+                          tuple(str(p) for p in ((path,) if path is not None else ()) + tuple(extra)),
+                          context=frozenset(context - words))
 
 
 def _read(path: str | os.PathLike[str]) -> bytes:

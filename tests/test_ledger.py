@@ -245,7 +245,7 @@ def test_dp_distillation_refuses_calibrated_thresholds(tiny_base_model: Path,
     from dphub.ensemble.core import Ensemble, Slot
     from dphub.ensemble.distill import distill, local_options
     from dphub.ensemble.members import ModelMember
-    from dphub.ensemble.rules import RuleMember, RuleOptions
+    from dphub.rules.engine import RuleMember, RuleOptions
 
     notes = synth.generate(8, kind="nursing", seed=5, patients=3)
     teacher = tmp_path / "teacher"
@@ -301,7 +301,7 @@ def test_a_dp_student_and_its_public_student_are_recorded(tiny_base_model: Path,
     from dphub.ensemble.core import Ensemble, Slot
     from dphub.ensemble.distill import distill, local_options
     from dphub.ensemble.public_student import PublicInputs, Teacher, distill_public
-    from dphub.ensemble.rules import RuleMember, RuleOptions
+    from dphub.rules.engine import RuleMember, RuleOptions
 
     notes = synth.generate(8, kind="nursing", seed=5, patients=3)
     rules = Ensemble([Slot(RuleMember("rules:default", RuleOptions()), None, 0.0)])

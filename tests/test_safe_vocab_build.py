@@ -96,12 +96,14 @@ def test_build_subtracts_names_places_and_dates():
                "date_words": ["may"]}
     words, stats = mod.build(include, exclude, generic={"new", "city"}, protect={"stable", "may"})
     # "smith" listed alone: gone; "salt"/"lake" from a phrase: gone, "new" generic: kept;
-    # "stable" protected: kept; "may" protected but a date word: gone; digits and lone
-    # initials never get in; hyphenated entries give their words
-    assert words == ["a", "heparin", "naïve", "new", "npo", "patient", "ray", "stable", "the"]
+    # "stable" protected but a surname: a context word, not a safe word (issue 36: protection
+    # used to make "will", "art" and "ward" safe); "may" protected but a date word: gone;
+    # digits and lone initials never get in; hyphenated entries give their words
+    assert words == ["a", "heparin", "naïve", "new", "npo", "patient", "ray", "the"]
+    assert stats["context"] == ["stable"]
     assert "smith" not in words and "salt" not in words and "lake" not in words
     assert "may" not in words
-    assert {"new", "stable", "patient", "heparin", "npo", "naïve", "the", "a"} <= set(words)
+    assert {"new", "patient", "heparin", "npo", "naïve", "the", "a"} <= set(words)
     assert not any(ch.isdigit() for w in words for ch in w)
     assert "j" not in words and "q" not in words
     assert stats["exclude"]["last_names"] == [2, 1]
@@ -121,3 +123,35 @@ def test_build_is_deterministic(tmp_path):
     assert outs[0].decode("utf-8").splitlines() == ["# test header", "# words: 4", "alpha", "beta",
                                                     "zeta", "éclair"]
     assert hashlib.sha256(outs[0]).hexdigest() == hashlib.sha256(outs[1]).hexdigest()
+
+
+def test_build_institution_words_beat_protection_and_names_become_context_words():
+    """Issue 36: "memorial" and "university" were in the shipped file because the rule member's
+    clinical_words.txt (words next to names) protected them; "will" likewise as a US first name."""
+    mod = _builder()
+    include = {"english": ["memorial", "university", "will", "good", "patient", "of"]}
+    exclude = {"institution_words": ["memorial", "university"], "first_names": ["Will"],
+               "last_names": ["Good", "Patient"], "world_places": ["Of"]}
+    words, stats = mod.build(include, exclude, protect={"memorial", "university", "will"},
+                             common={"of", "good"}, world={"world_places"},
+                             always=mod.ALWAYS_SOURCES, context_ok={"good"})
+    assert words == ["of"]
+    assert stats["context"] == ["good", "will"]  # "patient": neither protected nor common: gone
+
+
+def test_inflections_only_known_forms():
+    mod = _builder()
+    known = {"suctioned", "suctioning", "extubation", "extubate", "titrated", "stopped",
+             "patients"}
+    got = mod.inflections(["suction", "extubated", "titration", "stop", "patient", "xq"], known)
+    assert got == ["extubate", "extubation", "patients", "stopped", "suctioned", "suctioning",
+                   "titrated"]
+
+
+def test_hunspell_med_output_never_overwrites_the_shipped_file(tmp_path):
+    mod = _builder()
+    dic = tmp_path / "med.dic"
+    dic.write_text("3\n    header line\nextubate/DNG\nbill/R\n")
+    assert mod.hunspell_words(dic) == ["extubate", "bill"]
+    with pytest.raises(SystemExit):
+        mod.main(["--hunspell-med", str(dic)])

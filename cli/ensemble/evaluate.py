@@ -26,7 +26,7 @@ from dphub.cli.ensemble._common import (
     ensemble_app,
 )
 from dphub.cli.options import FLOAT, apply_threads, finite_float, threads_option
-from dphub.errors import InputError
+from dphub.errors import ConfigError, InputError
 
 
 @ensemble_app.command("calibrate")
@@ -55,9 +55,15 @@ def calibrate_cmd(
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
     safe_words: list[Path] = SAFE_WORDS_OPT,
+    min_kept: float | None = typer.Option(
+        None, "--min-kept", parser=finite_float(min=0.0, max=1.0), metavar=FLOAT,
+        show_default="none",
+        help="--aggregate inverse: target recall >= --target-recall at non-PHI tokens kept >= this "
+             "(replaces --min-precision); refuses naming the best reachable pair."),
 ) -> None:
     """Choose thresholds per (member, label) for a target ensemble recall; store them in the
-    manifest. Refuses (exit 2) when the target costs precision below --min-precision."""
+    manifest. Refuses (exit 2) when the target costs precision below --min-precision (under
+    --aggregate inverse with --min-kept: when no pair reaches the recall at that kept share)."""
     from dphub.ensemble.calibrate import calibrate
     from dphub.ensemble.core import build_ensemble
     from dphub.ensemble.evaluation import read_labelled
@@ -74,8 +80,11 @@ def calibrate_cmd(
     if isinstance(ensemble.rule, InverseRule):  # issue 26: the rule's own LOW, HIGH
         _calibrate_inverse(ensemble, notes, target_recall, holdout=holdout, seed=seed,
                            min_precision=min_precision, force=force, dry_run=dry_run,
-                           manifest_path=manifest_path)
+                           manifest_path=manifest_path, min_kept=min_kept)
         return
+    if min_kept is not None:
+        raise ConfigError("--min-kept is for --aggregate inverse (forward rules keep what no "
+                          "member flags)")
     with ProgressReporter() as reporter:
         res = calibrate(ensemble, notes, target_recall, per_label=per_label, holdout=holdout,
                         seed=seed, min_precision=min_precision, force=force,
@@ -124,7 +133,7 @@ def _echo_scores(res: Any, target_recall: float) -> Any:
 
 def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdout: float,
                        seed: int, min_precision: float, force: bool, dry_run: bool,
-                       manifest_path: Path) -> None:
+                       manifest_path: Path, min_kept: float | None = None) -> None:
     """``ensemble calibrate`` under the inverse rule: choose and store ``inverse:LOW,HIGH``."""
     from dphub.ensemble.inverse_calibrate import calibrate_inverse
     from dphub.ensemble.manifest import Manifest
@@ -132,12 +141,18 @@ def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdo
 
     with ProgressReporter() as reporter:
         res = calibrate_inverse(ensemble, notes, target_recall, holdout=holdout, seed=seed,
-                                min_precision=min_precision, force=force,
+                                min_precision=min_precision, force=force, min_kept=min_kept,
                                 progress=reporter.count_callback("calibrate", "notes"))
     typer.echo(f"aggregate {res.rule}")
     _echo_scores(res, target_recall)
+    held = "" if res.holdout_kept is None else f", held-out {res.holdout_kept:.4f}"
+    typer.echo(f"non-PHI tokens kept: {res.kept:.4f} on the calibration notes{held}"
+               + ("" if min_kept is None else f" (target {min_kept:g})"))
     if res.forced:
-        typer.echo(f"WARNING (--force): {res.refusal()}", err=True)
+        why = (res.refusal() if min_kept is None else
+               f"kept {res.kept:.4f} >= {min_kept:g} only at recall {res.recall:.4f} "
+               f"(target {target_recall:g})")
+        typer.echo(f"WARNING (--force): {why}", err=True)
     if not dry_run:
         with Manifest.editing(manifest_path) as current:
             current.aggregate = res.rule
@@ -180,10 +195,12 @@ def evaluate_cmd(
         typer.echo(json.dumps(rows, indent=2))
         return
     t = Table(title=f"ensemble evaluation on {len(notes)} notes (token-binary)")
-    for col in ("member", "ε", "unit", "P", "R", "F1", "phrase R any", "phrase R full"):
+    for col in ("member", "ε", "unit", "P", "R", "F1", "phrase R any", "phrase R full",
+                "non-PHI kept"):
         t.add_column(col, justify="left" if col in ("member", "unit") else "right")
     for r in rows:
         t.add_row(r["name"], _fmt(r["epsilon"]), r["unit"] or "-",
                   *(f"{100 * r[k]:.1f}" for k in ("precision", "recall", "f1",
-                                                  "phrase_recall_any", "phrase_recall_full")))
+                                                  "phrase_recall_any", "phrase_recall_full",
+                                                  "non_phi_tokens_kept")))
     Console().print(t)

@@ -53,7 +53,8 @@ def evaluate_ensemble(
         pred = {n.id: spans[slot.name] for n, spans in zip(notes, per_note, strict=True)}
         res = evaluate_spans(notes, pred)
         rows.append({"name": slot.name, "epsilon": slot.epsilon, "unit": slot.unit,
-                     "threshold": slot.threshold, **res.headline()})
+                     "threshold": slot.threshold, **res.headline(),
+                     "non_phi_tokens_kept": res.utility["non_phi_tokens_kept"]})
     merged = {
         n.id: [m.to_span() for m in ensemble.combine(n, spans)]
         for n, spans in zip(notes, per_note, strict=True)
@@ -68,5 +69,7 @@ def evaluate_ensemble(
         "unit": ",".join(sorted({s.unit for s in ensemble.slots if s.unit})) or None,
         "threshold": None,
         **res.headline(),
+        # issue 36: what a reader keeps of the text beside what the rule finds
+        "non_phi_tokens_kept": res.utility["non_phi_tokens_kept"],
     })
     return rows

@@ -197,12 +197,16 @@ class WordTable:
     flags: list[MergedSpan]
     letters: np.ndarray
     model: bool
+    #: words hidden whatever the models say: parts of an institution or street name, of a number
+    #: spelled out in words, of a word broken across a line (:func:`blocked_words`)
+    blocked: np.ndarray | None = None
 
     def kept(self, low: float, high: float) -> np.ndarray:
         """Which words come back under ``inverse:LOW,HIGH``."""
         other = (self.letters & ~self.safe) if self.model else np.zeros_like(self.safe)
         vouched = self.safe | self.measure
-        return ~self.flagged & ((vouched & (self.p < high)) | (other & (self.p < low)))
+        keep = ~self.flagged & ((vouched & (self.p < high)) | (other & (self.p < low)))
+        return keep if self.blocked is None else keep & ~self.blocked
 
 
 def word_table(
@@ -238,7 +242,10 @@ def word_table(
     m_starts = [a for a, _ in measures]
     rows: list[tuple[int, int, bool, float, bool, bool, bool]] = []
     ci = 0
-    for m in WORD_RE.finditer(text):
+    found = list(WORD_RE.finditer(text))
+    shorthand = shorthand_letters(text)
+    released = context_released(text, found, vocab)
+    for wi, m in enumerate(found):
         a, b = m.start(), m.end()
         while ci < len(cover) and cover[ci][1] <= a:
             ci += 1
@@ -250,12 +257,16 @@ def word_table(
             rows.append((a, b, hit, p, False,
                          k >= 0 and measures[k][0] <= a and b <= measures[k][1], False))
         else:
-            rows.append((a, b, hit, p, vocab.contains(word), False, True))
+            safe = (vocab.contains(word) or a in shorthand or wi in released
+                    or _clitic(text, found, wi, vocab) or _value_key(text, found, wi, measures))
+            rows.append((a, b, hit, p, safe, False, True))
     cols = list(zip(*rows, strict=True)) if rows else [()] * 7
+    blocked = np.zeros(len(found), dtype=bool)
+    blocked[sorted(blocked_words(text, found, vocab))] = True
     return WordTable(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
                      np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
-                     np.array(cols[6], dtype=bool), bool(models))
+                     np.array(cols[6], dtype=bool), bool(models), blocked)
 
 
 def inverse_aggregate(
@@ -293,6 +304,210 @@ def _max_p(word_p: Sequence[tuple[int, int, float]], starts: Sequence[int], long
             best = max(best, p)
         i -= 1
     return best
+
+
+#: letters around a slash (``s/p``, ``c/o``, ``d/c``, ``u/o``, ``w/o``, ``I/O``) and ``w/``,
+#: ``c/`` before a space: clinical shorthand, whose single letters are no initials
+_SHORTHAND = re.compile(
+    r"(?<![\w/.])[^\W\d_]{1,2}/[^\W\d_]{1,2}(?![\w/])|(?<![\w/.])[wWcC]/(?=[ \t])")
+_LETTER_RUN = re.compile(r"[^\W\d_]+")
+
+
+def shorthand_letters(text: str) -> set[int]:
+    """Start offsets of the letter words inside clinical shorthand (``s/p``, ``w/``)."""
+    out: set[int] = set()
+    for m in _SHORTHAND.finditer(text):
+        out.update(m.start() + w.start() for w in _LETTER_RUN.finditer(m.group()))
+    return out
+
+
+#: a word before which a context word may be a name or a place (titles, kin, contact verbs,
+#: prepositions of place and company)
+NAME_CUES_BEFORE = frozenset("""
+dr doctor mr mrs ms miss mister prof professor sister brother father mother son daughter wife
+husband friend aunt uncle cousin nephew niece grandson granddaughter grandmother grandfather
+nurse rn md np pa attending resident fellow intern by with to from at named called call paged
+page notified contacted spoke saw seen see per and or of in near lives living visited visit
+st saint mt mount fort lake port new north south east west dear hi hello name contact signed
+team cc thanks thank family
+""".split())  # noqa: SIM905 - a readable word block
+#: a word after which a context word may be a name or a place
+NAME_CUES_AFTER = frozenset("""
+md rn np pa phd do jr sr hospital clinic center centre church street st avenue ave road rd
+county city university college school and or called said says reports reported stated states
+notified aware family
+""".split())  # noqa: SIM905 - a readable word block
+_SPACES = frozenset(" \t")
+#: between a context word and the word before it: spaces (the word before must be a safe word)
+#: or a clause's punctuation on the same line (``.``, ``;``, ``/``: the word before is another
+#: clause's and need only be no name cue)
+_BEFORE_GAP = re.compile(r"[ \t]+")
+_BEFORE_CLAUSE = re.compile(r"[ \t]*[,:;./(=][ \t]*")
+#: after a context word: the end of a clause or of the line
+_CLAUSE_END = re.compile(r"[ \t]*(?:[.,;:!?)/=]|\r?\n|$)")
+
+
+#: release context words across a clause's punctuation and before numbers too (measured in
+#: docs/recall_first.md: more text kept, less recall on the tuning split, so off by default)
+CONTEXT_ACROSS_CLAUSES = False
+
+
+def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary,
+                     across_clauses: bool | None = None) -> set[int]:
+    """Indices of the context words (ordinary words that are also names or places: "will",
+    "ward", "good") that the words around them show to be no name.
+
+    Released: a context word in lower case (or in capitals between words in capitals: a note
+    written in capitals) between two safe words of the same case on the same line, separated
+    by spaces only, the one before no name cue ("Dr", "by", "with", "son"), the one after no
+    cue after a name ("MD", "Hospital", "called"): a surname after a first name is no safe
+    word. ``across_clauses`` (default :data:`CONTEXT_ACROSS_CLAUSES`) also releases it after
+    the end of another clause (``stable. good``, ``bs/clear``) and before the end of a clause
+    (``.``, ``,``, ``;``, ``)``, ``/``, the end of the line) or a number. A capitalised context word is never released ("Will" may be anyone), nor one
+    next to another context word ("will ward")."""
+    if across_clauses is None:
+        across_clauses = CONTEXT_ACROSS_CLAUSES
+    out: set[int] = set()
+    for i, m in enumerate(words):
+        w = m.group()
+        if i == 0 or not vocab.is_context(w):
+            continue
+        caps = not w.islower()
+        if caps and not (w.isupper() and len(w) > 1):
+            continue
+        prev = words[i - 1]
+        pw = prev.group()
+        if pw.lower() in NAME_CUES_BEFORE:
+            continue
+        if _BEFORE_GAP.fullmatch(text, prev.end(), m.start()):
+            if (not vocab.contains(pw) or (pw.isupper() and len(pw) > 1) != caps
+                    or (not caps and not pw.islower())):
+                continue
+        elif not (across_clauses and _BEFORE_CLAUSE.fullmatch(text, prev.end(), m.start())):
+            continue
+        if across_clauses and _CLAUSE_END.match(text, m.end()):
+            out.add(i)
+            continue
+        if i + 1 >= len(words):
+            continue
+        nxt = words[i + 1]
+        nw = nxt.group()
+        digits = across_clauses and any(c.isdigit() for c in nw)
+        if (set(text[m.end():nxt.start()]) <= _SPACES and text[m.end():nxt.start()]
+                and nw.lower() not in NAME_CUES_AFTER and (digits or vocab.contains(nw))
+                and (digits or ((nw.isupper() and len(nw) > 1) if caps else nw.islower()))):
+            out.add(i)
+    return out
+
+
+#: words that head an institution's or a street's name: the words before them are its name
+#: ("University Hospital", "Good Samaritan Medical Center", "Grace Church", "Main Street")
+INSTITUTION_HEADS = frozenset("""
+hospital hospitals clinic clinics center centre church chapel cathedral infirmary institute
+college university school academy sanatorium hospice street avenue ave road boulevard blvd
+lane parkway highway terrace
+""".split())  # noqa: SIM905 - a readable word block
+#: words that end an institution's name going back: the name starts after them
+_NAME_STOPS = frozenset("""
+the a an of to from at in on and or for by with his her their our its this that these those
+was is were are be been being per via into onto outside local another other same different
+previous prior current which where who when while then than as if osh our your my
+transferred transfer admitted discharged sent went go going seen followed follows
+""".split())  # noqa: SIM905 - a readable word block
+#: number words: three or more in a row spell a number (a phone, an ID, an address)
+NUMBER_WORDS = frozenset("""
+zero oh o one two three four five six seven eight nine ten eleven twelve thirteen fourteen
+fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty
+ninety hundred thousand double triple
+""".split())  # noqa: SIM905 - a readable word block
+_HYPHEN_BREAK = re.compile(r"[ \t]*[-\u2010\u2011][ \t]*\r?\n[ \t]*")
+_NUMBER_GAP = re.compile(r"[ \t,.\-]*")
+
+
+def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary) -> set[int]:
+    """Indices of words hidden whatever the vocabulary and the models say (issue 36):
+
+    - an institution's or street's name: up to four words before a head word ("hospital",
+      "clinic", "church", "street"…) back to a function word, the head itself, and up to three
+      words after ``of`` following it ("University Hospital", "Hospital of Saint Raphael");
+      and the capitalised word after ``St``/``Saint``/``Mt`` ("St. Luke's");
+    - three or more number words in a row ("five five five one two"): a number spelled out;
+    - the two halves of a word broken across a line by a hyphen, unless joined they are a
+      safe word ("fol-/low" → "follow"): "Wood-/ward" is a surname in two vocabulary words.
+    """
+    out: set[int] = set()
+    lower = [m.group().lower() for m in words]
+    n = len(words)
+
+    def gap(i: int) -> str:  # the text between word i and word i + 1
+        return text[words[i].end():words[i + 1].start()]
+
+    def joined(i: int) -> bool:  # word i and i + 1 on one line, spaces or a name's . ' between
+        g = gap(i)
+        return "\n" not in g and len(g) <= 3 and all(c in " \t.'’" for c in g)
+
+    for i, w in enumerate(lower):
+        if w in INSTITUTION_HEADS:
+            j = i
+            while j > 0 and i - j < 4 and joined(j - 1) and lower[j - 1] not in _NAME_STOPS \
+                    and not any(c.isdigit() for c in lower[j - 1]):
+                j -= 1
+            if j < i:
+                out.update(range(j, i + 1))
+            if i + 2 < n and lower[i + 1] == "of" and joined(i) and joined(i + 1):
+                k = i + 2
+                out.update((i, i + 1))
+                while k < n and k - i <= 4 and lower[k] not in _NAME_STOPS:
+                    out.add(k)
+                    if k + 1 >= n or not joined(k):
+                        break
+                    k += 1
+        if w in ("st", "saint", "mt") and i + 1 < n and joined(i) and words[i + 1].group()[:1].isupper() \
+                and not words[i + 1].group().isupper():
+            out.update((i, i + 1))
+    run: list[int] = []
+    for i, w in enumerate(lower + [""]):
+        if w in NUMBER_WORDS and (not run or _NUMBER_GAP.fullmatch(gap(run[-1]))):
+            run.append(i)
+            continue
+        if len(run) >= 3:
+            out.update(run)
+        run = [i] if w in NUMBER_WORDS else []
+    for i in range(n - 1):
+        if _HYPHEN_BREAK.fullmatch(gap(i)) and not vocab.contains(lower[i] + lower[i + 1]):
+            out.update((i, i + 1))
+    return out
+
+
+#: the endings of English contractions and possessives (``pt's``, ``don't``, ``we'll``)
+_CLITICS = frozenset(("s", "t", "d", "m", "ll", "re", "ve"))
+_APOSTROPHES = frozenset("'’")
+#: one-letter names of a value (potassium ``K 3.8``, ``x 2``, ``q 4``, pulse ``P 80``, temperature
+#: ``T 37.2``): released only right before a number the measurement contexts released
+_VALUE_KEYS = frozenset("kxqpt")
+
+
+def _clitic(text: str, words: Sequence[re.Match[str]], i: int, vocab: SafeVocabulary) -> bool:
+    """Whether word ``i`` ends a contraction or possessive of a safe word (``pt's``): never of
+    a name (``Smith's``: "smith" is no safe word)."""
+    m = words[i]
+    if i == 0 or m.group().lower() not in _CLITICS:
+        return False
+    prev = words[i - 1]
+    return (prev.end() + 1 == m.start() and text[prev.end()] in _APOSTROPHES
+            and vocab.contains(prev.group()))
+
+
+def _value_key(text: str, words: Sequence[re.Match[str]], i: int,
+               measures: Sequence[tuple[int, int]]) -> bool:
+    """Whether word ``i`` is a one-letter value name right before a released measurement."""
+    m = words[i]
+    if m.group().lower() not in _VALUE_KEYS or i + 1 >= len(words):
+        return False
+    nxt = words[i + 1]
+    if not set(text[m.end():nxt.start()]) <= _SPACES or nxt.start() - m.end() > 2:
+        return False
+    return any(a <= nxt.start() and nxt.end() <= b for a, b in measures)
 
 
 def _typed(label: str) -> bool:

@@ -51,6 +51,11 @@ class InverseCalibration(CalibrationResult):
     (``rule``: ``inverse:LOW,HIGH``); ``thresholds`` stays empty (members keep theirs)."""
 
     rule: str = ""
+    #: share of the non-PHI tokens the chosen pair keeps (calibration notes; held-out patients)
+    kept: float | None = None
+    holdout_kept: float | None = None
+    #: the ``min_kept`` asked for (``recall >= target at kept >= min_kept``), if any
+    min_kept: float | None = None
 
 
 @dataclass
@@ -67,6 +72,11 @@ class _Words:
             fp += int((hide & ~gold).sum())
             g += int(gold.sum())
         return tp, fp, g
+
+    def kept(self, fp: int) -> float:
+        """Share of non-PHI tokens kept when ``fp`` of them are hidden."""
+        other = sum(int((~g).sum()) for g in self.gold)
+        return 1.0 - fp / other if other else 1.0
 
 
 def _gold_flags(note: Note, table: WordTable) -> np.ndarray:
@@ -87,12 +97,21 @@ def calibrate_inverse(
     force: bool = False,
     progress: Callable[[int, int], None] | None = None,
     chunk: int = 64,
+    min_kept: float | None = None,
 ) -> InverseCalibration:
     """LOW and HIGH of the inverse rule reaching ``target_recall`` at the best precision found
     (arguments as :func:`dphub.ensemble.calibrate.calibrate`; ``progress(done, total)`` counts
-    notes scored)."""
+    notes scored).
+
+    With ``min_kept`` the target is "recall >= R at non-PHI tokens kept >= K" (issue 36: the
+    number a reviewer reads): the pair with the highest recall among those reaching both wins
+    (then the most text kept); when no pair reaches both, :class:`CalibrationRefused` names the
+    best reachable pairs (the highest recall at kept >= K, the most text at recall >= R), unless
+    ``force`` (the highest recall at kept >= K is stored, with a warning)."""
     if not isinstance(ensemble.rule, InverseRule):
         raise ConfigError("calibrating the inverse rule needs --aggregate inverse")
+    if min_kept is not None and not 0.0 <= min_kept <= 1.0:
+        raise ConfigError(f"minimum kept share must be in [0, 1] (got {min_kept})")
     notes = check_calibration_args(notes, target_recall, holdout, min_precision)
     cal_idx, held_idx = _holdout_split(notes, holdout, seed)
     # every word's P(PHI) down to the lowest grid value: the same spans a run at that rule reads
@@ -115,19 +134,52 @@ def calibrate_inverse(
         raise InputError("the labelled notes used for calibration contain no PHI; nothing to "
                          "calibrate on")
     points: list[tuple[float, float, float, float]] = []  # recall, precision, low, high
+    kept_of: dict[tuple[float, float], float] = {}
     for hi in PAIR_GRID:
         for lo in PAIR_GRID:
             if lo <= hi:
                 tp, fp, _ = cal.counts(lo, hi)
                 points.append((tp / n_gold, tp / (tp + fp) if tp + fp else 1.0, lo, hi))
-    ok = [pt for pt in points if pt[0] >= target_recall]
-    # highest precision; ties: the higher thresholds (more text kept)
-    rec, prec, low, high = max(ok, key=lambda pt: (pt[1], pt[3], pt[2]))
+                kept_of[lo, hi] = cal.kept(fp)
+    forced_kept = False
+    if min_kept is None:
+        ok = [pt for pt in points if pt[0] >= target_recall]
+        # highest precision; ties: the higher thresholds (more text kept)
+        rec, prec, low, high = max(ok, key=lambda pt: (pt[1], pt[3], pt[2]))
+    else:
+        def recall_first(pt: tuple[float, float, float, float]) -> tuple[float, float]:
+            return pt[0], kept_of[pt[2], pt[3]]
+
+        both = [pt for pt in points if pt[0] >= target_recall and kept_of[pt[2], pt[3]] >= min_kept]
+        if both:
+            rec, prec, low, high = max(both, key=recall_first)
+        else:
+            at_kept = [pt for pt in points if kept_of[pt[2], pt[3]] >= min_kept]
+            at_rec = [pt for pt in points if pt[0] >= target_recall]
+            best = []
+            if at_kept:
+                r, _, lo, hi = max(at_kept, key=recall_first)
+                best.append(f"inverse:{lo:g},{hi:g} (recall {r:.4f}, kept "
+                            f"{kept_of[lo, hi]:.4f})")
+            if at_rec:
+                r, _, lo, hi = max(at_rec, key=lambda pt: (kept_of[pt[2], pt[3]], pt[0]))
+                best.append(f"inverse:{lo:g},{hi:g} (recall {r:.4f}, kept "
+                            f"{kept_of[lo, hi]:.4f})")
+            if not force or not at_kept:
+                raise CalibrationRefused(
+                    f"no inverse:LOW,HIGH reaches token recall >= {target_recall:g} with non-PHI "
+                    f"tokens kept >= {min_kept:g} on the calibration notes; best reachable: "
+                    + " or ".join(best) + " (lower --target-recall or --min-kept, or add "
+                    "--safe-words)")
+            rec, prec, low, high = max(at_kept, key=recall_first)
+            forced_kept = True
     rule = InverseRule(low, high)
     report = None
+    held_kept = None
     if held_idx:
         held = _Words([tables[i] for i in held_idx], [gold[i] for i in held_idx])
         htp, hfp, hg = held.counts(low, high)
+        held_kept = held.kept(hfp)
         report = HoldoutReport(
             patients=len({notes[i].effective_patient_id for i in held_idx}),
             notes=len(held_idx), tokens=sum(len(t.start) for t in held.tables), phi_tokens=hg,
@@ -139,8 +191,11 @@ def calibrate_inverse(
         best_reachable=_best_reachable([(r, p, k) for k, (r, p, _, _) in enumerate(points)],
                                        min_precision),
         holdout=report, notes=len(cal_idx),
-        patients=len({notes[i].effective_patient_id for i in cal_idx}), rule=str(rule))
-    if result.below_floor:
+        patients=len({notes[i].effective_patient_id for i in cal_idx}), rule=str(rule),
+        kept=kept_of[low, high], holdout_kept=held_kept, min_kept=min_kept)
+    if forced_kept:
+        result.forced = True
+    if result.below_floor and min_kept is None:
         if not force:
             raise CalibrationRefused(result.refusal() or "calibration refused")
         result.forced = True
