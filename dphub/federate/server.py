@@ -176,7 +176,11 @@ class FederationServer:
         self.sites = raw["sites"]
         for row in self.sites.values():  # a state written before reports were checked
             try:
-                reports.check_report({**row, "site_id": "0" * 16, "trained": 0},
+                # the site's policy is kept as the checked object, not the report's JSON string
+                if "policy" in row and site_policy_row(json.dumps(row["policy"])) is None:
+                    raise reports.Rejected("report: policy is not a site policy")
+                reports.check_report({**{k: v for k, v in row.items() if k != "policy"},
+                                      "site_id": "0" * 16, "trained": 0},
                                      privacy_unit=self.opts.privacy_unit,
                                      accountant=self.opts.accountant,
                                      label_schema=self.opts.label_schema,
