@@ -21,9 +21,10 @@ ledger_app = typer.Typer(
 @ledger_app.command("show")
 def show(
     data: Path | None = typer.Argument(
-        None, metavar="[DATA]", help="Notes whose patients' spend to show (default: every "
-        "dataset recorded)."),
-    format: str | None = typer.Option(None, "--format", "-f", help="Input format of DATA."),
+        None, metavar="[DATA]", show_default="every dataset recorded",
+        help="Notes whose patients' spend to show."),
+    format: str | None = typer.Option(None, "--format", "-f", show_default="detect from the path",
+                                      help="Input format of DATA."),
 ) -> None:
     """List the releases that used a dataset's patients and their composed (ε, δ)."""
     from dphub import formats

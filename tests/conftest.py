@@ -77,10 +77,12 @@ def _session_dphub_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
 
 
 @pytest.fixture(autouse=True)
-def _private_dphub_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _private_dphub_home(monkeypatch: pytest.MonkeyPatch,
+                        tmp_path_factory: pytest.TempPathFactory) -> None:
     """A dphub home per test: DP trainings record their releases in the privacy ledger there
     (never the user's own ledger, and no test composes with another test's releases)."""
-    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "dphub-home"))
+    # beside tmp_path, not in it: tests list what a command left in their tmp_path
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path_factory.mktemp("dphub-home")))
 
 
 @pytest.fixture(scope="session")
