@@ -433,7 +433,7 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
     reached ε ≈ 96, and the policy warning came only after half an hour of training.
 
     The callback is ``check(plan, teachers=())``: ``teachers`` are a DP student's lineage entries
-    (:func:`dphub.ensemble.distill.teacher_lineage`); the ε of those ``composed`` is added, so
+    (:func:`dphub.owner.distill.teacher_lineage`); the ε of those ``composed`` is added, so
     the ε checked is the total the card will claim, not this run's alone. ``batch_flag``: how
     the command spells the training batch size (``--train-batch-size`` for distill).
     """

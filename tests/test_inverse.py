@@ -313,7 +313,7 @@ def test_cli_deid_inverse_in_every_output_mode(tmp_path: Path, mode: str,
 
 
 def test_a_student_cannot_learn_from_the_inverse_rule() -> None:
-    from dphub.ensemble.distill import pseudo_label
+    from dphub.owner.distill import pseudo_label
 
     ens = Ensemble([model()], RULE, safe_vocab=vocab())
     with pytest.raises(ConfigError, match="no label a student could learn"):
