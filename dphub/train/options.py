@@ -14,6 +14,7 @@ from typing import Any
 
 from dphub.errors import ConfigError
 from dphub.labels import get_schema
+from dphub.privacy.accounting import ACCOUNTANTS
 
 PRIVACY_UNITS = ("patient", "note", "sequence")
 
@@ -23,8 +24,6 @@ HEADS = ("crf", "softmax")
 
 WARM_STARTS = ("synth", "none")
 
-
-ACCOUNTANTS = ("prv", "rdp")
 
 #: Where an owner model's training labels came from (the card's ``training_labels``).
 TRAINING_LABELS = ("gold", "ensemble", "gold+ensemble")
