@@ -12,8 +12,9 @@ import pytest
 from faker import Faker
 
 from dphub.cli.main import main
+from dphub.ensemble.aggregation import parse_rule
 from dphub.ensemble.core import Ensemble, Slot, build_ensemble
-from dphub.ensemble.inverse import DEFAULT_HIGH, DEFAULT_LOW, InverseRule, parse_rule
+from dphub.ensemble.inverse import DEFAULT_HIGH, DEFAULT_LOW, InverseRule
 from dphub.ensemble.manifest import Manifest
 from dphub.ensemble.measures import measurement_ranges
 from dphub.ensemble.members import FixedMember, ModelMember
