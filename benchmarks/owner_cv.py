@@ -66,9 +66,9 @@ def main() -> None:
     torch.set_num_threads(1)
     from dphub import formats
     from dphub.ensemble.core import Ensemble, Slot
-    from dphub.ensemble.distill import distill, local_options, train_local
     from dphub.ensemble.evaluation import evaluate_ensemble
     from dphub.ensemble.members import ModelMember
+    from dphub.owner.distill import distill, local_options, train_local
     from dphub.train import TrainOptions
 
     rules = rule_member(args.work, args.rules_min_age)
@@ -202,9 +202,9 @@ def aggregations(work: Path, out: Path, notes: list[Any], folds: list[set[Any]],
     """
     from dphub.ensemble.aggregate import aggregate
     from dphub.ensemble.core import Ensemble, Slot
-    from dphub.ensemble.distill import train_local
     from dphub.ensemble.members import FixedMember, ModelMember
     from dphub.evaluate import evaluate_spans
+    from dphub.owner.distill import train_local
 
     table = AGGREGATIONS + (DEIDPL_AGGREGATIONS + CONFIRMED_AGGREGATIONS
                             if deidpl is not None else [])

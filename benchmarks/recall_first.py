@@ -40,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_dev_corpus import CORPUS, _split  # noqa: E402
 
 from dphub.ensemble import inverse as inverse_module  # noqa: E402
+from dphub.ensemble.aggregation import parse_rule  # noqa: E402
 from dphub.ensemble.core import Ensemble, Slot  # noqa: E402
-from dphub.ensemble.inverse import InverseRule, hidden_spans, parse_rule, word_table  # noqa: E402
+from dphub.ensemble.inverse import InverseRule, hidden_spans, word_table  # noqa: E402
 from dphub.ensemble.inverse_calibrate import PAIR_GRID  # noqa: E402
 from dphub.ensemble.members import ModelMember  # noqa: E402
 from dphub.evaluate import evaluate_spans  # noqa: E402

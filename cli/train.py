@@ -372,7 +372,6 @@ def train(
                    "epsilon=0)", err=True)
     if audit:
         from dphub.audit import AuditOptions
-        from dphub.cli.audit import run_and_report
 
         run_and_report(opts, AuditOptions(method="patients" if opts.no_dp else "gradient"),
                        on_plan=_plan_check(opts, cfg, allow=allow_above_policy))
@@ -446,7 +445,7 @@ def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
     reached ε ≈ 96, and the policy warning came only after half an hour of training.
 
     The callback is ``check(plan, teachers=())``: ``teachers`` are a DP student's lineage entries
-    (:func:`dphub.ensemble.distill.teacher_lineage`); the ε of those ``composed`` is added, so
+    (:func:`dphub.owner.distill.teacher_lineage`); the ε of those ``composed`` is added, so
     the ε checked is the total the card will claim, not this run's alone. ``batch_flag``: how
     the command spells the training batch size (``--train-batch-size`` for distill).
     """
@@ -523,6 +522,44 @@ def _run_with_progress(training: Any, opts: Any, on_plan: Any = None) -> Any:
     with ProgressReporter() as reporter, disk_full_as_error(opts.out):
         extra = {} if on_plan is None else {"on_plan": on_plan}
         return training.train(opts, on_progress=reporter.train_callback(), **extra)
+
+
+def run_and_report(opts: Any, aopts: Any, on_plan: Any = None) -> None:
+    """Train with canaries, write the model directory with its audit block, print the verdict
+    (``dphub audit`` and ``dphub train --audit``); exit 3 when the verdict is inconclusive.
+
+    ``on_plan``: the hub-policy check of the projected ε (``cli.train._plan_check``), run before
+    the first step like ``dphub train``'s: canaries or not, the card claims that ε."""
+    from dphub import audit as auditing
+
+    aopts.validate()  # before training: a bad option costs nothing
+
+    result = _run_with_progress(_Audit(auditing, aopts), opts, on_plan=on_plan)
+    project.record_last_model(result.train.out_dir)
+    block = result.block
+    typer.echo(f"wrote {result.train.out_dir} (card carries the empirical_audit block)")
+    typer.echo(auditing.describe(block, markdown=False))
+    if result.verdict == "not-private" and not result.attack_works:
+        typer.echo(
+            f"warning: audit too weak to mean anything: without DP the attack reaches only "
+            f"ε ≥ {block['epsilon_lower_bound']:.3g} (needs ≥ {auditing.ATTACK_MIN_EPSILON}); "
+            "a small bound on a private run of this recipe would say nothing about its privacy",
+            err=True,
+        )
+    if result.verdict == "inconclusive":
+        typer.echo(f"warning: audit inconclusive: {block['verdict_reason']} (exit 3)", err=True)
+        raise typer.Exit(3)
+
+
+class _Audit:
+    """Adapter so the train command's progress display drives ``run_audit``."""
+
+    def __init__(self, auditing: object, aopts: object) -> None:
+        self.auditing, self.aopts = auditing, aopts
+
+    def train(self, opts: object, on_progress: object = None, on_plan: object = None) -> object:
+        run = self.auditing.run_audit  # type: ignore[attr-defined]
+        return run(opts, self.aopts, on_progress=on_progress, on_plan=on_plan)
 
 
 def register(app: typer.Typer) -> None:

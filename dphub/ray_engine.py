@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.ensemble.aggregate import MergedSpan
+from dphub.ensemble.aggregation import parse_rule
 from dphub.ensemble.core import NoteResult, build_ensemble
 from dphub.ensemble.manifest import Manifest, MemberEntry, model_dir_of, weights_digest
 from dphub.errors import ConfigError
@@ -144,7 +145,7 @@ def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_r
                           runtime or (getattr(manifest, "runtime", None) if manifest else None),
                           safe_words=[str(Path(p).resolve()) for p in safe_words],
                           safe_vocab_sha256=load_safe_vocab(extra=list(safe_words)).digest
-                          if str(rule).strip().lower().startswith("inverse") else None)
+                          if parse_rule(str(rule)).uses_safe_vocabulary else None)
 
 
 # ---------------------------------------------------------------------------- wire format

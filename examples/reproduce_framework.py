@@ -155,7 +155,7 @@ def train_or_skip(
     An interrupted training (its checkpoint exists) is resumed. Returns the model's privacy
     summary and training seconds (from this run or the recorded earlier one). ``fit(opts,
     progress)`` replaces ``dphub.train.train`` (the owner's distillation or local training,
-    :mod:`dphub.ensemble.distill`); it returns a ``TrainResult`` and starts afresh (its labels
+    :mod:`dphub.owner.distill`); it returns a ``TrainResult`` and starts afresh (its labels
     are made again: an interrupted one's checkpoint is dropped).
     """
     from dphub import checkpoint
@@ -474,7 +474,7 @@ def owner_trainings(args: argparse.Namespace, work: Path, data: dict[str, list[A
     from dataclasses import replace
 
     from dphub.ensemble.core import Ensemble
-    from dphub.ensemble.distill import distill, local_options, train_local
+    from dphub.owner.distill import distill, local_options, train_local
     from dphub.train import TrainOptions
 
     train_notes = data["owner-train"]

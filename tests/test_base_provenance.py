@@ -286,9 +286,9 @@ def test_forged_public_member_is_no_free_teacher_of_a_dp_student(
     what it leaked: `distill --dp` checks the training record as the gate does. A genuine
     public base stays out of the composition (no patients)."""
     from dphub.ensemble.core import Ensemble, Slot
-    from dphub.ensemble.distill import distill, local_options, teacher_lineage
     from dphub.ensemble.members import ModelMember
     from dphub.errors import ConfigError
+    from dphub.owner.distill import distill, local_options, teacher_lineage
 
     local = _train(tmp_path, "local", None, no_dp=True, noise=None, local_only=True)
     _forge_public_card(local)

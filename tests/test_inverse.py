@@ -12,8 +12,9 @@ import pytest
 from faker import Faker
 
 from dphub.cli.main import main
+from dphub.ensemble.aggregation import parse_rule
 from dphub.ensemble.core import Ensemble, Slot, build_ensemble
-from dphub.ensemble.inverse import DEFAULT_HIGH, DEFAULT_LOW, InverseRule, parse_rule
+from dphub.ensemble.inverse import DEFAULT_HIGH, DEFAULT_LOW, InverseRule
 from dphub.ensemble.manifest import Manifest
 from dphub.ensemble.measures import measurement_ranges
 from dphub.ensemble.members import FixedMember, ModelMember
@@ -313,7 +314,7 @@ def test_cli_deid_inverse_in_every_output_mode(tmp_path: Path, mode: str,
 
 
 def test_a_student_cannot_learn_from_the_inverse_rule() -> None:
-    from dphub.ensemble.distill import pseudo_label
+    from dphub.owner.distill import pseudo_label
 
     ens = Ensemble([model()], RULE, safe_vocab=vocab())
     with pytest.raises(ConfigError, match="no label a student could learn"):

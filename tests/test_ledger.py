@@ -243,8 +243,8 @@ def test_dp_distillation_refuses_calibrated_thresholds(tiny_base_model: Path,
     """Item 3: thresholds fitted on the owner's notes make every label depend on other
     patients; a DP student refuses them in one message, before any labelling."""
     from dphub.ensemble.core import Ensemble, Slot
-    from dphub.ensemble.distill import distill, local_options
     from dphub.ensemble.members import ModelMember
+    from dphub.owner.distill import distill, local_options
     from dphub.rules.engine import RuleMember, RuleOptions
 
     notes = synth.generate(8, kind="nursing", seed=5, patients=3)
@@ -299,8 +299,8 @@ def test_a_dp_student_and_its_public_student_are_recorded(tiny_base_model: Path,
     """distill --dp re-records its run as a distillation with the final claim; a public student
     of it spends nothing but carries its patients and its claim."""
     from dphub.ensemble.core import Ensemble, Slot
-    from dphub.ensemble.distill import distill, local_options
-    from dphub.ensemble.public_student import PublicInputs, Teacher, distill_public
+    from dphub.owner.distill import distill, local_options
+    from dphub.owner.public_student import PublicInputs, Teacher, distill_public
     from dphub.rules.engine import RuleMember, RuleOptions
 
     notes = synth.generate(8, kind="nursing", seed=5, patients=3)

@@ -22,17 +22,17 @@ from dphub import formats, synth
 from dphub.card import LOCAL_ONLY_STATEMENT, load_card
 from dphub.cli.main import main
 from dphub.ensemble.core import Ensemble, Slot
-from dphub.ensemble.distill import (
+from dphub.errors import ConfigError, DphubError
+from dphub.hub import gate
+from dphub.hub.validate import validate_card
+from dphub.notes import Note, Span
+from dphub.owner.distill import (
     combine_labels,
     distill,
     local_options,
     pseudo_label,
     train_local,
 )
-from dphub.errors import ConfigError, DphubError
-from dphub.hub import gate
-from dphub.hub.validate import validate_card
-from dphub.notes import Note, Span
 from dphub.rules.engine import RuleMember, RuleOptions
 from dphub.train import TrainOptions
 
@@ -131,7 +131,7 @@ def test_dp_student_appears_only_with_its_final_card(
     """A failure between training and the card's composition (a kill, a full disk, a card that
     does not validate) leaves no model at ``out``: a card there would claim the run's ε alone,
     understating a composed student's (issue 31 #1). --force keeps the previous model."""
-    from dphub.ensemble import distill as D
+    from dphub.owner import distill as D
 
     def fail(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
@@ -222,8 +222,8 @@ def test_dp_teacher_declared_disjoint_or_refused(
         notes: list[Note], tiny_base_model: Path, tmp_path: Path) -> None:
     """A teacher is composed unless declared disjoint; a composition that cannot be stated
     (finer unit, no δ, a card not bound to its weights) is refused before any labelling."""
-    from dphub.ensemble.distill import teacher_lineage
     from dphub.ensemble.members import FixedMember
+    from dphub.owner.distill import teacher_lineage
 
     s1 = tmp_path / "s1"
     distill(_rules(), notes, local_options(_opts(tiny_base_model, s1, batch_size=2), dp=True))

@@ -25,10 +25,10 @@ from dphub.card import (
 )
 from dphub.cli.main import main
 from dphub.ensemble.core import Ensemble, Slot
-from dphub.ensemble.distill import distill, local_options
-from dphub.ensemble.public_student import PublicInputs, Teacher, distill_public
 from dphub.errors import ConfigError, DphubError
 from dphub.hub import gate
+from dphub.owner.distill import distill, local_options
+from dphub.owner.public_student import PublicInputs, Teacher, distill_public
 from dphub.privacy.statement import privacy_statement
 from dphub.rules.engine import RuleMember, RuleOptions
 from dphub.train import TrainOptions

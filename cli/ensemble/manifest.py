@@ -159,7 +159,7 @@ def aggregate_cmd(rule: str | None = typer.Argument(
                            "(stored in the manifest)."),
                   manifest_path: Path = ENSEMBLE_OPT) -> None:
     """Show or set the aggregation rule that deid, evaluate and calibrate use by default."""
-    from dphub.ensemble.inverse import parse_rule
+    from dphub.ensemble.aggregation import parse_rule
     from dphub.ensemble.manifest import Manifest
 
     if rule is None:

@@ -67,7 +67,7 @@ def _owner_options(flags: dict[str, Any], out: Path, dp: bool, force: bool,
                    resume: bool = False) -> Any:
     """TrainOptions of an owner model: the flags given, made local unless ``--dp``."""
     from dphub.cli.train import build_options
-    from dphub.ensemble.distill import local_options
+    from dphub.owner.distill import local_options
 
     given = {k: flags[k] for k in _TRAIN_FLAGS if flags.get(k) is not None}
     if not dp:
@@ -172,10 +172,10 @@ def distill_cmd(
     """
     from dphub import formats
     from dphub.ensemble.core import build_ensemble
-    from dphub.ensemble.distill import distill
     from dphub.ensemble.evaluation import read_labelled
     from dphub.ensemble.manifest import Manifest
     from dphub.io import disk_full_as_error
+    from dphub.owner.distill import distill
     from dphub.progress import ProgressReporter
 
     apply_threads(threads)
@@ -254,13 +254,13 @@ def distill_public_cmd(
     weights' digest, and the publish gate accepts it on a training record it regenerates. Use it
     to move a DP model onto a smaller base (e.g. --base-model minilm-l3) without spending ε.
     """
-    from dphub.ensemble.public_student import (
+    from dphub.io import disk_full_as_error
+    from dphub.owner.public_student import (
         STUDENT_EPOCHS,
         PublicInputs,
         Teacher,
         distill_public,
     )
-    from dphub.io import disk_full_as_error
     from dphub.progress import ProgressReporter
 
     apply_threads(threads)
@@ -333,9 +333,9 @@ def train_cmd(
     says so and `dphub publish` refuses it), trained with --batch-size 8 and --privacy-unit note
     unless given. With --dp it is `dphub train` (publishable with its ε).
     """
-    from dphub.ensemble.distill import train_local
     from dphub.ensemble.evaluation import read_labelled
     from dphub.io import disk_full_as_error
+    from dphub.owner.distill import train_local
     from dphub.progress import ProgressReporter
 
     apply_threads(threads)

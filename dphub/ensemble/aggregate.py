@@ -29,7 +29,7 @@ import heapq
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from dphub.errors import ConfigError
 from dphub.labels import CATEGORY_PRECEDENCE, category_of
@@ -42,6 +42,8 @@ class AggregateRule:
 
     k: int = 1
     alone: tuple[str, ...] = ()
+    #: the forward rules read no safe vocabulary (:mod:`dphub.ensemble.aggregation`)
+    uses_safe_vocabulary: ClassVar[bool] = False
 
     @classmethod
     def parse(cls, text: str) -> AggregateRule:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
+from dphub.ensemble.aggregation import parse_rule
 from dphub.ensemble.chunks import (
     CHUNK_CHARS,
     CHUNK_OVERLAP,
@@ -20,7 +21,6 @@ from dphub.ensemble.inverse import (
     InverseRule,
     inverse_aggregate,
     model_word_spans,
-    parse_rule,
 )
 from dphub.ensemble.manifest import (
     Manifest,
@@ -365,10 +365,10 @@ def build_ensemble(
         slots.append(owner_slot(owner_model, batch_size=batch_size, int8=int8, taggers=taggers))
     rule = aggregate_rule or (manifest.aggregate if manifest else "any")
     parsed = parse_rule(rule)
-    if safe_words and not isinstance(parsed, InverseRule):
+    if safe_words and not parsed.uses_safe_vocabulary:
         raise ConfigError(f"--safe-words applies to the inverse rule only (the rule is {parsed}); "
                           "add --aggregate inverse")
-    vocab = load_safe_vocab(extra=list(safe_words)) if isinstance(parsed, InverseRule) else None
+    vocab = load_safe_vocab(extra=list(safe_words)) if parsed.uses_safe_vocabulary else None
     ensemble = Ensemble(slots, parsed, safe_vocab=vocab)
     apply_runtime(ensemble, runtime, progress=progress)
     return ensemble

@@ -53,11 +53,11 @@ import bisect
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
+from dphub.ensemble.aggregate import MergedSpan, aggregate
 from dphub.ensemble.measures import measurement_ranges
 from dphub.ensemble.members import ModelMember
 from dphub.ensemble.words import WORD_RE
@@ -97,6 +97,8 @@ class InverseRule:
     #: the forward rule's interface (calibration and listings read these): one flag hides
     k = 1
     alone: tuple[str, ...] = ()
+    #: the rule reads the safe vocabulary (:mod:`dphub.ensemble.aggregation`)
+    uses_safe_vocabulary: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, text: str) -> InverseRule:
@@ -131,15 +133,6 @@ class InverseRule:
 
     def __str__(self) -> str:
         return f"inverse:{self.low:g},{self.high:g}"
-
-
-def is_inverse(text: str) -> bool:
-    return text.strip().lower().startswith("inverse")
-
-
-def parse_rule(text: str) -> AggregateRule | InverseRule:
-    """Any aggregation rule: ``any``, ``k-of-n:...`` (:class:`AggregateRule`) or ``inverse...``."""
-    return InverseRule.parse(text) if is_inverse(text) else AggregateRule.parse(text)
 
 
 def word_spans(ts: TokenScores, floor: float, source: str | None) -> list[Span]:

@@ -65,7 +65,7 @@ from filelock import FileLock, Timeout
 
 from dphub.card import dp_summary, load_card
 from dphub.config import check_integer_sizes
-from dphub.ensemble.inverse import parse_rule
+from dphub.ensemble.aggregation import parse_rule
 from dphub.ensemble.peers import (
     check_spec,
     deidpl_digest,

@@ -19,7 +19,33 @@ from dataclasses import dataclass
 
 from dphub.errors import PrivacyError
 
-ACCOUNTANTS = ("prv", "rdp")
+
+@dataclass(frozen=True)
+class Accountant:
+    """One accountant dphub offers: Opacus's registry name and the dp-accounting method that
+    cross-checks it (Opacus-style: ``opacus/accountants/registry.py``)."""
+
+    #: the mechanism name of ``opacus.accountants.create_accountant``
+    opacus: str
+    #: dp-accounting's method for the same mechanism family (``pld`` or ``rdp``)
+    cross_check: str
+
+
+#: the accountants by the name ``--accountant`` and the card use; adding one is one entry here
+_ACCOUNTANTS: dict[str, Accountant] = {
+    "prv": Accountant(opacus="prv", cross_check="pld"),
+    "rdp": Accountant(opacus="rdp", cross_check="rdp"),
+}
+ACCOUNTANTS: tuple[str, ...] = tuple(_ACCOUNTANTS)
+
+
+def lookup_accountant(name: str) -> Accountant:
+    """The registered accountant ``name``, or one error naming the choices."""
+    try:
+        return _ACCOUNTANTS[name]
+    except (KeyError, TypeError):
+        raise PrivacyError(
+            f"unknown accountant {name!r}; choose one of {', '.join(_ACCOUNTANTS)}") from None
 
 #: How far (relative) a card's claimed ε may lie *below* Opacus's recomputation of its own
 #: accountant for the recorded (q, σ, T, δ): only float noise, so a 1 % under-claim is refused.
@@ -62,13 +88,9 @@ def agree(a: float, b: float, rtol: float, atol: float = 0.0) -> bool:
 
 
 def _opacus_accountant(name: str):
-    from opacus.accountants import PRVAccountant, RDPAccountant
+    from opacus.accountants import create_accountant
 
-    if name == "prv":
-        return PRVAccountant()
-    if name == "rdp":
-        return RDPAccountant()
-    raise PrivacyError(f"unknown accountant {name!r}; choose one of {', '.join(ACCOUNTANTS)}")
+    return create_accountant(lookup_accountant(name).opacus)
 
 
 def epsilon_for(
@@ -265,10 +287,11 @@ def cross_check(
     accountant: str, sample_rate: float, noise_multiplier: float, steps: int, delta: float
 ) -> CrossCheck:
     """Compute ε with Opacus and with dp-accounting (PRV↔PLD, RDP↔RDP)."""
-    method = "pld" if accountant == "prv" else "rdp"
+    epsilon = epsilon_for(accountant, sample_rate, noise_multiplier, steps, delta)
+    method = _ACCOUNTANTS[accountant].cross_check  # epsilon_for refused an unknown one
     return CrossCheck(
         accountant=accountant,
-        epsilon=epsilon_for(accountant, sample_rate, noise_multiplier, steps, delta),
+        epsilon=epsilon,
         method=method,
         epsilon_independent=epsilon_dp_accounting(
             method, sample_rate, noise_multiplier, steps, delta

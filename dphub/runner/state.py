@@ -195,11 +195,12 @@ def _describe_ensemble(ensemble: Any) -> Any:
         if per_label:  # calibrated per label: a resumed run must use the same thresholds
             row.append(dict(sorted(per_label.items())))
         members.append(row)
-    out = {"rule": str(getattr(ensemble, "rule", "")), "members": members}
+    rule = getattr(ensemble, "rule", "")
+    out = {"rule": str(rule), "members": members}
     runtime = getattr(ensemble, "runtime", "torch")
     if runtime != "torch":  # int8 outputs differ: a resume must use the same encoder runtime
         out["runtime"] = runtime
-    if str(out["rule"]).startswith("inverse"):  # issue 26: a resume must use the same safe words
+    if getattr(rule, "uses_safe_vocabulary", False):  # issue 26: a resume must use the same safe words
         out["safe_vocab_sha256"] = ensemble.vocabulary.digest
     return out
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from dphub.errors import ConfigError
 from dphub.labels import get_schema
+from dphub.privacy.accounting import ACCOUNTANTS
 from dphub.privacy.policy import Policy
 
 PRIVACY_UNITS = ("patient", "note", "sequence")
@@ -24,8 +25,6 @@ HEADS = ("crf", "softmax")
 
 WARM_STARTS = ("synth", "none")
 
-
-ACCOUNTANTS = ("prv", "rdp")
 
 #: Where an owner model's training labels came from (the card's ``training_labels``).
 TRAINING_LABELS = ("gold", "ensemble", "gold+ensemble")

@@ -33,7 +33,12 @@ from dphub.card import (
     write_card,
 )
 from dphub.ensemble.core import Ensemble, Slot
-from dphub.ensemble.distill import (
+from dphub.ensemble.members import ModelMember
+from dphub.errors import ConfigError
+from dphub.hub.gate_postprocessing import STUDENT_HYPERPARAM_KEYS
+from dphub.io import atomic_write_text, file_sha256, move_into_place
+from dphub.notes import Note
+from dphub.owner.distill import (
     OwnerResult,
     _check_out,
     _private_workdir,
@@ -43,11 +48,6 @@ from dphub.ensemble.distill import (
     _train_on,
     pseudo_label,
 )
-from dphub.ensemble.members import ModelMember
-from dphub.errors import ConfigError
-from dphub.hub.gate_postprocessing import STUDENT_HYPERPARAM_KEYS
-from dphub.io import atomic_write_text, file_sha256, move_into_place
-from dphub.notes import Note
 from dphub.privacy.ledger import record_inherited
 from dphub.privacy.statement import RULES_NOT_COVERED
 from dphub.rules.engine import RuleMember, RuleOptions
@@ -111,7 +111,7 @@ class Teacher:
     @classmethod
     def load(cls, path: Path, name: str, revision: str | None = None) -> Teacher:
         """A DP model directory as a teacher; refused unless its card validates, describes its
-        weights and claims a DP guarantee (:func:`dphub.ensemble.distill._teacher_card`)."""
+        weights and claims a DP guarantee (:func:`dphub.owner.distill._teacher_card`)."""
         dp = _teacher_card(name, path)  # validated, bound to its weights
         what = f"distill-public: teacher {name!r}"
         if is_public_model(dp):
@@ -139,7 +139,7 @@ def distill_public(
     """Label ``inputs`` (public synthetic notes) with ``teacher`` (and the rule member), train a
     student on them without noise, and write it with the teacher's guarantee on its card.
 
-    ``opts`` is a local :class:`TrainOptions` (``dphub.ensemble.distill.local_options`` with
+    ``opts`` is a local :class:`TrainOptions` (``dphub.owner.distill.local_options`` with
     ``dp=False``; ``out`` set). The directory appears at ``opts.out`` only complete, card final.
     """
     inputs = inputs or PublicInputs()
