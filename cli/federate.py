@@ -156,14 +156,14 @@ def join(
                                "accountant over all rounds and its node key (keep it: a "
                                "restarted site continues from it; a lost one is a new site)."),
     root_certificates: Path | None = typer.Option(
-        None, "--root-certificates", help="CA certificate of the SuperLink (TLS; required "
-        "unless --insecure)."),
+        None, "--root-certificates", show_default="none: required unless --insecure",
+        help="CA certificate of the SuperLink (TLS; required unless --insecure)."),
     insecure: bool = typer.Option(False, "--insecure", help="No TLS and no node key: only "
                                   "towards a loopback SuperLink (a test on one machine)."),
     port: int = typer.Option(9094, "--port", help="This SuperNode's local Runtime API port "
                              "(loopback; distinct per site on one machine)."),
     policy_file: Path | None = typer.Option(
-        None, "--policy", help="The site's privacy policy, TOML or JSON (max_epsilon, "
+        None, "--policy", show_default="none: the defaults below", help="The site's privacy policy, TOML or JSON (max_epsilon, "
         "min_noise, delta, unit); the flags below override it."),
     max_epsilon: float | None = typer.Option(
         None, "--max-epsilon", show_default="8", help="Most epsilon this site spends over "
@@ -177,7 +177,8 @@ def join(
     unit: str | None = typer.Option(None, "--unit", show_default="patient",
                                     help="The only privacy unit this site trains at."),
     app_hash: str | None = typer.Option(
-        None, "--app-hash", help="Accept only the app bundle with this SHA-256 (agreed "
+        None, "--app-hash", show_default="none: any dphub app without code",
+        help="Accept only the app bundle with this SHA-256 (agreed "
         "with the server's operator; a refused bundle's hash is in the site's log); "
         "otherwise any dphub app without code."),
 ) -> None:
