@@ -69,6 +69,7 @@ from dphub.hub.gate_common import (
 from dphub.hub.gate_common import RULE_FEATURE_KEYS as RULE_FEATURE_KEYS
 from dphub.hub.gate_common import config_problems as config_problems
 from dphub.hub.gate_postprocessing import post_processing_problems  # issue 29
+from dphub.hub.gate_probe import check_probe, probe_problems  # issue 38
 from dphub.hub.gate_provenance import PUBLIC_HYPERPARAM_KEYS as PUBLIC_HYPERPARAM_KEYS
 from dphub.hub.gate_provenance import PUBLIC_TRAINING_CONFIG_KEYS as PUBLIC_TRAINING_CONFIG_KEYS
 from dphub.hub.gate_provenance import check_public_provenance, public_provenance_problems
@@ -391,6 +392,7 @@ def check_publishable(model_dir: str | Path,
         # Tokenizer files were just proven identical to public ones: their words are not ours.
         check_private_strings(model_dir, files, skip=set(TOKENIZER_FILES))
         check_weights(model_dir, meta)
+        check_probe(model_dir, meta, require_block=True)  # last: it runs the model
     except GateViolation as e:
         raise PublishRefused(f"refusing to publish {model_dir}: {e.message}") from None
     return CardSummary.from_meta(meta)
@@ -414,6 +416,7 @@ def check_shareable(model_dir: Path) -> CardSummary:
     check_training_config(model_dir, meta)
     check_public_provenance(model_dir, meta)
     check_weights(model_dir, meta)
+    check_probe(model_dir, meta, require_block=False)  # an older card: the minimum floor
     return CardSummary.from_meta(meta)
 
 
@@ -524,7 +527,10 @@ def model_dir_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
     else:
         out.append("training_config.json is missing")
     if (model_dir / "config.json").is_file():
-        out += weights_problems(model_dir, dp)
+        weights = weights_problems(model_dir, dp)
+        out += weights
+        if not weights:  # well-formed weights: now what the model does (as pull runs it)
+            out += probe_problems(model_dir, meta, require_block=False)
     else:
         out.append("config.json is missing")
     if isinstance(meta, dict):
