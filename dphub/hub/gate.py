@@ -17,11 +17,13 @@ fields, so a DP run's README copied next to ``--no-dp`` weights is refused. The 
 declared base's by its weights, not its name (:func:`check_base_weights`), and a public-synthetic
 claim comes with a record of data the gate regenerates (:func:`check_public_provenance`). Pull
 repeats the checks that protect the puller (:func:`check_shareable`), and a public base's provenance.
+Both, and ``dphub card validate``, run the model on dphub's public probe notes and refuse one that
+finds too little PHI there or whose activations are absurd (:mod:`dphub.hub.gate_probe`).
 
 The checks are cut by what they read: this module (files, card, tokenizer, training config, and
 the entry points), :mod:`dphub.hub.gate_tensors` (weights and the base encoder),
-:mod:`dphub.hub.gate_provenance` (a public base's data record), :mod:`dphub.hub.gate_common`
-(what they share). Their public names are importable from here.
+:mod:`dphub.hub.gate_provenance` (a public base's data record), :mod:`dphub.hub.gate_probe`
+(what the model does on public probe notes), :mod:`dphub.hub.gate_common` (what they share). Their public names are importable from here.
 """
 
 from __future__ import annotations
