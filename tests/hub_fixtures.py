@@ -125,7 +125,8 @@ def write_card(model_dir: Path, meta: dict[str, Any], *, sync: bool = True) -> N
 
     With ``sync`` (default) the card is bound to the directory as ``dphub train`` would bind it:
     an unbound ``weights_sha256`` becomes model.safetensors' hash and training_config.json is
-    rewritten to repeat the card's accounting fields (its hyper-parameters are kept).
+    rewritten to repeat the card's accounting fields (its hyper-parameters are kept), and a card
+    without a ``gate_probe`` block gets the one the probe measures on these weights.
     """
     from dphub.card import build_card
     from dphub.hub.common import file_sha256
@@ -141,7 +142,34 @@ def write_card(model_dir: Path, meta: dict[str, Any], *, sync: bool = True) -> N
         if cfg_path.is_file():
             hyper = json.loads(cfg_path.read_text(encoding="utf-8")).get("dphub_training", {})
         cfg_path.write_text(json.dumps(training_config(dp, **hyper), indent=2), encoding="utf-8")
+        block = probe_block_of(model_dir) if "gate_probe" not in meta else None
+        if block is not None:
+            meta["gate_probe"] = block  # as dphub train records it
     (model_dir / "README.md").write_text(build_card(meta), encoding="utf-8")
+
+
+def probe_block_of(model_dir: Path) -> dict[str, Any] | None:
+    """The card's ``gate_probe`` block of the weights in ``model_dir`` (cached by their hash:
+    copies of one template share it); None when the model cannot run (a test's broken weights,
+    which the gate refuses before it would probe)."""
+    from dphub.errors import DphubError
+    from dphub.hub.common import file_sha256
+
+    if not (model_dir / "config.json").is_file():
+        return None
+    key = file_sha256(model_dir / "model.safetensors")
+    if key not in _PROBE_BLOCKS:
+        from dphub.card.probe import probe_block
+
+        try:
+            _PROBE_BLOCKS[key] = probe_block(model_dir)
+        except (DphubError, RuntimeError, ValueError, OSError, KeyError):
+            _PROBE_BLOCKS[key] = None
+    block = _PROBE_BLOCKS[key]
+    return dict(block) if block is not None else None
+
+
+_PROBE_BLOCKS: dict[str, dict[str, Any] | None] = {}
 
 
 def make_model_dir(path: Path, *, seed: int = 0, card: dict[str, Any] | None = None,

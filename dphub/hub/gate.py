@@ -17,11 +17,13 @@ fields, so a DP run's README copied next to ``--no-dp`` weights is refused. The 
 declared base's by its weights, not its name (:func:`check_base_weights`), and a public-synthetic
 claim comes with a record of data the gate regenerates (:func:`check_public_provenance`). Pull
 repeats the checks that protect the puller (:func:`check_shareable`), and a public base's provenance.
+Both, and ``dphub card validate``, run the model on dphub's public probe notes and refuse one that
+finds too little PHI there or whose activations are absurd (:mod:`dphub.hub.gate_probe`).
 
 The checks are cut by what they read: this module (files, card, tokenizer, training config, and
 the entry points), :mod:`dphub.hub.gate_tensors` (weights and the base encoder),
-:mod:`dphub.hub.gate_provenance` (a public base's data record), :mod:`dphub.hub.gate_common`
-(what they share). Their public names are importable from here.
+:mod:`dphub.hub.gate_provenance` (a public base's data record), :mod:`dphub.hub.gate_probe`
+(what the model does on public probe notes), :mod:`dphub.hub.gate_common` (what they share). Their public names are importable from here.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from dphub.hub.gate_common import (
 from dphub.hub.gate_common import RULE_FEATURE_KEYS as RULE_FEATURE_KEYS
 from dphub.hub.gate_common import config_problems as config_problems
 from dphub.hub.gate_postprocessing import post_processing_problems  # issue 29
+from dphub.hub.gate_probe import check_probe, probe_problems  # issue 38
 from dphub.hub.gate_provenance import PUBLIC_HYPERPARAM_KEYS as PUBLIC_HYPERPARAM_KEYS
 from dphub.hub.gate_provenance import PUBLIC_TRAINING_CONFIG_KEYS as PUBLIC_TRAINING_CONFIG_KEYS
 from dphub.hub.gate_provenance import check_public_provenance, public_provenance_problems
@@ -391,6 +394,7 @@ def check_publishable(model_dir: str | Path,
         # Tokenizer files were just proven identical to public ones: their words are not ours.
         check_private_strings(model_dir, files, skip=set(TOKENIZER_FILES))
         check_weights(model_dir, meta)
+        check_probe(model_dir, meta, require_block=True)  # last: it runs the model
     except GateViolation as e:
         raise PublishRefused(f"refusing to publish {model_dir}: {e.message}") from None
     return CardSummary.from_meta(meta)
@@ -414,6 +418,7 @@ def check_shareable(model_dir: Path) -> CardSummary:
     check_training_config(model_dir, meta)
     check_public_provenance(model_dir, meta)
     check_weights(model_dir, meta)
+    check_probe(model_dir, meta, require_block=False)  # an older card: the minimum floor
     return CardSummary.from_meta(meta)
 
 
@@ -524,7 +529,10 @@ def model_dir_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
     else:
         out.append("training_config.json is missing")
     if (model_dir / "config.json").is_file():
-        out += weights_problems(model_dir, dp)
+        weights = weights_problems(model_dir, dp)
+        out += weights
+        if not weights:  # well-formed weights: now what the model does (as pull runs it)
+            out += probe_problems(model_dir, meta, require_block=False)
     else:
         out.append("config.json is missing")
     if isinstance(meta, dict):

@@ -10,6 +10,13 @@ saw private data; the record is how that becomes checkable, as for a public base
 compares the digest, the teacher's weights digest, the step count and the labels' kind with the
 card. What stays a trust assumption is, as for every card, that the weights were trained on that
 record.
+
+The copied DP block is checked against the teacher's own card where this machine has the teacher
+(:func:`teacher_card_problems`: a hub id pulled into the local registry at the recorded revision):
+the teacher's card must validate and name the recorded weights, and every field of the student's
+block that is the teacher's (ε, δ, σ, q, steps, unit, accountant, lineage ...) must equal the
+teacher's. Where the teacher is not here (a local directory's teacher, ``local-teacher-1``, or a
+hub model not pulled) the check is not done; the card's own accounting is still recomputed.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dphub.card import TRAINING_CONFIG_FORMAT, is_post_processing
+from dphub.card import TRAINING_CONFIG_FORMAT, is_post_processing, load_valid_card
 from dphub.errors import DphubError
+from dphub.hub.common import file_sha256
 from dphub.hub.gate_common import (
     PUBLIC_DATA_KEYS,
     GateViolation,
@@ -29,6 +37,7 @@ from dphub.hub.gate_provenance import (
     record_key_problems,
     regenerate_recorded_notes,
 )
+from dphub.registry import Registry
 
 #: ``training_config.json`` keys of a public student: no privacy unit, accountant, sampling rate
 #: or ε (the claim is the teacher's, recorded on the card), no ``init_from``.
@@ -46,6 +55,46 @@ STUDENT_HYPERPARAM_KEYS = frozenset({
 })
 #: warm starts a public student may begin from: the public one, or the base itself
 PUBLIC_STARTS = ("synth", "none")
+#: fields of a student's block that are its own (``dphub.card.post_processing``), not copied
+#: from the teacher's: every other field must be the teacher's
+STUDENT_OWN_FIELDS = frozenset({"weights_sha256", "public_pretraining", "training_labels",
+                                "training_data", "post_processing", "local_only", "not_covered"})
+
+
+def teacher_card_problems(dp: Any) -> list[str]:
+    """The student's copied DP block against its teacher's validated card, where this machine
+    has the teacher (a hub id in the local registry at the recorded revision); [] otherwise."""
+    if not is_post_processing(dp):
+        return []
+    pp = dp.get("post_processing")
+    teacher = pp.get("teacher") if isinstance(pp, dict) else None
+    if not isinstance(teacher, dict):
+        return []
+    repo, revision = teacher.get("repo"), teacher.get("revision")
+    if not isinstance(repo, str) or "/" not in repo or not isinstance(revision, str):
+        return []  # a local directory's teacher: nothing here to compare with
+    try:
+        path = Registry().get(repo, revision).path
+    except DphubError:
+        return []  # not pulled here: the check is not done (docs/hub.md)
+    try:
+        tdp = load_valid_card(path, require_private=True).meta["differential_privacy"]
+    except DphubError as e:
+        return [f"the teacher {repo}@{revision[:12]}'s card does not validate ({e.message})"]
+    weights = path / "model.safetensors"
+    if tdp.get("weights_sha256") != teacher.get("weights_sha256") or not weights.is_file() \
+            or file_sha256(weights) != tdp.get("weights_sha256"):
+        return [f"post_processing.teacher.weights_sha256 is not the weights of the teacher "
+                f"{repo}@{revision[:12]} pulled here: the card names another teacher"]
+    keys = (set(tdp) | set(dp)) - STUDENT_OWN_FIELDS
+    differ = sorted(k for k in keys if dp.get(k) != tdp.get(k))
+    missing = [c for c in tdp.get("not_covered") or [] if c not in (dp.get("not_covered") or [])]
+    if differ or missing:
+        fields = ", ".join(differ + (["not_covered"] if missing else []))
+        return [f"the card's differential_privacy {fields} differ from its teacher "
+                f"{repo}@{revision[:12]}'s validated card: a public student's guarantee is its "
+                "teacher's, copied unchanged"]
+    return []
 
 
 def post_processing_problems(model_dir: Path, dp: Any) -> list[str]:
@@ -91,6 +140,9 @@ def post_processing_problems(model_dir: Path, dp: Any) -> list[str]:
     if teacher.get("weights_sha256") == dp.get("weights_sha256"):
         return ["post_processing.teacher.weights_sha256 is the model's own: a model cannot be "
                 "its own teacher"]
+    teacher_problems = teacher_card_problems(dp)
+    if teacher_problems:
+        return teacher_problems
     try:
         _, notes = regenerate_recorded_notes(hyper)
     except DphubError as e:

@@ -123,10 +123,21 @@ SYNTH_DIGEST_MISMATCH = (
 )
 
 
+#: Most synthetic notes a training record can make the gate regenerate (publish, pull and
+#: ``card validate`` alike). A card claiming 1,000,000 notes made them regenerate for about 12
+#: minutes and 1.5 GB before the digest check; 20,000 take about 15 s. Checked before any work.
+MAX_REGENERATED_NOTES = 20_000
+
+
 def regenerate_recorded_notes(hyper: dict[str, Any]) -> tuple[Any, list[Any] | None]:
     """(generator configuration, notes) of the public data a training record names, regenerated
     with :mod:`dphub.synth`; the notes are None when they do not match the record's digest
-    (``synth_sha256``). Raises :class:`ConfigError` when the parameters are not numbers."""
+    (``synth_sha256``). Raises :class:`ConfigError` when the parameters are not numbers or name
+    more than :data:`MAX_REGENERATED_NOTES` notes (before generating any)."""
+    n = hyper.get("synth_notes")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REGENERATED_NOTES:
+        raise ConfigError(f"synth_notes must be an integer from 1 to {MAX_REGENERATED_NOTES}, the "
+                          "most the gate regenerates (checked before generating any)")
     # heavy: the dphub.train package loads torch and opacus; only this provenance check needs it
     from dphub.train.pretrain import PretrainConfig, public_data_digest
 

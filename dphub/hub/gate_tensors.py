@@ -153,28 +153,47 @@ def weights_problems(model_dir: Path, dp: Any = None) -> list[str]:
     return out
 
 
+#: Largest |weight| the gate accepts in any tensor. The embedded MiniLM base's largest is 7.9;
+#: DP-SGD clips every per-unit gradient and trains a few thousand steps at small learning rates
+#: from a public base, which moves a weight by tens at most. 1e4 is far beyond every honest model
+#: and far below the 1e30 a rogue site sent (issue 37), which made the published model tag nothing.
+MAX_ABS_WEIGHT = 1e4
+
+
 def nonfinite_problems(path: Path) -> list[str]:
-    """Floating-point tensors holding inf or NaN (one tensor in memory at a time).
+    """Floating-point tensors holding inf or NaN, then tensors with a value beyond
+    :data:`MAX_ABS_WEIGHT` (one tensor in memory at a time).
 
     Why: a diverged run (``--lr 1e308``) wrote ±inf into every head and CRF tensor, and the
-    gate, which checked names, shapes and dtypes only, published a model that tags nothing.
+    gate, which checked names, shapes and dtypes only, published a model that tags nothing; a
+    rogue federation site then sent finite but huge weights (1e30), which the NaN/inf check let
+    through to the same effect.
     """
     import torch
     from safetensors import SafetensorError, safe_open
 
     bad: list[str] = []
+    huge: list[str] = []
     try:
         with safe_open(str(path), framework="pt") as fh:
             for name in fh.keys():  # noqa: SIM118 - safe_open is not iterable
                 t = fh.get_tensor(name)
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                if not t.is_floating_point() or not t.numel():
+                    continue
+                if not bool(torch.isfinite(t).all()):
                     bad.append(name)
+                elif float(t.abs().max()) > MAX_ABS_WEIGHT:
+                    huge.append(name)
     except (SafetensorError, OSError, ValueError):
         return ["model.safetensors is truncated or not a safetensors file"]
-    if not bad:
-        return []
-    return [f"model.safetensors tensor(s) {_names(sorted(bad))} hold non-finite values (inf or "
-            "NaN): the weights are broken (a diverged training run?) and would tag nothing"]
+    if bad:
+        return [f"model.safetensors tensor(s) {_names(sorted(bad))} hold non-finite values (inf "
+                "or NaN): the weights are broken (a diverged training run?) and would tag nothing"]
+    if huge:
+        return [f"model.safetensors tensor(s) {_names(sorted(huge))} hold values beyond "
+                f"{MAX_ABS_WEIGHT:g} in magnitude, far beyond anything DP-SGD with clipping "
+                "produces from a public base: the weights are broken or tampered with"]
+    return []
 
 
 def _header_layout_problems(path: Path) -> list[str]:

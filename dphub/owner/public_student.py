@@ -32,6 +32,7 @@ from dphub.card import (
     post_processing_block,
     write_card,
 )
+from dphub.card.probe import with_probe
 from dphub.ensemble.core import Ensemble, Slot
 from dphub.ensemble.members import ModelMember
 from dphub.errors import ConfigError
@@ -213,4 +214,4 @@ def _rewrite_as_student(student: Path, teacher: Teacher, n_notes: int,
         dp["not_covered"] = [*dp["not_covered"], RULES_NOT_COVERED]
     meta = card_meta(dp, teacher.dataset, base_model=str(local.meta["base_model"]))
     atomic_write_text(student / TRAINING_CONFIG_FILE, json.dumps(record, indent=2) + "\n")
-    write_card(student, meta)
+    write_card(student, with_probe(meta, student))  # issue 38: the gate's probe floor

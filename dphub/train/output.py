@@ -11,6 +11,7 @@ from typing import Any
 
 from dphub import card
 from dphub.card import TRAINING_CONFIG_FORMAT, write_card
+from dphub.card.probe import with_probe
 from dphub.errors import ConfigError
 from dphub.io import atomic_directory, atomic_write_text, file_sha256
 from dphub.notes import Note
@@ -157,6 +158,7 @@ def write_model_dir(
         cfg = training_config(opts, src, plan, steps, epsilon)
         atomic_write_text(tmp / TRAINING_CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
         meta = make_meta(file_sha256(tmp / "model.safetensors"))
+        meta = with_probe(meta, tmp)  # public probe notes: no privacy cost (issue 38)
         write_card(tmp, meta)
     return meta
 

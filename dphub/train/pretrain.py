@@ -22,6 +22,7 @@ from typing import Any
 
 from dphub import card, synth
 from dphub.card import SYNTH_DATASET, TRAINING_CONFIG_FORMAT
+from dphub.card.probe import with_probe
 from dphub.encoders import encoder_digest, resolve_base_model
 from dphub.errors import ConfigError
 from dphub.io import atomic_directory, atomic_write_text, file_sha256
@@ -241,6 +242,7 @@ def _write(out: Path, model: Any, base_dir: Path, public_id: str, opts: Any, cfg
             meta = card.card_meta(dp, dataset, base_model=public_id,
                                   extra_tags=("public-data-only", "synthetic-data"))
             meta = card.with_card_text(meta, opts.card_text or {})
+            meta = with_probe(meta, tmp)  # issue 38: what the gate holds the model to
             card.write_card(tmp, meta)
     except FileExistsError:
         raise ConfigError(f"{out}: output directory exists and is not empty (use --force)") from None
