@@ -17,6 +17,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -231,6 +232,36 @@ def dphub_home() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("dphub", appauthor=False))
+
+
+def private_key(path: Path, nbytes: int) -> bytes:
+    """A per-user random secret of ``nbytes`` at ``path``, created (0600) on first use.
+
+    Created whole or not at all: written to a private temporary file, then hard-linked to its
+    name, which fails if another process made it first (that key is then used). A file that is
+    not a regular 0600 file of this user with the right size is refused, not replaced, so the
+    user sees why. Raises :class:`OSError` (reading or creating) or :class:`ValueError` (not a
+    private key file); callers name the key in their own error.
+    """
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(secrets.token_bytes(nbytes))
+                fh.flush()
+                os.fsync(fh.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        key = fh.read(nbytes + 1)
+    if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
+            or len(key) != nbytes):
+        raise ValueError(f"not a private key file ({nbytes} bytes, mode 600)")
+    return key
 
 
 def file_sha256(path: Path) -> str:

@@ -44,9 +44,7 @@ import hmac
 import json
 import logging
 import os
-import secrets
 import stat
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,7 +56,13 @@ import torch
 from torch import Tensor, nn
 
 from dphub.errors import ConfigError, ModelError
-from dphub.io import atomic_write_bytes, atomic_write_text, cache_root, dphub_home
+from dphub.io import (
+    atomic_write_bytes,
+    atomic_write_text,
+    cache_root,
+    dphub_home,
+    private_key,
+)
 
 RUNTIMES: tuple[str, ...] = ("torch", "torch-bf16", "onnx", "onnx-int8")
 #: runtimes that run the PyTorch encoder itself (no ONNX graph)
@@ -207,30 +211,14 @@ def cache_key() -> bytes:
     path = cache_key_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not path.exists():
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(secrets.token_bytes(_KEY_BYTES))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                with contextlib.suppress(FileExistsError):
-                    os.link(tmp, path)
-            finally:
-                os.unlink(tmp)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            key = fh.read(_KEY_BYTES + 1)
+        return private_key(path, _KEY_BYTES)
     except OSError as e:
         raise ModelError(f"cannot read or create the ONNX cache key {path} "
                          f"({e.strerror or type(e).__name__})") from None
-    if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
-            or len(key) != _KEY_BYTES):
+    except ValueError:
         raise ModelError(f"the ONNX cache key {path} is not a private key file of yours "
                          f"({_KEY_BYTES} bytes, mode 600); remove it and a new one is made "
-                         "(cached ONNX graphs are then rebuilt)")
-    return key
+                         "(cached ONNX graphs are then rebuilt)") from None
 
 
 def file_mac(key: bytes, digest: str, runtime: str, data: bytes) -> str:

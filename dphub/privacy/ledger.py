@@ -26,9 +26,7 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import stat
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError
-from dphub.io import atomic_write_text, dphub_home, read_small_file
+from dphub.io import atomic_write_text, dphub_home, private_key, read_small_file
 from dphub.notes import Note
 from dphub.privacy.composition import Composed, GaussianSteps, Part, compose
 
@@ -72,33 +70,17 @@ def _private_dir() -> Path:
 
 
 def ledger_key() -> bytes:
-    """The per-user secret of the keyed patient digests, created (random, 0600) on first use;
-    written whole to a temporary file then linked, so two processes end with one key."""
+    """The per-user secret of the keyed patient digests, created (random, 0600) on first use
+    (:func:`dphub.io.private_key`: two processes end with one key)."""
     path = _private_dir() / KEY_FILE
     try:
-        if not path.exists():
-            fd, tmp = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(secrets.token_bytes(_KEY_BYTES))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                with contextlib.suppress(FileExistsError):
-                    os.link(tmp, path)
-            finally:
-                os.unlink(tmp)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            key = fh.read(_KEY_BYTES + 1)
+        return private_key(path, _KEY_BYTES)
     except OSError as e:
         raise ConfigError(f"cannot read or create the ledger key {path} "
                           f"({e.strerror or type(e).__name__})") from None
-    if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
-            or len(key) != _KEY_BYTES):
+    except ValueError:
         raise ConfigError(f"the ledger key {path} is not a private key file of yours "
-                          f"({_KEY_BYTES} bytes, mode 600)")
-    return key
+                          f"({_KEY_BYTES} bytes, mode 600)") from None
 
 
 def patient_digests(notes: Iterable[Note], key: bytes | None = None) -> frozenset[str]:
