@@ -148,7 +148,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             base_model=args.base_model, noise=sigma, target_epsilon=target,
                             no_dp=sigma is None and target is None,
                             epochs=args.epochs, seed=args.seed, privacy_unit="patient",
-                            warm_start=args.warm_start)
+                            warm_start=args.warm_start,
+                            # the sweep measures utility at every ε, policy or not; its models
+                            # are never published (the hub's policy would refuse them there)
+                            allow_above_policy=True)
         if args.batch_size is not None:
             opts.batch_size = args.batch_size
         if name == "public-only":

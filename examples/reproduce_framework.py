@@ -747,7 +747,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     models["owner-ft"] = {"data": "owner-train",
                           **train_or_skip("owner-ft", options(
                               "owner-train", out=work / "models" / "owner-ft",
-                              init_from=f"{site1.name}@{site1.revision}"), state, clock)}
+                              init_from=f"{site1.name}@{site1.revision}",
+                              # the split is by patient: site-1 saw none of owner-train's
+                              # patients (the ledger refuses the claim if it knows otherwise)
+                              disjoint_teacher=True), state, clock)}
 
     # ---- members, with cached predictions
     Cached = cached_member_class()
