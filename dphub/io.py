@@ -240,20 +240,13 @@ def private_key(path: Path, nbytes: int) -> bytes:
     Created whole or not at all: written to a private temporary file, then hard-linked to its
     name, which fails if another process made it first (that key is then used). A file that is
     not a regular 0600 file of this user with the right size is refused, not replaced, so the
-    user sees why. Raises :class:`OSError` (reading or creating) or :class:`ValueError` (not a
-    private key file); callers name the key in their own error.
+    user sees why. A full disk or read-only place while creating it is
+    :class:`DiskFullError` / :class:`UnwritableError`; other failures raise :class:`OSError`, and
+    a file that is not a private key :class:`ValueError`, which callers name in their own error.
     """
     if not path.exists():
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(secrets.token_bytes(nbytes))
-                fh.flush()
-                os.fsync(fh.fileno())
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
+        with disk_full_as_error(path):  # a full disk is the user's to fix: one line naming it
+            _create_private_key(path, nbytes)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
@@ -262,6 +255,19 @@ def private_key(path: Path, nbytes: int) -> bytes:
             or len(key) != nbytes):
         raise ValueError(f"not a private key file ({nbytes} bytes, mode 600)")
     return key
+
+
+def _create_private_key(path: Path, nbytes: int) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(secrets.token_bytes(nbytes))
+            fh.flush()
+            os.fsync(fh.fileno())
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
 
 
 def file_sha256(path: Path) -> str:
