@@ -175,7 +175,7 @@ def test_card_without_probe_is_refused_at_publish_and_probed_at_pull(
         validate_card(model)
 
 
-@pytest.mark.parametrize("floor", [0.0, 0.049, -1.0])
+@pytest.mark.parametrize("floor", [0.0, 0.019, -1.0])
 def test_a_card_cannot_lower_the_floor(model: Path, hub_env: dict[str, Path],
                                        floor: float) -> None:
     from dphub.card import load_card
