@@ -197,13 +197,13 @@ def evaluate_cmd(
     t = Table(title=f"ensemble evaluation on {len(notes)} notes (token-binary)")
     for col in ("member", "ε", "unit", "P", "R", "F1", "phrase R any", "phrase R full",
                 "non-PHI kept"):
-        # a member's name is never cut (a narrow terminal squeezes the numbers' headers instead)
-        name_width = max((len(r["name"]) for r in rows), default=6) if col == "member" else None
-        t.add_column(col, justify="left" if col in ("member", "unit") else "right",
-                     min_width=name_width, no_wrap=col == "member")
+        t.add_column(col, justify="left" if col in ("member", "unit") else "right")
     for r in rows:
         t.add_row(r["name"], _fmt(r["epsilon"]), r["unit"] or "-",
                   *(f"{100 * r[k]:.1f}" for k in ("precision", "recall", "f1",
                                                   "phrase_recall_any", "phrase_recall_full",
                                                   "non_phi_tokens_kept")))
-    Console().print(t)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: wide enough that no name or header is cut
+        console = Console(width=max(console.width, 140))
+    console.print(t)
