@@ -16,7 +16,7 @@ python -m pip install -q "torch==2.13.0"
 if python -m pip show -q olah >/dev/null 2>&1; then
   python -m pip uninstall -q -y olah
 fi
-# The editable install maps dphub.cli/dphub.cards onto cli/ and cards/ with a meta-path finder;
+# The editable install maps dphub.cards onto cards/ with a meta-path finder;
 # setuptools then prints an informational "Editable installation" notice on every install.
 # It is not a problem of ours to act on, so it is filtered (nothing else is).
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" \

@@ -36,3 +36,26 @@ def test_no_contract_exempts_an_import_from_the_layers() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     layers = [c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "layers"]
     assert layers and not layers[0].get("ignore_imports")
+
+
+def _diagram(layers: list[str]) -> str:
+    """The mermaid picture of the contract's layers: one box per row, top layer first."""
+    def short(name: str) -> str:
+        name = name.strip()
+        inner = name.strip("()").removeprefix("dphub.")
+        return f"({inner})" if name.startswith("(") else inner
+
+    lines = ["```mermaid", "flowchart TD"]
+    lines += [f'  L{i}["{" · ".join(short(m) for m in row.split("|"))}"]'
+              for i, row in enumerate(layers)]
+    lines += ["  " + " --> ".join(f"L{i}" for i in range(len(layers))), "```"]
+    return "\n".join(lines)
+
+
+def test_the_layer_diagram_is_the_contract_s_layers() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (layers,) = [c["layers"] for c in config["tool"]["importlinter"]["contracts"]
+                 if c["id"] == "layers"]
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert layers[0] == "dphub.cli"  # the CLI is a layer of the contract, not an optional name
+    assert _diagram(layers) in text

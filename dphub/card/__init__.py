@@ -6,7 +6,8 @@ machines, never hand-written:
 * ``build_card(meta)`` renders the README from a metadata dict (HF keys + ``differential_privacy``
   + ``dataset`` blocks, see docs/architecture.md "Model card front matter"); the body (privacy
   statement, tables, evaluation) is derived from the same dict, so the prose cannot disagree with
-  the numbers. Front matter goes through ``huggingface_hub.ModelCardData`` so the Hub reads it.
+  the numbers. Front matter goes through ``huggingface_hub.ModelCardData`` (``front_matter``)
+  so the Hub reads it.
 * ``validate_meta`` (:mod:`dphub.card.validation`) checks the front matter against ``cards/dp_metadata.schema.json`` (JSON Schema
   2020-12) and recomputes ε from the recorded accounting fields with Opacus and with dp-accounting;
   a card that claims a smaller ε than its own fields imply is refused.
@@ -28,7 +29,8 @@ keys)::
     write_card(out_dir, meta)
 
 Package layout (bottom-up; each module imports only those above it in this list):
-``model`` (:class:`ModelCard`, file names, README text), ``meta`` (producing the blocks),
+``front_matter`` (the YAML as the Hub writes and reads it), ``model`` (:class:`ModelCard`,
+file names, README text), ``meta`` (producing the blocks),
 ``post_processing`` (a public student's block: its teacher's guarantee),
 ``audit`` (the ``empirical_audit`` block in words and its verdict check), ``validation`` (schema,
 accounting recomputation), ``render`` (the body, :func:`build_card`, :func:`write_card`),

@@ -1,5 +1,5 @@
 """The card's data: :class:`ModelCard`, the file names and fixed tags, and the README text of
-front matter + body (through ``huggingface_hub.ModelCardData``, so the Hub reads it).
+front matter + body (:mod:`dphub.card.front_matter`, so the Hub reads it).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dphub.card.front_matter import render_readme
 from dphub.cards import asset
 from dphub.errors import CardError
 
@@ -75,17 +76,7 @@ class ModelCard:
 
     def text(self) -> str:
         """The full README text (front matter + body) as it would be written."""
-        return _render(self.meta, self.body)
-
-
-def _render(meta: Mapping[str, Any], body: str) -> str:
-    from huggingface_hub import ModelCardData
-
-    try:
-        data = ModelCardData(**dict(meta))
-    except ValueError as e:  # malformed model-index
-        raise CardError(f"model-index: cannot be represented ({type(e).__name__})") from None
-    return f"---\n{data.to_yaml()}\n---\n{body}"
+        return render_readme(self.meta, self.body)
 
 
 @functools.lru_cache(maxsize=1)

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from dphub.card.front_matter import read_front_matter
 from dphub.card.model import CARD_FILE, ModelCard, _plain
 from dphub.errors import CardError
 
@@ -113,17 +114,8 @@ def _card_path(path: Path) -> Path:
 def parse_card(text: str, *, where: str = "model card") -> ModelCard:
     """Split README text into front matter and body; the front matter goes through
     ``huggingface_hub.ModelCardData`` (as the Hub reads it) after the limited YAML parse."""
-    from huggingface_hub import ModelCardData
-
     data, body = split_front_matter(text, where=where)
-    try:
-        hf = ModelCardData(**data)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise CardError(
-            f"{where}: front matter cannot be read ({type(e).__name__}: malformed "
-            "model-index or a non-mapping block)"
-        ) from None
-    meta = _plain(hf.to_dict())
+    meta = _plain(read_front_matter(data, where=where))
     return ModelCard(meta=meta, body=body)
 
 

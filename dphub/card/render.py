@@ -15,6 +15,7 @@ from string import Template
 from typing import Any
 
 from dphub.card.audit import audit_section
+from dphub.card.front_matter import render_readme
 from dphub.card.meta import LINEAGE_TEACHER, is_public_model, library_versions
 from dphub.card.model import (
     _SAFE_KEY,
@@ -24,7 +25,6 @@ from dphub.card.model import (
     TEMPLATE_FILE,
     ModelCard,
     _plain,
-    _render,
 )
 from dphub.card.validation import validate_meta
 from dphub.cards import asset
@@ -515,7 +515,7 @@ def build_card(meta: dict) -> str:
     nothing is validated here (``write_card`` validates).
     """
     full = _with_defaults(meta)
-    return _render(full, _body(full))
+    return render_readme(full, _body(full))
 
 
 def write_card(model_dir: Path, meta: dict, *, check_accounting: bool = True) -> Path:
@@ -526,7 +526,7 @@ def write_card(model_dir: Path, meta: dict, *, check_accounting: bool = True) ->
     full = _with_defaults(meta)
     validate_meta(full, check_accounting=check_accounting)
     path = Path(model_dir) / CARD_FILE
-    atomic_write_text(path, _render(full, _body(full)))
+    atomic_write_text(path, render_readme(full, _body(full)))
     return path
 
 

@@ -24,7 +24,7 @@ from dphub.cli.ensemble._common import (
 )
 from dphub.cli.options import FLOAT, apply_threads, positive_float, threads_option
 
-# one declaration of each training option (cli/train.py)
+# one declaration of each training option (dphub/cli/train.py)
 from dphub.cli.train import (
     ALLOW_ABOVE_POLICY_OPT,
     BASE_MODEL_OPT,
