@@ -92,33 +92,28 @@ from dphub import align, synth
 from dphub import rule_features as rf
 from dphub import train as training
 from dphub.card import load_card, write_card
-from dphub.card.audit import audit_section as audit_section
-from dphub.card.audit import check_audit_block as check_audit_block
-from dphub.card.audit import describe as describe
 from dphub.encoders import resolve_base_model
 from dphub.errors import ConfigError, PrivacyError
 from dphub.io import move_into_place
 from dphub.labels import get_schema
 from dphub.notes import Note, Span
-from dphub.privacy.audit_bound import ATTACK_MIN_EPSILON as ATTACK_MIN_EPSILON
-from dphub.privacy.audit_bound import GRADIENT_COUNTS as GRADIENT_COUNTS
-from dphub.privacy.audit_bound import GRADIENT_SIGNAL as GRADIENT_SIGNAL
-from dphub.privacy.audit_bound import GUESS_FRACTIONS as GUESS_FRACTIONS
-from dphub.privacy.audit_bound import MAX_GRADIENT_CANARIES as MAX_GRADIENT_CANARIES
-from dphub.privacy.audit_bound import METHOD as METHOD
-from dphub.privacy.audit_bound import SETTINGS as SETTINGS
-from dphub.privacy.audit_bound import SIGNAL as SIGNAL
-from dphub.privacy.audit_bound import VERDICTS as VERDICTS
-from dphub.privacy.audit_bound import Bound as Bound
-from dphub.privacy.audit_bound import epsilon_lower_bound as epsilon_lower_bound
-from dphub.privacy.audit_bound import gradient_canary_count as gradient_canary_count
-from dphub.privacy.audit_bound import judge as judge
-from dphub.privacy.audit_bound import max_possible_bound as max_possible_bound
-from dphub.privacy.audit_bound import one_run_bound as one_run_bound
-from dphub.privacy.audit_bound import p_value as p_value
-from dphub.privacy.audit_bound import verdict_reason as verdict_reason
+from dphub.privacy.audit_bound import (
+    ATTACK_MIN_EPSILON,
+    GRADIENT_SIGNAL,
+    MAX_GRADIENT_CANARIES,
+    METHOD,
+    SETTINGS,
+    SIGNAL,
+    epsilon_lower_bound,
+    gradient_canary_count,
+    judge,
+    max_possible_bound,
+    one_run_bound,
+    verdict_reason,
+)
 from dphub.registry import resolve_model
-from dphub.tagger import ENCODER_INPUTS, TaggerModel
+from dphub.tagger import TaggerModel
+from dphub.tagger_model import ENCODER_INPUTS
 from dphub.train import Example, batch_from_examples
 
 

@@ -35,22 +35,7 @@ from dphub.runtime import (
     load_encoder,
 )
 from dphub.scores import TokenScores, spans_from_scores
-from dphub.tagger_model import BASIC_FORMAT_VERSION as BASIC_FORMAT_VERSION
-from dphub.tagger_model import DEFAULT_MAX_LENGTH as DEFAULT_MAX_LENGTH
-from dphub.tagger_model import DEFAULT_STRIDE as DEFAULT_STRIDE
-from dphub.tagger_model import ENCODER_INPUTS as ENCODER_INPUTS
-from dphub.tagger_model import FORMAT_VERSION as FORMAT_VERSION
-from dphub.tagger_model import HEADS as HEADS
-from dphub.tagger_model import IGNORE_INDEX as IGNORE_INDEX
-from dphub.tagger_model import PICKLE_SUFFIXES as PICKLE_SUFFIXES
-from dphub.tagger_model import TOKENIZER_FILES as TOKENIZER_FILES
 from dphub.tagger_model import TaggerModel
-from dphub.tagger_model import check_finite as check_finite
-from dphub.tagger_model import crf_marginals as crf_marginals
-from dphub.tagger_model import nonfinite_tensors as nonfinite_tensors
-from dphub.tagger_model import soft_crf_nll as soft_crf_nll
-from dphub.tagger_model import soft_targets as soft_targets
-from dphub.tagger_model import truncate_encoder as truncate_encoder
 
 # ---------------------------------------------------------------------------------- inference
 

@@ -129,7 +129,7 @@ def write_card(model_dir: Path, meta: dict[str, Any], *, sync: bool = True) -> N
     without a ``gate_probe`` block gets the one the probe measures on these weights.
     """
     from dphub.card import build_card
-    from dphub.hub.common import file_sha256
+    from dphub.io import file_sha256
 
     meta = copy.deepcopy(meta)
     dp = meta.get("differential_privacy")
@@ -153,7 +153,7 @@ def probe_block_of(model_dir: Path) -> dict[str, Any] | None:
     copies of one template share it); None when the model cannot run (a test's broken weights,
     which the gate refuses before it would probe)."""
     from dphub.errors import DphubError
-    from dphub.hub.common import file_sha256
+    from dphub.io import file_sha256
 
     if not (model_dir / "config.json").is_file():
         return None

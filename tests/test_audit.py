@@ -27,7 +27,9 @@ import torch
 from dphub import audit as A
 from dphub import formats, synth
 from dphub import train as T
+from dphub.card import audit as card_audit
 from dphub.errors import CardError, ConfigError
+from dphub.privacy import audit_bound as B
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
@@ -91,29 +93,29 @@ AUDIT = A.AuditOptions(canaries=32, notes_per_canary=2, candidates=15, max_note_
 
 def test_p_value_matches_hand_computed_cases() -> None:
     # ε = 0: q = 1/2. r = v = 10, δ = 0: P[Bin(10, 1/2) >= 10] = 2^-10
-    assert A.p_value(20, 10, 10, 0.0, 0.0) == pytest.approx(2.0 ** -10)
+    assert B.p_value(20, 10, 10, 0.0, 0.0) == pytest.approx(2.0 ** -10)
     # r = 4, v = 3, ε = ln 3 (q = 3/4): P[B >= 3] = 4 (3/4)^3 (1/4) + (3/4)^4 = 189/256
-    assert A.p_value(4, 4, 3, math.log(3), 0.0) == pytest.approx(189 / 256)
+    assert B.p_value(4, 4, 3, math.log(3), 0.0) == pytest.approx(189 / 256)
     # with δ: m = 10, r = v = 2, ε = 0, δ = 0.01. P[B = 2] = 1/4; alpha = max(P[B = 1] / 1,
     # P[0 <= B < 2] / 2) = max(1/2, 3/8) = 1/2; p = 1/4 + 2 * 10 * 0.01 * 1/2 = 0.35
-    assert A.p_value(10, 2, 2, 0.0, 0.01) == pytest.approx(0.35)
+    assert B.p_value(10, 2, 2, 0.0, 0.01) == pytest.approx(0.35)
     # no guesses, nothing to reject
-    assert A.p_value(10, 0, 0, 1.0, 1e-5) == 1.0
+    assert B.p_value(10, 0, 0, 1.0, 1e-5) == 1.0
     with pytest.raises(ConfigError):
-        A.p_value(5, 6, 1, 1.0, 0.0)
+        B.p_value(5, 6, 1, 1.0, 0.0)
 
 
 def test_epsilon_lower_bound_solves_the_tail_equation() -> None:
     # r = v = 10, δ = 0, 95%: q^10 = 0.05 -> q = 0.05^(1/10), ε = ln(q / (1 - q))
     q = 0.05 ** 0.1
-    assert A.epsilon_lower_bound(10, 10, 10, 0.0, 0.95) == pytest.approx(math.log(q / (1 - q)),
+    assert B.epsilon_lower_bound(10, 10, 10, 0.0, 0.95) == pytest.approx(math.log(q / (1 - q)),
                                                                          abs=1e-6)
     # half right is what ε = 0 predicts: no bound
-    assert A.epsilon_lower_bound(100, 100, 50, 1e-5, 0.95) == 0.0
+    assert B.epsilon_lower_bound(100, 100, 50, 1e-5, 0.95) == 0.0
     # more correct guesses, higher bound; more confidence, lower bound; δ only lowers it
-    assert A.epsilon_lower_bound(64, 32, 32, 0, 0.95) > A.epsilon_lower_bound(64, 32, 30, 0, 0.95)
-    assert A.epsilon_lower_bound(64, 32, 32, 0, 0.99) < A.epsilon_lower_bound(64, 32, 32, 0, 0.95)
-    assert A.epsilon_lower_bound(64, 32, 32, 1e-3, 0.95) < A.epsilon_lower_bound(64, 32, 32, 0,
+    assert B.epsilon_lower_bound(64, 32, 32, 0, 0.95) > B.epsilon_lower_bound(64, 32, 30, 0, 0.95)
+    assert B.epsilon_lower_bound(64, 32, 32, 0, 0.99) < B.epsilon_lower_bound(64, 32, 32, 0, 0.95)
+    assert B.epsilon_lower_bound(64, 32, 32, 1e-3, 0.95) < B.epsilon_lower_bound(64, 32, 32, 0,
                                                                                  0.95)
 
 
@@ -121,18 +123,18 @@ def test_one_run_bound_uses_scores_not_bits_and_pays_for_its_choices() -> None:
     m = 32
     included = [i % 2 == 0 for i in range(m)]
     perfect = [1.0 if b else -1.0 for b in included]
-    best = A.one_run_bound(perfect, included, 0.0, 0.95)
+    best = B.one_run_bound(perfect, included, 0.0, 0.95)
     assert best.correct == best.guesses == m
     # the best of three guess counts is valid at 95% only because each was run at 1 - 0.05/3
-    assert best.epsilon == pytest.approx(A.epsilon_lower_bound(m, m, m, 0.0, 1 - 0.05 / 3))
-    assert best.epsilon < A.epsilon_lower_bound(m, m, m, 0.0, 0.95)
-    assert A.max_possible_bound(m, 0.0, 0.95) == pytest.approx(best.epsilon)
-    assert 2.5 < A.max_possible_bound(64, 1e-5, 0.95) < 3.0  # why ε = 8 cannot fail an audit
+    assert best.epsilon == pytest.approx(B.epsilon_lower_bound(m, m, m, 0.0, 1 - 0.05 / 3))
+    assert best.epsilon < B.epsilon_lower_bound(m, m, m, 0.0, 0.95)
+    assert B.max_possible_bound(m, 0.0, 0.95) == pytest.approx(best.epsilon)
+    assert 2.5 < B.max_possible_bound(64, 1e-5, 0.95) < 3.0  # why ε = 8 cannot fail an audit
     # scores unrelated to membership: no bound
     rng = np.random.default_rng(0)
-    assert A.one_run_bound(list(rng.normal(size=m)), included, 1e-5, 0.95).epsilon < 0.5
+    assert B.one_run_bound(list(rng.normal(size=m)), included, 1e-5, 0.95).epsilon < 0.5
     # guessing exactly wrong: no bound
-    assert A.one_run_bound([-s for s in perfect], included, 1e-5, 0.95).epsilon == 0.0
+    assert B.one_run_bound([-s for s in perfect], included, 1e-5, 0.95).epsilon == 0.0
 
 
 def test_score_rank_and_exposure() -> None:
@@ -222,13 +224,13 @@ def test_check_audit_block_refuses_failed_or_inconsistent_blocks() -> None:
              "verdict": "failed"}
     meta = {"differential_privacy": {"private": True, "epsilon": 0.5}, "empirical_audit": block}
     with pytest.raises(CardError, match="FAILED"):
-        A.check_audit_block(meta)
+        card_audit.check_audit_block(meta)
     block["verdict"] = "passed"
     with pytest.raises(CardError, match="verdict"):
-        A.check_audit_block(meta)
+        card_audit.check_audit_block(meta)
     block["epsilon_lower_bound"] = 0.1
-    A.check_audit_block(meta)
-    A.check_audit_block({"differential_privacy": {"private": True, "epsilon": 0.5}})
+    card_audit.check_audit_block(meta)
+    card_audit.check_audit_block({"differential_privacy": {"private": True, "epsilon": 0.5}})
 
 
 # ---------------------------------------------------------------- end to end
@@ -259,7 +261,7 @@ def test_non_private_run_beats_a_high_noise_dp_run(
     # the card carries the block, validated by the schema and the gate's check
     card = validate_card(tmp_path / "dp", require_private=True)
     assert card.meta["empirical_audit"] == dp.block
-    A.check_audit_block(card.meta)
+    card_audit.check_audit_block(card.meta)
     assert "## Empirical privacy audit" in card.body and "lower bound, not a proof" in card.body
     assert "proven ε still holds for every real patient" in card.body
     assert dp.block["max_possible_bound"] > dp.train.epsilon  # this audit could have failed
@@ -356,12 +358,12 @@ def test_describe_says_when_an_audit_could_not_have_failed() -> None:
                           audit=A.AuditOptions(method="patients"))
     assert block["verdict"] == "inconclusive" and block["max_possible_bound"] < 4
     assert "could not have failed" in block["verdict_reason"]
-    text = A.describe(block, markdown=False)
+    text = card_audit.describe(block, markdown=False)
     assert "INCONCLUSIVE" in text and "passed" not in text
     assert "lower bound, not a proof" in text
     low = A.audit_block(scores, canaries, delta=1e-5, proven_epsilon=1.0,
                         audit=A.AuditOptions(method="patients"))
-    assert low["verdict"] == "passed" and "Verdict: passed" in A.describe(low)
+    assert low["verdict"] == "passed" and "Verdict: passed" in card_audit.describe(low)
 
 
 @pytest.mark.parametrize(("args", "match"), [
@@ -455,26 +457,26 @@ def test_train_with_audit_writes_the_block(
 
 def test_verdict_is_inconclusive_when_the_audit_could_not_have_failed() -> None:
     """The issue's case: 64 canaries at ε 8 cannot fail, so "passed" would say nothing."""
-    assert A.judge(0.0, 2.71, 8.0) == "inconclusive"
-    assert A.judge(0.0, 8.24, 8.0) == "passed"
-    assert A.judge(8.24, 8.24, 8.0) == "failed"
-    assert A.judge(0.5, 2.71, None) == "not-private"
+    assert B.judge(0.0, 2.71, 8.0) == "inconclusive"
+    assert B.judge(0.0, 8.24, 8.0) == "passed"
+    assert B.judge(8.24, 8.24, 8.0) == "failed"
+    assert B.judge(0.5, 2.71, None) == "not-private"
     # the card's own numbers: a "passed" block whose ceiling is below its proven ε is refused
     block = {"epsilon_lower_bound": 0.0, "max_possible_bound": 2.71, "proven_epsilon": 8.0,
              "verdict": "passed"}
     meta = {"differential_privacy": {"private": True, "epsilon": 8.0}, "empirical_audit": block}
     with pytest.raises(CardError, match="'inconclusive'"):
-        A.check_audit_block(meta)
+        card_audit.check_audit_block(meta)
     block["verdict"] = "inconclusive"
-    A.check_audit_block(meta)
+    card_audit.check_audit_block(meta)
 
 
 def test_gradient_canary_count_maximises_the_ceiling_above_eps_8() -> None:
-    m = A.gradient_canary_count(1e-5, 0.95)
-    ceiling = A.epsilon_lower_bound(m, m, m, 1e-5, 0.95)
+    m = B.gradient_canary_count(1e-5, 0.95)
+    ceiling = B.epsilon_lower_bound(m, m, m, 1e-5, 0.95)
     assert ceiling > 8.0  # the default claim (ε 8, δ 1e-5) can fail this audit
-    for other in A.GRADIENT_COUNTS[:8]:
-        assert A.epsilon_lower_bound(other, other, other, 1e-5, 0.95) <= ceiling + 1e-9
+    for other in B.GRADIENT_COUNTS[:8]:
+        assert B.epsilon_lower_bound(other, other, other, 1e-5, 0.95) <= ceiling + 1e-9
 
 
 def _default_recipe_audit(corpus: Path, base: Path, out: Path, *extra: str) -> list[str]:

@@ -19,7 +19,7 @@ from conftest import make_tiny_base_model
 
 from dphub import formats, synth
 from dphub import train as T
-from dphub.card import card_meta, dataset_block, load_card, public_block, write_card
+from dphub.card import SYNTH_DATASET, card_meta, dataset_block, load_card, public_block, write_card
 from dphub.encoders import (
     DEFAULT_BASE_MODEL_ID,
     LOCAL_ENCODER_ID,
@@ -27,8 +27,8 @@ from dphub.encoders import (
     resolve_base_model,
 )
 from dphub.errors import PublishRefused
-from dphub.hub.common import SYNTH_DATASET, file_sha256
 from dphub.hub.gate import check_publishable
+from dphub.io import file_sha256
 
 
 @pytest.fixture(autouse=True)

@@ -117,7 +117,7 @@ def test_evaluate_write_card_fills_the_section(tmp_path: Path, tiny_tagger_dir: 
     import json
 
     from dphub import formats, synth
-    from dphub.hub.common import file_sha256
+    from dphub.io import file_sha256
 
     model = tmp_path / "model"
     shutil.copytree(tiny_tagger_dir, model)

@@ -237,11 +237,11 @@ def test_public_card_claiming_a_million_notes_is_refused_before_the_work(
         model: Path, hub_env: dict[str, Path]) -> None:
     """A public base's record naming 1,000,000 notes: publish, pull and card validate refuse it
     in about a second (it took 12 minutes and 1.5 GB before the digest check)."""
+    from dphub.card import SYNTH_DATASET, dataset_block, public_block
     from dphub.card import card_meta as build_meta
-    from dphub.card import dataset_block, public_block
-    from dphub.hub.common import SYNTH_DATASET, file_sha256
     from dphub.hub.gate import check_publishable
     from dphub.hub.validate import validate_card
+    from dphub.io import file_sha256
     from dphub.train.pretrain import PretrainConfig
 
     small = PretrainConfig(notes=4)

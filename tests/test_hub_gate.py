@@ -427,8 +427,8 @@ def test_expected_tensors_match_what_the_tagger_saves(tiny_tagger_dir):
     """The layout the gate derives from config.json is exactly what TaggerModel.save writes."""
     from safetensors import safe_open
 
-    from dphub.hub.gate import config_problems, expected_tensors
-    from dphub.hub.gate_tensors import _header_layout_problems
+    from dphub.hub.gate_common import config_problems
+    from dphub.hub.gate_tensors import _header_layout_problems, expected_tensors
 
     assert _header_layout_problems(tiny_tagger_dir / "model.safetensors") == []
     assert config_problems(json.loads((tiny_tagger_dir / "config.json").read_text())) == []

@@ -11,9 +11,10 @@ from hub_fixtures import card_meta, copy_model, set_hyperparams, write_card
 
 from dphub.errors import HubError, PullRefused
 from dphub.hub import ops
-from dphub.hub.common import check_relative_path, parse_repo_spec
+from dphub.hub.common import check_relative_path
 from dphub.hub.local import LocalHub
 from dphub.registry import Registry, resolve_model
+from dphub.repo_ids import parse_repo_spec
 
 pytest_plugins = ("hub_fixtures",)
 

@@ -488,7 +488,7 @@ def test_soft_crf_loss_with_certain_labels_is_the_crf_nll() -> None:
     CRF's negative log-likelihood; lower confidence gives another loss (and gradients)."""
     from torchcrf import CRF
 
-    from dphub.tagger import soft_crf_nll, soft_targets
+    from dphub.tagger_model import soft_crf_nll, soft_targets
 
     torch.manual_seed(0)
     crf = CRF(5, batch_first=True).double()

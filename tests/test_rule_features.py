@@ -14,7 +14,8 @@ from dphub import align, formats, synth
 from dphub import rule_features as rf
 from dphub.errors import ConfigError, ModelError
 from dphub.notes import Note
-from dphub.tagger import BASIC_FORMAT_VERSION, FORMAT_VERSION, Tagger, TaggerModel
+from dphub.tagger import Tagger, TaggerModel
+from dphub.tagger_model import BASIC_FORMAT_VERSION, FORMAT_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +75,15 @@ def test_model_directory_records_rules_and_stays_transformers_compatible(rf_dir:
     hf = AutoModelForTokenClassification.from_pretrained(rf_dir)
     assert hf.config.num_labels == len(cfg["id2label"])
     # and the gate's layout check expects exactly these tensors
-    from dphub.hub import gate
+    from dphub.hub.gate_common import config_problems
+    from dphub.hub.gate_tensors import expected_tensors
 
-    want = gate.expected_tensors(rf_dir)
+    want = expected_tensors(rf_dir)
     assert want["rule_proj.weight"] == ("F32", (len(cfg["id2label"]), rf.NUM_FEATURES))
-    assert gate.config_problems(cfg) == []
+    assert config_problems(cfg) == []
     bad = json.loads(json.dumps(cfg))
     bad["dphub"]["rule_features"]["options"] = {"deny": ["some words"]}
-    assert gate.config_problems(bad)
+    assert config_problems(bad)
 
 
 def test_models_without_rule_features_keep_format_1(tiny_tagger_dir: Path):

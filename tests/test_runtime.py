@@ -15,7 +15,7 @@ import torch
 from dphub import runtime, synth
 from dphub.cli.main import main
 from dphub.errors import ConfigError, ModelError
-from dphub.hub.common import file_sha256
+from dphub.io import file_sha256
 from dphub.tagger import Tagger
 
 pytest.importorskip("onnxruntime")

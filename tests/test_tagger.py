@@ -16,7 +16,8 @@ from dphub import align
 from dphub.errors import ConfigError, ModelError
 from dphub.labels import get_schema
 from dphub.notes import Note
-from dphub.tagger import Tagger, TaggerModel, crf_marginals
+from dphub.tagger import Tagger, TaggerModel
+from dphub.tagger_model import crf_marginals
 
 ENCODER_KEYS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 

@@ -15,7 +15,8 @@ import torch
 from dphub.ensemble.members import ModelMember
 from dphub.notes import Note
 from dphub.runtime import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV
-from dphub.tagger import Tagger, TaggerModel, crf_marginals
+from dphub.tagger import Tagger, TaggerModel
+from dphub.tagger_model import crf_marginals
 
 
 def _brute_force_marginals(em, length, start, end, trans):

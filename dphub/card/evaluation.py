@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dphub.card.model import _SAFE_NAME, EVAL_TASK_NAME
+from dphub.card.model import EVAL_TASK_NAME, SAFE_NAME
 from dphub.card.parse import load_card
 from dphub.card.render import write_card
 from dphub.errors import CardError
@@ -66,7 +66,7 @@ def add_evaluation(model_dir: Path, results: dict, dataset_name: str) -> None:
     """
     name = Path(str(dataset_name).replace("\\", "/")).name
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:100]
-    if not _SAFE_NAME.match(name):
+    if not SAFE_NAME.match(name):
         raise CardError(
             "dataset name must contain letters or digits (allowed: letters, digits, '.', '_', '-')"
         )
@@ -76,7 +76,7 @@ def add_evaluation(model_dir: Path, results: dict, dataset_name: str) -> None:
     card = load_card(model_dir)
     meta = dict(card.meta)
     model_name = str(meta.get("model_name") or Path(model_dir).resolve().name)
-    if not _SAFE_NAME.match(model_name):
+    if not SAFE_NAME.match(model_name):
         model_name = "dphub-phi-tagger"
     index = meta.get("model-index") or []
     old = [

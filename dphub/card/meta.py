@@ -67,9 +67,9 @@ def dp_block(
     ``mechanism_rng`` says where the noise and the sampling came from
     (:mod:`dphub.privacy.randomness`).
     """
-    recomputed = _epsilon_opacus(accountant, sample_rate, noise_multiplier, steps, delta)
+    recomputed = epsilon_opacus(accountant, sample_rate, noise_multiplier, steps, delta)
     method = "pld" if accountant == "prv" else "rdp"
-    independent = _epsilon_independent(method, sample_rate, noise_multiplier, steps, delta)
+    independent = epsilon_independent(method, sample_rate, noise_multiplier, steps, delta)
     block: dict[str, Any] = {
         "private": True,
         "epsilon": float(recomputed if epsilon is None else epsilon),
@@ -343,10 +343,10 @@ def card_meta(
 
 
 @functools.lru_cache(maxsize=256)
-def _epsilon_opacus(accountant: str, q: float, sigma: float, steps: int, delta: float) -> float:
+def epsilon_opacus(accountant: str, q: float, sigma: float, steps: int, delta: float) -> float:
     return accounting.epsilon_for(accountant, q, sigma, steps, delta)
 
 
 @functools.lru_cache(maxsize=256)
-def _epsilon_independent(method: str, q: float, sigma: float, steps: int, delta: float) -> float:
+def epsilon_independent(method: str, q: float, sigma: float, steps: int, delta: float) -> float:
     return accounting.epsilon_dp_accounting(method, q, sigma, steps, delta)  # absl kept quiet

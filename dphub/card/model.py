@@ -39,8 +39,8 @@ EVAL_TASK_NAME = "PHI de-identification"
 #: without DP on its own notes, ``dphub ensemble distill`` / ``ensemble train`` without ``--dp``).
 LOCAL_ONLY_STATEMENT = "local only — contains unprotected patient information"
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_SAFE_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+SAFE_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 
 
 @dataclass
@@ -85,7 +85,7 @@ def schema() -> dict[str, Any]:
     return json.loads(asset(SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
-def _plain(meta: Mapping[str, Any]) -> dict[str, Any]:
+def plain_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     """JSON-compatible copy (tuples -> lists, numpy scalars -> Python), so YAML stays safe."""
 
     def default(o: Any) -> Any:

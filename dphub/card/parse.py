@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from dphub.card.front_matter import read_front_matter
-from dphub.card.model import CARD_FILE, ModelCard, _plain
+from dphub.card.model import CARD_FILE, ModelCard, plain_meta
 from dphub.errors import CardError
 
 # --------------------------------------------------------------------------- loading
@@ -39,7 +39,7 @@ class _PlainYamlLoader(yaml.SafeLoader):
 
     Safe loading constructs no Python objects, but it still expands aliases: a 1 kB
     "billion laughs" card references one list 9 levels deep and grows to gigabytes in whatever
-    walks it (ModelCardData, JSON Schema, ``_plain``). Cards are written by dphub and need
+    walks it (ModelCardData, JSON Schema, ``plain_meta``). Cards are written by dphub and need
     neither anchors nor deep nesting, so both are refused while composing, before anything grows.
     """
 
@@ -115,7 +115,7 @@ def parse_card(text: str, *, where: str = "model card") -> ModelCard:
     """Split README text into front matter and body; the front matter goes through
     ``huggingface_hub.ModelCardData`` (as the Hub reads it) after the limited YAML parse."""
     data, body = split_front_matter(text, where=where)
-    meta = _plain(read_front_matter(data, where=where))
+    meta = plain_meta(read_front_matter(data, where=where))
     return ModelCard(meta=meta, body=body)
 
 

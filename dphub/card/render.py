@@ -18,13 +18,13 @@ from dphub.card.audit import audit_section
 from dphub.card.front_matter import render_readme
 from dphub.card.meta import LINEAGE_TEACHER, is_public_model, library_versions
 from dphub.card.model import (
-    _SAFE_KEY,
     CARD_FILE,
     LOCAL_ONLY_STATEMENT,
     REQUIRED_TAGS,
+    SAFE_KEY,
     TEMPLATE_FILE,
     ModelCard,
-    _plain,
+    plain_meta,
 )
 from dphub.card.validation import validate_meta
 from dphub.cards import asset
@@ -38,7 +38,7 @@ from dphub.privacy.statement import NOT_COVERED, WEAK_EPSILON, privacy_statement
 
 def _with_defaults(meta: Mapping[str, Any]) -> dict[str, Any]:
     """Fill the keys every card has (HF keys, not_covered, library versions) when missing."""
-    out = _plain(meta)
+    out = plain_meta(meta)
     out["tags"] = list(dict.fromkeys([*REQUIRED_TAGS, *(out.get("tags") or [])]))
     out.setdefault("library_name", "transformers")
     out.setdefault("pipeline_tag", "token-classification")
@@ -116,7 +116,7 @@ _DATA_ROWS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _labels_of(schema_name: Any) -> list[str]:
+def labels_of(schema_name: Any) -> list[str]:
     schema = SCHEMAS.get(schema_name) if isinstance(schema_name, str) else None
     return list(schema.labels) if schema else []
 
@@ -150,7 +150,7 @@ def check_card_text(texts: Mapping[str, Any], *, where: str = "[card]") -> dict[
     out: dict[str, str] = {}
     for key, value in texts.items():
         if key not in CARD_TEXT_FIELDS:
-            shown = key if isinstance(key, str) and _SAFE_KEY.match(key) else "<non-identifier>"
+            shown = key if isinstance(key, str) and SAFE_KEY.match(key) else "<non-identifier>"
             raise CardError(
                 f"{where}: unknown key {shown} (allowed: {', '.join(CARD_TEXT_FIELDS)})"
             )
@@ -196,7 +196,7 @@ def with_card_text(meta: Mapping[str, Any], texts: Mapping[str, Any] | None, *,
     return out
 
 
-def _card_texts(meta: Mapping[str, Any]) -> dict[str, str]:
+def card_texts(meta: Mapping[str, Any]) -> dict[str, str]:
     """The stored free texts (non-strings from a hand-edited card are ignored, not rendered)."""
     block = meta.get(CARD_TEXT_KEY)
     if not isinstance(block, Mapping):
@@ -441,7 +441,7 @@ def _evaluation_section(meta: Mapping[str, Any]) -> str:
 def _body(meta: Mapping[str, Any]) -> str:
     dp = meta.get("differential_privacy") or {}
     data = meta.get("dataset") or {}
-    labels = _labels_of(data.get("label_schema")) or list(data.get("phi_per_category") or [])
+    labels = labels_of(data.get("label_schema")) or list(data.get("phi_per_category") or [])
     if dp.get("private"):
         headline = (
             f", with differential privacy at ε = {_fmt(dp.get('epsilon'))}, "
@@ -455,7 +455,7 @@ def _body(meta: Mapping[str, Any]) -> str:
                     "data, no ε spent")
     else:
         headline = " — **NOT PRIVATE: trained without differential privacy**"
-    texts = _card_texts(meta)
+    texts = card_texts(meta)
     template = Template(asset(TEMPLATE_FILE).read_text(encoding="utf-8"))
     return template.substitute(
         title=str(meta.get("model_name") or "dphub PHI tagger"),

@@ -7,7 +7,7 @@ from typing import Any
 
 from dphub.card.meta import LINEAGE_TEACHER
 from dphub.card.model import ModelCard
-from dphub.card.render import EVAL_PRIVACY_STATUS, _card_texts, _labels_of
+from dphub.card.render import EVAL_PRIVACY_STATUS, card_texts, labels_of
 
 # --------------------------------------------------------------------------- summaries
 
@@ -45,7 +45,7 @@ def dp_summary(card: ModelCard) -> dict[str, Any]:
         "base_model": meta.get("base_model"),
         "language": data.get("language"),
         "label_schema": data.get("label_schema"),
-        "labels": _labels_of(data.get("label_schema")) or list(data.get("phi_per_category") or []),
+        "labels": labels_of(data.get("label_schema")) or list(data.get("phi_per_category") or []),
         "patients": data.get("patients"),
         "notes": data.get("notes"),
         "sequences": data.get("sequences"),
@@ -56,7 +56,7 @@ def dp_summary(card: ModelCard) -> dict[str, Any]:
         "eval_phrase_recall": evals.get("phrase_recall"),
         # why a status next to the numbers: they come from the trainer's private held-out notes
         "eval_privacy": EVAL_PRIVACY_STATUS if dataset_name is not None else None,
-        "card_text": sorted(_card_texts(meta)),
+        "card_text": sorted(card_texts(meta)),
         "init_from": init[0] if init else None,
         "lineage": lineage,
         # issue 29: a public student carries its teacher's claim (post-processing)

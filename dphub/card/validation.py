@@ -20,14 +20,14 @@ from jsonschema.exceptions import ValidationError, best_match
 from dphub.card.audit import check_audit_block
 from dphub.card.meta import (
     BASIC_COMPOSITION,
-    _epsilon_independent,
-    _epsilon_opacus,
     composed_claim,
     composed_lineage,
+    epsilon_independent,
+    epsilon_opacus,
     is_public_model,
     run_delta,
 )
-from dphub.card.model import _SAFE_KEY, ModelCard, schema
+from dphub.card.model import SAFE_KEY, ModelCard, schema
 from dphub.card.parse import load_card
 from dphub.errors import CardError, DphubError
 from dphub.privacy import accounting
@@ -112,7 +112,7 @@ def _error_message(err: ValidationError) -> str:
     if err.validator == "additionalProperties":
         extra = sorted(set(inst) - set(err.schema.get("properties", {}))) if isinstance(
             inst, dict) else []
-        shown = ", ".join(k if _SAFE_KEY.match(str(k)) else "<non-identifier key>" for k in extra)
+        shown = ", ".join(k if SAFE_KEY.match(str(k)) else "<non-identifier key>" for k in extra)
         return f"field(s) not allowed here: {shown}"
     forbidden = err.validator_value if err.validator == "not" else None
     if isinstance(forbidden, Mapping) and set(forbidden) == {"required"}:
@@ -208,8 +208,8 @@ def accounting_problems(dp: Mapping[str, Any]) -> list[str]:
     )
     cc = dp["cross_check"]
     try:
-        run_primary = _epsilon_opacus(*key)
-        run_independent = _epsilon_independent(str(cc["method"]), *key[1:])
+        run_primary = epsilon_opacus(*key)
+        run_independent = epsilon_independent(str(cc["method"]), *key[1:])
     except DphubError as e:
         return [f"differential_privacy: accounting fields are inconsistent ({e})"]
     problems = composition_problems(dp)

@@ -107,7 +107,7 @@ def audit(
         confidence=confidence, kind=canary_kind, max_note_chars=canary_note_chars,
         method=method,
     )
-    T.run_and_report(opts, aopts, on_plan=T._plan_check(opts, cfg, allow=allow_above_policy))
+    T.run_and_report(opts, aopts, on_plan=T.plan_check(opts, cfg, allow=allow_above_policy))
 
 
 def register(app: typer.Typer) -> None:

@@ -106,7 +106,7 @@ def _print_audit(card: Any, console: Any) -> None:
     block = card.meta.get("empirical_audit")
     if not isinstance(block, dict):
         return
-    from dphub.audit import describe
+    from dphub.card.audit import describe
 
     heading = "EMPIRICAL AUDIT (a lower bound, not a proof)"
     if block.get("verdict") == "failed":

@@ -24,7 +24,7 @@ HUB_HELP = "Hub: a local directory, an http(s):// endpoint (HF protocol), or hf:
 HUB_DEFAULT = "dphub.toml [hub] url, else $DPHUB_HUB, else the per-user hub"
 
 
-def _hub(hub: str | None) -> str | None:
+def resolve_hub(hub: str | None) -> str | None:
     """Flag, else dphub.toml ``[hub] url`` (a relative path is relative to the file)."""
     if hub:
         return hub
@@ -108,7 +108,7 @@ def publish_cmd(
         repo = config.get(config.load_project_config(), "hub", "repo")
         if not repo:
             raise ConfigError("no --repo given and no [hub] repo in dphub.toml")
-    sha, s = publish(model_dir, repo, hub=_hub(hub), message=message, tag=tag)
+    sha, s = publish(model_dir, repo, hub=resolve_hub(hub), message=message, tag=tag)
     what = ("public synthetic data only, epsilon=0" if s.public
             else f"epsilon={s.epsilon:.3g}, delta={s.delta:g}, unit={s.unit}")
     typer.echo(f"published {repo}@{sha} ({what})" + (f" tagged {tag}" if tag else ""))
@@ -137,7 +137,7 @@ def pull_cmd(
         max_epsilon = config.get(cfg, "hub", "max_epsilon")
     if require_unit is None:
         require_unit = config.get(cfg, "hub", "require_unit")
-    e = pull(spec, hub=_hub(hub), max_epsilon=max_epsilon, require_unit=require_unit)
+    e = pull(spec, hub=resolve_hub(hub), max_epsilon=max_epsilon, require_unit=require_unit)
     typer.echo(f"pulled {e.name}@{e.revision} (epsilon={_fmt(e.epsilon)}, delta={_fmt(e.delta)}, "
                f"unit={e.unit}) -> {e.path}")
 
@@ -161,7 +161,7 @@ def search_cmd(
     """List the latest revision of each DP model on the hub matching the filters."""
     from dphub.hub.ops import search
 
-    rows = search(hub=_hub(hub), max_epsilon=max_epsilon, unit=unit, label=label,
+    rows = search(hub=resolve_hub(hub), max_epsilon=max_epsilon, unit=unit, label=label,
                   language=language)
     if not rows:
         typer.echo("no matching models")
@@ -181,7 +181,7 @@ def info_cmd(
     """All revisions of a repo (newest first) with their DP guarantees."""
     from dphub.hub.ops import info
 
-    _console().print(_table(info(repo, hub=_hub(hub)), f"{repo} revisions", reasons=True))
+    _console().print(_table(info(repo, hub=resolve_hub(hub)), f"{repo} revisions", reasons=True))
 
 
 @hub_app.command("list")
@@ -203,7 +203,7 @@ def list_cmd(
         return
     from dphub.hub.ops import list_models
 
-    _console().print(_table(list_models(hub=_hub(hub)), "hub models"))
+    _console().print(_table(list_models(hub=resolve_hub(hub)), "hub models"))
 
 
 @hub_app.command("policy")
@@ -226,7 +226,7 @@ def policy_cmd(
     from dphub.hub.common import default_hub
     from dphub.hub.policy import DEFAULT_POLICY, load_hub_policy, save_hub_policy
 
-    where = _hub(hub) or default_hub()
+    where = resolve_hub(hub) or default_hub()
     current = load_hub_policy(where)
     if reset or max_epsilon is not None or min_unit is not None:
         base = DEFAULT_POLICY if reset else current

@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from dphub import config as project
-from dphub.cli.hub import HUB_DEFAULT, HUB_HELP, _hub
+from dphub.cli.hub import HUB_DEFAULT, HUB_HELP, resolve_hub
 from dphub.cli.options import FLOAT, apply_threads, finite_float, positive_float, threads_option
 from dphub.errors import ConfigError
 
@@ -366,7 +366,7 @@ def train(
                           "allow_above_policy")}
     cfg = project.load_project_config()
     opts = build_options(flags, cfg, resume=resume, no_dp=no_dp, force=force)
-    pulled = pull_base_model(opts.base_model, hub=_hub(hub))
+    pulled = pull_base_model(opts.base_model, hub=resolve_hub(hub))
     if pulled is not None:
         typer.echo(f"pulled the public base {opts.base_model} (public synthetic data only, "
                    "epsilon=0)", err=True)
@@ -374,10 +374,10 @@ def train(
         from dphub.audit import AuditOptions
 
         run_and_report(opts, AuditOptions(method="patients" if opts.no_dp else "gradient"),
-                       on_plan=_plan_check(opts, cfg, allow=allow_above_policy))
+                       on_plan=plan_check(opts, cfg, allow=allow_above_policy))
         return
     result = _run_with_progress(training, opts,
-                                on_plan=_plan_check(opts, cfg, allow=allow_above_policy))
+                                on_plan=plan_check(opts, cfg, allow=allow_above_policy))
     project.record_last_model(result.out_dir)
     if result.epsilon is None:
         typer.echo(f"wrote {result.out_dir} (NOT PRIVATE: --no-dp; {result.steps} steps)")
@@ -434,7 +434,7 @@ def _hub_policy(cfg: dict[str, Any]) -> tuple[str, Any]:
 _UNIT_PLURAL = {"patient": "patients", "note": "notes", "sequence": "sequences"}
 
 
-def _plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
+def plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
                 batch_flag: str = "--batch-size") -> Any:
     """The ``on_plan`` callback of every command that trains with DP (``dphub train``, ``train
     --audit``, ``audit``, ``ensemble train --dp``, ``ensemble distill --dp``): print the
@@ -528,9 +528,11 @@ def run_and_report(opts: Any, aopts: Any, on_plan: Any = None) -> None:
     """Train with canaries, write the model directory with its audit block, print the verdict
     (``dphub audit`` and ``dphub train --audit``); exit 3 when the verdict is inconclusive.
 
-    ``on_plan``: the hub-policy check of the projected ε (``cli.train._plan_check``), run before
+    ``on_plan``: the hub-policy check of the projected ε (``cli.train.plan_check``), run before
     the first step like ``dphub train``'s: canaries or not, the card claims that ε."""
     from dphub import audit as auditing
+    from dphub.card.audit import describe
+    from dphub.privacy.audit_bound import ATTACK_MIN_EPSILON
 
     aopts.validate()  # before training: a bad option costs nothing
 
@@ -538,11 +540,11 @@ def run_and_report(opts: Any, aopts: Any, on_plan: Any = None) -> None:
     project.record_last_model(result.train.out_dir)
     block = result.block
     typer.echo(f"wrote {result.train.out_dir} (card carries the empirical_audit block)")
-    typer.echo(auditing.describe(block, markdown=False))
+    typer.echo(describe(block, markdown=False))
     if result.verdict == "not-private" and not result.attack_works:
         typer.echo(
             f"warning: audit too weak to mean anything: without DP the attack reaches only "
-            f"ε ≥ {block['epsilon_lower_bound']:.3g} (needs ≥ {auditing.ATTACK_MIN_EPSILON}); "
+            f"ε ≥ {block['epsilon_lower_bound']:.3g} (needs ≥ {ATTACK_MIN_EPSILON}); "
             "a small bound on a private run of this recipe would say nothing about its privacy",
             err=True,
         )

@@ -74,9 +74,9 @@ from dphub.ensemble.peers import (
     presidio_versions,
 )
 from dphub.errors import ConfigError, DphubError
-from dphub.hub.common import parse_repo_spec
 from dphub.io import atomic_write_text
 from dphub.registry import Registry
+from dphub.repo_ids import parse_repo_spec
 from dphub.runtime import RUNTIMES
 
 DEFAULT_MANIFEST = "dphub-ensemble.toml"

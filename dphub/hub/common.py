@@ -17,17 +17,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dphub.card import SYNTH_DATASET as SYNTH_DATASET
 from dphub.card import read_card_text, split_front_matter, validate_meta
 from dphub.errors import CardError, DphubError, HubError
-from dphub.io import atomic_write_text
-from dphub.io import dphub_home as dphub_home
-from dphub.io import file_sha256 as file_sha256
+from dphub.io import atomic_write_text, dphub_home
 from dphub.labels import SCHEMAS
-from dphub.repo_ids import check_repo_id as check_repo_id
-from dphub.repo_ids import check_revision as check_revision
-from dphub.repo_ids import is_commit_sha as is_commit_sha
-from dphub.repo_ids import parse_repo_spec as parse_repo_spec
 
 #: Tag every published card must carry; Hugging Face search filters on it.
 DP_TAG = "differential-privacy"

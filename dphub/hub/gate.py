@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.card import (
+    SYNTH_DATASET,
     TRAINING_CONFIG_FORMAT,
     body_is_rendered,
     is_post_processing,
@@ -46,34 +47,20 @@ from dphub.card import (
     load_valid_card,
 )
 from dphub.errors import CardError, DphubError, PublishRefused
-from dphub.hub.common import (
-    DP_TAG,
-    PRIVACY_UNITS,
-    SYNTH_DATASET,
-    CardSummary,
-    file_sha256,
-    read_card_meta,
-)
-from dphub.hub.gate_common import DPHUB_CONFIG_KEYS as DPHUB_CONFIG_KEYS
-from dphub.hub.gate_common import MAX_LAYERS as MAX_LAYERS
-from dphub.hub.gate_common import MAX_TRAINING_CONFIG_BYTES as MAX_TRAINING_CONFIG_BYTES
+from dphub.hub.common import DP_TAG, PRIVACY_UNITS, CardSummary, read_card_meta
 from dphub.hub.gate_common import (
     PUBLIC_DATA_KEYS,
     PUBLIC_SYNTHETIC,
     GateViolation,
-    _key_list,
-    _refuse,
-    _safe_name,
     check_config,
+    key_list,
     read_training_config,
+    refuse,
     resolve_base_tokenizer_dir,
+    safe_name,
 )
-from dphub.hub.gate_common import RULE_FEATURE_KEYS as RULE_FEATURE_KEYS
-from dphub.hub.gate_common import config_problems as config_problems
 from dphub.hub.gate_postprocessing import post_processing_problems  # issue 29
 from dphub.hub.gate_probe import check_probe, probe_problems  # issue 38
-from dphub.hub.gate_provenance import PUBLIC_HYPERPARAM_KEYS as PUBLIC_HYPERPARAM_KEYS
-from dphub.hub.gate_provenance import PUBLIC_TRAINING_CONFIG_KEYS as PUBLIC_TRAINING_CONFIG_KEYS
 from dphub.hub.gate_provenance import check_public_provenance, public_provenance_problems
 from dphub.hub.gate_tensors import (
     base_unresolved,
@@ -81,9 +68,7 @@ from dphub.hub.gate_tensors import (
     check_base_weights,
     weights_problems,
 )
-from dphub.hub.gate_tensors import expected_tensors as expected_tensors
-from dphub.hub.gate_tensors import frozen_tensor_problems as frozen_tensor_problems
-from dphub.hub.gate_tensors import nonfinite_problems as nonfinite_problems
+from dphub.io import file_sha256
 from dphub.privacy.accounting import CLAIM_RTOL, below
 
 #: Top-level keys ``training_config.json`` may hold (format 2, written by ``dphub train``).
@@ -143,7 +128,7 @@ def _files(model_dir: Path) -> list[Path]:
     for p in sorted(model_dir.rglob("*")):
         rel = p.relative_to(model_dir)
         if p.is_symlink():
-            raise _refuse(model_dir, f"{rel} is a symbolic link; publish regular files only")
+            raise refuse(model_dir, f"{rel} is a symbolic link; publish regular files only")
         if p.is_file():
             out.append(p)
     return out
@@ -183,23 +168,23 @@ def check_files(model_dir: Path, files: list[Path],
     the files a model needs."""
     for name in REQUIRED_FILES:
         if not (model_dir / name).is_file():
-            raise _refuse(model_dir, f"{name} is missing")
+            raise refuse(model_dir, f"{name} is missing")
     for f in files:
         rel = f.relative_to(model_dir).as_posix()
         low = f.name.lower()
         if any(fnmatch.fnmatch(low, pat) for pat in PICKLE_PATTERNS):
-            raise _refuse(model_dir, f"{rel} is a pickle-based file; only safetensors weights "
+            raise refuse(model_dir, f"{rel} is a pickle-based file; only safetensors weights "
                                      "may be published")
         if any(fnmatch.fnmatch(low, pat) for pat in STATE_PATTERNS) or any(
             fnmatch.fnmatch(part.lower(), "checkpoint*") for part in Path(rel).parts[:-1]
         ):
-            raise _refuse(model_dir, f"{rel} is optimizer/checkpoint state, which the DP "
+            raise refuse(model_dir, f"{rel} is optimizer/checkpoint state, which the DP "
                                      "guarantee does not cover")
         if _looks_pickled(f):
-            raise _refuse(model_dir, f"{rel} contains pickled objects")
+            raise refuse(model_dir, f"{rel} contains pickled objects")
     problems = unlisted_file_problems(model_dir, files, allowed)
     if problems:
-        raise _refuse(model_dir, problems[0])
+        raise refuse(model_dir, problems[0])
 
 
 def unlisted_file_problems(model_dir: Path, files: list[Path],
@@ -209,7 +194,7 @@ def unlisted_file_problems(model_dir: Path, files: list[Path],
     for f in files:
         rel = f.relative_to(model_dir).as_posix()
         if rel not in allowed:
-            out.append(f"{_safe_name(rel)} is not a file dphub publishes (allowed: weights, "
+            out.append(f"{safe_name(rel)} is not a file dphub publishes (allowed: weights, "
                        "config.json, tokenizer files, README.md, training_config.json); only "
                        "accounted outputs may leave")
     return out
@@ -220,12 +205,12 @@ def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> d
     try:
         meta = read_card_meta(model_dir)
     except CardError as e:
-        raise _refuse(model_dir, f"model card: {e.message}") from None
+        raise refuse(model_dir, f"model card: {e.message}") from None
     dp = meta.get("differential_privacy")
     if not isinstance(dp, dict):
-        raise _refuse(model_dir, "the model card has no differential_privacy block")
+        raise refuse(model_dir, "the model card has no differential_privacy block")
     if dp.get("local_only") is True:  # first: the one reason that matters for such a model
-        raise _refuse(model_dir, "the model is LOCAL ONLY: it contains unprotected patient "
+        raise refuse(model_dir, "the model is LOCAL ONLY: it contains unprotected patient "
                                  "information (trained without differential privacy on the data "
                                  "owner's own notes) and never leaves this machine; train it "
                                  "with --dp to get a publishable model")
@@ -233,21 +218,21 @@ def check_card(model_dir: Path, validate: Callable[..., Any] | None = None) -> d
         return _check_public_card(model_dir, meta, validate)
     missing = [k for k in ACCOUNTING_FIELDS if k not in dp or dp[k] is None and k != "epsilon"]
     if missing:
-        raise _refuse(model_dir, "the card's differential_privacy block lacks accounting "
+        raise refuse(model_dir, "the card's differential_privacy block lacks accounting "
                                  f"field(s): {', '.join(missing)}")
     if dp.get("private") is not True:
-        raise _refuse(model_dir, "the model is marked non-private (differential_privacy.private "
+        raise refuse(model_dir, "the model is marked non-private (differential_privacy.private "
                                  "is not true); only DP-trained models can be published")
     eps = dp.get("epsilon")
     if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) \
             or eps <= 0:
-        raise _refuse(model_dir, f"differential_privacy.epsilon must be a finite positive number "
+        raise refuse(model_dir, f"differential_privacy.epsilon must be a finite positive number "
                                  f"(got {eps!r})")
     delta = dp.get("delta")
     if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0 <= delta < 1:
-        raise _refuse(model_dir, f"differential_privacy.delta must be in [0, 1) (got {delta!r})")
+        raise refuse(model_dir, f"differential_privacy.delta must be in [0, 1) (got {delta!r})")
     if dp.get("privacy_unit") not in PRIVACY_UNITS:
-        raise _refuse(model_dir, "differential_privacy.privacy_unit must be one of "
+        raise refuse(model_dir, "differential_privacy.privacy_unit must be one of "
                                  f"{', '.join(PRIVACY_UNITS)}")
     _check_tag_and_schema(model_dir, meta, validate)
     return meta
@@ -258,14 +243,14 @@ def _check_tag_and_schema(model_dir: Path, meta: dict[str, Any],
     """The dphub tag, then the card's full validation (schema + accounting), for every card the
     gate accepts (DP or public-synthetic)."""
     if DP_TAG not in (meta.get("tags") or []):
-        raise _refuse(model_dir, f"the card's tags must include {DP_TAG!r}")
+        raise refuse(model_dir, f"the card's tags must include {DP_TAG!r}")
     if validate is None:
         validate = _card_validator()
     if validate is not None:
         try:
             validate(model_dir, require_private=True)
         except DphubError as e:
-            raise _refuse(model_dir, f"model card fails validation: {e.message}") from None
+            raise refuse(model_dir, f"model card fails validation: {e.message}") from None
 
 
 def _check_public_card(model_dir: Path, meta: dict[str, Any],
@@ -275,14 +260,14 @@ def _check_public_card(model_dir: Path, meta: dict[str, Any],
     0`` to that provenance, and the weights stay bound to the card by their hash."""
     dp = meta["differential_privacy"]
     if not is_public_model(dp):
-        raise _refuse(model_dir, "the card says training_data: public-synthetic but not "
+        raise refuse(model_dir, "the card says training_data: public-synthetic but not "
                                  "private: false with epsilon 0")
     if dp.get("lineage"):
-        raise _refuse(model_dir, "a public-synthetic model cannot descend from a private model "
+        raise refuse(model_dir, "a public-synthetic model cannot descend from a private model "
                                  "(lineage is set)")
     data = meta.get("dataset")
     if not isinstance(data, dict) or data.get("name") != SYNTH_DATASET:
-        raise _refuse(model_dir, "a public-synthetic card's dataset must be dphub-synth (the "
+        raise refuse(model_dir, "a public-synthetic card's dataset must be dphub-synth (the "
                                  "public generator), not anyone's notes")
     _check_tag_and_schema(model_dir, meta, validate)  # public-synthetic passes as shareable
     return meta
@@ -293,9 +278,9 @@ def check_card_body(model_dir: Path) -> None:
     try:
         card = load_card(model_dir)
     except CardError as e:
-        raise _refuse(model_dir, f"model card: {e.message}") from None
+        raise refuse(model_dir, f"model card: {e.message}") from None
     if not body_is_rendered(card):
-        raise _refuse(model_dir, "README.md's body is not what dphub renders from the card's "
+        raise refuse(model_dir, "README.md's body is not what dphub renders from the card's "
                                  "front matter; free text may not leave in the body (put the "
                                  "trainer's prose in card_text and re-render the card with "
                                  "dphub.card.write_card)")
@@ -312,18 +297,18 @@ def check_tokenizer(model_dir: Path, meta: dict[str, Any]) -> None:
     base = meta.get("base_model")
     base_dir = resolve_base_tokenizer_dir(base if isinstance(base, str) else None)
     if base_dir is None:
-        raise _refuse(model_dir, f"cannot resolve the card's base_model {base!r} to verify the "
+        raise refuse(model_dir, f"cannot resolve the card's base_model {base!r} to verify the "
                                  "tokenizer files against it")
     present = [n for n in TOKENIZER_FILES if (model_dir / n).is_file()]
     if not present:
-        raise _refuse(model_dir, "no tokenizer files (tokenizer.json, vocab.txt ...)")
+        raise refuse(model_dir, "no tokenizer files (tokenizer.json, vocab.txt ...)")
     for name in present:
         ref = base_dir / name
         if not ref.is_file():
-            raise _refuse(model_dir, f"{name} is not a file of the base model {base}; tokenizer "
+            raise refuse(model_dir, f"{name} is not a file of the base model {base}; tokenizer "
                                      "files must be the public base model's")
         if file_sha256(model_dir / name) != file_sha256(ref):
-            raise _refuse(model_dir, f"{name} differs (sha256) from the base model {base}'s; a "
+            raise refuse(model_dir, f"{name} differs (sha256) from the base model {base}'s; a "
                                      "tokenizer fitted on private notes cannot be published")
 
 
@@ -371,7 +356,7 @@ def check_private_strings(model_dir: Path, files: list[Path], skip: set[str]) ->
             m = pat.search(text)
             if m:
                 line = text.count("\n", 0, m.start()) + 1
-                raise _refuse(model_dir, f"{rel} line {line} contains {label!r} (a local path "
+                raise refuse(model_dir, f"{rel} line {line} contains {label!r} (a local path "
                                          "or user name); remove it before publishing")
 
 
@@ -444,7 +429,7 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
     extra = set(cfg) - TRAINING_CONFIG_KEYS
     if extra:
         out.append(f"training_config.json holds key(s) outside the allow-list: "
-                   f"{_key_list(extra)} (only hyper-parameters and accounting inputs may be "
+                   f"{key_list(extra)} (only hyper-parameters and accounting inputs may be "
                    "published; loss curves stay in the private run log)")
     legacy = cfg.get("format_version") != TRAINING_CONFIG_FORMAT
     if legacy:
@@ -457,11 +442,11 @@ def training_config_problems(model_dir: Path, dp: Any) -> list[str]:
     extra = set(hyper) - PUBLISHED_HYPERPARAM_KEYS
     if extra:
         out.append(f"training_config.json dphub_training holds key(s) outside the allow-list: "
-                   f"{_key_list(extra)}")
+                   f"{key_list(extra)}")
     not_scalar = [k for k, v in [*cfg.items(), *hyper.items()]
                   if k != "dphub_training" and not _scalar(v)]
     if not_scalar:
-        out.append(f"training_config.json value(s) of {_key_list(set(not_scalar))} are not "
+        out.append(f"training_config.json value(s) of {key_list(set(not_scalar))} are not "
                    "single numbers or short strings (hyper-parameters only)")
     if not isinstance(dp, dict) or legacy:
         return out  # an old config has no accounting fields to compare: its format is the news
@@ -505,14 +490,14 @@ def check_weights(model_dir: Path, meta: dict[str, Any]) -> None:
     """Raise :class:`GateViolation` on the first weights problem (:func:`weights_problems`)."""
     problems = weights_problems(model_dir, meta.get("differential_privacy"))
     if problems:
-        raise _refuse(model_dir, problems[0])
+        raise refuse(model_dir, problems[0])
 
 
 def check_training_config(model_dir: Path, meta: dict[str, Any]) -> None:
     """Raise :class:`GateViolation` on the first training-config problem."""
     problems = training_config_problems(model_dir, meta.get("differential_privacy"))
     if problems:
-        raise _refuse(model_dir, problems[0])
+        raise refuse(model_dir, problems[0])
 
 
 def model_dir_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:

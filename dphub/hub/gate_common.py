@@ -32,14 +32,14 @@ class GateViolation(DphubError):
     """One reason a model directory may not be shared; wrapped by the publish or pull side."""
 
 
-def _refuse(model_dir: Path, why: str) -> GateViolation:
+def refuse(model_dir: Path, why: str) -> GateViolation:
     return GateViolation(why)
 
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@/+-]{1,200}$")
 
 
-def _safe_name(name: str) -> str:
+def safe_name(name: str) -> str:
     """A file or tensor name fit for a message (hostile names could carry text)."""
     return name if _SAFE_NAME.match(name) else "<a name with unusual characters>"
 
@@ -76,15 +76,15 @@ def check_config(model_dir: Path) -> dict[str, Any]:
     try:
         config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        raise _refuse(model_dir, "config.json is not valid JSON") from None
+        raise refuse(model_dir, "config.json is not valid JSON") from None
     if not isinstance(config, dict):
-        raise _refuse(model_dir, "config.json is not a JSON object")
+        raise refuse(model_dir, "config.json is not a JSON object")
     if "auto_map" in config or any(p.suffix == ".py" for p in model_dir.rglob("*.py")):
-        raise _refuse(model_dir, "the model ships custom code (auto_map / *.py); dphub never "
+        raise refuse(model_dir, "the model ships custom code (auto_map / *.py); dphub never "
                                  "runs remote code")
     problems = config_problems(config)
     if problems:
-        raise _refuse(model_dir, problems[0])
+        raise refuse(model_dir, problems[0])
     return config
 
 
@@ -160,7 +160,7 @@ def config_problems(config: dict[str, Any]) -> list[str]:
         extra = set(block) - DPHUB_CONFIG_KEYS
         if extra:
             out.append(f"config.json dphub block holds key(s) outside the allow-list: "
-                       f"{_key_list(extra)}")
+                       f"{key_list(extra)}")
         if not all(_config_scalar(v) for k, v in block.items() if k != "rule_features"):
             out.append("config.json dphub block values must be numbers or short tokens")
         if "rule_features" in block:
@@ -182,19 +182,19 @@ def read_training_config(model_dir: Path) -> dict[str, Any]:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_TRAINING_CONFIG_BYTES + 1)
     except OSError:
-        raise _refuse(model_dir, "training_config.json cannot be read") from None
+        raise refuse(model_dir, "training_config.json cannot be read") from None
     if len(raw) > MAX_TRAINING_CONFIG_BYTES:
-        raise _refuse(model_dir, "training_config.json is larger than 64 kB; it may hold "
+        raise refuse(model_dir, "training_config.json is larger than 64 kB; it may hold "
                                  "hyper-parameters only")
     try:
         data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError):
-        raise _refuse(model_dir, "training_config.json is not valid JSON (finite numbers "
+        raise refuse(model_dir, "training_config.json is not valid JSON (finite numbers "
                                  "only)") from None
     if not isinstance(data, dict):
-        raise _refuse(model_dir, "training_config.json is not a JSON object")
+        raise refuse(model_dir, "training_config.json is not a JSON object")
     return data
 
 
-def _key_list(keys: Any) -> str:
+def key_list(keys: Any) -> str:
     return ", ".join(k if _SAFE_NAME.match(str(k)) else "<unusual key>" for k in sorted(keys))

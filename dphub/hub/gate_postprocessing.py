@@ -26,7 +26,6 @@ from typing import Any
 
 from dphub.card import TRAINING_CONFIG_FORMAT, is_post_processing, load_valid_card
 from dphub.errors import DphubError
-from dphub.hub.common import file_sha256
 from dphub.hub.gate_common import (
     PUBLIC_DATA_KEYS,
     GateViolation,
@@ -37,6 +36,7 @@ from dphub.hub.gate_provenance import (
     record_key_problems,
     regenerate_recorded_notes,
 )
+from dphub.io import file_sha256
 from dphub.registry import Registry
 
 #: ``training_config.json`` keys of a public student: no privacy unit, accountant, sampling rate

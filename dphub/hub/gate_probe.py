@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import DphubError
-from dphub.hub.gate_common import _refuse
+from dphub.hub.gate_common import refuse
 
 #: why publish refuses a card without the block
 MISSING_PROBE = (
@@ -77,4 +77,4 @@ def check_probe(model_dir: Path, meta: dict[str, Any], *, require_block: bool) -
     """Raise :class:`~dphub.hub.gate_common.GateViolation` on the first probe problem."""
     problems = probe_problems(model_dir, meta, require_block=require_block)
     if problems:
-        raise _refuse(model_dir, problems[0])
+        raise refuse(model_dir, problems[0])

@@ -8,21 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from dphub.card import (
+    SYNTH_DATASET,
     dataset_block,
 )
 from dphub.errors import ConfigError, DphubError
-from dphub.hub.common import (
-    SYNTH_DATASET,
-)
 from dphub.hub.gate_common import (
     PUBLIC_DATA_KEYS,
     PUBLIC_SYNTHETIC,
     GateViolation,
-    _key_list,
-    _refuse,
-    _safe_name,
     check_config,
+    key_list,
     read_training_config,
+    refuse,
+    safe_name,
 )
 
 # --------------------------------------------------------------------------- public provenance
@@ -46,7 +44,7 @@ def check_public_provenance(model_dir: Path, meta: dict[str, Any]) -> None:
     (:func:`public_provenance_problems`); other cards pass untouched."""
     problems = public_provenance_problems(model_dir, meta)
     if problems:
-        raise _refuse(model_dir, problems[0])
+        raise refuse(model_dir, problems[0])
 
 
 def public_provenance_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
@@ -103,14 +101,14 @@ def record_key_problems(cfg: dict[str, Any], top_keys: frozenset[str],
     ``dphub_training``), or no ``dphub_training`` block: the record is not of ``run``."""
     extra = set(cfg) - top_keys
     if extra:
-        return [f"training_config.json holds {_key_list(extra)}, which {run} does not record: "
+        return [f"training_config.json holds {key_list(extra)}, which {run} does not record: "
                 f"{what}"]
     hyper = cfg.get("dphub_training")
     if not isinstance(hyper, dict):
         return [f"training_config.json has no dphub_training block: {what}"]
     extra = set(hyper) - hyper_keys
     if extra:
-        return [f"training_config.json dphub_training holds {_key_list(extra)}, which {run} "
+        return [f"training_config.json dphub_training holds {key_list(extra)}, which {run} "
                 f"does not record: {what}"]
     return []
 
@@ -183,7 +181,7 @@ def _regenerated_data_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[
                 "the card does not belong to this public data"]
     steps = _pretrain_steps(model_dir, notes, hyper)
     if steps is not None and steps != cfg.get("steps"):
-        return [f"training_config.json steps ({_safe_name(str(cfg.get('steps')))}) is not what "
+        return [f"training_config.json steps ({safe_name(str(cfg.get('steps')))}) is not what "
                 f"its epochs and batch_size give on the regenerated notes ({steps}): the record "
                 "does not describe a run on this data"]
     return []

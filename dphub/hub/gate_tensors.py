@@ -16,20 +16,17 @@ from dphub.encoders import (
     tensor_bytes,
 )
 from dphub.errors import DphubError, ModelError
-from dphub.hub.common import (
-    file_sha256,
-)
 from dphub.hub.gate_common import (
     MAX_LAYERS,
     PUBLIC_SYNTHETIC,
     GateViolation,
-    _refuse,
-    _safe_name,
     check_config,
     read_training_config,
+    refuse,
     resolve_base_tokenizer_dir,
+    safe_name,
 )
-from dphub.io import cache_root
+from dphub.io import cache_root, file_sha256
 from dphub.registry import Registry
 
 # --------------------------------------------------------------------------- weights
@@ -52,18 +49,18 @@ def expected_tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     raw = check_config(model_dir)
     block = raw.get("dphub")
     if not isinstance(block, dict) or block.get("head") not in ("crf", "softmax"):
-        raise _refuse(model_dir, "config.json has no valid 'dphub' block (head crf|softmax)")
+        raise refuse(model_dir, "config.json has no valid 'dphub' block (head crf|softmax)")
     id2label = raw.get("id2label")
     if not isinstance(id2label, dict) or not id2label:
-        raise _refuse(model_dir, "config.json has no id2label")
+        raise refuse(model_dir, "config.json has no id2label")
     layers = raw.get("num_hidden_layers", 0)
     if not isinstance(layers, int) or not 0 < layers <= MAX_LAYERS:
-        raise _refuse(model_dir, f"config.json num_hidden_layers must be 1..{MAX_LAYERS}")
+        raise refuse(model_dir, f"config.json num_hidden_layers must be 1..{MAX_LAYERS}")
     n_tags = len(id2label)
     try:
         encoder = meta_encoder(model_dir)
     except Exception as e:  # noqa: BLE001 - any failure: the config describes no known model
-        raise _refuse(model_dir, f"config.json does not describe a model transformers can build "
+        raise refuse(model_dir, f"config.json does not describe a model transformers can build "
                                  f"({type(e).__name__})") from None
     prefix = getattr(encoder, "base_model_prefix", "bert") or "bert"
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -83,7 +80,7 @@ def expected_tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     if spec is not None:
         feats = spec.get("features") if isinstance(spec, dict) else None
         if not isinstance(feats, list) or not 0 < len(feats) <= 256:
-            raise _refuse(model_dir, "config.json has an invalid dphub.rule_features block")
+            raise refuse(model_dir, "config.json has an invalid dphub.rule_features block")
         out["rule_proj.weight"] = ("F32", (n_tags, len(feats)))
         out["rule_proj.bias"] = ("F32", (n_tags,))
     return out
@@ -94,7 +91,7 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 
 def _names(names: list[str]) -> str:
-    shown = ", ".join(_safe_name(n) for n in names[:3])
+    shown = ", ".join(safe_name(n) for n in names[:3])
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
@@ -143,10 +140,10 @@ def weights_problems(model_dir: Path, dp: Any = None) -> list[str]:
     for name in sorted(set(found) & set(want_tensors)):
         (dtype, shape), (want_dtype, want_shape) = found[name], want_tensors[name]
         if shape != want_shape:
-            out.append(f"model.safetensors tensor {_safe_name(name)} has shape {_shape(shape)}, "
+            out.append(f"model.safetensors tensor {safe_name(name)} has shape {_shape(shape)}, "
                        f"config.json implies {_shape(want_shape)}")
         elif dtype != want_dtype:
-            out.append(f"model.safetensors tensor {_safe_name(name)} is {dtype}, config.json "
+            out.append(f"model.safetensors tensor {safe_name(name)} is {dtype}, config.json "
                        f"implies {want_dtype}")
     if not out:  # a well-formed file: now its values
         out += nonfinite_problems(path)
@@ -233,7 +230,7 @@ def check_base_weights(model_dir: Path, meta: dict[str, Any]) -> None:
     (:func:`base_weights_problems`)."""
     problems = base_weights_problems(model_dir, meta)
     if problems:
-        raise _refuse(model_dir, problems[0])
+        raise refuse(model_dir, problems[0])
 
 
 def base_weights_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
@@ -251,7 +248,7 @@ def base_weights_problems(model_dir: Path, meta: dict[str, Any]) -> list[str]:
       origin, they must be equal to it (:func:`frozen_tensor_problems`).
     """
     base = meta.get("base_model")
-    name = _safe_name(base) if isinstance(base, str) else "(none)"
+    name = safe_name(base) if isinstance(base, str) else "(none)"
     base_dir = resolve_base_tokenizer_dir(base if isinstance(base, str) else None)
     if base_dir is None:
         return [_unresolved_base(name)]
@@ -289,7 +286,7 @@ def base_unresolved(meta: dict[str, Any]) -> str | None:
     base = meta.get("base_model")
     if resolve_base_tokenizer_dir(base if isinstance(base, str) else None) is not None:
         return None
-    return _unresolved_base(_safe_name(base) if isinstance(base, str) else "(none)")
+    return _unresolved_base(safe_name(base) if isinstance(base, str) else "(none)")
 
 
 def frozen_tensor_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str, Any],
@@ -326,9 +323,9 @@ def frozen_tensor_problems(model_dir: Path, meta: dict[str, Any], cfg: dict[str,
             if r is None:
                 if tname.endswith(_OPTIONAL_SUFFIXES):
                     continue
-                return [f"encoder tensor {_safe_name(tname)} has no counterpart in {what}"]
+                return [f"encoder tensor {safe_name(tname)} has no counterpart in {what}"]
             if r.dtype != t.dtype or r.shape != t.shape or tensor_bytes(r) != tensor_bytes(t):
-                return [f"encoder tensor {_safe_name(tname)} was frozen in training but differs "
+                return [f"encoder tensor {safe_name(tname)} was frozen in training but differs "
                         f"from {what}: the encoder is not the one the card declares"]
     except (ModelError, GateViolation, TypeError, ValueError) as e:
         why = e.message if isinstance(e, DphubError) else type(e).__name__
@@ -341,13 +338,13 @@ def _training_start(meta: dict[str, Any], cfg: dict[str, Any], hyper: dict[str, 
     """(directory, words) of the weights a run started from, when this machine has them."""
     if cfg.get("init_from"):
         return None  # a DP model's fine-tuning: that model was checked when it was published
-    base = _safe_name(str(meta.get("base_model")))
+    base = safe_name(str(meta.get("base_model")))
     dp = meta.get("differential_privacy")
     pre = dp.get("public_pretraining") if isinstance(dp, dict) else None
     public = pre.get("model") if isinstance(pre, dict) else None
     if isinstance(public, str) and public:
         try:
-            return Registry().get(public).path, f"the public base {_safe_name(public)}"
+            return Registry().get(public).path, f"the public base {safe_name(public)}"
         except DphubError:
             return None
     if hyper.get("warm_start") == "none":

@@ -21,16 +21,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dphub.errors import HubError, PullRefused
-from dphub.hub.common import (
-    DP_TAG,
-    CardSummary,
-    RepoRevision,
-    check_relative_path,
-    check_repo_id,
-    check_revision,
-    file_git_sha1,
-    file_sha256,
-)
+from dphub.hub.common import DP_TAG, CardSummary, RepoRevision, check_relative_path, file_git_sha1
+from dphub.io import file_sha256
+from dphub.repo_ids import check_repo_id, check_revision
 
 
 def _hub_error(repo_id: str, e: Exception) -> HubError:

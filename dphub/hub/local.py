@@ -44,13 +44,12 @@ from dphub.hub.common import (
     CardSummary,
     RepoRevision,
     check_relative_path,
-    check_repo_id,
-    check_revision,
     file_git_sha1,
     git_blob_sha1,
     parse_front_matter,
 )
 from dphub.hub.policy import POLICY_FILE
+from dphub.repo_ids import check_repo_id, check_revision
 
 BRANCH = "main"
 _ZERO = "0" * 40

@@ -15,13 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dphub.errors import PublishRefused, PullRefused
-from dphub.hub.common import (
-    CardSummary,
-    RepoRevision,
-    check_repo_id,
-    default_hub,
-    parse_repo_spec,
-)
+from dphub.hub.common import CardSummary, RepoRevision, default_hub
 from dphub.hub.gate import GateViolation, check_publishable, check_shareable
 from dphub.hub.hf import HFHub
 from dphub.hub.local import LocalHub
@@ -35,6 +29,7 @@ from dphub.hub.policy import (
     policy_violation,
 )
 from dphub.registry import Entry, Registry
+from dphub.repo_ids import check_repo_id, parse_repo_spec
 
 
 class Backend(Protocol):

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError
-from dphub.hub.common import dphub_home
-from dphub.io import atomic_write_text, read_small_file
+from dphub.io import atomic_write_text, dphub_home, read_small_file
 
 # the policy itself lives below training (train() refuses by itself, issue 39 item 6); these
 # names are this module's public API as before

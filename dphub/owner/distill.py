@@ -234,7 +234,7 @@ def distill(
     it local with :func:`local_options`. ``labelled`` notes contribute their gold spans
     (:func:`combine_labels`). Each round after the first adds the previous student to the
     labelling ensemble (``any``). ``opts.soft_labels``: the student learns each pseudo-span's
-    tag with the span's score as its probability (:func:`dphub.tagger.soft_crf_nll`; gold
+    tag with the span's score as its probability (:func:`dphub.tagger_model.soft_crf_nll`; gold
     spans stay certain). ``disjoint_teachers``: member names the trainer declares were trained
     on none of these patients (DP only; :func:`teacher_lineage`). ``on_plan(plan, teachers)``
     sees the last round's privacy plan and the teachers' lineage entries before its first step,

@@ -34,7 +34,7 @@ def prepare_spans(note: Note, spans: Sequence[Span], *, merge: bool = True) -> l
     return sorted(spans, key=lambda s: (s.start, s.end))
 
 
-def _replace_spans(note: Note, spans: Sequence[Span], replacement: Callable[[Span], str]) -> str:
+def replace_spans(note: Note, spans: Sequence[Span], replacement: Callable[[Span], str]) -> str:
     """The note text with each (merged, sorted) span replaced by ``replacement(span)``."""
     out: list[str] = []
     pos = 0
@@ -76,7 +76,7 @@ class TagRenderer(Renderer):
         self.label_of = category_of if granularity == "category" else fine_of
 
     def render(self, note: Note, spans: Sequence[Span]) -> str:
-        return _replace_spans(note, spans, lambda s: self.template.format(self.label_of(s.label)))
+        return replace_spans(note, spans, lambda s: self.template.format(self.label_of(s.label)))
 
 
 class RedactRenderer(Renderer):
@@ -96,8 +96,8 @@ class RedactRenderer(Renderer):
 
     def render(self, note: Note, spans: Sequence[Span]) -> str:
         if not self.preserve_length:
-            return _replace_spans(note, spans, lambda s: self.mask)
-        return _replace_spans(
+            return replace_spans(note, spans, lambda s: self.mask)
+        return replace_spans(
             note,
             spans,
             lambda s: "".join(c if c.isspace() else self.mask_char for c in note.span_text(s)),

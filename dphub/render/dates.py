@@ -9,7 +9,7 @@ import datetime as dt
 import re
 from collections.abc import Callable
 
-from dphub.render.values import _match_case
+from dphub.render.values import match_case
 
 _MONTHS_FULL = [calendar.month_name[i] for i in range(1, 13)]
 _MONTHS_ABBR = [calendar.month_abbr[i] for i in range(1, 13)]
@@ -95,7 +95,7 @@ def _fmt_month_name(month: int, original: str) -> str:
         name = "Sept" if month == 9 else full[:3]
     else:
         name = full
-    return _match_case(o, name)
+    return match_case(o, name)
 
 
 def _ordinal(day: int, original: str | None) -> str:
@@ -153,7 +153,7 @@ def shift_date_text(text: str, offset: int, shift_of: ShiftOf | None = None) -> 
         new = _WEEKDAYS[(wd + (offset % 7 or 1)) % 7]
         token = m["wd"]
         name = new if len(token) > 4 else new[: max(3, len(token))]
-        return _match_case(token, name) + (m["dot"] or "")
+        return match_case(token, name) + (m["dot"] or "")
     return None
 
 

@@ -87,20 +87,20 @@ from dphub.errors import ConfigError
 from dphub.labels import UNTYPED, category_of, fine_of
 from dphub.notes import Note, Span
 from dphub.render.ages import AGE_MECHANISM, DEFAULT_AGE_EPSILON, MAX_KEPT_AGE, DpAges
-from dphub.render.base import Renderer, _replace_spans, prepare_spans
+from dphub.render.base import Renderer, prepare_spans, replace_spans
 from dphub.render.dates import DatePoint, Shift, date_point, date_points, shift_date_text
 from dphub.render.dp_dates import DATE_MECHANISM, DEFAULT_DATE_EPSILON, DpDates
 from dphub.render.geo import DEFAULT_PLACE_EPSILON, GeoPlaces
 from dphub.render.keys import MIN_KEY_BYTES, date_offset_days, hmac_int, load_key
 from dphub.render.values import (
-    _code_like,
-    _faker,
-    _first_name_method,
-    _is_phone,
-    _match_case,
-    _normalize,
-    _scramble,
-    _span_in_a_measurement,
+    code_like,
+    faker_for,
+    first_name_method,
+    is_phone,
+    match_case,
+    normalize_value,
+    scramble,
+    span_in_a_measurement,
 )
 from dphub.textnorm import normalize, normalized_text
 
@@ -276,7 +276,7 @@ class SurrogateRenderer(Renderer):
             if category_of(span.label) != "DATE":
                 continue
             core = normalized_text(note.span_text(span)).strip()
-            if core and not _span_in_a_measurement(note.text, norm, span):
+            if core and not span_in_a_measurement(note.text, norm, span):
                 points.update(date_points(core))
         return points
 
@@ -289,7 +289,7 @@ class SurrogateRenderer(Renderer):
 
     # -- seeded randomness
     def _seed(self, ctx: _Ctx, kind: str, value: str, attempt: int) -> int:
-        return hmac_int(self._key, "surrogate", ctx.patient, kind, _normalize(value), str(attempt))
+        return hmac_int(self._key, "surrogate", ctx.patient, kind, normalize_value(value), str(attempt))
 
     def _draw(
         self, ctx: _Ctx, kind: str, original: str, make: Callable[[int], str],
@@ -302,12 +302,12 @@ class SurrogateRenderer(Renderer):
         CITY in one note and LOCATION in another gets the same seed, so the same surrogate.
         ``common`` are words no collision counts on (``com``, ``example`` in every Faker email).
         """
-        norm = _normalize(original)
+        norm = normalize_value(original)
         for attempt in range(self.MAX_REDRAWS):
             out = make(self._seed(ctx, kind, original, attempt))
             if not norm:
                 return out
-            words = ({_normalize(w) for w in _WORD_RE.findall(out)} - common) | {_normalize(out)}
+            words = ({normalize_value(w) for w in _WORD_RE.findall(out)} - common) | {normalize_value(out)}
             if norm not in words and not (words & ctx.forbidden):
                 return out
         raise _NoSurrogate  # every draw collided (tiny value space): mask instead
@@ -316,16 +316,16 @@ class SurrogateRenderer(Renderer):
         self, ctx: _Ctx, kind: str, original: str, method: str,
         common: frozenset[str] = frozenset(),
     ) -> str:
-        fk = _faker(self.locale)
+        fk = faker_for(self.locale)
 
         def make(seed: int) -> str:
             fk.seed_instance(seed)
             return str(getattr(fk, method)())
 
-        return _match_case(original, self._draw(ctx, kind, original, make, common))
+        return match_case(original, self._draw(ctx, kind, original, make, common))
 
     def _scrambled(self, ctx: _Ctx, kind: str, original: str) -> str:
-        return self._draw(ctx, kind, original, lambda seed: _scramble(original, random.Random(seed)))
+        return self._draw(ctx, kind, original, lambda seed: scramble(original, random.Random(seed)))
 
     # -- per kind (each raises _NoSurrogate when the text does not parse as its category)
     def _name(self, ctx: _Ctx, text: str) -> str:
@@ -343,7 +343,7 @@ class SurrogateRenderer(Renderer):
                 return w
             if len(w) == 1:
                 return self._scrambled(ctx, "NAME", w)
-            method = _first_name_method(self.locale).get(w.casefold(), "last_name")
+            method = first_name_method(self.locale).get(w.casefold(), "last_name")
             return self._faker_value(ctx, "NAME", w, method)
 
         return _WORD_RE.sub(word, text)
@@ -383,7 +383,7 @@ class SurrogateRenderer(Renderer):
         if fine == "STATE" and len(text) == 2 and len(letters) == 2:
             return self._faker_value(ctx, "LOCATION", text, "state_abbr")
         if fine in ("ZIP", "ROOM") or not letters:
-            if fine not in ("ZIP", "ROOM") or not _code_like(text, 3 if fine == "ZIP" else 1):
+            if fine not in ("ZIP", "ROOM") or not code_like(text, 3 if fine == "ZIP" else 1):
                 raise _NoSurrogate  # "32" as a city, "7.4" as a ZIP: not a place
             return self._scrambled(ctx, "LOCATION", text)
         if is_acronym:
@@ -391,7 +391,7 @@ class SurrogateRenderer(Renderer):
         if self._geo is not None and fine in _GEO_FINE and not _FACILITY_RE.search(text):
             moved = self._geo.place(ctx.patient, text)
             if moved is not None:  # else: not in the gazetteer, the Faker city below
-                return _match_case(text, moved)
+                return match_case(text, moved)
         method = {
             "STATE": "state",
             "COUNTRY": "country",
@@ -403,14 +403,14 @@ class SurrogateRenderer(Renderer):
         if fine in ("HOSPITAL", "DEPARTMENT") or _FACILITY_RE.search(text):
             if not _FACILITY_RE.search(text):  # "VORNAK" in "VORNAK hospital": a bare name
                 return self._faker_value(ctx, "LOCATION", text, "last_name")
-            fk = _faker(self.locale)
+            fk = faker_for(self.locale)
             kinds = ("General Hospital", "Medical Center", "Memorial Hospital", "Clinic")
 
             def make(seed: int) -> str:
                 fk.seed_instance(seed)
                 return f"{fk.last_name()} {fk.random_element(kinds)}"
 
-            return _match_case(text, self._draw(ctx, "LOCATION", text, make))
+            return match_case(text, self._draw(ctx, "LOCATION", text, make))
         return self._faker_value(ctx, "LOCATION", text, "city")
 
     def _contact(self, ctx: _Ctx, fine: str, text: str) -> str:
@@ -425,10 +425,10 @@ class SurrogateRenderer(Renderer):
         if fine == "EMAIL":
             raise _NoSurrogate  # an "email" without an @
         if fine == "IPADDR":
-            if not _code_like(text, 4):
+            if not code_like(text, 4):
                 raise _NoSurrogate
             return self._scrambled(ctx, "CONTACT", text)
-        if not _is_phone(text):  # "120/80" or "7.47" flagged as a phone number
+        if not is_phone(text):  # "120/80" or "7.47" flagged as a phone number
             raise _NoSurrogate
         return self._scrambled(ctx, "CONTACT", text)
 
@@ -444,7 +444,7 @@ class SurrogateRenderer(Renderer):
             raise _NoSurrogate
         if category == "NAME":
             if fine == "USERNAME":
-                if not _code_like(text, 2):
+                if not code_like(text, 2):
                     raise _NoSurrogate
                 return self._scrambled(ctx, "NAME", text)
             return self._name(ctx, text)
@@ -461,7 +461,7 @@ class SurrogateRenderer(Renderer):
                 raise _NoSurrogate
             return self._faker_value(ctx, "PROFESSION", text, "job")
         # ID, OTHER: the format is kept, so the value must look like one (not like "7.47")
-        if not _code_like(text, 3 if category == "ID" else 1):
+        if not code_like(text, 3 if category == "ID" else 1):
             raise _NoSurrogate
         return self._scrambled(ctx, category, text)
 
@@ -469,7 +469,7 @@ class SurrogateRenderer(Renderer):
         patient = note.effective_patient_id
         merged = prepare_spans(note, spans)
         forbidden = {
-            _normalize(w)
+            normalize_value(w)
             for s in merged
             for w in [*_WORD_RE.findall(normalized_text(note.span_text(s))),
                       normalized_text(note.span_text(s))]
@@ -501,7 +501,7 @@ class SurrogateRenderer(Renderer):
                 return raw
             lead = raw[: len(raw) - len(raw.lstrip())]
             trail = raw[len(raw.rstrip()) :]
-            if _span_in_a_measurement(note.text, norm, span):
+            if span_in_a_measurement(note.text, norm, span):
                 return lead + _mask(span.label) + trail
             k = (span.label, core)
             if k not in memo:
@@ -511,4 +511,4 @@ class SurrogateRenderer(Renderer):
                     memo[k] = _mask(span.label)
             return lead + memo[k] + trail
 
-        return _replace_spans(note, merged, replacement)
+        return replace_spans(note, merged, replacement)

@@ -13,16 +13,16 @@ from dphub.textnorm import NormalizedText
 
 
 @functools.lru_cache(maxsize=4)
-def _faker(locale: str) -> Any:
+def faker_for(locale: str) -> Any:
     from faker import Faker
 
     return Faker(locale)
 
 
 @functools.lru_cache(maxsize=4)
-def _first_name_method(locale: str) -> dict[str, str]:
+def first_name_method(locale: str) -> dict[str, str]:
     """Casefolded first name -> the Faker method drawing a replacement of the same gender."""
-    provider = _faker(locale).provider("faker.providers.person")
+    provider = faker_for(locale).provider("faker.providers.person")
     female = {n.casefold() for n in getattr(provider, "first_names_female", ()) or ()}
     male = {n.casefold() for n in getattr(provider, "first_names_male", ()) or ()}
     other = {n.casefold() for n in getattr(provider, "first_names", ()) or ()}
@@ -32,7 +32,7 @@ def _first_name_method(locale: str) -> dict[str, str]:
     return methods
 
 
-def _match_case(original: str, surrogate: str) -> str:
+def match_case(original: str, surrogate: str) -> str:
     letters = [c for c in original if c.isalpha()]
     if not letters:
         return surrogate
@@ -43,7 +43,7 @@ def _match_case(original: str, surrogate: str) -> str:
     return surrogate
 
 
-def _normalize(value: str) -> str:
+def normalize_value(value: str) -> str:
     """What must match for two mentions to get the same surrogate: letters and digits, casefolded."""
     return "".join(c for c in value.casefold() if c.isalnum())
 
@@ -51,7 +51,7 @@ def _normalize(value: str) -> str:
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def _scramble(value: str, rng: random.Random) -> str:
+def scramble(value: str, rng: random.Random) -> str:
     """Digits -> random digits, letters -> random ASCII letters of the same case, rest kept."""
     out = []
     for c in value:
@@ -109,7 +109,7 @@ def _in_a_measurement(text: str, start: int, end: int) -> bool:
     return False
 
 
-def _span_in_a_measurement(text: str, norm: NormalizedText | None, span: Span) -> bool:
+def span_in_a_measurement(text: str, norm: NormalizedText | None, span: Span) -> bool:
     """:func:`_in_a_measurement` for the span's stripped value, on the note as members read it:
     the surrogate is drawn from the normalised value, so its neighbours are judged normalised
     too (``BP 1<U+200B>2<U+200B>0/80``: ``120`` is a blood pressure, not an age)."""
@@ -126,13 +126,13 @@ def _is_measurement(text: str) -> bool:
     return _MEASURE_RE.fullmatch(text) is not None
 
 
-def _code_like(text: str, min_alnum: int) -> bool:
+def code_like(text: str, min_alnum: int) -> bool:
     """Whether ``text`` can be an identifier (ID, ZIP, room): enough letters or digits, and not
     a measurement (``7.47`` flagged as an ID is a lab value, not an ID to scramble)."""
     return sum(c.isalnum() for c in text) >= min_alnum and not _is_measurement(text)
 
 
-def _is_phone(text: str) -> bool:
+def is_phone(text: str) -> bool:
     digits = sum(c.isdigit() for c in text)
     return (
         _PHONE_RE.fullmatch(text) is not None

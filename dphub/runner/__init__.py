@@ -73,17 +73,17 @@ from dphub.runner.engine import Engine, deid_isolated, local_engine
 from dphub.runner.inputs import (
     MAX_NAME_BYTES,
     WorkItem,
-    _count_input,
-    _escaped,
-    _os_reason,
-    _printable_key,
-    _with_patients,
     check_input,
+    count_input,
+    escaped,
     input_layout,
     iter_input,
+    os_reason,
     patient_pattern,
+    printable_key,
+    with_patients,
 )
-from dphub.runner.output import MODES, Renderer, _audit_record
+from dphub.runner.output import MODES, Renderer, audit_record
 from dphub.runner.state import (
     JOURNAL,
     LOCK,
@@ -178,7 +178,7 @@ def run_deid(
     run state are the same bytes.
 
     ``patient_id_from`` gives notes without a patient id one from their id (see
-    :func:`_with_patients`); ``warn`` receives one line, once, when surrogates are drawn for notes
+    :func:`with_patients`); ``warn`` receives one line, once, when surrogates are drawn for notes
     that have none.
     """
     src = Path(input_path)
@@ -224,7 +224,7 @@ def run_deid(
         if e.errno not in _RUN_LEVEL_ERRNOS:
             raise
         # a full disk while writing run state or the assembled files: stop, resumable
-        raise OutputError(f"{dst}: cannot write ({_os_reason(e)}); fix that and continue with "
+        raise OutputError(f"{dst}: cannot write ({os_reason(e)}); fix that and continue with "
                           "--resume") from None
     except DiskFullError:
         # raised by the atomic writer (it said "run again"): a rerun without --resume is
@@ -252,7 +252,7 @@ def _observe_patients(renderer: Renderer, run_engine: Engine, src: Path, fmt: st
     Nothing is written: the dates stay in memory."""
     def readable() -> Iterator[list[WorkItem]]:
         batch: list[WorkItem] = []
-        for it in _with_patients(map(_printable_key, iter_input(src, fmt)), patients, None):
+        for it in with_patients(map(printable_key, iter_input(src, fmt)), patients, None):
             if it.note is not None:
                 batch.append(it)
             if len(batch) >= batch_size:
@@ -274,25 +274,13 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 patients: re.Pattern[str] | None = None,
                 warn: Callable[[str], None] | None = None,
                 chunk_progress: Callable[[int, int], None] | None = None) -> RunReport:
-    """The run proper, under the lock (see :func:`run_deid`)."""
+    """The run proper, under the lock (see :func:`run_deid`): checks (:func:`_earlier_run`),
+    the notes through the engine, journal and part files, then :func:`_finish`."""
     run_dir = dst / RUN_DIR
     params_path = run_dir / PARAMS
-    params = _read_params(params_path)
-    if resume:
-        if params is None:
-            raise ConfigError(f"{dst}: no earlier run to resume here (no {RUN_DIR}/{PARAMS}); "
-                              "drop --resume to start a new run into an empty or new directory")
-        _check_settings(dst, params.get("settings") or {}, settings)
-        if params.get("status") == "complete":
-            n = int(params.get("notes") or 0)
-            return RunReport(total=n, skipped=n, out=dst, already_complete=True)
-    else:
-        if any(p.name != RUN_DIR for p in dst.iterdir()):
-            raise ConfigError(f"{dst}: output directory is not empty (use --resume to continue "
-                              "a run)")
-        if params is not None or (run_dir / JOURNAL).exists():
-            raise ConfigError(f"{dst}: holds an earlier run; pass --resume to continue it, or "
-                              "choose another --out")
+    params, complete = _earlier_run(dst, settings, resume=resume)
+    if complete is not None:
+        return complete
     layout = input_layout(src, fmt)
     jsonl_out = layout == "jsonl" and renderer.mode != "brat"
     journal = Journal.open(run_dir / JOURNAL, resume=resume)
@@ -303,28 +291,11 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     _private_dir(parts_dir)
     if resume:
         _remove_stale_temps(dst)
-    report = RunReport(total=_count_input(src, layout) or 0, out=dst)
+    report = RunReport(total=count_input(src, layout) or 0, out=dst)
     vocab_digest = (settings.get("ensemble") or {}).get("safe_vocab_sha256")
     done_count = 0
     keys: list[str] = []
     seen_keys: set[str] = set()
-    seen_stems: set[str] = set()
-
-    def write_output(it: WorkItem, note: Note, spans: list[Span]) -> None:
-        for suffix, content in renderer.files(note, spans).items():
-            target = dst / f"{it.stem}{suffix}"
-            try:
-                if not target.parent.is_dir():  # mirrored sub-directories: 0700 like OUT
-                    for d in reversed([target.parent, *target.parent.parents]):
-                        if d != dst and dst in d.parents and not d.is_dir():
-                            d.mkdir(mode=0o700, exist_ok=True)
-                atomic_write_text(target, content)
-                wrote.append(True)
-            except OSError as e:
-                if e.errno in _RUN_LEVEL_ERRNOS:
-                    raise OutputError(f"{dst}: cannot write outputs ({_os_reason(e)}); fix that "
-                                      "and continue with --resume") from None
-                raise InputError(f"cannot write its output file ({_os_reason(e)})") from None
 
     def process(batch: list[WorkItem], results: list[Any]) -> None:
         entries: list[dict[str, Any]] = []
@@ -343,7 +314,7 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                     raise InputError(res)
                 spans = [m.to_span() for m in res.merged]
                 content: dict[str, Any] = {"key": it.key,
-                                           "audit": _audit_record(it, res.merged, note, audit_text)}
+                                           "audit": audit_record(it, res.merged, note, audit_text)}
                 if vocab_digest:  # issue 26: which safe words let this note's words back
                     content["audit"]["safe_vocab_sha256"] = vocab_digest
                 if renderer.mechanisms:  # issue 28: which mechanisms and ε, never values
@@ -352,7 +323,7 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                     content["record"] = json.dumps(renderer.jsonl_record(note, spans),
                                                    ensure_ascii=False, sort_keys=True)
                 else:
-                    write_output(it, note, spans)
+                    _write_output(dst, renderer, wrote, it, note, spans)
                 contents.append(content)
                 entries.append({"key": it.key, "index": it.index, "status": "done", "part": part})
             except InputError as e:
@@ -369,28 +340,6 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 json.dumps(c, ensure_ascii=False, sort_keys=True) + "\n" for c in contents))
         journal.append(entries)
 
-    def batches() -> Iterator[list[WorkItem]]:
-        """The pending notes in input order, in batches (streamed: the engine pulls them)."""
-        batch: list[WorkItem] = []
-        for it in _with_patients(map(_printable_key, iter_input(src, fmt)), patients, warn):
-            if it.key in seen_keys:
-                raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
-            seen_keys.add(it.key)
-            keys.append(it.key)
-            if it.stem and not jsonl_out:
-                if it.stem in seen_stems:
-                    raise InputError(f"{src}: {it.key} maps to an output file name already used")
-                seen_stems.add(it.stem)
-            if journal.done(it.key):
-                report.skipped += 1
-                continue
-            batch.append(it)
-            if len(batch) >= batch_size:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
-
     # stream the input: the local engine holds one batch of notes at a time
     run_engine = engine or (lambda stream: local_engine(ensemble, stream,
                                                         on_chunk=chunk_progress))
@@ -398,7 +347,9 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
         _observe_patients(renderer, run_engine, src, fmt, patients, batch_size)
     if progress and report.total and not resume:  # a first line before the first batch
         progress(0, report.total)
-    for batch, results in run_engine(batches()):
+    pending = _pending_batches(src, fmt, patients, warn, journal, report, keys, seen_keys,
+                               batch_size=batch_size, jsonl_out=jsonl_out)
+    for batch, results in run_engine(pending):
         process(batch, results)
         done_count += len(batch)
         if progress:
@@ -407,7 +358,89 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     report.total = len(keys)
     if progress:
         progress(done_count, report.total)
-    # finalize: audit (and JSONL output) from the part files, in input order
+    return _finish(src, dst, settings, journal, report, keys, seen_keys, wrote=wrote,
+                   jsonl_out=jsonl_out)
+
+
+def _write_output(dst: Path, renderer: Renderer, wrote: list[bool], it: WorkItem, note: Note,
+                  spans: list[Span]) -> None:
+    """A note's output files under ``dst`` (mirrored sub-directories 0700, atomic writes)."""
+    for suffix, content in renderer.files(note, spans).items():
+        target = dst / f"{it.stem}{suffix}"
+        try:
+            if not target.parent.is_dir():  # mirrored sub-directories: 0700 like OUT
+                for d in reversed([target.parent, *target.parent.parents]):
+                    if d != dst and dst in d.parents and not d.is_dir():
+                        d.mkdir(mode=0o700, exist_ok=True)
+            atomic_write_text(target, content)
+            wrote.append(True)
+        except OSError as e:
+            if e.errno in _RUN_LEVEL_ERRNOS:
+                raise OutputError(f"{dst}: cannot write outputs ({os_reason(e)}); fix that "
+                                  "and continue with --resume") from None
+            raise InputError(f"cannot write its output file ({os_reason(e)})") from None
+
+
+def _pending_batches(src: Path, fmt: str | None, patients: re.Pattern[str] | None,
+                     warn: Callable[[str], None] | None, journal: Journal, report: RunReport,
+                     keys: list[str], seen_keys: set[str], *, batch_size: int, jsonl_out: bool
+                     ) -> Iterator[list[WorkItem]]:
+    """The pending notes in input order, in batches (streamed: the engine pulls them); every
+    key goes into ``keys``/``seen_keys``, a journaled one counts as skipped in ``report``."""
+    seen_stems: set[str] = set()
+    batch: list[WorkItem] = []
+    for it in with_patients(map(printable_key, iter_input(src, fmt)), patients, warn):
+        if it.key in seen_keys:
+            raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
+        seen_keys.add(it.key)
+        keys.append(it.key)
+        if it.stem and not jsonl_out:
+            if it.stem in seen_stems:
+                raise InputError(f"{src}: {it.key} maps to an output file name already used")
+            seen_stems.add(it.stem)
+        if journal.done(it.key):
+            report.skipped += 1
+            continue
+        batch.append(it)
+        if len(batch) >= batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _earlier_run(dst: Path, settings: dict[str, Any], *, resume: bool
+                 ) -> tuple[dict[str, Any] | None, RunReport | None]:
+    """(the earlier run's params or None, a report when that run is already complete); refuses
+    a resume without an earlier run of the same settings, and a new run into a used OUT."""
+    run_dir = dst / RUN_DIR
+    params = _read_params(run_dir / PARAMS)
+    if resume:
+        if params is None:
+            raise ConfigError(f"{dst}: no earlier run to resume here (no {RUN_DIR}/{PARAMS}); "
+                              "drop --resume to start a new run into an empty or new directory")
+        _check_settings(dst, params.get("settings") or {}, settings)
+        if params.get("status") == "complete":
+            n = int(params.get("notes") or 0)
+            return params, RunReport(total=n, skipped=n, out=dst, already_complete=True)
+    else:
+        if any(p.name != RUN_DIR for p in dst.iterdir()):
+            raise ConfigError(f"{dst}: output directory is not empty (use --resume to continue "
+                              "a run)")
+        if params is not None or (run_dir / JOURNAL).exists():
+            raise ConfigError(f"{dst}: holds an earlier run; pass --resume to continue it, or "
+                              "choose another --out")
+    return params, None
+
+
+def _finish(src: Path, dst: Path, settings: dict[str, Any], journal: Journal, report: RunReport,
+            keys: list[str], seen_keys: set[str], *, wrote: list[bool], jsonl_out: bool
+            ) -> RunReport:
+    """The audit (and JSONL output) from the part files, in input order; the failed notes in
+    ``report``; once nothing failed, only the completion marker is kept."""
+    run_dir = dst / RUN_DIR
+    params_path = run_dir / PARAMS
+    parts_dir = run_dir / PARTS
     finished = sorted((e for e in journal.entries.values()
                        if e["status"] == "done" and e["key"] in seen_keys),
                       key=lambda e: e["index"])
@@ -439,8 +472,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     for key in keys:
         e = journal.entries.get(key)
         if e is None or e["status"] != "done":
-            report.failed.append(_escaped(key))
-            report.errors.append(_escaped((e or {}).get("error") or f"{key}: not processed"))
+            report.failed.append(escaped(key))
+            report.errors.append(escaped((e or {}).get("error") or f"{key}: not processed"))
     report.done = len(finished) - report.skipped
     if not report.failed:  # nothing left to resume: keep only the completion marker
         atomic_write_text(params_path, json.dumps(

@@ -60,7 +60,7 @@ def _safe_stem(note_id: str) -> str:
     return "/".join(parts) or "note"
 
 
-def _os_reason(e: OSError) -> str:
+def os_reason(e: OSError) -> str:
     return e.strerror or type(e).__name__
 
 
@@ -72,7 +72,7 @@ def _iter_txt_dir(root: Path) -> Iterator[WorkItem]:
         try:
             data = f.read_bytes()
         except OSError as e:  # permissions, a vanished file, an I/O error: this note alone
-            yield WorkItem(rel, i, None, f"{rel}: cannot read ({_os_reason(e)})", stem)
+            yield WorkItem(rel, i, None, f"{rel}: cannot read ({os_reason(e)})", stem)
             continue
         try:
             text = data.decode("utf-8")
@@ -106,7 +106,7 @@ def patient_pattern(pattern: str | None) -> re.Pattern[str] | None:
     return rx
 
 
-def _with_patients(items: Iterator[WorkItem], rx: re.Pattern[str] | None,
+def with_patients(items: Iterator[WorkItem], rx: re.Pattern[str] | None,
                    warn: Callable[[str], None] | None) -> Iterator[WorkItem]:
     """Give notes without a patient id one from ``rx`` (searched in the note id's file name, or
     in the whole relative id when the pattern names a ``/``), and warn once, through ``warn``,
@@ -203,7 +203,7 @@ def input_layout(path: Path, fmt: str | None) -> str:
     return "corpus"
 
 
-def _count_input(path: Path, layout: str) -> int | None:
+def count_input(path: Path, layout: str) -> int | None:
     """How many notes there are, cheaply (for the progress bar); None when unknown."""
     if layout == "txt":
         return sum(1 for p in path.rglob("*.txt") if p.is_file() and RUN_DIR not in p.parts)
@@ -227,7 +227,7 @@ def check_input(path: Path) -> None:
         if e.errno == errno.ENOENT:
             what = "broken symbolic link" if os.path.lexists(path) else "input not found"
             raise InputError(f"{path}: {what}") from None
-        raise InputError(f"{path}: cannot read ({_os_reason(e)})") from None
+        raise InputError(f"{path}: cannot read ({os_reason(e)})") from None
     mode = st.st_mode
     if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
         return
@@ -246,7 +246,7 @@ def iter_input(path: Path, fmt: str | None = None) -> Iterator[WorkItem]:
     return _iter_format(path, fmt)
 
 
-def _printable_key(it: WorkItem) -> WorkItem:
+def printable_key(it: WorkItem) -> WorkItem:
     """A note whose key or id cannot be encoded (POSIX hands an undecodable file name over with
     lone surrogates) cannot be printed, journaled or audited: it fails alone, under an escaped
     key."""
@@ -260,10 +260,10 @@ def _printable_key(it: WorkItem) -> WorkItem:
     try:  # the file name's own bytes, shown as \xNN
         key = it.key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:
-        key = _escaped(it.key)
+        key = escaped(it.key)
     return WorkItem(key, it.index, None, f"{key}: the file name is not valid UTF-8; rename it")
 
 
-def _escaped(s: str) -> str:
+def escaped(s: str) -> str:
     """``s`` printable as UTF-8 (lone surrogates from odd file names shown as escapes)."""
     return s.encode("utf-8", "backslashreplace").decode("utf-8")

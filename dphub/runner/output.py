@@ -69,7 +69,7 @@ class Renderer:
         return {"id": note.id, "text": out}
 
 
-def _audit_record(item: WorkItem, merged: Sequence[Any], note: Note, audit_text: bool) -> dict[str, Any]:
+def audit_record(item: WorkItem, merged: Sequence[Any], note: Note, audit_text: bool) -> dict[str, Any]:
     spans = []
     for m in merged:
         d = m.to_dict() if hasattr(m, "to_dict") else dict(m)

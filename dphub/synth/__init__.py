@@ -11,7 +11,7 @@ notes whose PHI is fake but looks like the real thing. This module writes two ki
 
 Design choices that matter for the models trained on them:
 
-* Text and spans are built **together**, piece by piece (:class:`_NoteBuilder`); nothing is ever
+* Text and spans are built **together**, piece by piece (:class:`NoteBuilder`); nothing is ever
   found by searching the text afterwards, so spans are exact even when a name also occurs as a
   common word.
 * Each patient has one identity (:class:`Identity`: name, relatives, care team, hospital,

@@ -19,13 +19,13 @@ from faker import Faker
 
 from dphub.errors import ConfigError
 from dphub.notes import Note
-from dphub.synth.discharge import _discharge_note
-from dphub.synth.nursing import _nursing_note
-from dphub.synth.phi_sources import _make_identity
-from dphub.synth.realistic import _RealisticWriter
-from dphub.synth.realistic_discharge import _realistic_discharge_note
-from dphub.synth.realistic_nursing import _realistic_nursing_note
-from dphub.synth.writer import _NoteBuilder, _NoteWriter
+from dphub.synth.discharge import discharge_note
+from dphub.synth.nursing import nursing_note
+from dphub.synth.phi_sources import make_identity
+from dphub.synth.realistic import RealisticWriter
+from dphub.synth.realistic_discharge import realistic_discharge_note
+from dphub.synth.realistic_nursing import realistic_nursing_note
+from dphub.synth.writer import NoteBuilder, NoteWriter
 
 KINDS: tuple[str, ...] = ("nursing", "discharge")
 #: the realistic kinds (low PHI density, heavy shorthand, many non-PHI look-alikes): public
@@ -44,11 +44,11 @@ _UPPER_SHARE: dict[str, float] = {"nursing": 0.75, "realistic-nursing": 0.35}
 #: a typo or an attack (``--n 10**19`` allocated a list per patient and ran out of memory)
 MAX_NOTES = 10_000_000
 
-_LAYOUTS: dict[str, Callable[[_NoteWriter], None]] = {
-    "nursing": _nursing_note,
-    "discharge": _discharge_note,
-    "realistic-nursing": _realistic_nursing_note,
-    "realistic-discharge": _realistic_discharge_note,
+_LAYOUTS: dict[str, Callable[[NoteWriter], None]] = {
+    "nursing": nursing_note,
+    "discharge": discharge_note,
+    "realistic-nursing": realistic_nursing_note,
+    "realistic-discharge": realistic_discharge_note,
 }
 
 
@@ -96,18 +96,18 @@ def _notes(n: int, kind: str, seed: int, n_patients: int) -> Iterator[Note]:
     counts = _notes_per_patient(n, n_patients, seed, kind)
     fake = Faker("en_US")
     layout = _LAYOUTS[kind]
-    writer = _RealisticWriter if kind in REALISTIC_KINDS else _NoteWriter
+    writer = RealisticWriter if kind in REALISTIC_KINDS else NoteWriter
     upper_share = _UPPER_SHARE.get(kind, 0.03)
     width = len(str(n_patients))
     for p, count in enumerate(counts):
         rng = random.Random(f"dphub-synth:{seed}:{kind}:{p}")
         fake.seed_instance(rng.getrandbits(64))
-        ident = _make_identity(fake, rng)
+        ident = make_identity(fake, rng)
         patient_id = f"synth-{kind}-s{seed}-p{p + 1:0{width}d}"
         day = ident.admit
         for k in range(count):
             upper = rng.random() < upper_share
-            b = _NoteBuilder(upper)
+            b = NoteBuilder(upper)
             layout(writer(ident, rng, b, kind, day))
             text, spans = b.build()
             yield Note(

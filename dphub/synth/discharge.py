@@ -6,10 +6,10 @@ headers with identifiers, addresses, contact details, follow-up appointments, si
 
 from __future__ import annotations
 
-from dphub.synth.writer import _NoteWriter
+from dphub.synth.writer import NoteWriter
 
 
-def _discharge_note(w: _NoteWriter) -> None:
+def discharge_note(w: NoteWriter) -> None:
     rng = w.rng
     r = w.render
     r("Name: {PT_FULL}    Unit No: {MRN}\n\n")

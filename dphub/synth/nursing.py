@@ -7,7 +7,7 @@ admission route, then system-by-system findings (O/A/P paragraphs or section per
 
 from __future__ import annotations
 
-from dphub.synth.writer import _NoteWriter
+from dphub.synth.writer import NoteWriter
 
 _NURSING_OPENERS = (
     "{AGE_PHRASE} {sex} sent over from {OHOSP} for {dx} after a fall at home. ",
@@ -91,7 +91,7 @@ _NURSING_EXTRAS = (
 )
 
 
-def _nursing_note(w: _NoteWriter) -> None:
+def nursing_note(w: NoteWriter) -> None:
     rng = w.rng
     if rng.random() < 0.35:
         w.render(rng.choice(("Nursing note, day shift\n", "NPN 7P-7A\n", "MICU NSG NOTE\n",

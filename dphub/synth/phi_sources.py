@@ -2,7 +2,7 @@
 
 Why a module of its own: everything a note may reveal about a patient (name, relatives, care
 team, hospital, address, phone, identifiers ...) is decided once per patient here, by
-:func:`_make_identity`, from a seeded ``random.Random`` and a seeded Faker; the note writers
+:func:`make_identity`, from a seeded ``random.Random`` and a seeded Faker; the note writers
 (:mod:`dphub.synth.writer` and the per-kind layouts) only choose *how* to write it. Keeping the
 sources apart from the templates means a new kind of note reuses the same identities, and a new
 kind of PHI is added in one place. The draw order below is part of the corpus: changing it
@@ -138,7 +138,7 @@ class Identity:
             return self.admit.replace(day=28, year=self.admit.year - self.age)
 
 
-def _phone(rng: random.Random) -> str:
+def phone_number(rng: random.Random) -> str:
     area = rng.choice(("617", "508", "781", "978", "413", "410", "301", "212", "401", "603"))
     mid = f"{rng.randint(200, 989)}"
     last = f"{rng.randint(0, 9999):04d}"
@@ -181,7 +181,7 @@ def _person(fake: Faker, rng: random.Random, sex: str | None = None, last: str |
     return Person(first, last or fake.last_name(), sex)
 
 
-def _make_identity(fake: Faker, rng: random.Random) -> Identity:
+def make_identity(fake: Faker, rng: random.Random) -> Identity:
     person = _person(fake, rng)
     # ages: mostly elderly ICU patients, with a real share over 89 (HIPAA's special case)
     age = rng.randint(90, 103) if rng.random() < 0.15 else rng.randint(18, 89)
@@ -222,8 +222,8 @@ def _make_identity(fake: Faker, rng: random.Random) -> Identity:
         country=rng.choice(_COUNTRIES),
         profession=rng.choice(_PROFESSIONS),
         employer=fake.company(),
-        phone=_phone(rng),
-        relative_phone=_phone(rng),
+        phone=phone_number(rng),
+        relative_phone=phone_number(rng),
         email=f"{person.first[0].lower()}{person.last.lower()}{rng.randint(1, 99)}@"
         f"{fake.free_email_domain()}",
         mrn=f"{rng.randint(1000000, 9999999)}",

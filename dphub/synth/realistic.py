@@ -10,7 +10,7 @@ strengths, "120/60" pressures, clock times, eponyms, equipment brand names, ward
 and PHI sits in the contexts where notes really carry it: signatures and initials, family visits
 and phone calls, transfers, consultants and covering doctors, dates in many shapes next to
 times, ages over 89 (HIPAA: younger ages are not PHI and are not labelled). This module holds
-what both kinds share: the look-alike lists and :class:`_RealisticWriter`'s slots.
+what both kinds share: the look-alike lists and :class:`RealisticWriter`'s slots.
 Every template was written for this package from general clinical-writing knowledge.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from dphub.synth.writer import _RHYTHMS, _NoteWriter
+from dphub.synth.writer import RHYTHMS, NoteWriter
 
 _R_MEDS = (
     "Lopressor", "metoprolol", "Lasix", "furosemide", "Levophed", "levophed", "Neo",
@@ -69,7 +69,7 @@ _R_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "
 _R_WARD_WORDS = ("Building", "Pavilion", "Tower", "Wing", "House")
 
 
-class _RealisticWriter(_NoteWriter):
+class RealisticWriter(NoteWriter):
     """Slots for the realistic kinds: clinical look-alikes (never PHI) and PHI in real contexts."""
 
     # -- non-PHI look-alikes -------------------------------------------------------------------
@@ -157,7 +157,7 @@ class _RealisticWriter(_NoteWriter):
     def slot_vitals(self) -> None:
         r = self.rng
         parts = [f"HR {r.randint(55, 130)}{r.choice(('', 's', '-' + str(r.randint(70, 140))))} "
-                 f"{r.choice(_RHYTHMS)}",
+                 f"{r.choice(RHYTHMS)}",
                  f"BP {r.randint(85, 180)}/{r.randint(40, 95)}{r.choice(('', 's', ' (' + str(r.randint(55, 110)) + ')'))}",
                  f"RR {r.randint(10, 32)}", f"SpO2 {r.randint(88, 100)}%",
                  f"T {r.uniform(96, 103):.1f}", f"CVP {r.randint(2, 20)}"]

@@ -7,10 +7,10 @@ section; the long clinical body is PHI-free but full of look-alikes
 
 from __future__ import annotations
 
-from dphub.synth.writer import _NoteWriter
+from dphub.synth.writer import NoteWriter
 
 
-def _realistic_discharge_note(w: _NoteWriter) -> None:
+def realistic_discharge_note(w: NoteWriter) -> None:
     """A sectioned discharge summary; identifiers in the header, long PHI-free clinical body."""
     rng = w.rng
     r = w.render

@@ -8,7 +8,7 @@ lists are in :mod:`dphub.synth.realistic`.
 
 from __future__ import annotations
 
-from dphub.synth.writer import _NoteWriter
+from dphub.synth.writer import NoteWriter
 
 #: per-note probability that a sentence slot takes its PHI variant: notes differ a lot in how much
 #: PHI they carry, and most real nursing notes carry one or two PHI phrases or none
@@ -136,7 +136,7 @@ _RN_EVENT_NOTES = (
 )
 
 
-def _sentence(w: _NoteWriter, pair: tuple[tuple[str, ...], tuple[str, ...]], phi_rate: float) -> None:
+def _sentence(w: NoteWriter, pair: tuple[tuple[str, ...], tuple[str, ...]], phi_rate: float) -> None:
     clean, with_phi = pair
     if with_phi and w.rng.random() < phi_rate:
         w.render(w.rng.choice(with_phi))
@@ -144,7 +144,7 @@ def _sentence(w: _NoteWriter, pair: tuple[tuple[str, ...], tuple[str, ...]], phi
         w.render(w.rng.choice(clean))
 
 
-def _realistic_nursing_note(w: _NoteWriter) -> None:
+def realistic_nursing_note(w: NoteWriter) -> None:
     """A long telegraphic nursing note; most sentences carry no PHI but many look-alikes."""
     rng = w.rng
     phi_rate = rng.choice(_PHI_RATES)  # notes differ a lot in how much PHI

@@ -1,9 +1,9 @@
 """Writing one synthetic note: text and spans built together, and the slot vocabulary.
 
-Why a module of its own: this is the machinery every note kind shares. :class:`_NoteBuilder`
+Why a module of its own: this is the machinery every note kind shares. :class:`NoteBuilder`
 appends filler and PHI pieces and records each PHI piece's exact offsets as it goes (nothing is
 ever found by searching the text afterwards, so spans are exact even when a name is also a
-common word). :class:`_NoteWriter` renders ``{SLOT}`` templates: upper-case slots write the
+common word). :class:`NoteWriter` renders ``{SLOT}`` templates: upper-case slots write the
 patient's PHI (:mod:`dphub.synth.phi_sources`) in one of its real-world forms, lower-case slots
 write clinical filler from the lists below. The per-kind layouts (:mod:`dphub.synth.nursing`,
 :mod:`dphub.synth.discharge`, :mod:`dphub.synth.realistic` ...) only choose templates.
@@ -20,7 +20,7 @@ import re
 from functools import lru_cache
 
 from dphub.notes import Span
-from dphub.synth.phi_sources import Identity, _phone
+from dphub.synth.phi_sources import Identity, phone_number
 
 # --------------------------------------------------------------------------------------------
 # Clinical filler vocabulary (never PHI)
@@ -62,7 +62,7 @@ _DEVICES = (
 
 _TUBE_FEEDS = ("Jevity", "Nepro", "Promote", "Ensure", "Boost", "Impact")
 
-_RHYTHMS = ("SR", "NSR", "ST", "SB", "AF", "afib", "V-paced", "A-paced", "1st degree AVB")
+RHYTHMS = ("SR", "NSR", "ST", "SB", "AF", "afib", "V-paced", "A-paced", "1st degree AVB")
 
 _UNITS = ("MICU", "CCU", "CSRU", "SICU", "TSICU", "ER", "EW", "floor", "OR", "cath lab", "PACU")
 
@@ -90,7 +90,7 @@ def _ordinal(day: int) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-class _NoteBuilder:
+class NoteBuilder:
     """Appends filler and PHI pieces, recording each PHI piece's exact offsets as it goes."""
 
     def __init__(self, upper: bool) -> None:
@@ -144,10 +144,10 @@ def _parse(template: str) -> tuple[tuple[bool, str], ...]:
     return tuple(out)
 
 
-class _NoteWriter:
+class NoteWriter:
     """Renders templates for one note of one patient: slots become PHI or clinical filler."""
 
-    def __init__(self, ident: Identity, rng: random.Random, b: _NoteBuilder, kind: str,
+    def __init__(self, ident: Identity, rng: random.Random, b: NoteBuilder, kind: str,
                  day: dt.date) -> None:
         self.ident = ident
         self.rng = rng
@@ -318,7 +318,7 @@ class _NoteWriter:
     # -- contact --------------------------------------------------------------------------------
 
     def slot_PHONE(self) -> None:
-        self.b.phi(self.ident.phone if self.chance(0.5) else _phone(self.rng), "PHONE")
+        self.b.phi(self.ident.phone if self.chance(0.5) else phone_number(self.rng), "PHONE")
 
     def slot_REL_PHONE(self) -> None:
         self.b.phi(self.ident.relative_phone, "PHONE")
@@ -328,7 +328,7 @@ class _NoteWriter:
                    else f"{self.rng.randint(1000, 9999)}", "PHONE")
 
     def slot_FAX(self) -> None:
-        self.b.phi(_phone(self.rng), "FAX")
+        self.b.phi(phone_number(self.rng), "FAX")
 
     def slot_EMAIL(self) -> None:
         self.b.phi(self.ident.email, "EMAIL", keep_case=True)
@@ -460,7 +460,7 @@ class _NoteWriter:
         self.b.text(self.rng.choice(_UNITS))
 
     def slot_rhythm(self) -> None:
-        self.b.text(self.rng.choice(_RHYTHMS))
+        self.b.text(self.rng.choice(RHYTHMS))
 
     def slot_hr(self) -> None:
         self.b.text(str(self.rng.randint(48, 135)))

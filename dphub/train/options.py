@@ -37,7 +37,7 @@ DEFAULT_TARGET_EPSILON = 8.0
 
 def check_encoder_layers(value: int | None) -> None:
     """``--encoder-layers``: None (all) or a positive integer (the upper bound is the base's
-    depth, checked where the encoder is cut: :func:`dphub.tagger.truncate_encoder`)."""
+    depth, checked where the encoder is cut: :func:`dphub.tagger_model.truncate_encoder`)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ConfigError(f"--encoder-layers must be >= 1, got {value!r}")
 

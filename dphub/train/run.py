@@ -34,7 +34,7 @@ from dphub.train.options import TrainOptions
 from dphub.train.output import build_meta, check_output_dir, write_model_dir
 from dphub.train.plan import PrivacyPlan, plan_privacy
 from dphub.train.results import ProgressFn, TrainResult
-from dphub.train.sources import REPO_ID, initial_model
+from dphub.train.sources import REPO_ID, ModelSource, initial_model
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +64,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     out = Path(opts.out)  # type: ignore[arg-type]
     check_output_dir(out, Path(opts.data), force=opts.force)  # type: ignore[arg-type]
 
-    ckpt_dir = checkpoint_dir_for(out, opts.checkpoint_dir)
-    if (ckpt_dir / LEGACY_CHECKPOINT_FILE).exists():
-        raise ConfigError(
-            f"{ckpt_dir}: holds a pickled checkpoint of an older dphub, which is never loaded "
-            "(unpickling can run code); delete that directory to start over"
-        )
-    if checkpoint.exists(ckpt_dir) and not opts.resume:
-        raise ConfigError(
-            f"{ckpt_dir}: a checkpoint of an interrupted run exists; pass --resume to continue "
-            "it, or delete it to start over"
-        )
-    if opts.resume and not checkpoint.exists(ckpt_dir):
-        raise ConfigError(f"--resume: no checkpoint in {ckpt_dir}")
+    ckpt_dir = _checkpoint_dir(out, opts)
 
     t0 = time.monotonic()
     torch.manual_seed(opts.seed)
@@ -87,17 +75,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     # the privacy ledger: keyed digests of the real corpus's patients (never the canaries')
     patients = frozenset() if opts.no_dp else patient_digests(notes)
     settle_lineage(opts, src, patients)
-    if not REPO_ID.fullmatch(src.base_public_id):
-        # the card records the base as a public hub id; find out now, not after training
-        raise ConfigError(
-            f"base model name {src.base_public_id!r} is not a hub-style id (org/name); rename "
-            "the base model directory to its public name"
-        )
-    model = src.model
-    if opts.rule_features and model.rule_features is None:
-        model.add_rule_features()  # zero projection: starts exactly as the source model
-    elif not opts.rule_features and model.rule_features is not None:
-        raise ConfigError("the initial model takes rule features: train with --rule-features")
+    model = _source_model(opts, src)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(src.tokenizer_dir)
@@ -108,12 +86,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     )
     if not examples:
         raise InputError(f"{opts.data}: the labelled notes contain no tokens")
-    dataset = UnitDataset.from_windows(
-        [e.input_ids for e in examples], [e.labels for e in examples],
-        [e.unit for e in examples], max_examples_per_unit=opts.max_examples_per_unit,
-        features=[e.features for e in examples] if opts.rule_features else None,
-        confidence=[e.confidence for e in examples] if opts.soft_labels else None,
-    )
+    dataset = _unit_dataset(examples, opts)
     plan = plan_privacy(opts, len(dataset))
     plan.lineage = tuple(src.lineage)  # the plan check projects the composed claim
     log.info(
@@ -169,14 +142,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     )
     if not opts.no_dp:
         record_run(opts, src, plan, notes, meta, patients=patients)
-    write_run_log(run_log_path(ckpt_dir), {
-        "steps": loop.step,
-        "loss_history": [None if math.isnan(v) else round(v, 5) for v in loop.losses],
-        "num_units": plan.num_units,
-        "windows": dataset.num_windows,
-        "windows_left_out": dataset.dropped_windows,
-        "seconds": round(time.monotonic() - t0, 1),
-    })
+    _write_run_log(ckpt_dir, loop, plan, dataset, t0)
     with contextlib.suppress(OSError):
         shutil.rmtree(ckpt_dir)
     return TrainResult(
@@ -185,3 +151,62 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
         num_units=plan.num_units, seconds=time.monotonic() - t0,
         stopped_by_max_epsilon=plan.stopped_by_max_epsilon, meta=meta,
     )
+
+
+def _checkpoint_dir(out: Path, opts: TrainOptions) -> Path:
+    """Where this run checkpoints; refuses a pickled legacy checkpoint, a leftover checkpoint
+    without ``--resume`` and ``--resume`` without one."""
+    ckpt_dir = checkpoint_dir_for(out, opts.checkpoint_dir)
+    if (ckpt_dir / LEGACY_CHECKPOINT_FILE).exists():
+        raise ConfigError(
+            f"{ckpt_dir}: holds a pickled checkpoint of an older dphub, which is never loaded "
+            "(unpickling can run code); delete that directory to start over"
+        )
+    if checkpoint.exists(ckpt_dir) and not opts.resume:
+        raise ConfigError(
+            f"{ckpt_dir}: a checkpoint of an interrupted run exists; pass --resume to continue "
+            "it, or delete it to start over"
+        )
+    if opts.resume and not checkpoint.exists(ckpt_dir):
+        raise ConfigError(f"--resume: no checkpoint in {ckpt_dir}")
+    return ckpt_dir
+
+
+def _source_model(opts: TrainOptions, src: ModelSource) -> Any:
+    """The model training starts from, with rule features added when asked (a zero projection:
+    it starts exactly as the source); refuses a base without a hub-style public id."""
+    if not REPO_ID.fullmatch(src.base_public_id):
+        # the card records the base as a public hub id; find out now, not after training
+        raise ConfigError(
+            f"base model name {src.base_public_id!r} is not a hub-style id (org/name); rename "
+            "the base model directory to its public name"
+        )
+    model = src.model
+    if opts.rule_features and model.rule_features is None:
+        model.add_rule_features()  # zero projection: starts exactly as the source model
+    elif not opts.rule_features and model.rule_features is not None:
+        raise ConfigError("the initial model takes rule features: train with --rule-features")
+    return model
+
+
+def _unit_dataset(examples: Sequence[Any], opts: TrainOptions) -> UnitDataset:
+    """The windows grouped by privacy unit (at most ``max_examples_per_unit`` each)."""
+    return UnitDataset.from_windows(
+        [e.input_ids for e in examples], [e.labels for e in examples],
+        [e.unit for e in examples], max_examples_per_unit=opts.max_examples_per_unit,
+        features=[e.features for e in examples] if opts.rule_features else None,
+        confidence=[e.confidence for e in examples] if opts.soft_labels else None,
+    )
+
+
+def _write_run_log(ckpt_dir: Path, loop: Any, plan: PrivacyPlan, dataset: UnitDataset,
+                   t0: float) -> None:
+    """The run's numbers (steps, losses, units, windows, seconds) beside its checkpoints."""
+    write_run_log(run_log_path(ckpt_dir), {
+        "steps": loop.step,
+        "loss_history": [None if math.isnan(v) else round(v, 5) for v in loop.losses],
+        "num_units": plan.num_units,
+        "windows": dataset.num_windows,
+        "windows_left_out": dataset.dropped_windows,
+        "seconds": round(time.monotonic() - t0, 1),
+    })

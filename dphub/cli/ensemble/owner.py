@@ -82,7 +82,7 @@ def _plan_check(opts: Any, allow: bool, batch_flag: str) -> Any:
     """``dphub train``'s check of the projected ε against the hub policy, before the first step
     (a local model projects none). The hub is the default one (``$DPHUB_HUB``): like the
     training options, these commands read nothing from dphub.toml."""
-    from dphub.cli.train import _plan_check as check
+    from dphub.cli.train import plan_check as check
 
     return check(opts, {}, allow=allow, batch_flag=batch_flag)
 
