@@ -38,6 +38,48 @@ def test_the_cli_is_the_top_layer_and_in_the_graph() -> None:
     assert graph.direct_import_exists(importer="dphub.cli.main", imported="dphub.cli.train")
 
 
+def _cycles(graph: grimp.ImportGraph, modules: list[str]) -> list[list[str]]:
+    """The strongly connected components (more than one module) of ``modules``' imports."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        order[m] = low[m] = len(order)
+        stack.append(m)
+        for n in graph.find_modules_directly_imported_by(m):
+            if n not in low:
+                if n in modules:
+                    visit(n)
+                    low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], order[n])
+        if low[m] == order[m]:
+            component = []
+            while True:
+                n = stack.pop()
+                component.append(n)
+                if n == m:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for m in modules:
+        if m not in order:
+            visit(m)
+    return found
+
+
+def test_no_import_cycle_between_any_two_modules() -> None:
+    """Stricter than the acyclic_siblings contract: no two modules of dphub (the CLI included)
+    reach each other, counting imports inside functions and a package's ``__init__``."""
+    graph = grimp.build_graph("dphub", cache_dir=None)
+    modules = sorted(m for m in graph.modules if m.startswith("dphub"))
+    assert "dphub.cli.train" in modules
+    assert _cycles(graph, modules) == []
+
+
 def test_no_contract_ignores_an_import() -> None:
     assert all(not c.get("ignore_imports") for c in _contracts().values())
 
