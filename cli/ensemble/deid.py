@@ -28,6 +28,7 @@ from dphub.cli.ensemble._common import (
 from dphub.cli.ensemble._surrogates import (  # issue 28: --dates/--ages/--places
     AGE_EPSILON_OPT,
     AGES_OPT,
+    DATE_COUNT_OPT,
     DATE_EPSILON_OPT,
     DATE_UNIT_OPT,
     DATES_OPT,
@@ -224,6 +225,7 @@ def deid_cmd(
     dates: str = DATES_OPT,
     date_epsilon: float | None = DATE_EPSILON_OPT,
     date_unit: str = DATE_UNIT_OPT,
+    date_count: str = DATE_COUNT_OPT,
     ages: str = AGES_OPT,
     age_epsilon: float | None = AGE_EPSILON_OPT,
     places: str = PLACES_OPT,
@@ -236,7 +238,8 @@ def deid_cmd(
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
         mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
-        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon)
+        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon,
+        date_count=date_count)
     out = _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     if workers is not None:  # before ONNX sessions are made: they take torch's thread count
@@ -293,6 +296,7 @@ def deid_top_cmd(
     dates: str = DATES_OPT,
     date_epsilon: float | None = DATE_EPSILON_OPT,
     date_unit: str = DATE_UNIT_OPT,
+    date_count: str = DATE_COUNT_OPT,
     ages: str = AGES_OPT,
     age_epsilon: float | None = AGE_EPSILON_OPT,
     places: str = PLACES_OPT,
@@ -305,7 +309,8 @@ def deid_top_cmd(
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
         mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
-        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon)
+        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon,
+        date_count=date_count)
     out = _resolve_out(input_path, out, resume)
     _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
     if model.startswith("rules:"):
