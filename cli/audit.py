@@ -51,6 +51,10 @@ def audit(
         15, "--candidates", min=1,
         help="Random alternative secrets per canary, the attack's reference (--method "
         "patients)."),
+    abstain: float = typer.Option(
+        0.05, "--abstain",
+        help="Gradient canaries: the fraction not guessed on, those closest to the guess "
+        "threshold (Steinke et al.'s abstention; 0: guess every canary)."),
     confidence: float = typer.Option(
         0.95, "--confidence", help="Confidence of the ε lower bound (0 < c < 1)."),
     format: str | None = T.FORMAT_OPT,
@@ -97,7 +101,7 @@ def audit(
     apply_threads(threads)
     flags = {k: v for k, v in locals().items() if k not in (
         "method", "canaries", "canary_notes", "canary_kind", "canary_note_chars", "candidates",
-        "confidence", "threads", "allow_above_policy")}
+        "confidence", "abstain", "threads", "allow_above_policy")}
     from dphub import audit as auditing
 
     cfg = project.load_project_config()
@@ -105,7 +109,7 @@ def audit(
     aopts = auditing.AuditOptions(
         canaries=canaries, notes_per_canary=canary_notes, candidates=candidates,
         confidence=confidence, kind=canary_kind, max_note_chars=canary_note_chars,
-        method=method,
+        method=method, abstain=abstain,
     )
     T.run_and_report(opts, aopts, on_plan=T._plan_check(opts, cfg, allow=allow_above_policy))
 

@@ -101,17 +101,21 @@ from dphub.io import move_into_place
 from dphub.labels import get_schema
 from dphub.notes import Note, Span
 from dphub.privacy.audit_bound import ATTACK_MIN_EPSILON as ATTACK_MIN_EPSILON
+from dphub.privacy.audit_bound import GRADIENT_ABSTAIN as GRADIENT_ABSTAIN
 from dphub.privacy.audit_bound import GRADIENT_COUNTS as GRADIENT_COUNTS
 from dphub.privacy.audit_bound import GRADIENT_SIGNAL as GRADIENT_SIGNAL
 from dphub.privacy.audit_bound import GUESS_FRACTIONS as GUESS_FRACTIONS
 from dphub.privacy.audit_bound import MAX_GRADIENT_CANARIES as MAX_GRADIENT_CANARIES
 from dphub.privacy.audit_bound import METHOD as METHOD
+from dphub.privacy.audit_bound import OUTSIDE_GRADIENT_AUDIT as OUTSIDE_GRADIENT_AUDIT
 from dphub.privacy.audit_bound import SETTINGS as SETTINGS
 from dphub.privacy.audit_bound import SIGNAL as SIGNAL
 from dphub.privacy.audit_bound import VERDICTS as VERDICTS
 from dphub.privacy.audit_bound import Bound as Bound
+from dphub.privacy.audit_bound import detection_limit as detection_limit
 from dphub.privacy.audit_bound import epsilon_lower_bound as epsilon_lower_bound
 from dphub.privacy.audit_bound import gradient_canary_count as gradient_canary_count
+from dphub.privacy.audit_bound import gradient_correct as gradient_correct
 from dphub.privacy.audit_bound import judge as judge
 from dphub.privacy.audit_bound import max_possible_bound as max_possible_bound
 from dphub.privacy.audit_bound import one_run_bound as one_run_bound
@@ -163,6 +167,8 @@ class GradientCanaries:
         self.steps = 0
         self.norm: float | None = None
         self.sample_rate: float | None = None
+        #: the optimizer's noise multiplier σ (the detection limit scales it)
+        self.noise_multiplier: float | None = None
 
     @property
     def threshold(self) -> float:
@@ -170,10 +176,6 @@ class GradientCanaries:
         if self.norm is None or self.sample_rate is None:
             raise PrivacyError("internal: gradient canaries were never installed")
         return 0.5 * self.sample_rate * self.steps * self.norm
-
-    def guesses(self) -> Any:
-        """"In" (True) or "out" per canary: a function of the released sums only."""
-        return self.sums > self.threshold
 
     def install(self, optimizer: Any, sample_rate: float) -> None:
         """Make every noise step of the Opacus ``DPOptimizer`` ``optimizer`` carry the canaries."""
@@ -184,6 +186,7 @@ class GradientCanaries:
             raise PrivacyError("gradient canaries need trainable parameters")
         ref = params[0]
         self.norm, self.sample_rate = float(optimizer.max_grad_norm), float(sample_rate)
+        self.noise_multiplier = float(optimizer.noise_multiplier)
         audit = torch.nn.Parameter(torch.zeros(self.count, dtype=ref.dtype, device=ref.device))
         real_add_noise = optimizer.add_noise
         groups = optimizer.param_groups
@@ -482,6 +485,14 @@ def score(losses: Sequence[float]) -> CanaryScore:
 
 #: Canary patients of the black-box audit when ``--canaries`` is not given.
 DEFAULT_PATIENT_CANARIES = 64
+#: What the canary-patient audit does not test (the report says so).
+OUTSIDE_PATIENT_AUDIT: tuple[str, ...] = (
+    "its detection limit (the smallest noise it would flag) is not measured: the signal depends "
+    "on the model and the data, so no simulation of the released output reproduces it",
+    "the sampling of real units (canary patients are sampled with them, but by the same code)",
+    "composition across releases: federated rounds, --init-from and distill are each audited "
+    "alone, if at all",
+)
 
 
 @dataclass
@@ -502,6 +513,8 @@ class AuditOptions:
     #: cut canary note bodies to this many characters (None: whole synth notes)
     max_note_chars: int | None = None
     method: str = "gradient"
+    #: gradient canaries: the fraction abstained on, those closest to the guess threshold
+    abstain: float = GRADIENT_ABSTAIN
 
     def validate(self) -> None:
         if self.method not in SETTINGS:
@@ -515,6 +528,8 @@ class AuditOptions:
         if self.canaries is not None and self.canaries > MAX_GRADIENT_CANARIES:
             raise ConfigError(f"--canaries must be at most {MAX_GRADIENT_CANARIES}, "
                               f"got {self.canaries}")
+        if not 0 <= self.abstain <= 0.5:
+            raise ConfigError(f"--abstain must be in [0, 0.5], got {self.abstain}")
         if self.max_note_chars is not None and self.max_note_chars < 0:
             raise ConfigError(f"--canary-note-chars must be >= 0, got {self.max_note_chars}")
 
@@ -591,6 +606,13 @@ def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, de
         "verdict_reason": verdict_reason(verdict, bound=bound.epsilon, ceiling=ceiling,
                                          proven=proven_epsilon, count=len(canaries),
                                          confidence=audit.confidence),
+        "detection": {
+            # the signal depends on the model and the data: no simulation reproduces it
+            "measured": "not-measured",
+            # an audit that could not have failed flags no noise level at all
+            "noise_factor": 0.0 if verdict == "inconclusive" else None,
+            "outside": list(OUTSIDE_PATIENT_AUDIT),
+        },
         "exposure": {
             "candidates": audit.candidates + 1,
             "max_bits": round(math.log2(audit.candidates + 1), 4),
@@ -603,20 +625,28 @@ def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, de
 
 
 def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: float | None,
-                   confidence: float, today: dt.date | None = None) -> dict[str, Any]:
+                   confidence: float, abstain: float = GRADIENT_ABSTAIN,
+                   today: dt.date | None = None, rng: Any = None) -> dict[str, Any]:
     """The card's ``empirical_audit`` block of a white-box gradient-canary audit.
 
-    Every canary is guessed (``r = m``), "in" above :attr:`GradientCanaries.threshold`: a fixed
-    threshold rather than "the top half" because the number of included canaries is itself
-    random, and a top-half rule would cost a noise-free mechanism its perfect score.
+    The canaries are guessed "in" above :attr:`GradientCanaries.threshold` (a fixed threshold
+    rather than "the top half" because the number of included canaries is itself random, and a
+    top-half rule would cost a noise-free mechanism its perfect score), except the ``abstain``
+    fraction closest to it (:func:`gradient_correct`). ``detection``: the detection limit
+    (:func:`detection_limit`, simulated with ``rng``, None: OS entropy) and what is outside.
     """
-    import numpy as np
-
     m = canaries.count
-    correct = int(np.sum(canaries.guesses() == canaries.included))
-    bound = epsilon_lower_bound(m, m, correct, delta, confidence)
-    ceiling = epsilon_lower_bound(m, m, m, delta, confidence)
+    guesses, correct = gradient_correct(canaries.sums, canaries.included, canaries.threshold,
+                                        abstain)
+    bound = epsilon_lower_bound(m, guesses, correct, delta, confidence)
+    ceiling = epsilon_lower_bound(m, guesses, guesses, delta, confidence)
     verdict = judge(bound, ceiling, proven_epsilon)
+    sigma = float(canaries.noise_multiplier or 0.0)
+    limit = detection_limit(
+        m, sample_rate=float(canaries.sample_rate or 1.0), steps=canaries.steps,
+        noise_multiplier=sigma, delta=delta, confidence=confidence,
+        claimed_epsilon=math.inf if proven_epsilon is None else float(proven_epsilon),
+        abstain=abstain, rng=rng)
     return {
         "method": METHOD,
         "setting": SETTINGS["gradient"],
@@ -624,7 +654,8 @@ def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: 
         "canaries": {"count": m, "included": int(canaries.included.sum()),
                      "inclusion_probability": 0.5, "form": "dirac-gradient", "synthetic": True},
         "gradient": {"norm": canaries.norm, "steps": canaries.steps},
-        "guesses": m,
+        "guesses": guesses,
+        "abstained": m - guesses,
         "correct": correct,
         "epsilon_lower_bound": round(bound, 4),
         "max_possible_bound": round(ceiling, 4),
@@ -634,6 +665,16 @@ def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: 
         "verdict": verdict,
         "verdict_reason": verdict_reason(verdict, bound=bound, ceiling=ceiling,
                                          proven=proven_epsilon, count=m, confidence=confidence),
+        "detection": {
+            "measured": "simulated-released-sums",
+            "noise_factor": round(limit.noise_factor, 3),
+            "noise_multiplier": round(limit.noise_factor * sigma, 4),
+            "recipe_noise_multiplier": round(sigma, 4),
+            "simulated_bound_at_recipe": round(limit.bound_at_recipe, 4),
+            "repetitions": limit.repetitions,
+            "statistic": "median",
+            "outside": list(OUTSIDE_GRADIENT_AUDIT),
+        },
         "date": (today or dt.datetime.now(dt.UTC).date()).isoformat(),
     }
 
@@ -701,7 +742,7 @@ def run_audit(opts: Any, audit: AuditOptions, *,
             result.num_units)
         if gradient is not None:
             block = gradient_block(gradient, delta=delta, proven_epsilon=result.epsilon,
-                                   confidence=audit.confidence)
+                                   confidence=audit.confidence, abstain=audit.abstain)
             count = gradient.count
         else:
             losses = secret_losses(tmp, canaries)
