@@ -13,18 +13,24 @@ as the model. Each canary is included with probability ½ (bits from the OS) and
 joins each step with the run's Poisson rate ``q``, exactly like a unit, so the accountant's ε
 covers each canary. The auditor reads the released noisy sum on each canary's coordinate, adds it
 up over the steps, and guesses "in" when the total exceeds half of what an included canary
-contributes on average (``q · steps · C / 2``), "out" otherwise: all ``m`` canaries are guessed.
+contributes on average (``q · steps · C / 2``), "out" otherwise; it abstains on the 5 % of
+canaries whose totals lie closest to that threshold (``--abstain``; Theorem 5.2 counts guesses
+made, so abstaining on the least confident raises the bound of a leaky mechanism).
 The canaries never reach the model (the audit tensor is removed before the optimizer's update), so
 the written model is distributed exactly as ``dphub train``'s. Dirac canaries on dedicated
 coordinates do not interfere with each other or with the real gradients, so a noise-free mechanism
-gets every guess right and the bound reaches the audit's ceiling (the bound for ``m`` of ``m``
+gets every guess right and the bound reaches the audit's ceiling (the bound for ``r`` of ``r``
 right), which :func:`gradient_canary_count` maximises: about 8.24 at δ = 1e-5 and 95 % (30,000
-canaries; no count does better there, the ``2 m δ`` term of the bound sees to that). What it
-checks: that the noise actually added has the scale the accountant assumes, for the sampling rate
-and number of steps it assumes; at ε 8 only coarsely (a missing or ten-fold too small noise fails,
-a halved one does not: docs/privacy.md). What it does not check: clipping and the per-unit
-aggregation of real gradients (the canaries arrive clipped), nor the sampling of real units
-(those have their own tests, see docs/privacy.md).
+canaries; no count does better there, the ``2 m δ`` term of the bound sees to that; 8.19 with the
+default abstention). What it checks: that the noise actually added has the scale the accountant
+assumes, for the sampling rate and number of steps it assumes; at ε 8 only coarsely. How coarsely
+is in the report: the canaries are independent of the model, so the released sums of a run with
+noise × k can be simulated exactly, and :func:`detection_limit` finds the largest k at which
+the median simulated audit fails the claim (≈ 0.30 at the default recipe: a mechanism with a
+third of the noise passes). What it does not check: clipping and the per-unit aggregation of
+real gradients (the canaries arrive clipped), the sampling of real units (those have their own
+tests, see docs/privacy.md), nor the composition of releases (federated rounds, ``--init-from``,
+``distill``).
 
 **Black-box canary patients** (``method="patients"``):
 
@@ -61,7 +67,8 @@ Verdicts (:func:`judge`): ``failed`` when the bound exceeds the proven ε; ``inc
 even a perfect attack could not have exceeded it (the ceiling is below the proven ε); ``passed``
 otherwise; ``not-private`` for ``--no-dp`` runs. An audit is a **lower bound, not a proof**: a
 passed audit is a sanity check that the mechanism is not grossly broken (at ε 8 the gradient audit
-catches a mechanism with no or almost no noise, not a σ off by a factor of two); the accountant's
+catches noise ≤ 0.30 × the recipe's, not a σ off by a factor of two or three: each gradient report
+states its own detection limit); the accountant's
 proven ε is the guarantee. A bound above the proven ε means the mechanism does not do what its
 card claims.
 Canary patients are public synthetic data: a model trained with them still carries its proven
