@@ -22,7 +22,12 @@ import math
 import numpy as np
 
 from dphub.privacy.accounting import epsilon_for, noise_for_target_epsilon
-from dphub.privacy.audit_bound import detection_limit, epsilon_lower_bound, gradient_correct
+from dphub.privacy.audit_bound import (
+    choose_abstain,
+    detection_limit,
+    epsilon_lower_bound,
+    gradient_correct,
+)
 
 
 def median_bound(m: int, steps: int, sigma: float, factor: float, abstain: float,
@@ -54,19 +59,28 @@ def main(argv: list[str] | None = None) -> int:
     print("| canaries | abstain | guesses | ceiling | bound at recipe | bound at noise × 0.25 "
           "| flags noise ≤ k × recipe | true ε at k |")
     print("|---|---|---|---|---|---|---|---|")
-    for m, abstain in ((30000, 0.0), (30000, 0.05), (30000, 0.1), (60000, 0.0), (60000, 0.05),
-                       (10000, 0.05)):
+    rows: list[tuple[int, float | None]] = [(30000, 0.0), (30000, 0.05), (30000, 0.1),
+                                            (30000, 0.2), (30000, 0.5), (30000, 0.9),
+                                            (30000, None), (60000, 0.0), (60000, 0.05),
+                                            (10000, 0.05)]
+    for m, given in rows:
         rng = np.random.default_rng(args.seed)
+        settings = dict(sample_rate=q, steps=steps, noise_multiplier=sigma, delta=delta,
+                        confidence=conf, claimed_epsilon=claim)
+        if given is None:  # --abstain auto: the fraction chosen, then its own row
+            abstain, lim = choose_abstain(m, rng=rng, **settings)
+        else:
+            abstain = given
+            lim = detection_limit(m, abstain=abstain, repetitions=args.reps, rng=rng,
+                                  **settings)
         r = max(1, m - round(abstain * m))
         ceiling = epsilon_lower_bound(m, r, r, delta, conf)
         at1 = median_bound(m, steps, sigma, 1.0, abstain, delta, conf, rng, args.reps)
         at25 = median_bound(m, steps, sigma, 0.25, abstain, delta, conf, rng, args.reps)
-        lim = detection_limit(m, sample_rate=q, steps=steps, noise_multiplier=sigma, delta=delta,
-                              confidence=conf, claimed_epsilon=claim, abstain=abstain,
-                              repetitions=args.reps, rng=rng)
         k = lim.noise_factor
         true = epsilon_for("prv", q, sigma * k, steps, delta) if k > 0 else math.inf
-        print(f"| {m:,} | {abstain:.0%} | {r:,} | {ceiling:.2f} | {at1:.2f} | {at25:.2f} "
+        label = f"{abstain:.0%}" + (" (auto)" if given is None else "")
+        print(f"| {m:,} | {label} | {r:,} | {ceiling:.2f} | {at1:.2f} | {at25:.2f} "
               f"| {k:.3f} | {true:.0f} |")
     return 0
 

@@ -14,8 +14,10 @@ joins each step with the run's Poisson rate ``q``, exactly like a unit, so the a
 covers each canary. The auditor reads the released noisy sum on each canary's coordinate, adds it
 up over the steps, and guesses "in" when the total exceeds half of what an included canary
 contributes on average (``q · steps · C / 2``), "out" otherwise; it abstains on the 5 % of
-canaries whose totals lie closest to that threshold (``--abstain``; Theorem 5.2 counts guesses
-made, so abstaining on the least confident raises the bound of a leaky mechanism).
+canaries whose totals lie closest to that threshold, a fraction chosen from the run's public
+settings by the simulated detection limit below (``--abstain auto``; 20 % at the default recipe,
+90 % at ε 1). Theorem 5.2 counts guesses made, so abstaining on the least confident raises the
+bound of a leaky mechanism.
 The canaries never reach the model (the audit tensor is removed before the optimizer's update), so
 the written model is distributed exactly as ``dphub train``'s. Dirac canaries on dedicated
 coordinates do not interfere with each other or with the real gradients, so a noise-free mechanism
@@ -26,8 +28,8 @@ default abstention). What it checks: that the noise actually added has the scale
 assumes, for the sampling rate and number of steps it assumes; at ε 8 only coarsely. How coarsely
 is in the report: the canaries are independent of the model, so the released sums of a run with
 noise × k can be simulated exactly, and :func:`detection_limit` finds the largest k at which
-the median simulated audit fails the claim (≈ 0.30 at the default recipe: a mechanism with a
-third of the noise passes). What it does not check: clipping and the per-unit aggregation of
+the median simulated audit fails the claim (≈ 0.34 at the default recipe: a mechanism with
+half the noise passes). What it does not check: clipping and the per-unit aggregation of
 real gradients (the canaries arrive clipped), the sampling of real units (those have their own
 tests, see docs/privacy.md), nor the composition of releases (federated rounds, ``--init-from``,
 ``distill``).
@@ -67,7 +69,7 @@ Verdicts (:func:`judge`): ``failed`` when the bound exceeds the proven ε; ``inc
 even a perfect attack could not have exceeded it (the ceiling is below the proven ε); ``passed``
 otherwise; ``not-private`` for ``--no-dp`` runs. An audit is a **lower bound, not a proof**: a
 passed audit is a sanity check that the mechanism is not grossly broken (at ε 8 the gradient audit
-catches noise ≤ 0.30 × the recipe's, not a σ off by a factor of two or three: each gradient report
+catches noise ≤ 0.34 × the recipe's, not a σ off by a factor of two or three: each gradient report
 states its own detection limit); the accountant's
 proven ε is the guarantee. A bound above the proven ε means the mechanism does not do what its
 card claims.
@@ -119,6 +121,7 @@ from dphub.privacy.audit_bound import SETTINGS as SETTINGS
 from dphub.privacy.audit_bound import SIGNAL as SIGNAL
 from dphub.privacy.audit_bound import VERDICTS as VERDICTS
 from dphub.privacy.audit_bound import Bound as Bound
+from dphub.privacy.audit_bound import choose_abstain as choose_abstain
 from dphub.privacy.audit_bound import detection_limit as detection_limit
 from dphub.privacy.audit_bound import epsilon_lower_bound as epsilon_lower_bound
 from dphub.privacy.audit_bound import gradient_canary_count as gradient_canary_count
@@ -521,7 +524,8 @@ class AuditOptions:
     max_note_chars: int | None = None
     method: str = "gradient"
     #: gradient canaries: the fraction abstained on, those closest to the guess threshold
-    abstain: float = GRADIENT_ABSTAIN
+    #: (None: ``auto``, the fraction with the largest simulated detection limit)
+    abstain: float | None = None
 
     def validate(self) -> None:
         if self.method not in SETTINGS:
@@ -535,8 +539,8 @@ class AuditOptions:
         if self.canaries is not None and self.canaries > MAX_GRADIENT_CANARIES:
             raise ConfigError(f"--canaries must be at most {MAX_GRADIENT_CANARIES}, "
                               f"got {self.canaries}")
-        if not 0 <= self.abstain <= 0.5:
-            raise ConfigError(f"--abstain must be in [0, 0.5], got {self.abstain}")
+        if self.abstain is not None and not 0 <= self.abstain <= 0.95:
+            raise ConfigError(f"--abstain must be auto or in [0, 0.95], got {self.abstain}")
         if self.max_note_chars is not None and self.max_note_chars < 0:
             raise ConfigError(f"--canary-note-chars must be >= 0, got {self.max_note_chars}")
 
@@ -632,28 +636,33 @@ def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, de
 
 
 def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: float | None,
-                   confidence: float, abstain: float = GRADIENT_ABSTAIN,
+                   confidence: float, abstain: float | None = None,
                    today: dt.date | None = None, rng: Any = None) -> dict[str, Any]:
     """The card's ``empirical_audit`` block of a white-box gradient-canary audit.
 
     The canaries are guessed "in" above :attr:`GradientCanaries.threshold` (a fixed threshold
     rather than "the top half" because the number of included canaries is itself random, and a
     top-half rule would cost a noise-free mechanism its perfect score), except the ``abstain``
-    fraction closest to it (:func:`gradient_correct`). ``detection``: the detection limit
+    fraction closest to it (:func:`gradient_correct`); ``abstain`` None: the fraction with the
+    largest simulated detection limit at the run's public settings (:func:`choose_abstain`),
+    picked before the sums are looked at. ``detection``: the detection limit
     (:func:`detection_limit`, simulated with ``rng``, None: OS entropy) and what is outside.
     """
     m = canaries.count
+    chosen = abstain is None
+    sigma = float(canaries.noise_multiplier or 0.0)
+    settings = dict(sample_rate=float(canaries.sample_rate or 1.0), steps=canaries.steps,
+                    noise_multiplier=sigma, delta=delta, confidence=confidence,
+                    claimed_epsilon=math.inf if proven_epsilon is None else float(proven_epsilon))
+    if abstain is None:
+        abstain, limit = choose_abstain(m, rng=rng, **settings)
+    else:
+        limit = detection_limit(m, abstain=abstain, rng=rng, **settings)
     guesses, correct = gradient_correct(canaries.sums, canaries.included, canaries.threshold,
                                         abstain)
     bound = epsilon_lower_bound(m, guesses, correct, delta, confidence)
     ceiling = epsilon_lower_bound(m, guesses, guesses, delta, confidence)
     verdict = judge(bound, ceiling, proven_epsilon)
-    sigma = float(canaries.noise_multiplier or 0.0)
-    limit = detection_limit(
-        m, sample_rate=float(canaries.sample_rate or 1.0), steps=canaries.steps,
-        noise_multiplier=sigma, delta=delta, confidence=confidence,
-        claimed_epsilon=math.inf if proven_epsilon is None else float(proven_epsilon),
-        abstain=abstain, rng=rng)
     return {
         "method": METHOD,
         "setting": SETTINGS["gradient"],
@@ -677,6 +686,8 @@ def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: 
             "noise_factor": round(limit.noise_factor, 3),
             "noise_multiplier": round(limit.noise_factor * sigma, 4),
             "recipe_noise_multiplier": round(sigma, 4),
+            "abstain_fraction": abstain,
+            "abstain_chosen": chosen,
             "simulated_bound_at_recipe": round(limit.bound_at_recipe, 4),
             "repetitions": limit.repetitions,
             "statistic": "median",

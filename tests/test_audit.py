@@ -368,7 +368,8 @@ def test_describe_says_when_an_audit_could_not_have_failed() -> None:
     (["--canaries", "1"], "--canaries must be at least 2"),
     (["--confidence", "1.5"], "--confidence must be in"),
     (["--canary-kind", "poem"], "--canary-kind must be"),
-    (["--abstain", "0.9"], "--abstain must be in [0, 0.5]"),
+    (["--abstain", "0.99"], "--abstain must be auto or in [0, 0.95]"),
+    (["--abstain", "most"], "--abstain must be auto or in [0, 0.95]"),
 ])
 def test_bad_audit_options_are_one_line_errors(
     corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -506,7 +507,8 @@ def test_gradient_audit_fails_a_noise_free_mechanism_at_the_default_recipe(
     assert all(n.startswith("note: ") for n in notes)
     bound, proven = (float(x) for x in re.findall(r"ε(?: lower bound)? ([0-9.]+)", err)[:2])
     assert proven == pytest.approx(8.0, abs=0.01) and bound > proven
-    assert "28500 of 28500 membership guesses right on 30000 canaries" in err
+    right = re.search(r"(\d+) of (\d+) membership guesses right on 30000 canaries", err)
+    assert right and right[1] == right[2], err  # every guess right (abstentions not counted)
     assert not out.exists() and not [p for p in tmp_path.iterdir() if ".audit-" in p.name]
 
 
@@ -556,7 +558,8 @@ def test_gradient_canaries_never_reach_the_model(
     monkeypatch.setattr(card_audit, "judge", lambda *a: "passed")  # the card's check of it
     res = A.run_audit(_opts(corpus, tiny_base_model, tmp_path / "audited", **kw),
                       A.AuditOptions(canaries=2000))
-    assert res.block["correct"] == res.block["guesses"] == 1900  # every canary was in the sum
+    assert res.block["correct"] == res.block["guesses"]  # every canary was in the sum
+    assert res.block["guesses"] + res.block["abstained"] == 2000
     a = load_file(tmp_path / "plain" / "model.safetensors")
     b = load_file(tmp_path / "audited" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -620,7 +623,7 @@ def _schema_check(block: dict) -> None:
 def test_gradient_report_carries_the_detection_limit_and_what_is_outside() -> None:
     g = _simulated_canaries(30000, 1.0, seed=1)
     block = A.gradient_block(g, delta=1e-5, proven_epsilon=7.9987, confidence=0.95,
-                             rng=np.random.default_rng(2))
+                             abstain=0.05, rng=np.random.default_rng(2))
     _schema_check(block)
     det = block["detection"]
     assert det["measured"] == "simulated-released-sums" and det["statistic"] == "median"
@@ -628,6 +631,7 @@ def test_gradient_report_carries_the_detection_limit_and_what_is_outside() -> No
     assert 0.25 < det["noise_factor"] < 0.5
     assert det["noise_multiplier"] == pytest.approx(det["noise_factor"] * 3.3995, abs=1e-3)
     assert block["abstained"] == 1500 and block["guesses"] == 28500
+    assert det["abstain_fraction"] == 0.05 and det["abstain_chosen"] is False
     text = A.describe(block, markdown=False)
     assert f"this audit would flag noise ≤ {det['noise_factor']:.3g} × the recipe's" in text
     outside = text.split("Outside what this audit tests:")[1]
@@ -664,9 +668,28 @@ def test_detection_limit_moves_the_right_way_with_canaries_and_steps() -> None:
 def test_abstention_raises_the_detection_limit_at_the_default_recipe() -> None:
     before = A.detection_limit(30000, claimed_epsilon=7.9987, abstain=0.0,
                                rng=np.random.default_rng(5), **RECIPE)
-    after = A.detection_limit(30000, claimed_epsilon=7.9987, rng=np.random.default_rng(5),
-                              **RECIPE)
+    after = A.detection_limit(30000, claimed_epsilon=7.9987, abstain=0.05,
+                              rng=np.random.default_rng(5), **RECIPE)
     assert 0.15 < before.noise_factor < 0.25 < 0.28 < after.noise_factor
+
+
+def test_auto_abstention_picks_the_best_fraction_from_public_settings() -> None:
+    """The default (auto) picks a larger abstention at ε 1 than at ε 8, each raising the limit
+    over guessing every canary; the chosen rule's limit is measured again (fresh draws)."""
+    g = _simulated_canaries(30000, 1.0, seed=6)
+    block = A.gradient_block(g, delta=1e-5, proven_epsilon=7.9987, confidence=0.95,
+                             rng=np.random.default_rng(7))
+    _schema_check(block)
+    det = block["detection"]
+    assert det["abstain_chosen"] is True and 0 < det["abstain_fraction"] <= 0.3
+    assert block["abstained"] == round(det["abstain_fraction"] * 30000)
+    assert det["noise_factor"] > 0.28 and block["max_possible_bound"] > 7.9987
+    low = dict(RECIPE, noise_multiplier=21.3345)  # the same recipe at ε 1
+    frac, limit = A.choose_abstain(30000, claimed_epsilon=0.9982, rng=np.random.default_rng(8),
+                                   **low)
+    none = A.detection_limit(30000, claimed_epsilon=0.9982, abstain=0.0,
+                             rng=np.random.default_rng(8), **low)
+    assert frac >= 0.5 and limit.noise_factor > none.noise_factor + 0.1
 
 
 @pytest.mark.parametrize("abstain", [0.05, 0.5, 0.95])
