@@ -13,8 +13,8 @@ as the model. Each canary is included with probability ½ (bits from the OS) and
 joins each step with the run's Poisson rate ``q``, exactly like a unit, so the accountant's ε
 covers each canary. The auditor reads the released noisy sum on each canary's coordinate, adds it
 up over the steps, and guesses "in" when the total exceeds half of what an included canary
-contributes on average (``q · steps · C / 2``), "out" otherwise; it abstains on the 5 % of
-canaries whose totals lie closest to that threshold, a fraction chosen from the run's public
+contributes on average (``q · steps · C / 2``), "out" otherwise; it abstains on the canaries
+whose totals lie closest to that threshold, a fraction chosen from the run's public
 settings by the simulated detection limit below (``--abstain auto``; 20 % at the default recipe,
 90 % at ε 1). Theorem 5.2 counts guesses made, so abstaining on the least confident raises the
 bound of a leaky mechanism.
@@ -23,8 +23,8 @@ the written model is distributed exactly as ``dphub train``'s. Dirac canaries on
 coordinates do not interfere with each other or with the real gradients, so a noise-free mechanism
 gets every guess right and the bound reaches the audit's ceiling (the bound for ``r`` of ``r``
 right), which :func:`gradient_canary_count` maximises: about 8.24 at δ = 1e-5 and 95 % (30,000
-canaries; no count does better there, the ``2 m δ`` term of the bound sees to that; 8.19 with the
-default abstention). What it checks: that the noise actually added has the scale the accountant
+canaries; no count does better there, the ``2 m δ`` term of the bound sees to that; 8.02 with the
+20 % abstention ``auto`` picks at ε 8). What it checks: that the noise actually added has the scale the accountant
 assumes, for the sampling rate and number of steps it assumes; at ε 8 only coarsely. How coarsely
 is in the report: the canaries are independent of the model, so the released sums of a run with
 noise × k can be simulated exactly, and :func:`detection_limit` finds the largest k at which
@@ -499,7 +499,6 @@ DEFAULT_PATIENT_CANARIES = 64
 OUTSIDE_PATIENT_AUDIT: tuple[str, ...] = (
     "its detection limit (the smallest noise it would flag) is not measured: the signal depends "
     "on the model and the data, so no simulation of the released output reproduces it",
-    "the sampling of real units (canary patients are sampled with them, but by the same code)",
     "composition across releases: federated rounds, --init-from and distill are each audited "
     "alone, if at all",
 )
