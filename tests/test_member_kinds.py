@@ -140,3 +140,24 @@ if line.startswith("#") or host.rpartition(":") or spec.split(","): pass
              if (hits := sniffs(p.read_text(encoding="utf-8")))}
     # the parsers' own splits are found (the scan is not vacuous), nothing else
     assert set(found) == PARSERS, found
+
+
+def test_a_registry_member_reaches_a_ray_worker_as_its_pinned_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver resolves it (a worker's node has its own registry, or none): the model kind
+    says so, the Ray engine only asks each kind (``for_worker``)."""
+    import hashlib
+
+    from dphub.ensemble.manifest import MemberEntry
+    from dphub.ensemble.member_kinds import model
+
+    d = tmp_path / "pulled"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"weights")
+    monkeypatch.setattr(model, "model_dir_of", lambda entry: d)
+    entry = MemberEntry("org/x", "registry", repo="org/x", revision="abc", threshold=0.3)
+    assert member_kind("registry").for_worker(entry) == {
+        "name": "org/x", "kind": "dir", "revision": "sha256:" + hashlib.sha256(b"weights")
+        .hexdigest(), "path": str(d.resolve()), "threshold": 0.3}
+    rules = entry_from_spec("rules:default")
+    assert member_kind("rules").for_worker(rules) == rules.to_dict()
