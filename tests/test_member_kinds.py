@@ -52,6 +52,10 @@ def test_the_documented_kind_runs_in_an_ensemble(words_kind: Any, tmp_path: Path
     voters = {v for line in (out / "audit.jsonl").read_text().splitlines()
               for s in json.loads(line)["spans"] for v in s["voters"]}
     assert "words" in voters
+    # the top-level command reads the same spec through the registry
+    assert main(["deid", str(src), "--model", "words:Quenby", "--out", str(tmp_path / "one")]) == 0
+    text = json.loads((tmp_path / "one" / "notes.jsonl").read_text(encoding="utf-8"))["text"]
+    assert "Quenby" not in text and "Hallworth" in text
 
 
 def test_an_unregistered_kind_is_gone(words_kind: Any) -> None:
