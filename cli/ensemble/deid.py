@@ -304,7 +304,8 @@ def deid_top_cmd(
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
-    from dphub.ensemble.manifest import MemberEntry, card_privacy, weights_digest
+    from dphub.ensemble.kinds import parse_spec
+    from dphub.ensemble.manifest import MemberEntry, card_privacy, entry_from_spec, weights_digest
 
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
@@ -313,12 +314,8 @@ def deid_top_cmd(
         date_count=date_count)
     out = _resolve_out(input_path, out, resume)
     _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
-    if model.startswith("rules:"):
-        entry = MemberEntry(model, "rules", threshold=threshold)
-        slot = member_from_entry(entry)
-    elif model.startswith(("deidpl:", "presidio:")):
-        from dphub.ensemble.manifest import entry_from_spec
-
+    kind, _ = parse_spec(model)
+    if not kind.model:  # rules:default, deidpl:DIR, presidio:default ...
         entry = entry_from_spec(model, threshold=threshold)
         slot = member_from_entry(entry)
     else:
@@ -356,7 +353,7 @@ def deid_top_cmd(
                               ensemble.runtime)
 
     ensemble = Ensemble([slot])
-    if runtime not in (None, "torch") and not model.startswith("rules:"):
+    if runtime not in (None, "torch") and kind.model:
         ensemble.runtime = runtime
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,

@@ -99,6 +99,10 @@ class InverseRule:
     alone: tuple[str, ...] = ()
     #: the rule reads the safe vocabulary (:mod:`dphub.ensemble.aggregation`)
     uses_safe_vocabulary: ClassVar[bool] = True
+    #: ``ensemble calibrate`` chooses LOW and HIGH (:mod:`dphub.ensemble.inverse_calibrate`)
+    own_thresholds: ClassVar[bool] = True
+    #: words no member flagged are hidden untyped (``PHI``): no label a student could learn
+    typed_spans: ClassVar[bool] = False
 
     @classmethod
     def parse(cls, text: str) -> InverseRule:
@@ -130,6 +134,12 @@ class InverseRule:
         else:
             lowest = MODEL_FLAG_DEFAULT if own is None else float(own)
         return min(self.low, lowest)
+
+    def merge(self, text: str, member_spans: Mapping[str, Sequence[Span]], *,
+              vocabulary: SafeVocabulary,
+              models: Mapping[str, float | LabelThresholds | None]) -> list[MergedSpan]:
+        """One note's merged spans (:func:`inverse_aggregate`)."""
+        return inverse_aggregate(text, member_spans, self, vocabulary, models=models)
 
     def __str__(self) -> str:
         return f"inverse:{self.low:g},{self.high:g}"

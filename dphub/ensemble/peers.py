@@ -470,10 +470,3 @@ class PresidioMember:
         """Spans per note; ``threshold`` drops results whose Presidio score is below it."""
         return [self.spans_from(n, found, threshold)
                 for n, found in zip(notes, self.results(notes), strict=True)]
-
-
-def check_spec(spec: str) -> None:
-    """Refuse an unknown ``presidio:`` spec with the list of known ones."""
-    if spec.startswith("presidio:") and spec not in PRESIDIO_SPECS:
-        raise ConfigError(f"unknown Presidio member {spec!r}; available: "
-                          f"{', '.join(PRESIDIO_SPECS)}")
