@@ -87,6 +87,7 @@ def test_slash_letters_come_back_initials_dates_phones_do_not(ens: Ensemble) -> 
     assert shown_words(ens, "pt w/pain overnight, n/v/d resolved.", "n/v/d") == ["n", "v", "d"]
     text = "Discussed with K/Smith and family on 3/14 call 617-555-0199."
     assert shown_words(ens, text, "K/Smith") == []
+    assert shown_words(ens, "pt seen by j/ jones today.", "j/ jones") == []
     assert shown_words(ens, text, "3/14") == []
     assert shown_words(ens, text, "617-555-0199") == []
 

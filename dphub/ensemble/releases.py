@@ -110,21 +110,24 @@ def letters_between_safe_words(text: str, words: Sequence[re.Match[str]], i: int
     return _same_case(w, pw) and _same_case(w, nw)
 
 
+def _slash_partner(letter: str, other: str) -> bool:
+    """Whether ``other``, joined to ``letter`` by a slash, is a letter word of its case."""
+    if not other.isalpha():
+        return False
+    return _same_case(letter, other) if len(other) > 1 else other.islower() == letter.islower()
+
+
 def slash_letters(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
     """Whether word ``i`` is a single letter joined by ``/`` to a letter word of its case."""
     m = words[i]
     w = m.group()
     if len(w) != 1 or not w.isalpha():
         return False
-    for j, gap in ((i - 1, (m.start() - 1, m.start())), (i + 1, (m.end(), m.end() + 1))):
-        if not 0 <= j < len(words) or text[gap[0]:gap[1]] != "/":
-            continue
-        other = words[j]
-        if abs(other.start() - m.start()) > len(other.group()) + 2:
-            continue  # only the slash between them
-        ow = other.group()
-        if ow.isalpha() and (_same_case(w, ow) if len(ow) > 1 else ow.islower() == w.islower()):
-            return True
+    if (i > 0 and words[i - 1].end() == m.start() - 1 and text[m.start() - 1] == "/"
+            and _slash_partner(w, words[i - 1].group())):
+        return True
+    if i + 1 < len(words) and words[i + 1].start() == m.end() + 1 and text[m.end()] == "/":
+        return _slash_partner(w, words[i + 1].group())
     return False
 
 
