@@ -60,6 +60,7 @@ import numpy as np
 from dphub.ensemble.aggregate import MergedSpan, aggregate
 from dphub.ensemble.measures import measurement_ranges
 from dphub.ensemble.members import ModelMember
+from dphub.ensemble.releases import shape_released
 from dphub.ensemble.words import WORD_RE
 from dphub.errors import ConfigError
 from dphub.labels import UNTYPED, category_of
@@ -247,7 +248,8 @@ def word_table(
     ci = 0
     found = list(WORD_RE.finditer(text))
     shorthand = shorthand_letters(text)
-    released = context_released(text, found, vocab)
+    released = context_released(text, found, vocab) | shape_released(
+        text, found, vocab, measures, NAME_CUES_BEFORE, NAME_CUES_AFTER)
     for wi, m in enumerate(found):
         a, b = m.start(), m.end()
         while ci < len(cover) and cover[ci][1] <= a:
