@@ -10,7 +10,7 @@ Trains on the same patient-disjoint 80 % split as ``benchmarks/train_dev_corpus.
 with the black-box audit's defaults (64 canary patients, 2 notes each, 15 alternative secrets) and
 ``dphub train``'s default recipe, once at ``--target-epsilon 8`` and once with ``--no-dp``, and
 prints one JSON object: per run the ε lower bound and its guesses, the ceiling, the proven ε, the
-exposure summary, and the seconds spent training and auditing (the overhead over ``dphub train``).
+exposure summary, the detection limit (``empirical_audit.detection``), and the seconds spent training and auditing (the overhead over ``dphub train``).
 ``--method gradient`` runs the white-box gradient-canary audit (``dphub audit``'s default) on the
 DP run only. Equivalent commands, for docs/privacy.md::
 
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_possible_bound": res.block["max_possible_bound"],
                 "verdict_reason": res.block.get("verdict_reason"),
                 "exposure": res.block.get("exposure"),
+                "detection": res.block.get("detection"),
                 "attack_works": res.attack_works if res.verdict == "not-private" else None,
                 "seconds": res.seconds, "steps": res.train.steps,
             }

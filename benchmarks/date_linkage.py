@@ -16,7 +16,12 @@ spans, exactly as ``--mode surrogate`` renders them. Rows:
 
 * ``tag``: ``[**DATE**]`` everywhere: no date to link (a guess among all records);
 * ``shift``: the default surrogate, every date of a patient moved by one keyed offset;
-* ``dp ε unit``: ``--dates dp --date-epsilon ε --date-unit note|patient``.
+* ``dp ε unit``: ``--dates dp --date-epsilon ε --date-unit note|patient``;
+* ``... note`` / ``... none`` (``--date-counts keep,note,none``): the same with ``--date-count
+  note`` (only each note's first date is rendered) or ``none`` (no date is). The attacker knows
+  the option: he drops the same mentions from the target's true notes, so every attack compares
+  like with like. ``reid_notes_pct`` is the floor no date option lowers: linking by the number of
+  notes of each patient.
 
 Utility, from the surrogate each true date got (its first mention, per patient): the median
 absolute error of intervals between consecutive distinct dates by scale band (days <= 31,
@@ -41,6 +46,7 @@ from dphub import formats
 from dphub.labels import category_of
 from dphub.notes import Note, Span
 from dphub.render import SurrogateRenderer
+from dphub.render.date_count import fewer_dates
 from dphub.render.dates import date_points
 from dphub.render.dp_dates import BANDS, band_of, unroll
 
@@ -124,7 +130,9 @@ def _render_dates(renderer: SurrogateRenderer, note: Note) -> list[tuple[list[Po
     return pairs
 
 
-def _evaluate(notes: list[Note], renderer: SurrogateRenderer | None) -> dict[str, float]:
+def _evaluate(notes: list[Note], renderer: SurrogateRenderer | None,
+              only: list[str] | None = None) -> dict[str, float]:
+    """One row; ``only``: the targets (by default the patients with at least 3 dated notes)."""
     by_patient: dict[str, list[Note]] = defaultdict(list)
     for n in notes:
         by_patient[n.effective_patient_id].append(n)
@@ -160,7 +168,7 @@ def _evaluate(notes: list[Note], renderer: SurrogateRenderer | None) -> dict[str
                     released[pid].update(sur)
                     for t, s in zip(true, sur, strict=True):
                         first_sur[pid].setdefault(t, s)
-    targets = [pid for pid in by_patient if dated_notes[pid] >= 3]
+    targets = only if only is not None else [pid for pid in by_patient if dated_notes[pid] >= 3]
     # two attackers: the sorted distinct dates' intervals, and the steps between mentions in
     # reading order; the row reports each and the better of the two
     attacks = {
@@ -193,6 +201,11 @@ def _evaluate(notes: list[Note], renderer: SurrogateRenderer | None) -> dict[str
             nearest = [r for r, d in dist.items() if d == best]
             hits += (pid in nearest) / len(nearest)
         row[f"reid_{name}_pct"] = 100 * hits / max(1, len(targets))
+    # the floor no date option lowers: the number of notes of each patient (issue 38)
+    notes_of = {pid: len(ns) for pid, ns in by_patient.items()}
+    row["reid_notes_pct"] = 100 * sum(
+        1 / sum(notes_of[r] == notes_of[pid] for r in by_patient) for pid in targets
+    ) / max(1, len(targets))
     # the interval attacks (the issue's): the count attack is reported beside them
     row["reid_pct"] = max(row["reid_sorted_pct"], row["reid_order_pct"])
     if renderer is None:
@@ -231,12 +244,22 @@ def _evaluate(notes: list[Note], renderer: SurrogateRenderer | None) -> dict[str
     return row
 
 
+def _targets(notes: list[Note]) -> list[str]:
+    """The patients with at least 3 notes that hold a date dphub can place in time."""
+    probe = SurrogateRenderer(b"x" * 32)
+    dated: dict[str, int] = defaultdict(int)
+    for n in notes:
+        dated[n.effective_patient_id] += bool(probe.date_points(n, _date_spans(n)))
+    return [pid for pid, k in dated.items() if k >= 3]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("corpus", type=Path)
     ap.add_argument("--format", default=None)
     ap.add_argument("--epsilons", default="0.5,1,2,5")
     ap.add_argument("--units", default="patient,note")
+    ap.add_argument("--date-counts", default="keep", help="a list of keep, note, none")
     ap.add_argument("--keys", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
@@ -249,14 +272,27 @@ def main(argv: list[str] | None = None) -> int:
         for e in args.epsilons.split(","):
             configs.append((f"dp eps={e} {unit}", {"dates": "dp", "date_epsilon": float(e),
                                                    "date_unit": unit}))
+    shown = {"keep": notes}
+    for count in args.date_counts.split(","):
+        if count != "keep":
+            shown[count] = []
+            for n in notes:
+                reduced, spans = fewer_dates(n, n.spans, count)
+                shown[count].append(Note(id=n.id, text=reduced.text, patient_id=n.patient_id,
+                                         spans=spans))
+    # the targets of every row: the patients with >= 3 dated notes before any date is removed
+    targets = _targets(notes)
     rows = []
-    for name, opts in configs:
-        runs = [_evaluate(notes, None if opts is None else SurrogateRenderer(k, **opts))
-                for k in (keys if opts is not None else keys[:1])]
-        row = {k: statistics.fmean(r[k] for r in runs) for k in runs[0]}
-        row["config"] = name
-        rows.append(row)
-    cols = ["reid_pct", "reid_sorted_pct", "reid_order_pct", "reid_count_pct", "mae_days", "mae_months", "mae_years", "order_kept_pct",
+    for count in args.date_counts.split(","):
+        for name, opts in configs:
+            runs = [_evaluate(shown[count], None if opts is None else SurrogateRenderer(k, **opts),
+                              targets)
+                    for k in (keys if opts is not None else keys[:1])]
+            row = {k: statistics.fmean(r[k] for r in runs) for k in runs[0]}
+            row["config"] = name + ("" if count == "keep" else f" {count}")
+            rows.append(row)
+    cols = ["reid_pct", "reid_sorted_pct", "reid_order_pct", "reid_count_pct", "reid_notes_pct",
+            "mae_days", "mae_months", "mae_years", "order_kept_pct",
             "los_err_median", "los_err_p90"]
     print(f"patients: {len({n.effective_patient_id for n in notes})}, notes: {len(notes)}, "
           f"targets (>= 3 dated notes): {int(rows[0]['targets'])}, keys: {args.keys}")

@@ -13,18 +13,26 @@ as the model. Each canary is included with probability ½ (bits from the OS) and
 joins each step with the run's Poisson rate ``q``, exactly like a unit, so the accountant's ε
 covers each canary. The auditor reads the released noisy sum on each canary's coordinate, adds it
 up over the steps, and guesses "in" when the total exceeds half of what an included canary
-contributes on average (``q · steps · C / 2``), "out" otherwise: all ``m`` canaries are guessed.
+contributes on average (``q · steps · C / 2``), "out" otherwise; it abstains on the canaries
+whose totals lie closest to that threshold, a fraction chosen from the run's public
+settings by the simulated detection limit below (``--abstain auto``; 20 % at the default recipe,
+90 % at ε 1). Theorem 5.2 counts guesses made, so abstaining on the least confident raises the
+bound of a leaky mechanism.
 The canaries never reach the model (the audit tensor is removed before the optimizer's update), so
 the written model is distributed exactly as ``dphub train``'s. Dirac canaries on dedicated
 coordinates do not interfere with each other or with the real gradients, so a noise-free mechanism
-gets every guess right and the bound reaches the audit's ceiling (the bound for ``m`` of ``m``
+gets every guess right and the bound reaches the audit's ceiling (the bound for ``r`` of ``r``
 right), which :func:`gradient_canary_count` maximises: about 8.24 at δ = 1e-5 and 95 % (30,000
-canaries; no count does better there, the ``2 m δ`` term of the bound sees to that). What it
-checks: that the noise actually added has the scale the accountant assumes, for the sampling rate
-and number of steps it assumes; at ε 8 only coarsely (a missing or ten-fold too small noise fails,
-a halved one does not: docs/privacy.md). What it does not check: clipping and the per-unit
-aggregation of real gradients (the canaries arrive clipped), nor the sampling of real units
-(those have their own tests, see docs/privacy.md).
+canaries; no count does better there, the ``2 m δ`` term of the bound sees to that; 8.02 with the
+20 % abstention ``auto`` picks at ε 8). What it checks: that the noise actually added has the scale the accountant
+assumes, for the sampling rate and number of steps it assumes; at ε 8 only coarsely. How coarsely
+is in the report: the canaries are independent of the model, so the released sums of a run with
+noise × k can be simulated exactly, and :func:`detection_limit` finds the largest k at which
+the median simulated audit fails the claim (≈ 0.34 at the default recipe: a mechanism with
+half the noise passes). What it does not check: clipping and the per-unit aggregation of
+real gradients (the canaries arrive clipped), the sampling of real units (those have their own
+tests, see docs/privacy.md), nor the composition of releases (federated rounds, ``--init-from``,
+``distill``).
 
 **Black-box canary patients** (``method="patients"``):
 
@@ -61,7 +69,8 @@ Verdicts (:func:`judge`): ``failed`` when the bound exceeds the proven ε; ``inc
 even a perfect attack could not have exceeded it (the ceiling is below the proven ε); ``passed``
 otherwise; ``not-private`` for ``--no-dp`` runs. An audit is a **lower bound, not a proof**: a
 passed audit is a sanity check that the mechanism is not grossly broken (at ε 8 the gradient audit
-catches a mechanism with no or almost no noise, not a σ off by a factor of two); the accountant's
+catches noise ≤ 0.34 × the recipe's, not a σ off by a factor of two or three: each gradient report
+states its own detection limit); the accountant's
 proven ε is the guarantee. A bound above the proven ε means the mechanism does not do what its
 card claims.
 Canary patients are public synthetic data: a model trained with them still carries its proven
@@ -102,10 +111,14 @@ from dphub.privacy.audit_bound import (
     GRADIENT_SIGNAL,
     MAX_GRADIENT_CANARIES,
     METHOD,
+    OUTSIDE_GRADIENT_AUDIT,
     SETTINGS,
     SIGNAL,
+    choose_abstain,
+    detection_limit,
     epsilon_lower_bound,
     gradient_canary_count,
+    gradient_correct,
     judge,
     max_possible_bound,
     one_run_bound,
@@ -158,6 +171,8 @@ class GradientCanaries:
         self.steps = 0
         self.norm: float | None = None
         self.sample_rate: float | None = None
+        #: the optimizer's noise multiplier σ (the detection limit scales it)
+        self.noise_multiplier: float | None = None
 
     @property
     def threshold(self) -> float:
@@ -165,10 +180,6 @@ class GradientCanaries:
         if self.norm is None or self.sample_rate is None:
             raise PrivacyError("internal: gradient canaries were never installed")
         return 0.5 * self.sample_rate * self.steps * self.norm
-
-    def guesses(self) -> Any:
-        """"In" (True) or "out" per canary: a function of the released sums only."""
-        return self.sums > self.threshold
 
     def install(self, optimizer: Any, sample_rate: float) -> None:
         """Make every noise step of the Opacus ``DPOptimizer`` ``optimizer`` carry the canaries."""
@@ -179,6 +190,7 @@ class GradientCanaries:
             raise PrivacyError("gradient canaries need trainable parameters")
         ref = params[0]
         self.norm, self.sample_rate = float(optimizer.max_grad_norm), float(sample_rate)
+        self.noise_multiplier = float(optimizer.noise_multiplier)
         audit = torch.nn.Parameter(torch.zeros(self.count, dtype=ref.dtype, device=ref.device))
         real_add_noise = optimizer.add_noise
         groups = optimizer.param_groups
@@ -477,6 +489,13 @@ def score(losses: Sequence[float]) -> CanaryScore:
 
 #: Canary patients of the black-box audit when ``--canaries`` is not given.
 DEFAULT_PATIENT_CANARIES = 64
+#: What the canary-patient audit does not test (the report says so).
+OUTSIDE_PATIENT_AUDIT: tuple[str, ...] = (
+    "its detection limit (the smallest noise it would flag) is not measured: the signal depends "
+    "on the model and the data, so no simulation of the released output reproduces it",
+    "composition across releases: federated rounds, --init-from and distill are each audited "
+    "alone, if at all",
+)
 
 
 @dataclass
@@ -497,6 +516,9 @@ class AuditOptions:
     #: cut canary note bodies to this many characters (None: whole synth notes)
     max_note_chars: int | None = None
     method: str = "gradient"
+    #: gradient canaries: the fraction abstained on, those closest to the guess threshold
+    #: (None: ``auto``, the fraction with the largest simulated detection limit)
+    abstain: float | None = None
 
     def validate(self) -> None:
         if self.method not in SETTINGS:
@@ -510,6 +532,8 @@ class AuditOptions:
         if self.canaries is not None and self.canaries > MAX_GRADIENT_CANARIES:
             raise ConfigError(f"--canaries must be at most {MAX_GRADIENT_CANARIES}, "
                               f"got {self.canaries}")
+        if self.abstain is not None and not 0 <= self.abstain <= 0.95:
+            raise ConfigError(f"--abstain must be auto or in [0, 0.95], got {self.abstain}")
         if self.max_note_chars is not None and self.max_note_chars < 0:
             raise ConfigError(f"--canary-note-chars must be >= 0, got {self.max_note_chars}")
 
@@ -586,6 +610,13 @@ def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, de
         "verdict_reason": verdict_reason(verdict, bound=bound.epsilon, ceiling=ceiling,
                                          proven=proven_epsilon, count=len(canaries),
                                          confidence=audit.confidence),
+        "detection": {
+            # the signal depends on the model and the data: no simulation reproduces it
+            "measured": "not-measured",
+            # an audit that could not have failed flags no noise level at all
+            "noise_factor": 0.0 if verdict == "inconclusive" else None,
+            "outside": list(OUTSIDE_PATIENT_AUDIT),
+        },
         "exposure": {
             "candidates": audit.candidates + 1,
             "max_bits": round(math.log2(audit.candidates + 1), 4),
@@ -598,19 +629,32 @@ def audit_block(scores: Sequence[CanaryScore], canaries: Sequence[Canary], *, de
 
 
 def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: float | None,
-                   confidence: float, today: dt.date | None = None) -> dict[str, Any]:
+                   confidence: float, abstain: float | None = None,
+                   today: dt.date | None = None, rng: Any = None) -> dict[str, Any]:
     """The card's ``empirical_audit`` block of a white-box gradient-canary audit.
 
-    Every canary is guessed (``r = m``), "in" above :attr:`GradientCanaries.threshold`: a fixed
-    threshold rather than "the top half" because the number of included canaries is itself
-    random, and a top-half rule would cost a noise-free mechanism its perfect score.
+    The canaries are guessed "in" above :attr:`GradientCanaries.threshold` (a fixed threshold
+    rather than "the top half" because the number of included canaries is itself random, and a
+    top-half rule would cost a noise-free mechanism its perfect score), except the ``abstain``
+    fraction closest to it (:func:`gradient_correct`); ``abstain`` None: the fraction with the
+    largest simulated detection limit at the run's public settings (:func:`choose_abstain`),
+    picked before the sums are looked at. ``detection``: the detection limit
+    (:func:`detection_limit`, simulated with ``rng``, None: OS entropy) and what is outside.
     """
-    import numpy as np
-
     m = canaries.count
-    correct = int(np.sum(canaries.guesses() == canaries.included))
-    bound = epsilon_lower_bound(m, m, correct, delta, confidence)
-    ceiling = epsilon_lower_bound(m, m, m, delta, confidence)
+    chosen = abstain is None
+    sigma = float(canaries.noise_multiplier or 0.0)
+    settings = dict(sample_rate=float(canaries.sample_rate or 1.0), steps=canaries.steps,
+                    noise_multiplier=sigma, delta=delta, confidence=confidence,
+                    claimed_epsilon=math.inf if proven_epsilon is None else float(proven_epsilon))
+    if abstain is None:
+        abstain, limit = choose_abstain(m, rng=rng, **settings)
+    else:
+        limit = detection_limit(m, abstain=abstain, rng=rng, **settings)
+    guesses, correct = gradient_correct(canaries.sums, canaries.included, canaries.threshold,
+                                        abstain)
+    bound = epsilon_lower_bound(m, guesses, correct, delta, confidence)
+    ceiling = epsilon_lower_bound(m, guesses, guesses, delta, confidence)
     verdict = judge(bound, ceiling, proven_epsilon)
     return {
         "method": METHOD,
@@ -619,7 +663,8 @@ def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: 
         "canaries": {"count": m, "included": int(canaries.included.sum()),
                      "inclusion_probability": 0.5, "form": "dirac-gradient", "synthetic": True},
         "gradient": {"norm": canaries.norm, "steps": canaries.steps},
-        "guesses": m,
+        "guesses": guesses,
+        "abstained": m - guesses,
         "correct": correct,
         "epsilon_lower_bound": round(bound, 4),
         "max_possible_bound": round(ceiling, 4),
@@ -629,6 +674,18 @@ def gradient_block(canaries: GradientCanaries, *, delta: float, proven_epsilon: 
         "verdict": verdict,
         "verdict_reason": verdict_reason(verdict, bound=bound, ceiling=ceiling,
                                          proven=proven_epsilon, count=m, confidence=confidence),
+        "detection": {
+            "measured": "simulated-released-sums",
+            "noise_factor": round(limit.noise_factor, 3),
+            "noise_multiplier": round(limit.noise_factor * sigma, 4),
+            "recipe_noise_multiplier": round(sigma, 4),
+            "abstain_fraction": abstain,
+            "abstain_chosen": chosen,
+            "simulated_bound_at_recipe": round(limit.bound_at_recipe, 4),
+            "repetitions": limit.repetitions,
+            "statistic": "median",
+            "outside": list(OUTSIDE_GRADIENT_AUDIT),
+        },
         "date": (today or dt.datetime.now(dt.UTC).date()).isoformat(),
     }
 
@@ -696,7 +753,7 @@ def run_audit(opts: Any, audit: AuditOptions, *,
             result.num_units)
         if gradient is not None:
             block = gradient_block(gradient, delta=delta, proven_epsilon=result.epsilon,
-                                   confidence=audit.confidence)
+                                   confidence=audit.confidence, abstain=audit.abstain)
             count = gradient.count
         else:
             losses = secret_losses(tmp, canaries)

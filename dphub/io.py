@@ -23,7 +23,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from dphub.errors import ConfigError, DphubError
 
@@ -270,9 +270,13 @@ def _create_private_key(path: Path, nbytes: int) -> None:
         os.unlink(tmp)
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def hash_file(h: Any, path: str | os.PathLike[str]) -> Any:
+    """Feed the file's bytes to the hash object ``h`` in 1 MiB blocks (any size, flat memory)."""
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+    return h
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    return hash_file(hashlib.sha256(), path).hexdigest()

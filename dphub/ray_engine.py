@@ -52,7 +52,8 @@ from typing import Any
 from dphub.ensemble.aggregate import MergedSpan
 from dphub.ensemble.aggregation import parse_rule
 from dphub.ensemble.core import NoteResult, build_ensemble
-from dphub.ensemble.manifest import Manifest, MemberEntry, model_dir_of, weights_digest
+from dphub.ensemble.kinds import member_kind
+from dphub.ensemble.manifest import Manifest, MemberEntry, run_rule
 from dphub.errors import ConfigError
 from dphub.notes import Note
 from dphub.runner import Engine, WorkItem, deid_isolated
@@ -123,22 +124,10 @@ def recipe_from_manifest(manifest: Any, *, owner_model: Path | None, aggregate_r
                          batch_size: int, int8: bool,
                          runtime: str | None = None,
                          safe_words: Any = ()) -> EnsembleRecipe:
-    """The recipe of ``build_ensemble(manifest, ...)``, registry members resolved to directories.
-
-    Why resolve here: a worker on another node has its own registry (or none); the driver has
-    verified the pulled files, and the weights digest it pins is checked again by every worker.
-    """
-    members = []
-    for e in (manifest.members if manifest else []):
-        d = e.to_dict()
-        if e.kind == "registry":
-            path = model_dir_of(e).resolve()
-            d.pop("repo", None)
-            d.update(kind="dir", path=str(path), revision=weights_digest(path))
-        elif e.kind == "dir":
-            d["path"] = str(Path(e.path or "").resolve())
-        members.append(d)
-    rule = aggregate_rule or (manifest.aggregate if manifest else "any")
+    """The recipe of ``build_ensemble(manifest, ...)``, each member as its kind hands it to a
+    worker (``for_worker``: a registry member resolved to its directory, pinned by digest)."""
+    members = [member_kind(e.kind).for_worker(e) for e in (manifest.members if manifest else [])]
+    rule = run_rule(manifest, aggregate_rule)
     return EnsembleRecipe(members, rule,
                           None if owner_model is None else str(Path(owner_model).resolve()),
                           batch_size, int8,

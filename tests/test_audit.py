@@ -370,6 +370,8 @@ def test_describe_says_when_an_audit_could_not_have_failed() -> None:
     (["--canaries", "1"], "--canaries must be at least 2"),
     (["--confidence", "1.5"], "--confidence must be in"),
     (["--canary-kind", "poem"], "--canary-kind must be"),
+    (["--abstain", "0.99"], "--abstain must be auto or in [0, 0.95]"),
+    (["--abstain", "most"], "--abstain must be auto or in [0, 0.95]"),
 ])
 def test_bad_audit_options_are_one_line_errors(
     corpus: Path, tiny_base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -507,7 +509,8 @@ def test_gradient_audit_fails_a_noise_free_mechanism_at_the_default_recipe(
     assert all(n.startswith("note: ") for n in notes)
     bound, proven = (float(x) for x in re.findall(r"ε(?: lower bound)? ([0-9.]+)", err)[:2])
     assert proven == pytest.approx(8.0, abs=0.01) and bound > proven
-    assert "30000 of 30000 membership guesses right" in err
+    right = re.search(r"(\d+) of (\d+) membership guesses right on 30000 canaries", err)
+    assert right and right[1] == right[2], err  # every guess right (abstentions not counted)
     assert not out.exists() and not [p for p in tmp_path.iterdir() if ".audit-" in p.name]
 
 
@@ -529,6 +532,11 @@ def test_gradient_audit_passes_a_working_mechanism_at_the_default_recipe(
     assert block["correct"] < 0.95 * block["guesses"] and block["epsilon_lower_bound"] < 4
     assert "could have shown up to" in block["verdict_reason"]
     assert "Verdict: passed" in captured.out and "not a proof" in captured.out
+    # the simulated audit reproduces this real run's bound, and gives the detection limit
+    det = block["detection"]
+    assert abs(det["simulated_bound_at_recipe"] - block["epsilon_lower_bound"]) < 0.1, block
+    assert 0.25 < det["noise_factor"] < 0.5
+    assert "this audit would flag noise ≤" in captured.out and "Outside what" in captured.out
 
 
 def test_gradient_canaries_never_reach_the_model(
@@ -552,7 +560,8 @@ def test_gradient_canaries_never_reach_the_model(
     monkeypatch.setattr(card_audit, "judge", lambda *a: "passed")  # the card's check of it
     res = A.run_audit(_opts(corpus, tiny_base_model, tmp_path / "audited", **kw),
                       A.AuditOptions(canaries=2000))
-    assert res.block["correct"] == res.block["guesses"] == 2000  # every canary was in the sum
+    assert res.block["correct"] == res.block["guesses"]  # every canary was in the sum
+    assert res.block["guesses"] + res.block["abstained"] == 2000
     a = load_file(tmp_path / "plain" / "model.safetensors")
     b = load_file(tmp_path / "audited" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -587,3 +596,138 @@ def test_gradient_audit_refuses_no_dp(corpus: Path, tiny_base_model: Path, tmp_p
     err = capsys.readouterr().err
     assert code == 2 and "--method patients" in err and err.count("\n") == 1
     assert not (tmp_path / "m").exists()
+
+
+# ---------------------------------------------------------------- detection limit (issue 38)
+
+#: `dphub train`'s default recipe: q = 1, 32 steps, the σ the PRV accountant gives ε 8 at δ 1e-5.
+RECIPE = dict(sample_rate=1.0, steps=32, noise_multiplier=3.3995, delta=1e-5, confidence=0.95)
+
+
+def _simulated_canaries(m: int, factor: float, seed: int) -> A.GradientCanaries:
+    """Gradient canaries whose released sums are drawn as a run with noise × ``factor`` would."""
+    rng = np.random.default_rng(seed)
+    g = A.GradientCanaries(m)
+    g.included = rng.random(m) < 0.5
+    g.norm, g.sample_rate, g.steps, g.noise_multiplier = 1.0, 1.0, 32, RECIPE["noise_multiplier"]
+    g.sums = 32.0 * g.included + rng.standard_normal(m) * (math.sqrt(32) * 3.3995 * factor)
+    return g
+
+
+def _schema_check(block: dict) -> None:
+    import jsonschema
+
+    schema = json.loads((Path(A.__file__).parent.parent / "cards" / "dp_metadata.schema.json")
+                        .read_text())
+    jsonschema.validate(block, {"$defs": schema["$defs"], "$ref": "#/$defs/empirical_audit"})
+
+
+def test_gradient_report_carries_the_detection_limit_and_what_is_outside() -> None:
+    g = _simulated_canaries(30000, 1.0, seed=1)
+    block = A.gradient_block(g, delta=1e-5, proven_epsilon=7.9987, confidence=0.95,
+                             abstain=0.05, rng=np.random.default_rng(2))
+    _schema_check(block)
+    det = block["detection"]
+    assert det["measured"] == "simulated-released-sums" and det["statistic"] == "median"
+    # the issue: noise × 0.25 passed the old audit; the limit is now above it, and below 1
+    assert 0.25 < det["noise_factor"] < 0.5
+    assert det["noise_multiplier"] == pytest.approx(det["noise_factor"] * 3.3995, abs=1e-3)
+    assert block["abstained"] == 1500 and block["guesses"] == 28500
+    assert det["abstain_fraction"] == 0.05 and det["abstain_chosen"] is False
+    text = card_audit.describe(block, markdown=False)
+    assert f"this audit would flag noise ≤ {det['noise_factor']:.3g} × the recipe's" in text
+    outside = text.split("Outside what this audit tests:")[1]
+    for word in ("sampling", "clipping", "federated", "--init-from", "distill"):
+        assert word in outside
+
+
+def test_simulation_reproduces_the_bound_of_the_released_sums() -> None:
+    """The simulated median bound at factor 1 sits within noise of bounds of independent draws
+    (the end-to-end run: test_gradient_audit_passes_a_working_mechanism_at_the_default_recipe)."""
+    limit = B.detection_limit(30000, claimed_epsilon=7.9987, rng=np.random.default_rng(3),
+                              **RECIPE)
+    bounds = []
+    for seed in (10, 11, 12):
+        g = _simulated_canaries(30000, 1.0, seed)
+        r, v = B.gradient_correct(g.sums, g.included, g.threshold, B.GRADIENT_ABSTAIN)
+        bounds.append(B.epsilon_lower_bound(30000, r, v, 1e-5, 0.95))
+    assert all(abs(b - limit.bound_at_recipe) < 0.1 for b in bounds), (bounds, limit)
+
+
+def test_detection_limit_moves_the_right_way_with_canaries_and_steps() -> None:
+    def k(m: int, **kw: float) -> float:
+        args = {**RECIPE, **kw}
+        return B.detection_limit(m, claimed_epsilon=4.0, rng=np.random.default_rng(4),
+                                 **args).noise_factor
+
+    base = k(2000)
+    assert 0 < base < 1
+    assert k(30000) > base  # more canaries: more guesses must be right by chance
+    assert k(2000, steps=128) > base  # more steps at the same σ: a stronger canary signal
+    assert k(64) == 0.0  # 64 canaries cannot show ε 4 at all: they flag nothing
+
+
+def test_abstention_raises_the_detection_limit_at_the_default_recipe() -> None:
+    before = B.detection_limit(30000, claimed_epsilon=7.9987, abstain=0.0,
+                               rng=np.random.default_rng(5), **RECIPE)
+    after = B.detection_limit(30000, claimed_epsilon=7.9987, abstain=0.05,
+                              rng=np.random.default_rng(5), **RECIPE)
+    assert 0.15 < before.noise_factor < 0.25 < 0.28 < after.noise_factor
+
+
+def test_auto_abstention_picks_the_best_fraction_from_public_settings() -> None:
+    """The default (auto) picks a larger abstention at ε 1 than at ε 8, each raising the limit
+    over guessing every canary; the chosen rule's limit is measured again (fresh draws)."""
+    g = _simulated_canaries(30000, 1.0, seed=6)
+    block = A.gradient_block(g, delta=1e-5, proven_epsilon=7.9987, confidence=0.95,
+                             rng=np.random.default_rng(7))
+    _schema_check(block)
+    det = block["detection"]
+    assert det["abstain_chosen"] is True and 0 < det["abstain_fraction"] <= 0.3
+    assert block["abstained"] == round(det["abstain_fraction"] * 30000)
+    assert det["noise_factor"] > 0.28 and block["max_possible_bound"] > 7.9987
+    low = dict(RECIPE, noise_multiplier=21.3345)  # the same recipe at ε 1
+    frac, limit = B.choose_abstain(30000, claimed_epsilon=0.9982, rng=np.random.default_rng(8),
+                                   **low)
+    none = B.detection_limit(30000, claimed_epsilon=0.9982, abstain=0.0,
+                             rng=np.random.default_rng(8), **low)
+    assert frac >= 0.5 and limit.noise_factor > none.noise_factor + 0.1
+
+
+@pytest.mark.parametrize("abstain", [0.05, 0.5, 0.95])
+def test_abstention_bound_is_valid_with_the_correct_noise(abstain: float) -> None:
+    """A Gaussian mechanism that is exactly (2, 1e-5)-DP: the abstaining audit's bound stays at
+    or below 2 in at least 95 % of seeded simulated runs (Theorem 5.2 with r guesses)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    eps, delta, m = 2.0, 1e-5, 4000
+
+    def gauss_delta(mu: float) -> float:  # the Gaussian mechanism's exact δ(ε)
+        return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2))
+
+    mu = brentq(lambda u: gauss_delta(u) - delta, 1e-3, 20)
+    bounds = []
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        included = rng.random(m) < 0.5
+        sums = included + rng.standard_normal(m) / mu
+        r, v = B.gradient_correct(sums, included, 0.5, abstain)
+        assert r == m - round(abstain * m)
+        bounds.append(B.epsilon_lower_bound(m, r, v, delta, 0.95))
+    assert sum(b <= eps for b in bounds) >= 0.95 * len(bounds)
+    assert max(bounds) > 0.1  # the audit does see the mechanism
+
+
+def test_patient_audit_says_its_limit_is_not_measured() -> None:
+    canaries = [A.Canary(f"c{i}", [], A.Secret("A", "B", "1", "2"), [], i % 2 == 0)
+                for i in range(64)]
+    scores = [A.CanaryScore(0.0, 1.0, 8.0, 1.0) for _ in canaries]
+    for proven, factor, words in ((1.0, None, "not measured"), (8.0, 0.0, "flag no noise")):
+        block = A.audit_block(scores, canaries, delta=1e-5, proven_epsilon=proven,
+                              audit=A.AuditOptions(method="patients"))
+        _schema_check(block)
+        assert block["detection"]["noise_factor"] == factor
+        text = card_audit.describe(block, markdown=False)
+        assert f"Detection limit: this audit would {words}" in text or words in text
+        assert "composition across releases" in text.split("Outside what this audit tests:")[1]

@@ -102,6 +102,13 @@ def test_demo_runs_tiny_end_to_end(env: dict[str, str], tiny_base_model: Path,
     # an equal ensemble row is explained, a different one quantified (issue 31 item 24)
     assert ("Scenario B's ensemble row equals Scenario A's" in b
             or "The owner's model changes the ensemble: recall" in b)
+    # issue 36 item 4: the inverse rule next to any, each with its non-PHI kept share
+    recall_first = out.split("Recall first (")[1]
+    assert "\n  any " in recall_first and "\n  inverse " in recall_first
+    assert recall_first.count("non-PHI words kept") == 2
+    assert "kept" in a.splitlines()[1]  # the tables' kept column
+    assert json.loads((tmp_path / "out" / "eval-inv.json").read_text())[-1]["name"].startswith(
+        "ensemble (inverse")
     assert "outputs under" in out
 
     root = tmp_path / "out"

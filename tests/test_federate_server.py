@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from federate_fixtures import OPTIONS, one_thread  # noqa: F401 (an autouse fixture)
 
 from dphub import formats, synth
 from dphub.cli.main import main as cli_main
@@ -32,15 +33,6 @@ from dphub.tagger import Tagger
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 ROUNDS, LOCAL = 2, 2
-OPTIONS = dict(warm_start="none", batch_size=2, max_physical_batch=8, accountant="rdp",
-               max_length=48, stride=8, lr=1e-2, rule_features=False)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    torch.set_num_threads(1)
-    monkeypatch.setenv("DPHUB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
 
 
 def _write_site(root: Path, i: int, n: int, seed: int) -> Path:

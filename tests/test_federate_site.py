@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
+from federate_fixtures import OPTIONS, one_thread  # noqa: F401 (an autouse fixture)
 
 from dphub import formats, synth
 from dphub.cli.main import main as cli_main
@@ -40,20 +40,11 @@ from dphub.federate.site import (
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-OPTIONS = dict(warm_start="none", batch_size=2, max_physical_batch=8, accountant="rdp",
-               max_length=48, stride=8, lr=1e-2, rule_features=False)
 BIN = Path(sys.executable).parent
 
 
 def _flwr() -> None:
     pytest.importorskip("flwr")
-
-
-@pytest.fixture(autouse=True)
-def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    torch.set_num_threads(1)
-    monkeypatch.setenv("DPHUB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="module")

@@ -218,7 +218,9 @@ def test_context_word_after_a_clause_stays_hidden_next_to_a_name(
 def test_context_word_after_a_clause_comes_back_only_when_asked(
         rules_only: Ensemble, across: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("dphub.ensemble.inverse.CONTEXT_ACROSS_CLAUSES", across)
-    seen = shown(rules_only, "afebrile. good uo overnight\n")
+    # after a word no list vouches for: a safe word before the period releases it by default
+    # (dphub.ensemble.releases.quiet_context, tests/test_inverse_releases.py)
+    seen = shown(rules_only, "qxz. good uo overnight\n")
     assert ("good uo" in seen) == across
 
 

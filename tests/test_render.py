@@ -504,3 +504,54 @@ def test_one_value_of_a_patient_gets_one_surrogate_whatever_its_fine_label() -> 
     assert re.sub(r"\W", "", s1[1]).casefold() == re.sub(r"\W", "", s2[1]).casefold()
     assert s1[2].casefold() == s2[2].casefold()
     assert date_offset_days(KEY, "P") == date_offset_days(KEY, "P")
+
+
+# ----------------------------------------------------------------------------- issue 38
+
+
+def _rule_rendered(text: str, mode: str, patient: str = "p", **options: object) -> str:
+    """``text`` tagged by the default rule member, rendered in ``mode``."""
+    from dphub.rules.engine import RuleMember
+
+    note = Note(id="n", text=text, patient_id=patient)
+    return render(note, RuleMember().spans(text), mode, **options)
+
+
+@pytest.mark.parametrize(("mode", "options"), [("tag", {}), ("redact", {}),
+                                               ("redact", {"preserve_length": True})])
+def test_a_decimal_age_and_a_far_date_are_hidden_whole(mode: str, options: dict) -> None:
+    """"45.5 yo" became "45.[**AGE**] yo"; "12/31/9999" and "in 2150" were kept."""
+    out = _rule_rendered("A 95.5 yo man, aged 45,5, seen 12/31/9999 and 01/02/2100, CABG in 2150.",
+                         mode, **options)
+    for kept in ("95", "45", "9999", "2100", "2150", ".5", ",5"):
+        assert kept not in out, (mode, kept)
+
+
+@pytest.mark.parametrize("patient", [f"p{i}" for i in range(8)])
+def test_surrogates_of_decimal_ages_and_far_dates(patient: str) -> None:
+    """Surrogate mode: a decimal age over 89 becomes 90+ (it was kept: only its "5" was a span);
+    one up to 89 is kept as whole ages are; a date of year 9999 never crashes the shift (it
+    overflowed the calendar for patients with a positive offset) and is masked: a known
+    placeholder shifted would give the patient's offset away; a year of 2100 is shifted."""
+    out = _rule_rendered("A 95.5 yo man, aged 45.5, seen 12/31/9999, 9999-12-31 and 01/02/2100, "
+                         "CABG in 2150.", "surrogate", patient=patient, key=KEY)
+    assert out.startswith("A 90+ yo man, aged 45.5, seen [**DATE**], [**DATE**] and ")
+    assert "9999" not in out and "01/02/2100" not in out and "2150" not in out
+    assert re.search(r" and \d\d/\d\d/(?:2099|2100) *, CABG in (?:2149|2151)\.$", out), out
+
+
+def test_dp_dates_and_dp_ages_take_decimal_ages_and_far_dates() -> None:
+    """The DP mechanisms: an age of 45.5 gets a noisy whole age (the fraction would tell more
+    than the noise hides), a year-9999 date stays out of the chain (no interval to it)."""
+    text = "aged 45.5, seen 12/31/9999 and 01/02/2100, 01/09/2100."
+    r = SurrogateRenderer(KEY, dates="dp", date_unit="note", ages="dp")
+    from dphub.rules.engine import RuleMember
+
+    note = Note(id="n", text=text, patient_id="p")
+    out = r.render(note, RuleMember().spans(text))
+    m = re.fullmatch(r"aged (\d+), seen \[\*\*DATE\*\*\] and \d\d/\d\d/\d{4}, \d\d/\d\d/\d{4}\.",
+                     out)
+    assert m is not None, out
+    assert r.date_points(note, RuleMember().spans(text)) == {
+        ("abs", dt.date(2100, 1, 2).toordinal(), "day"),
+        ("abs", dt.date(2100, 1, 9).toordinal(), "day")}

@@ -219,3 +219,51 @@ def test_more_positives(rules: RuleMember, text: str, expected: list[tuple[str, 
 )
 def test_more_negatives(rules: RuleMember, text: str) -> None:
     assert found(rules, text) == []
+
+
+# --- issue 38: a decimal age is one span; far years are dates, quantities stay numbers
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Pt is a 45.5 yo man", [("45.5", "AGE")]),
+        ("45,5 y/o F", [("45,5", "AGE")]),
+        ("aged 45.5", [("45.5", "AGE")]),
+        ("AGE: 45.5, MALE", [("45.5", "AGE")]),
+        ("a 45.5-year-old", [("45.5", "AGE")]),
+        ("an infant of .5 yo", [(".5", "AGE")]),
+        ("a 2.25 yr old", [("2.25", "AGE")]),
+    ],
+)
+def test_a_decimal_age_is_one_span(rules: RuleMember, text: str,
+                                   expected: list[tuple[str, str]]) -> None:
+    """The age pattern once took only the digits after the point: "45.5 yo" became
+    "45.[**AGE**] yo", the age in plain sight."""
+    assert found(rules, text) == expected
+
+
+def test_min_age_reads_a_decimal_age_whole() -> None:
+    """With HIPAA's min_age 90, "90.5 yo" was dropped (its "5" is below 90) and kept."""
+    hipaa = RuleMember(options=RuleOptions.from_dict({"min_age": 90}))
+    assert found(hipaa, "A 90.5 YO WOMAN, 89.5 YO MAN, AGED 93.5") == [("90.5", "AGE"),
+                                                                         ("93.5", "AGE")]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("seen 12/31/9999, 12/31/99 and 9999-12-31",
+         [("12/31/9999", "DATE"), ("12/31/99", "DATE"), ("9999-12-31", "DATE")]),
+        ("seen 01/02/2100 and 3-4-2187", [("01/02/2100", "DATE"), ("3-4-2187", "DATE")]),
+        ("CABG in 2150, MI since 2099", [("2150", "DATE"), ("2099", "DATE")]),
+        ("echo 3/2150", [("3/2150", "DATE")]),
+        # the neighbours: kept as before (a dose, a blood pressure, a unit, a clock time, a count)
+        ("in 2150 gave 2500 mg, bp 2100, of 2400 kcal, NPO after 2400, total of 3500, "
+         "aprox 2400, off since 2315", [("2150", "DATE")]),
+    ],
+)
+def test_years_after_2029_are_dates(rules: RuleMember, text: str,
+                                    expected: list[tuple[str, str]]) -> None:
+    """A bare or month/year year up to 2299 (the years surrogates move) needs a year word before
+    it, as 2000-2029 always did; a m/d/y date takes any 4-digit year from 1800 (the date itself is
+    the evidence: "12/31/9999" is an end-of-time placeholder, a year of 2100 a shifted one)."""
+    assert found(rules, text) == expected

@@ -59,6 +59,7 @@ def describe(block: Mapping[str, Any], *, markdown: bool = True) -> str:
     else:
         lines.append("The model is not private; the audit measures how much the attack "
                      "recovers without DP.")
+    lines.extend(_detection_lines(block))
     if exp:
         lines.append(
             f"Exposure of the canaries' secrets (Secret Sharer, max {exp.get('max_bits')} bits): "
@@ -79,6 +80,39 @@ def describe(block: Mapping[str, Any], *, markdown: bool = True) -> str:
             "training; the proven ε still holds for every real patient."
         )
     return "\n".join(lines)
+
+
+def _detection_lines(block: Mapping[str, Any]) -> list[str]:
+    """The detection limit and what is outside the audit, in words (blocks before issue 38 have
+    neither: nothing is said)."""
+    det = block.get("detection")
+    if not isinstance(det, Mapping):
+        return []
+    k = det.get("noise_factor")
+    if det.get("measured") == "simulated-released-sums" and isinstance(k, int | float):
+        if k > 0:
+            lines = [
+                f"Detection limit: this audit would flag noise ≤ {k:.3g} × the recipe's "
+                f"(σ ≤ {det.get('noise_multiplier')} instead of "
+                f"{det.get('recipe_noise_multiplier')}), measured as the largest factor at which "
+                f"the median of {det.get('repetitions')} simulated audits at these settings "
+                "(same canaries, steps, sampling rate, δ and confidence) shows a bound above the "
+                f"proven ε; a mechanism with more noise than that but less than the recipe's "
+                f"passes. At the recipe's noise the simulated median bound is "
+                f"ε ≥ {det.get('simulated_bound_at_recipe')}."]
+        else:
+            lines = ["Detection limit: this audit would flag no noise level, not even none at "
+                     "all (its ceiling is below the proven ε)."]
+    elif k == 0:
+        lines = ["Detection limit: this audit would flag no noise level, not even none at all "
+                 "(its ceiling is below the proven ε)."]
+    else:
+        lines = ["Detection limit: not measured for this audit (its signal depends on the model "
+                 "and the data)."]
+    outside = [str(x) for x in det.get("outside") or []]
+    if outside:
+        lines.append("Outside what this audit tests: " + "; ".join(outside) + ".")
+    return lines
 
 
 def audit_section(meta: Mapping[str, Any]) -> str:

@@ -25,6 +25,7 @@ import typer
 from dphub import config as project
 from dphub.cli import train as T
 from dphub.cli.options import apply_threads, threads_option
+from dphub.errors import ConfigError
 
 
 def audit(
@@ -51,6 +52,11 @@ def audit(
         15, "--candidates", min=1,
         help="Random alternative secrets per canary, the attack's reference (--method "
         "patients)."),
+    abstain: str = typer.Option(
+        "auto", "--abstain",
+        help="Gradient canaries: the fraction not guessed on, those closest to the guess "
+        "threshold (Steinke et al.'s abstention; 0: guess every canary; auto: the fraction "
+        "with the largest simulated detection limit at the run's settings)."),
     confidence: float = typer.Option(
         0.95, "--confidence", help="Confidence of the ε lower bound (0 < c < 1)."),
     format: str | None = T.FORMAT_OPT,
@@ -97,15 +103,19 @@ def audit(
     apply_threads(threads)
     flags = {k: v for k, v in locals().items() if k not in (
         "method", "canaries", "canary_notes", "canary_kind", "canary_note_chars", "candidates",
-        "confidence", "threads", "allow_above_policy")}
+        "confidence", "abstain", "threads", "allow_above_policy")}
     from dphub import audit as auditing
 
+    try:
+        abstain_fraction = None if abstain == "auto" else float(abstain)
+    except ValueError:
+        raise ConfigError(f"--abstain must be auto or in [0, 0.95], got {abstain!r}") from None
     cfg = project.load_project_config()
     opts = T.build_options(flags, cfg, no_dp=no_dp, force=force)
     aopts = auditing.AuditOptions(
         canaries=canaries, notes_per_canary=canary_notes, candidates=candidates,
         confidence=confidence, kind=canary_kind, max_note_chars=canary_note_chars,
-        method=method,
+        method=method, abstain=abstain_fraction,
     )
     T.run_and_report(opts, aopts, on_plan=T.plan_check(opts, cfg, allow=allow_above_policy))
 

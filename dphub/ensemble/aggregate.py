@@ -44,6 +44,10 @@ class AggregateRule:
     alone: tuple[str, ...] = ()
     #: the forward rules read no safe vocabulary (:mod:`dphub.ensemble.aggregation`)
     uses_safe_vocabulary: ClassVar[bool] = False
+    #: the members' thresholds are what ``ensemble calibrate`` chooses (the rule has none)
+    own_thresholds: ClassVar[bool] = False
+    #: every span it hides carries a member's label (a student can learn from its output)
+    typed_spans: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, text: str) -> AggregateRule:
@@ -83,6 +87,15 @@ class AggregateRule:
     def weight(self, name: str) -> int:
         """Votes one flag of member ``name`` is worth: K for a member that counts alone, else 1."""
         return self.k if name in self.alone else 1
+
+    def floor(self, own: object) -> None:
+        """None: a forward rule reads each model member's flags at its own threshold."""
+        return None
+
+    def merge(self, text: str, member_spans: Mapping[str, Sequence[Span]], *,
+              vocabulary: object = None, models: object = None) -> list[MergedSpan]:
+        """One note's merged spans (the text, vocabulary and models are the inverse rule's)."""
+        return aggregate(member_spans, self)
 
     def __str__(self) -> str:
         return "any" if self.k == 1 else "+".join((f"k-of-n:{self.k}", *self.alone))

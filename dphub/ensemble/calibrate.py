@@ -53,7 +53,6 @@ import numpy as np
 
 from dphub.ensemble.aggregate import AggregateRule
 from dphub.ensemble.core import Slot
-from dphub.ensemble.inverse import InverseRule
 from dphub.ensemble.members import ModelMember
 from dphub.errors import ConfigError, InputError
 from dphub.evaluate import TOKEN_RE
@@ -388,7 +387,7 @@ def calibrate(
     ``min_precision``, raises :class:`CalibrationRefused` when the thresholds fall below it (on
     the calibration notes or the held-out patients) unless ``force`` (then ``result.forced``).
     """
-    if isinstance(ensemble.rule, InverseRule):  # its own thresholds: LOW, HIGH (issue 26)
+    if ensemble.rule.own_thresholds:  # the inverse rule: its own LOW, HIGH (issue 26)
         raise ConfigError("the inverse rule is calibrated by "
                           "dphub.ensemble.inverse_calibrate.calibrate_inverse")
     notes = check_calibration_args(notes, target_recall, holdout, min_precision)

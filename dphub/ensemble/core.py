@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dphub.ensemble.aggregate import AggregateRule, MergedSpan, aggregate
-from dphub.ensemble.aggregation import parse_rule
+from dphub.ensemble.aggregate import MergedSpan
+from dphub.ensemble.aggregation import AggregationRule, parse_rule
 from dphub.ensemble.chunks import (
     CHUNK_CHARS,
     CHUNK_OVERLAP,
@@ -17,25 +17,19 @@ from dphub.ensemble.chunks import (
     chunk_note,
     merge_chunk_spans,
 )
-from dphub.ensemble.inverse import (
-    InverseRule,
-    inverse_aggregate,
-    model_word_spans,
-)
+from dphub.ensemble.inverse import model_word_spans
+from dphub.ensemble.kinds import member_kind
 from dphub.ensemble.manifest import (
     Manifest,
     MemberEntry,
     card_privacy,
-    model_dir_of,
+    run_rule,
     weights_digest,
 )
 from dphub.ensemble.members import Member, ModelMember
-from dphub.ensemble.peers import DeidPlMember, PresidioMember, deidpl_options
 from dphub.ensemble.words import snap_to_words, trim_spans, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
-from dphub.rule_features import shared_rule_member
-from dphub.rules.engine import RULES_DEFAULT, RuleMember, RuleOptions
 from dphub.runtime import DEFAULT_RUNTIME, check_runtime
 from dphub.safe_vocab import SafeVocabulary
 from dphub.safe_vocab import load as load_safe_vocab
@@ -93,7 +87,7 @@ class Ensemble:
     chunk_chars: int = CHUNK_CHARS
     chunk_overlap: int = CHUNK_OVERLAP
 
-    def __init__(self, slots: Sequence[Slot], rule: AggregateRule | InverseRule | str = "any",
+    def __init__(self, slots: Sequence[Slot], rule: AggregationRule | str = "any",
                  *, safe_vocab: SafeVocabulary | None = None) -> None:
         if not slots:
             raise ConfigError("the ensemble has no members (add one with `dphub ensemble add`)")
@@ -115,12 +109,9 @@ class Ensemble:
 
     def combine(self, note: Note, by_member: dict[str, list[Span]]) -> list[MergedSpan]:
         """One note's merged spans from its members' spans, by the ensemble's rule."""
-        if isinstance(self.rule, InverseRule):
-            models = {s.name: s.tag_threshold for s in self.slots
-                      if isinstance(s.member, ModelMember)}
-            return inverse_aggregate(note.text, by_member, self.rule, self.vocabulary,
-                                     models=models)
-        return aggregate(by_member, self.rule)
+        models = {s.name: s.tag_threshold for s in self.slots if isinstance(s.member, ModelMember)}
+        return self.rule.merge(note.text, by_member, models=models, vocabulary=self.vocabulary
+                               if self.rule.uses_safe_vocabulary else None)
 
     def member_spans(self, notes: Sequence[Note], *,
                      on_chunk: Callable[[int, int], None] | None = None
@@ -190,9 +181,10 @@ class Ensemble:
             raw = bool(getattr(slot.member, "reads_raw_text", False))
             given = notes if raw else seen
             key = shared.get(slot.name)
-            if isinstance(self.rule, InverseRule) and isinstance(slot.member, ModelMember):
-                # the inverse rule reads every word's P(PHI), down to its lowest threshold
-                floor = self.rule.floor(slot.tag_threshold)
+            floor = (self.rule.floor(slot.tag_threshold)
+                     if isinstance(slot.member, ModelMember) else None)
+            if floor is not None:
+                # the rule (inverse) reads every word's P(PHI), down to its lowest threshold
                 if key is not None and key not in encoded:
                     encoded[key] = slot.member.encode(given)
                 tagged = model_word_spans(slot.member, given, floor,
@@ -280,40 +272,12 @@ def load_model_member(path: Path, name: str, *, pin: str | None, int8: bool = Fa
 
 def member_from_entry(entry: MemberEntry, *, batch_size: int = 16, int8: bool = False,
                       taggers: TaggerCache | None = None) -> Slot:
-    """Instantiate a manifest entry (loads models; verifies pins; ``int8``: quantize models;
-    ``taggers``: share one tagger between entries on the same pinned directory)."""
-    if entry.kind == "rules":
-        options = RuleOptions.from_dict(entry.options)
-        if entry.name == RULES_DEFAULT and options == RuleOptions():
-            # the instance rule features use: each note is scanned once for both
-            member: Member = shared_rule_member()
-        else:
-            member = RuleMember(entry.name, options)
-        return Slot(member, entry.threshold, 0.0, None, None)
-    if entry.kind in ("deidpl", "presidio"):
-        return Slot(peer_member(entry), entry.threshold, None, None, entry.revision)
-    path = model_dir_of(entry)
-    member = load_model_member(path, entry.name, pin=entry.revision, int8=int8, taggers=taggers,
-                               epsilon=entry.epsilon, unit=entry.unit, revision=entry.revision,
-                               batch_size=batch_size)
-    return Slot(member, entry.threshold, entry.epsilon, entry.unit, entry.revision,
-                dict(entry.label_thresholds) or None, entry.delta)
-
-
-def peer_member(entry: MemberEntry) -> Member:
-    """A tool the owner already has (:mod:`dphub.ensemble.peers`), verified against its pin."""
-    if entry.kind == "presidio":
-        unknown = set(entry.options) - {"entities"}
-        entities = entry.options.get("entities")
-        if unknown or not (entities is None or (isinstance(entities, list) and all(
-                isinstance(e, str) for e in entities))):
-            raise ConfigError(f"member {entry.name!r}: the only option is entities (a list of "
-                              "Presidio entity types)")
-        return PresidioMember(entry.name, revision=entry.revision, entities=entities)
-    opts = deidpl_options(entry.options, entry.name)
-    member = DeidPlMember(entry.name, entry.path or "", revision=entry.revision, **opts)
-    member.check()
-    return member
+    """Instantiate a manifest entry through its kind (:mod:`dphub.ensemble.kinds`: loads
+    models; verifies pins; ``int8``: quantize models; ``taggers``: share one tagger between
+    entries on the same pinned directory)."""
+    slot: Slot = member_kind(entry.kind).load(entry, batch_size=batch_size, int8=int8,
+                                              taggers=taggers)
+    return slot
 
 
 def owner_slot(model_dir: Path, *, threshold: float | None = None, batch_size: int = 16,
@@ -363,8 +327,7 @@ def build_ensemble(
              for e in (manifest.members if manifest else [])]
     if owner_model is not None:
         slots.append(owner_slot(owner_model, batch_size=batch_size, int8=int8, taggers=taggers))
-    rule = aggregate_rule or (manifest.aggregate if manifest else "any")
-    parsed = parse_rule(rule)
+    parsed = parse_rule(run_rule(manifest, aggregate_rule))
     if safe_words and not parsed.uses_safe_vocabulary:
         raise ConfigError(f"--safe-words applies to the inverse rule only (the rule is {parsed}); "
                           "add --aggregate inverse")
@@ -402,7 +365,7 @@ def prepare_runtime(entries: Sequence[MemberEntry], runtime: str, *,
     done: set[str] = set()
     taggers: TaggerCache = {}
     for entry in entries:
-        if entry.kind not in ("registry", "dir"):
+        if not member_kind(entry.kind).model:
             continue
         member = member_from_entry(entry, taggers=taggers).member
         assert isinstance(member, ModelMember)

@@ -60,6 +60,7 @@ import numpy as np
 from dphub.ensemble.aggregate import MergedSpan, aggregate
 from dphub.ensemble.measures import measurement_ranges
 from dphub.ensemble.members import ModelMember
+from dphub.ensemble.releases import shape_released
 from dphub.ensemble.words import WORD_RE
 from dphub.errors import ConfigError
 from dphub.labels import UNTYPED, category_of
@@ -99,6 +100,10 @@ class InverseRule:
     alone: tuple[str, ...] = ()
     #: the rule reads the safe vocabulary (:mod:`dphub.ensemble.aggregation`)
     uses_safe_vocabulary: ClassVar[bool] = True
+    #: ``ensemble calibrate`` chooses LOW and HIGH (:mod:`dphub.ensemble.inverse_calibrate`)
+    own_thresholds: ClassVar[bool] = True
+    #: words no member flagged are hidden untyped (``PHI``): no label a student could learn
+    typed_spans: ClassVar[bool] = False
 
     @classmethod
     def parse(cls, text: str) -> InverseRule:
@@ -130,6 +135,12 @@ class InverseRule:
         else:
             lowest = MODEL_FLAG_DEFAULT if own is None else float(own)
         return min(self.low, lowest)
+
+    def merge(self, text: str, member_spans: Mapping[str, Sequence[Span]], *,
+              vocabulary: SafeVocabulary,
+              models: Mapping[str, float | LabelThresholds | None]) -> list[MergedSpan]:
+        """One note's merged spans (:func:`inverse_aggregate`)."""
+        return inverse_aggregate(text, member_spans, self, vocabulary, models=models)
 
     def __str__(self) -> str:
         return f"inverse:{self.low:g},{self.high:g}"
@@ -237,7 +248,8 @@ def word_table(
     ci = 0
     found = list(WORD_RE.finditer(text))
     shorthand = shorthand_letters(text)
-    released = context_released(text, found, vocab)
+    released = context_released(text, found, vocab) | shape_released(
+        text, found, vocab, measures, NAME_CUES_BEFORE, NAME_CUES_AFTER)
     for wi, m in enumerate(found):
         a, b = m.start(), m.end()
         while ci < len(cover) and cover[ci][1] <= a:

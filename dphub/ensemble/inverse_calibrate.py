@@ -108,7 +108,7 @@ def calibrate_inverse(
     (then the most text kept); when no pair reaches both, :class:`CalibrationRefused` names the
     best reachable pairs (the highest recall at kept >= K, the most text at recall >= R), unless
     ``force`` (the highest recall at kept >= K is stored, with a warning)."""
-    if not isinstance(ensemble.rule, InverseRule):
+    if not ensemble.rule.own_thresholds:
         raise ConfigError("calibrating the inverse rule needs --aggregate inverse")
     if min_kept is not None and not 0.0 <= min_kept <= 1.0:
         raise ConfigError(f"minimum kept share must be in [0, 1] (got {min_kept})")

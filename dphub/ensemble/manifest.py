@@ -66,22 +66,13 @@ from filelock import FileLock, Timeout
 from dphub.card import dp_summary, load_card
 from dphub.config import check_integer_sizes
 from dphub.ensemble.aggregation import parse_rule
-from dphub.ensemble.peers import (
-    check_spec,
-    deidpl_digest,
-    deidpl_options,
-    deidpl_paths,
-    presidio_versions,
-)
+from dphub.ensemble.kinds import kind_names, parse_spec
 from dphub.errors import ConfigError, DphubError
 from dphub.io import atomic_write_text
 from dphub.registry import Registry
-from dphub.repo_ids import parse_repo_spec
 from dphub.runtime import RUNTIMES
 
 DEFAULT_MANIFEST = "dphub-ensemble.toml"
-RULE_SPECS = ("rules:default",)
-_KINDS = ("registry", "dir", "rules", "deidpl", "presidio")
 
 
 @dataclass
@@ -114,8 +105,9 @@ class MemberEntry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str) -> MemberEntry:
-        if not isinstance(d, dict) or "name" not in d or d.get("kind") not in _KINDS:
-            raise ConfigError(f"{where}: each [[members]] needs a name and kind ({', '.join(_KINDS)})")
+        if not isinstance(d, dict) or "name" not in d or d.get("kind") not in kind_names():
+            raise ConfigError(f"{where}: each [[members]] needs a name and kind "
+                              f"({', '.join(kind_names())})")
         known = {"name", "kind", "repo", "revision", "path", "threshold", "epsilon", "delta",
                  "unit", "options", "label_thresholds"}
         extra = set(d) - known
@@ -339,59 +331,22 @@ def card_privacy(model_dir: Path) -> dict[str, Any]:
 
 def entry_from_spec(spec: str, *, name: str | None = None, threshold: float | None = None,
                     timeout: float | None = None) -> MemberEntry:
-    """Resolve ``REPO[@rev]``, ``DIR``, ``rules:default``, ``deidpl:DIR[/CONFIG]`` or
-    ``presidio:default`` into a pinned manifest entry (``timeout``: seconds a deid.pl run may
-    take, deid.pl members only)."""
+    """Resolve a member spec (``REPO[@rev]``, ``DIR``, ``rules:default``, ``deidpl:DIR[/CONFIG]``,
+    ``presidio:default``: whatever :mod:`dphub.ensemble.kinds` has registered) into a pinned
+    manifest entry (``timeout``: seconds a deid.pl run may take, deid.pl members only)."""
     if name is not None:
         check_member_name(name)
-    if timeout is not None and not spec.startswith("deidpl:"):
+    kind, arg = parse_spec(spec)
+    if timeout is not None and not kind.takes_timeout:
         raise ConfigError("--timeout applies to deid.pl members (deidpl:DIR) only")
-    if spec.startswith("deidpl:"):
-        directory, config = deidpl_paths(spec[len("deidpl:"):])
-        options: dict[str, Any] = {"config": config}
-        if timeout is not None:
-            options["timeout"] = timeout
-        deidpl_options(options, name or "deidpl")
-        return MemberEntry(name=name or "deidpl", kind="deidpl", path=str(directory),
-                           revision=deidpl_digest(directory, config), threshold=threshold,
-                           options=options)
-    if spec.startswith("presidio:"):
-        check_spec(spec)
-        return MemberEntry(name=name or spec, kind="presidio", revision=presidio_versions(),
-                           threshold=threshold)
-    if spec.startswith("rules:"):
-        if spec not in RULE_SPECS:
-            raise ConfigError(f"unknown rule member {spec!r}; available: {', '.join(RULE_SPECS)}")
-        return MemberEntry(name=name or spec, kind="rules", threshold=threshold, epsilon=0.0)
-    p = Path(spec).expanduser()
-    if p.is_dir():
-        priv = card_privacy(p)
-        return MemberEntry(
-            name=name or p.resolve().name,
-            kind="dir",
-            path=str(p.resolve()),
-            revision=weights_digest(p),
-            threshold=threshold,
-            epsilon=priv.get("epsilon"),
-            delta=priv.get("delta"),
-            unit=priv.get("privacy_unit"),
-        )
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w.-]+)?", spec):
-        raise ConfigError(f"{spec!r} is neither a model directory, a hub repo (org/name[@rev]), "
-                          "rules:default, deidpl:DIR nor presidio:default")
+    entry: MemberEntry = kind.parse(arg, name=name, threshold=threshold, timeout=timeout)
+    return entry
 
-    repo, rev = parse_repo_spec(spec)
-    entry = Registry().get(repo, rev)
-    return MemberEntry(
-        name=name or repo,
-        kind="registry",
-        repo=repo,
-        revision=entry.revision,
-        threshold=threshold,
-        epsilon=entry.epsilon,
-        delta=getattr(entry, "delta", None),
-        unit=entry.unit,
-    )
+
+def run_rule(manifest: Manifest | None, aggregate_rule: str | None) -> str:
+    """The aggregation rule a run uses: the command's ``--aggregate``, else the manifest's, else
+    ``any`` (the one place that default is resolved: the Ray driver asks here too)."""
+    return aggregate_rule or (manifest.aggregate if manifest else "any")
 
 
 def model_dir_of(entry: MemberEntry) -> Path:

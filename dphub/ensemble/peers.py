@@ -59,6 +59,7 @@ from typing import Any
 
 from dphub.errors import ConfigError, DphubError, FormatError
 from dphub.formats.physionet import read_span_list
+from dphub.io import hash_file
 from dphub.notes import Note, Span
 
 DEIDPL_PREFIX = "deidpl:"
@@ -138,9 +139,7 @@ def deidpl_digest(directory: Path, config: str) -> str:
                         and f not in listed and f.is_file()))
     for f in files:
         h.update(f.relative_to(directory).as_posix().encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
+        hash_file(h, f)
         h.update(b"\0")
     return "sha256:" + h.hexdigest()
 
@@ -471,10 +470,3 @@ class PresidioMember:
         """Spans per note; ``threshold`` drops results whose Presidio score is below it."""
         return [self.spans_from(n, found, threshold)
                 for n, found in zip(notes, self.results(notes), strict=True)]
-
-
-def check_spec(spec: str) -> None:
-    """Refuse an unknown ``presidio:`` spec with the list of known ones."""
-    if spec.startswith("presidio:") and spec not in PRESIDIO_SPECS:
-        raise ConfigError(f"unknown Presidio member {spec!r}; available: "
-                          f"{', '.join(PRESIDIO_SPECS)}")

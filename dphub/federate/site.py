@@ -45,7 +45,7 @@ from filelock import FileLock, Timeout
 
 from dphub import card
 from dphub.errors import ConfigError, PrivacyError
-from dphub.io import atomic_write_text
+from dphub.io import atomic_write_text, file_sha256
 from dphub.privacy import accounting
 from dphub.privacy.composition import GaussianSteps
 from dphub.privacy.ledger import patient_digests, record_federated_round
@@ -94,15 +94,6 @@ def prepare_model(opts: TrainOptions) -> tuple[Any, Any]:
     model.set_trainable(train_layers=opts.train_layers, lora_rank=opts.lora_rank)
     model.max_length, model.stride = opts.max_length, opts.stride
     return src, model
-
-
-def _file_sha256(path: Path) -> str:
-    """What the site's accountant was planned for (a state file of other data is refused)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:
@@ -344,7 +335,7 @@ class Site:
         self.policy.check_options(self.opts)
         with locked_state_dir(self.state_dir):  # refused at once while another process runs it
             pass
-        self.data_sha256 = _file_sha256(self.data)
+        self.data_sha256 = file_sha256(self.data)  # a state file of other data is refused
         notes = load_training_notes(self.opts)
         check_patient_ids(notes, self.opts.privacy_unit)
         self.src, model = prepare_model(self.opts)

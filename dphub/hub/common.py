@@ -19,7 +19,7 @@ from typing import Any
 
 from dphub.card import read_card_text, split_front_matter, validate_meta
 from dphub.errors import CardError, DphubError, HubError
-from dphub.io import atomic_write_text, dphub_home
+from dphub.io import atomic_write_text, dphub_home, hash_file
 from dphub.labels import SCHEMAS
 
 #: Tag every published card must carry; Hugging Face search filters on it.
@@ -57,10 +57,7 @@ def git_blob_sha1(data: bytes) -> str:
 def file_git_sha1(path: Path) -> str:
     h = hashlib.sha1(usedforsecurity=False)
     h.update(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return hash_file(h, path).hexdigest()
 
 
 #: The YAML front matter block at the start of a README (group 1: its text).

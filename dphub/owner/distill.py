@@ -61,7 +61,6 @@ from dphub.card import (
     write_card,
 )
 from dphub.ensemble.core import Ensemble, Slot
-from dphub.ensemble.inverse import InverseRule
 from dphub.ensemble.members import ModelMember
 from dphub.errors import ConfigError, DphubError, InputError
 from dphub.hub.gate import public_provenance_problems
@@ -125,7 +124,7 @@ def pseudo_label(ensemble: Ensemble, notes: Sequence[Note], *, batch_size: int =
     would hide. ``scores`` keeps each span's score (the best member's) for soft labels; hard
     labels drop it.
     """
-    if isinstance(ensemble.rule, InverseRule):  # issue 26
+    if not ensemble.rule.typed_spans:  # the inverse rule (issue 26)
         raise ConfigError("the inverse rule hides every word it does not know, untyped (PHI): "
                           "no label a student could learn; label with --aggregate any or k-of-n")
     out: list[Note] = []

@@ -56,7 +56,11 @@ _TIME_RE = re.compile(
     r"(?P<date>.+?)(?P<time>,?\s*(?:at\s+)?\d{1,2}:\d{2}(?::\d{2})?(?:\s*[ap]\.?m\.?)?)", re.I
 )
 _REF_YEAR = 2000  # leap year: dates without a year are shifted inside it
-_YEARS = (1800, 2299)  # a 4-digit number alone is read as a year only inside this range
+#: a 4-digit number alone is read as a year only inside this range, and a full date is moved only
+#: when its year lies in it: "12/31/9999" is an end-of-time placeholder everyone knows, so its
+#: shifted form would tell the patient's offset (and it overflows the calendar); outside the
+#: range a date falls back to the category tag (issue 38)
+_YEARS = (1800, 2299)
 
 
 def _month_index(token: str) -> int:
@@ -84,6 +88,12 @@ def _full_year(text: str) -> int:
     if len(text) == 2:  # 2-digit years: 00-29 -> 2000s, else 1900s (only the last 2 digits return)
         y += 2000 if y < 30 else 1900
     return y
+
+
+def _dated(g: dict[str, str | None]) -> bool:
+    """Whether a parsed date has no year or one in :data:`_YEARS` (the range dphub moves)."""
+    y = g.get("y")
+    return not y or _YEARS[0] <= _full_year(y) <= _YEARS[1]
 
 
 def _fmt_month_name(month: int, original: str) -> str:
@@ -182,6 +192,8 @@ def _shift_match(kind: str, m: re.Match[str], offset: int, own: Shift | None = N
         if not 1 <= int(g["d"]) <= 31:
             return None
         return _fmt_num(new.day, g["d"].startswith("0")) + _ordinal(new.day, g["ord"])
+    if not _dated(g):
+        return None
     if kind == "my":
         month, year = int(g["m"]), int(g["y"])
         if not 1 <= month <= 12:
@@ -253,6 +265,8 @@ def date_point(kind: str, m: re.Match[str]) -> DatePoint | None:
             if not g["apos"] and not (len(g["y"]) == 4 and _YEARS[0] <= int(g["y"]) <= _YEARS[1]):
                 return None
             return ("abs", dt.date(_full_year(g["y"]), 1, 1).toordinal(), "year")
+        if kind in ("my", "ymd", "mdy", "name_md", "name_dm") and not _dated(g):
+            return None
         if kind == "my":
             month = int(g["m"])
             if not 1 <= month <= 12:

@@ -21,7 +21,7 @@ fallback: the span becomes its upper-case category tag, exactly as ``--mode tag`
   ``[25] mg``, ``[1/2] tab``);
 * a date does not parse as a date (below): ``91/92``, ``7.4``, ``08:40``, ``-``, a bare ``32``;
 * an age is not a standalone age of at most 120 (``92``, ``92yo``, ``aged 92``, ``92-year-old``,
-  ``18 months``, ``80s``): ``ninety``, ``153/98``, ``250``;
+  ``18 months``, ``80s``, ``45.5``, ``aged 45,5``): ``ninety``, ``153/98``, ``250``;
 * a name holds a digit or no letter; a profession no letter;
 * a phone or fax is not 5-15 digits in phone punctuation (``120/80``, ``7.47``); an email has no
   ``@``; a URL no host;
@@ -46,9 +46,11 @@ Policies (documented choices where HIPAA Safe Harbor leaves room):
   move by ten years the same way); a full date's year follows from day arithmetic. Weekdays move by ``offset mod 7`` (one day when that is 0).
   A number alone is a year only with an apostrophe (``'92``) or as 4 digits in 1800-2299; a
   month/day without a year only with a slash (``7/22``, not ``7.4`` or ``1-2``); a decade with 4
-  digits or an apostrophe (``1980s``, ``'80s``). Anything else becomes ``[**DATE**]``.
+  digits or an apostrophe (``1980s``, ``'80s``); a year from 1800 to 2299 (``12/31/9999``, an
+  end-of-time placeholder, would give the offset away). Anything else becomes ``[**DATE**]``.
 * **Ages** above 89 become ``90+`` (HIPAA aggregates them); ages of 89 and below are kept, being
-  no identifier under Safe Harbor and clinically meaningful.
+  no identifier under Safe Harbor and clinically meaningful (in whole years: ``89.5 yo`` is kept,
+  ``90.5 yo`` becomes ``90+ yo``).
 * **Phones, fax, IDs, MRNs, ZIP codes, rooms** keep their format: digits become random digits,
   letters random letters of the same case, punctuation and spacing are kept.
 * **Names** are replaced word by word: a word Faker knows as a first name gets a first name,
@@ -117,7 +119,7 @@ _FACILITY_RE = re.compile(
 )
 #: a standalone age: "92", "92yo", "aged 92", "92-year-old", "92 y/o", "18 months", "80s"
 _AGE_RE = re.compile(
-    r"(?P<pre>(?:aged?:?\s*)?)(?P<n>\d{1,3})(?P<post>(?P<decade>'?s)|\+?(?:\s*-?\s*(?:"
+    r"(?P<pre>(?:aged?:?\s*)?)(?=[.,]?\d)(?P<n>\d{0,3})(?P<frac>[.,]\d+)?(?P<post>(?P<decade>'?s)|\+?(?:\s*-?\s*(?:"
     r"years?|yrs?|yo|y/o|y\.o\.?|y|months?|mos?|weeks?|wks?|days?)(?:[\s-]*old)?)?)",
     re.I,
 )
@@ -350,29 +352,28 @@ class SurrogateRenderer(Renderer):
 
     def _date(self, ctx: _Ctx, text: str) -> str:
         table = ctx.date_shifts
-        if table is None:
-            shifted = shift_date_text(text, ctx.offset)
-        else:
-            def own(kind: str, m: re.Match[str]) -> Shift | None:
-                p = date_point(kind, m)
-                return None if p is None else table.get(p[:2])
+        def own(kind: str, m: re.Match[str]) -> Shift | None:
+            p = date_point(kind, m)
+            return None if p is None or table is None else table.get(p[:2])
 
-            try:
-                shifted = shift_date_text(text, ctx.offset, own)
-            except (ValueError, OverflowError):  # a noisy date outside the calendar
-                shifted = None
+        try:
+            shifted = shift_date_text(text, ctx.offset, None if table is None else own)
+        except (ValueError, OverflowError):  # a shifted or noisy date outside the calendar
+            shifted = None
         if shifted is None:  # "91/92", "7.4", "08:40", "-": not a date to move
             raise _NoSurrogate
         return shifted
 
     def _age(self, ctx: _Ctx, text: str) -> str:
         m = _AGE_RE.fullmatch(text)
-        if m is None or int(m["n"]) > _MAX_AGE:
+        years = int(m["n"] or 0) if m is not None else 0  # whole years: 89.5 is 89, 90.5 is 90
+        if m is None or years > _MAX_AGE or (m["frac"] and m["decade"]):
             raise _NoSurrogate  # "153/98", "ninety", "250": not a standalone age
-        if int(m["n"]) > 89:
+        if years > 89:
             return f"{m['pre']}90+" if m["decade"] else f"{m['pre']}90+{m['post'].lstrip('+')}"
         if self._dp_ages is not None and not m["decade"] and _IN_YEARS_RE.fullmatch(m["post"]):
-            return m["pre"] + str(self._dp_ages.age(ctx.patient, int(m["n"]))) + m["post"]
+            # a noisy whole age: the exact fraction beside it would tell more than the noise hides
+            return m["pre"] + str(self._dp_ages.age(ctx.patient, years)) + m["post"]
         return text
 
     def _location(self, ctx: _Ctx, fine: str, text: str) -> str:

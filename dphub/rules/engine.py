@@ -252,8 +252,10 @@ class RuleMember:
                     continue
                 s, e = m.span(p.group)
                 if p.label == "AGE" and self.options.min_age:
-                    digits = re.findall(r"\d+", text[s:e])
-                    if digits and int(digits[0]) < self.options.min_age and ">" not in text[s:e]:
+                    # the whole number, decimals included: "90.5 yo" is over 89 (issue 38)
+                    number = re.search(r"\d*[.,]?\d+", text[s:e])
+                    if (number and float(number.group(0).replace(",", ".")) < self.options.min_age
+                            and ">" not in text[s:e]):
                         continue
                 if e > s:
                     found.append(Span(s, e, p.label, score=PATTERN_SCORE, source=self.name))

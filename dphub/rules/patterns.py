@@ -27,7 +27,7 @@ _RISKY_MONTHS = {"mar", "mar.", "dec", "dec."}
 _FRACTIONS = {(1, 2), (1, 3), (1, 4), (1, 8), (2, 3), (3, 4)}
 _UNIT_AFTER = re.compile(r"\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|x\b|/|cm|mm|#)", re.I)
 _YEAR_CONTEXT = re.compile(r"\b(?:in|since|from|of|year|yr|circa|born|dob|summer|winter|"
-                           r"spring|fall|autumn|early|late|mid|jan\w*|feb\w*|mar\w*|apr\w*|may|"
+                           r"spring|fall|autumn|early|late|mid|jan\w*|feb\w*|mar\w*|apr(?:il)?|may|"
                            r"jun\w*|jul\w*|aug\w*|sep\w*|oct\w*|nov\w*|dec\w*|"
                            # a past event: "CVA 2006", "MI 1994", "CABG 1958, 1972", "dx'd 2009"
                            r"mi|cva|tia|cabg|ptca|pci|avr|mvr|stent(?:ed|s)?|turp|dx(?:'?d)?|"
@@ -44,6 +44,10 @@ _I = re.IGNORECASE
 #: where a numeric date may start: not inside a number, a fraction or a decimal ("0.8/31"), but
 #: right after a word joined by a hyphen or period ("LEVEL-4/7/91", "Vornakwood.6/14")
 _NUM_DATE_START = r"(?<![\d/])(?<!\d[.-])"
+#: an age in years, whole or decimal ("45", "45.5", "45,5", ".5"): the number as one group, never
+#: the digits after a decimal point alone ("45.5 yo" once became "45.[**AGE**] yo", issue 38)
+_AGE_DIGITS = r"(\d{1,3}(?:[.,]\d+)?|(?<![.,])\.\d+)"
+_AGE_NUMBER = r"(?<!\w)(?<!\d[.,])" + _AGE_DIGITS
 
 
 @dataclass(frozen=True)
@@ -96,20 +100,22 @@ _PATTERNS: tuple[_Pattern, ...] = (
     ),
     _Pattern("IDNUM", re.compile(r"(?<![\d.,/-])\d{7,}(?![\d.,/-])")),
     # --- dates
-    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}([/-])\d{1,2}\1(?:1[89]\d\d|20\d\d|\d{2})(?![\d/-]|\s?%)"), check="mdy"),
+    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}([/-])\d{1,2}\1(?:1[89]\d\d|[2-9]\d{3}|\d{2})(?![\d/-]|\s?%)"), check="mdy"),
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{4}([/-])\d{1,2}\1\d{1,2}(?![\d/-])"), check="ymd"),
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/\d{1,2}(?![\d/]|\.\d|\s?%)"), check="md"),
     # the second date of a range: "1/12-1/13"
     _Pattern("DATE", re.compile(r"(?<![\d/])\d{1,2}/\d{1,2}-(\d{1,2}/\d{1,2})(?![\d/]|\.\d|\s?%)"), 1,
              check="md_range"),
     # month/year: "echo 5/84", "s/p AVR 6/81", "3/1993" (the m/d reading was rejected above)
-    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/(?:\d{2}|(?:19|20)\d\d)(?![\d/]|\.\d|\s?%)"),
+    _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/(?:\d{2}|19\d\d|2[0-2]\d\d)(?![\d/]|\.\d|\s?%)"),
              check="my"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", _I), check="month"),
     _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:of\s+)?(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
     _Pattern("DATE", re.compile(r"(?<![\d'])'\d{2}(?![\d'])")),  # "in '88", "prostate CA'91"
-    _Pattern("DATE", re.compile(r"(?<![\d.:/-])(?:19\d\d|20[0-2]\d)(?!\d|\.\d|[:/%-])"), check="year"),
+    # a bare year (1900-2299: the years surrogates move; a later one is a count or a clock time,
+    # "since 2315"); from 2000 on only after a year word (the check), so "bp 2100" stays
+    _Pattern("DATE", re.compile(r"(?<![\d.:/-])(?:19\d\d|2[0-2]\d\d)(?!\d|\.\d|[:/%-])"), check="year"),
     _Pattern(
         "DATE",
         re.compile(
@@ -126,13 +132,13 @@ _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern(
         "AGE",
         re.compile(
-            r"\b(\d{1,3})\s*-?\s*(?:yo|y/o|y\.o\.?|yrs?\.?[- ]old|years?[- ]old|"
+            _AGE_NUMBER + r"\s*-?\s*(?:yo|y/o|y\.o\.?|yrs?\.?[- ]old|years?[- ]old|"
             r"yo[mf]|yow[mf]|year-old)(?![a-z])",
             _I,
         ),
         1,
     ),
-    _Pattern("AGE", re.compile(r"\bage[d:]?\s*(\d{1,3})(?!\d)", _I), 1),
+    _Pattern("AGE", re.compile(r"\bage[d:]?\s*" + _AGE_DIGITS + r"(?!\d)", _I), 1),
     _Pattern("AGE", re.compile(r"(?<![\w>])>\s?89(?![\d.])")),
     _Pattern("AGE", re.compile(r"\b(?:his|her|their)\s+(?:early\s+|late\s+|mid\s+)?(\d0'?s)\b", _I), 1),
 )

@@ -197,6 +197,7 @@ def run_deid(
         "render_options": render_options or {}, "ensemble": _describe_ensemble(ensemble),
         "key": key_fingerprint(key),
         **({"surrogates": renderer.mechanisms} if renderer.mechanisms else {}),
+        **({"date_count": renderer.date_count} if renderer.date_count else {}),
         **({"patient_id_from": patient_id_from} if patient_id_from is not None else {}),
     }
     created_out = not dst.exists()
@@ -319,6 +320,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                     content["audit"]["safe_vocab_sha256"] = vocab_digest
                 if renderer.mechanisms:  # issue 28: which mechanisms and ε, never values
                     content["audit"]["surrogates"] = renderer.mechanisms
+                if renderer.date_count:  # issue 38: one date mention per note
+                    content["audit"]["date_count"] = renderer.date_count
                 if jsonl_out:
                     content["record"] = json.dumps(renderer.jsonl_record(note, spans),
                                                    ensure_ascii=False, sort_keys=True)

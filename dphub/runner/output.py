@@ -16,6 +16,7 @@ from typing import Any
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
 from dphub.render import RENDERERS, key_recipe
+from dphub.render import date_count as _date_count
 from dphub.runner.inputs import WorkItem
 
 MODES = ("tag", "redact", "surrogate", "spans", "brat")
@@ -36,6 +37,12 @@ class Renderer:
     def __init__(self, mode: str, key: bytes | None = None, **options: Any) -> None:
         if mode not in MODES:
             raise ConfigError(f"unknown output mode {mode!r}; choose one of {', '.join(MODES)}")
+        count = options.pop("date_count", "keep")
+        _date_count.check_date_count(count, mode)
+        #: ``--date-count note|none`` (issue 38): fewer date mentions, recorded in run.json and
+        #: the audit; None when the count is kept (older runs' records stay the same)
+        self._count = count
+        self.date_count = _date_count.describe(count) if count != "keep" else None
         if mode == "surrogate":
             if key is None:
                 raise ConfigError("surrogate mode needs --key-file FILE (a secret key for "
@@ -52,18 +59,24 @@ class Renderer:
         self.mechanisms = self._renderer.describe() if dp else None
         self.needs_prepass = bool(getattr(self._renderer, "needs_prepass", False))
 
+    def _shown(self, note: Note, spans: Sequence[Span]) -> tuple[Note, Sequence[Span]]:
+        """The note and spans the mode renders: with ``--date-count note|none``, fewer dates."""
+        if self._count == "keep":
+            return note, spans
+        return _date_count.fewer_dates(note, spans, self._count)
+
     def observe(self, note: Note, spans: Sequence[Span]) -> None:
         """Pre-pass of ``--date-unit patient``: the renderer learns every date of the patient."""
-        self._renderer.observe(note, spans)
+        self._renderer.observe(*self._shown(note, spans))
 
     def files(self, note: Note, spans: Sequence[Span]) -> dict[str, str]:
-        out = self._renderer.render(note, spans)
+        out = self._renderer.render(*self._shown(note, spans))
         if self.mode == "brat":  # a brat document is the text plus its annotations
             return {".txt": note.text, ".ann": out}
         return {self._renderer.suffix: out}
 
     def jsonl_record(self, note: Note, spans: Sequence[Span]) -> dict[str, Any]:
-        out = self._renderer.render(note, spans)
+        out = self._renderer.render(*self._shown(note, spans))
         if self.mode == "spans":
             return json.loads(out)
         return {"id": note.id, "text": out}

@@ -39,7 +39,7 @@ import torch
 from dphub import synth
 from dphub.card import SYNTH_DATASET
 from dphub.errors import ConfigError, DphubError
-from dphub.io import atomic_directory, cache_root
+from dphub.io import atomic_directory, cache_root, hash_file
 from dphub.rule_features import rules_digest
 from dphub.tagger import TaggerModel
 from dphub.train.data import batch_from_examples, encode_notes
@@ -122,9 +122,7 @@ def _base_fingerprint(base_dir: Path) -> str:
         f = base_dir / name
         if f.is_file():
             h.update(name.encode())
-            with open(f, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
+            hash_file(h, f)
     return h.hexdigest()
 
 

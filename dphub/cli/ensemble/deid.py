@@ -28,6 +28,7 @@ from dphub.cli.ensemble._common import (
 from dphub.cli.ensemble._surrogates import (  # issue 28: --dates/--ages/--places
     AGE_EPSILON_OPT,
     AGES_OPT,
+    DATE_COUNT_OPT,
     DATE_EPSILON_OPT,
     DATE_UNIT_OPT,
     DATES_OPT,
@@ -224,6 +225,7 @@ def deid_cmd(
     dates: str = DATES_OPT,
     date_epsilon: float | None = DATE_EPSILON_OPT,
     date_unit: str = DATE_UNIT_OPT,
+    date_count: str = DATE_COUNT_OPT,
     ages: str = AGES_OPT,
     age_epsilon: float | None = AGE_EPSILON_OPT,
     places: str = PLACES_OPT,
@@ -236,7 +238,8 @@ def deid_cmd(
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
         mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
-        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon)
+        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon,
+        date_count=date_count)
     out = _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     if workers is not None:  # before ONNX sessions are made: they take torch's thread count
@@ -293,6 +296,7 @@ def deid_top_cmd(
     dates: str = DATES_OPT,
     date_epsilon: float | None = DATE_EPSILON_OPT,
     date_unit: str = DATE_UNIT_OPT,
+    date_count: str = DATE_COUNT_OPT,
     ages: str = AGES_OPT,
     age_epsilon: float | None = AGE_EPSILON_OPT,
     places: str = PLACES_OPT,
@@ -300,20 +304,18 @@ def deid_top_cmd(
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
     from dphub.ensemble.core import Ensemble, Slot, member_from_entry
-    from dphub.ensemble.manifest import MemberEntry, card_privacy, weights_digest
+    from dphub.ensemble.kinds import parse_spec
+    from dphub.ensemble.manifest import MemberEntry, card_privacy, entry_from_spec, weights_digest
 
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
         mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
-        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon)
+        age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon,
+        date_count=date_count)
     out = _resolve_out(input_path, out, resume)
     _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
-    if model.startswith("rules:"):
-        entry = MemberEntry(model, "rules", threshold=threshold)
-        slot = member_from_entry(entry)
-    elif model.startswith(("deidpl:", "presidio:")):
-        from dphub.ensemble.manifest import entry_from_spec
-
+    kind, _ = parse_spec(model)
+    if not kind.model:  # rules:default, deidpl:DIR, presidio:default ...
         entry = entry_from_spec(model, threshold=threshold)
         slot = member_from_entry(entry)
     else:
@@ -351,7 +353,7 @@ def deid_top_cmd(
                               ensemble.runtime)
 
     ensemble = Ensemble([slot])
-    if runtime not in (None, "torch") and not model.startswith("rules:"):
+    if runtime not in (None, "torch") and kind.model:
         ensemble.runtime = runtime
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,

@@ -74,10 +74,9 @@ def calibrate_cmd(
     ensemble = build_ensemble(manifest, aggregate_rule=aggregate, progress=_say,
                               safe_words=safe_words)
     notes = read_labelled(labelled, fmt)
-    from dphub.ensemble.inverse import InverseRule
     from dphub.progress import ProgressReporter
 
-    if isinstance(ensemble.rule, InverseRule):  # issue 26: the rule's own LOW, HIGH
+    if ensemble.rule.own_thresholds:  # the inverse rule (issue 26): its own LOW, HIGH
         _calibrate_inverse(ensemble, notes, target_recall, holdout=holdout, seed=seed,
                            min_precision=min_precision, force=force, dry_run=dry_run,
                            manifest_path=manifest_path, min_kept=min_kept)

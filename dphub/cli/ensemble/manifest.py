@@ -55,22 +55,16 @@ def add_cmd(
         manifest.add(entry)
     typer.echo(f"added {entry.name} ({entry.kind}"
                + (f", revision {entry.revision}" if entry.revision else "") + f") to {manifest_path}")
-    if entry.kind == "rules":
-        typer.echo(_min_age_note(entry, manifest_path))
+    _describe(entry, manifest_path)
 
 
-def _min_age_note(entry: Any, manifest_path: Path) -> str:
-    """Which ages a rule member flags, said where it is chosen (issue: the README's figures use
-    ``min_age = 90`` while the default flags every age, and the two differ in precision)."""
-    from dphub.rules.engine import RuleOptions
+def _describe(entry: Any, manifest_path: Path) -> None:
+    """Print what the member's kind says about it (a rule member: which ages it flags)."""
+    from dphub.ensemble.kinds import member_kind
 
-    min_age = RuleOptions.from_dict(entry.options).min_age
-    if min_age:
-        return f"{entry.name}: flags ages of {min_age} and over (min_age = {min_age})"
-    return (f"{entry.name}: flags EVERY age (min_age = 0, as i2b2-2014 and dphub's own models "
-            "label ages). HIPAA Safe Harbor needs only ages over 89, as in the README's rule "
-            f"figures: give this member options = {{ min_age = 90 }} in "
-            f"{manifest_path} for fewer false positives on ages")
+    line = member_kind(entry.kind).describe(entry, str(manifest_path))
+    if line:
+        typer.echo(line)
 
 
 @ensemble_app.command("remove")
@@ -90,6 +84,7 @@ def remove_cmd(
 def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
              json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Members with revision, ε, privacy unit and threshold."""
+    from dphub.ensemble.kinds import member_kind
     from dphub.ensemble.manifest import Manifest
 
     manifest = Manifest.load(manifest_path)
@@ -104,12 +99,11 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
     for m in manifest.members:
         rev = (m.revision or "-")
         t.add_row(m.name, m.kind, rev[:19], _fmt(m.epsilon), m.unit or "-",
-                  "decode" if m.threshold is None and m.kind in ("registry", "dir")
+                  "decode" if m.threshold is None and member_kind(m.kind).model
                   else _fmt(m.threshold))
     Console().print(t)
     for m in manifest.members:
-        if m.kind == "rules":
-            typer.echo(_min_age_note(m, manifest_path))
+        _describe(m, manifest_path)
 
 
 @ensemble_app.command("show")
