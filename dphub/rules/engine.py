@@ -180,6 +180,48 @@ def phrase_alternation(words: Iterable[str]) -> str:
     return build(trie) or "(?!)"
 
 
+@dataclass
+class _NoteReading:
+    """One note as the dictionary passes read it: tokens, whether case tells names apart, and
+    the spans found so far."""
+
+    text: str
+    toks: list[_Tok]
+    d: Any
+    names: Any
+    source: str
+    mixed_case: bool
+    lower_case_note: bool
+    tok_end: dict[int, int]
+    tok_index: dict[int, int]
+    out: list[Span] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, text: str, d: Any, names: Any, source: str) -> _NoteReading:
+        # case tells names apart only where the writer capitalises: a note in capitals, or one
+        # written all in lower case (abbreviations aside), is read as case-less
+        has_lower = any(c.islower() for c in text)
+        mixed_case = has_lower and _TITLE_CASE.search(text) is not None
+        toks = _tokens(text)
+        return cls(text, toks, d, names, source, mixed_case, has_lower and not mixed_case,
+                   {t.end: k for k, t in enumerate(toks)},
+                   {t.start: k for k, t in enumerate(toks)})
+
+    def span(self, a: int, b: int, label: str, score: float = DICTIONARY_SCORE) -> None:
+        self.out.append(Span(a, b, label, score=score, source=self.source))
+
+    def capitalised(self, t: _Tok) -> bool:
+        return not self.mixed_case or t.word[0].isupper()
+
+    def is_common(self, t: _Tok) -> bool:
+        return t.low in self.d.common or t.low in self.d.ambiguous
+
+    def named(self, t: _Tok) -> bool:
+        """In a name list; a name that is also a word only when written "Rob" in mixed case."""
+        return t.low in self.names or (self.mixed_case and t.low in self.d.word_names
+                                       and t.word[0].isupper() and t.word[1:].islower())
+
+
 class RuleMember:
     """Ensemble member ``rules:default``: patterns + dictionaries, ε = 0 (no training data)."""
 
@@ -264,34 +306,23 @@ class RuleMember:
 
     # ------------------------------------------------------------------ internals
     def _dictionary_spans(self, text: str) -> list[Span]:
-        d = self.dicts
-        names = self._all_names
-        # case tells names apart only where the writer capitalises: a note in capitals, or one
-        # written all in lower case (abbreviations aside), is read as case-less
-        has_lower = any(c.islower() for c in text)
-        mixed_case = has_lower and _TITLE_CASE.search(text) is not None
-        lower_case_note = has_lower and not mixed_case
-        toks = _tokens(text)
-        tok_end = {t.end: k for k, t in enumerate(toks)}
-        out: list[Span] = []
+        """Names, then places: each pass reads the note once through :class:`_NoteReading`."""
+        n = _NoteReading.of(text, self.dicts, self._all_names, self.name)
+        is_name = [False] * len(n.toks)
+        label = ["NAME"] * len(n.toks)
+        self._cued_names(n, is_name, label)
+        self._role_names(n, is_name, label)
+        self._signature_names(n, is_name, label)
+        self._spread_names(n, is_name, label)
+        self._place_spans(n)
+        self._context_place_spans(n)
+        return n.out
 
-        def span(a: int, b: int, label: str, score: float = DICTIONARY_SCORE) -> None:
-            out.append(Span(a, b, label, score=score, source=self.name))
-
-        def capitalised(t: _Tok) -> bool:
-            return not mixed_case or t.word[0].isupper()
-
-        def is_common(t: _Tok) -> bool:
-            return t.low in d.common or t.low in d.ambiguous
-
-        def named(t: _Tok) -> bool:
-            """In a name list; a name that is also a word only when written "Rob" in mixed case."""
-            return t.low in names or (mixed_case and t.low in d.word_names
-                                      and t.word[0].isupper() and t.word[1:].islower())
-
+    def _cued_names(self, n: _NoteReading, is_name: list[bool], label: list[str]) -> None:
+        """Unambiguous dictionary names, then the words after a title ("Dr", "Mr")."""
+        text, toks, d = n.text, n.toks, n.d
+        mixed_case, capitalised, is_common, named = n.mixed_case, n.capitalised, n.is_common, n.named
         # names: unambiguous dictionary hits, then titles, then adjacent ambiguous names
-        is_name = [False] * len(toks)
-        label = ["NAME"] * len(toks)
         for i, t in enumerate(toks):
             if capitalised(t) and t.low in d.names and not is_common(t) and len(t.low) > 1:
                 is_name[i] = True
@@ -319,6 +350,11 @@ class RuleMember:
             if taken and all(len(toks[x].word) == 1 for x in range(i + 1, j)):
                 for x in range(i + 1, j):  # a lone initial after a title is too weak
                     is_name[x] = False
+
+    def _role_names(self, n: _NoteReading, is_name: list[bool], label: list[str]) -> None:
+        """Names after a clinician or relative word ("MD HO", "son Mark"), or before "(son)"."""
+        text, toks = n.text, n.toks
+        tok_end, capitalised, is_common, named = n.tok_end, n.capitalised, n.is_common, n.named
         for i, t in enumerate(toks):
             if t.low in _CLINICIAN_WORDS:
                 role = "DOCTOR"
@@ -356,6 +392,10 @@ class RuleMember:
                 label[k] = "RELATIVE"
                 taken += 1
                 k -= 1
+
+    def _signature_names(self, n: _NoteReading, is_name: list[bool], label: list[str]) -> None:
+        """An initial before a surname, and a signature before a credential ("Z. Smith, RN")."""
+        text, toks, is_common, named = n.text, n.toks, n.is_common, n.named
         for i, t in enumerate(toks[:-1]):  # "Z. PRUITT", "k. pruitt": an initial and a surname
             nxt = toks[i + 1]
             if (len(t.word) != 1 or not _INITIAL_GAP.fullmatch(text, t.end, nxt.start)
@@ -386,6 +426,11 @@ class RuleMember:
                 for k in found:
                     is_name[k] = True
                     label[k] = "DOCTOR"
+
+    def _spread_names(self, n: _NoteReading, is_name: list[bool], label: list[str]) -> None:
+        """Grow found names (adjacent, hyphenated, repeated in the note), then emit them."""
+        text, toks, capitalised = n.text, n.toks, n.capitalised
+        is_common, named, span = n.is_common, n.named, n.span
         changed = True
         while changed:  # an ambiguous name next to a found name is part of it ("MARK SMITH")
             changed = False
@@ -418,6 +463,11 @@ class RuleMember:
             if is_name[i]:
                 span(t.start, t.end, label[i])
 
+    def _place_spans(self, n: _NoteReading) -> None:
+        """Cities, states, countries, "City, ST 12345" and institutions ("X Y Hospital", "St X")."""
+        text, toks, d, names = n.text, n.toks, n.d, n.names
+        mixed_case, lower_case_note, tok_index = n.mixed_case, n.lower_case_note, n.tok_index
+        capitalised, span = n.capitalised, n.span
         # places: city / state / country names, "City, ST 12345", "X Y Hospital"
         for lab in ("CITY", "STATE", "COUNTRY"):
             for m in self._phrase_res[lab].finditer(text):
@@ -434,7 +484,6 @@ class RuleMember:
             span(m.start(2), m.end(2), "STATE", PATTERN_SCORE)
             if m.group(3):
                 span(m.start(3), m.end(3), "ZIP", PATTERN_SCORE)
-        tok_index = {t.start: k for k, t in enumerate(toks)}
         for m in self._phrase_res["HOSPITAL"].finditer(text):
             k = tok_index.get(m.start())
             if k is None:
@@ -482,6 +531,10 @@ class RuleMember:
             if m.group(1).lower() in d.first_names or m.group(1).lower() in d.context_names:
                 span(m.start(), m.end(), "HOSPITAL")
 
+    def _context_place_spans(self, n: _NoteReading) -> None:
+        """Places after a cue ("transferred to X", "at BWH", a ward "to X 2"), and deny-listed words."""
+        text, toks, mixed_case = n.text, n.toks, n.mixed_case
+        tok_index, capitalised, is_common, span = n.tok_index, n.capitalised, n.is_common, n.span
         for m in _PLACE_CONTEXT.finditer(text):  # "TRANSFERRED TO <place>", "LIVES IN <place>"
             j = tok_index.get(m.end())
             first = j
@@ -514,7 +567,6 @@ class RuleMember:
             for m in self._phrase_res["DENY"].finditer(text):
                 lab = lower_deny.get(re.sub(r"\s+", " ", m.group(0).lower()), "OTHER")
                 span(m.start(), m.end(), lab, PATTERN_SCORE)
-        return out
 
     def _resolve(self, text: str, spans: list[Span]) -> list[Span]:
         """Drop allowed words and overlaps: longer spans win, then higher scores."""
