@@ -4,8 +4,10 @@ N notes read at random, and the recall of the Scenario B ensemble trained on the
 Usage (from the repository root; real data stays on this machine, nothing prints note text)::
 
     python benchmarks/review_loop.py --corpus ../shared/corpora/physionet-deid-dev \\
-        --run-model /work/demo-ref/models/site-a --run-model /work/demo-ref/models/site-b \\
-        --work /tmp/review-loop --settings 50:doubt,50:random:0 --threads 1
+        --run-model demo-out/models/site-a --run-model demo-out/models/site-b \\
+        --work /tmp/review-loop --settings 50:doubt,50:random:0 --baseline --threads 1
+
+(``demo-out/models/site-*``: the DP site models ``scripts/demo.sh`` trains on synthetic notes.)
 
 The pool is the notes of the dev split's 95 training patients (``train_dev_corpus._split(0)``).
 A Scenario A run (the rule member plus the ``--run-model`` members, ``any``) de-identifies the
