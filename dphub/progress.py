@@ -37,6 +37,7 @@ DEFAULT_GRACE = 3.0
 #: Phase names the library reports -> what a user reads.
 PHASE_LABELS: dict[str, str] = {
     "warm-start": "public warm start (first use only; cached afterwards)",
+    "warm-start-rules": "public warm start, rule-feature head (first use only; cached afterwards)",
     "pretrain": "public pretraining on synthetic notes (no private data, no ε)",
     "encoder-cache": "encoding the training windows once (frozen encoder)",
     "train": "DP training",
@@ -45,6 +46,17 @@ PHASE_LABELS: dict[str, str] = {
     "deid-chunks": "de-identifying a long note",
     "evaluate": "evaluating",
     "calibrate": "calibrating (members scored)",
+}
+
+#: What the first event of each part of building the public warm start announces (why: the first
+#: training on a machine spends minutes there before its first DP step, and the rule-feature part
+#: was announced as if the warm start were built a second time)
+WARM_START_ANNOUNCEMENTS: dict[str, str] = {
+    "warm-start": "building the public warm start, once per machine: the base encoder learns to "
+                  "tag PHI on synthetic notes (no private data, no ε), {steps} steps; it is "
+                  "cached, so every later training starts from it at once",
+    "warm-start-rules": "then the warm start's rule-feature head, {steps} steps (the second, "
+                        "shorter part of the same one-time build)",
 }
 
 #: Phase of ``dphub.train.Progress`` events that report the wait for another process's warm
@@ -226,10 +238,9 @@ class ProgressReporter:
                 self.waiting("another dphub process to build the public warm start",
                              float(p.step), float(p.total_steps) or None)
                 return
-            if p.phase == "warm-start" and p.step == 0:
-                # minutes of work before the first DP step: say why, even within the grace
-                self.message(f"building the public warm start on synthetic notes: "
-                             f"{p.total_steps} steps, once per machine (cached afterwards)")
+            if p.step == 0 and p.phase in WARM_START_ANNOUNCEMENTS:
+                # minutes of work before the first DP step: say what and why, even within the grace
+                self.message(WARM_START_ANNOUNCEMENTS[p.phase].format(steps=p.total_steps))
             info = []
             if p.loss is not None and math.isfinite(p.loss):
                 info.append(f"loss {p.loss:.3f}")

@@ -124,6 +124,37 @@ def test_train_callback_announces_the_warm_start_and_the_wait() -> None:
     assert progress.WAIT_PHASE == warmstart.WAIT_PHASE
 
 
+def test_the_warm_start_says_what_is_built_and_its_second_part_is_not_a_second_build() -> None:
+    """Before: the rule-feature head (same phase) was announced as building the warm start
+    again, and neither line said why it happens once."""
+    out = NotATerminal()
+    rep = ProgressReporter(out, clock=FakeClock())
+    cb = rep.train_callback()
+    cb(Progress(warmstart.PHASE, 0, 152, None, None, None))
+    cb(Progress(warmstart.RULES_PHASE, 0, 304, None, None, None))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("building the public warm start, once per machine")
+    assert "synthetic notes" in lines[0] and "152 steps" in lines[0] and "cached" in lines[0]
+    assert lines[1].startswith("then the warm start's rule-feature head, 304 steps")
+    assert "same one-time build" in lines[1] and "building" not in lines[1]
+    assert progress.PHASE_LABELS[warmstart.RULES_PHASE].startswith("public warm start")
+
+
+def test_building_a_rule_feature_warm_start_reports_its_two_parts(tiny_base_model: Path,
+                                                                  tmp_path: Path) -> None:
+    cfg = warmstart.WarmStartConfig(notes=(("nursing", 3),), epochs=1.0, batch_size=4,
+                                    max_length=64, stride=16, rule_features=True, rule_epochs=1.0)
+    events: list[Progress] = []
+    warmstart.warm_start(tiny_base_model, "tiny-bert", "hipaa", "crf", cfg, cache_dir=tmp_path,
+                         on_progress=events.append)
+    phases = [e.phase for e in events]
+    first_rules = phases.index(warmstart.RULES_PHASE)
+    assert set(phases[:first_rules]) == {warmstart.PHASE}
+    assert set(phases[first_rules:]) == {warmstart.RULES_PHASE}
+    assert events[first_rules].step == 0
+
+
 def _held_warm_start_lock(base: Path, monkeypatch: pytest.MonkeyPatch) -> object:
     """Hold the lock a training with this base would take, as another process would."""
     from filelock import FileLock

@@ -189,7 +189,7 @@ def pretrain(
     steps = [0]
 
     def relay(p: Progress) -> None:  # the shared loop says warm-start; this run is a pretrain
-        if p.phase == "warm-start":
+        if p.phase in ("warm-start", "warm-start-rules"):
             steps[0] = max(steps[0], int(p.step))
             p = replace(p, phase=PHASE)
         if on_progress is not None:

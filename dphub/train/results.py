@@ -12,7 +12,7 @@ from typing import Any
 class Progress:
     """What a progress display may show: numbers only, never text."""
 
-    phase: str  # "warm-start" | "train"
+    phase: str  # "warm-start" | "warm-start-rules" | "encoder-cache" | "train" | ...
     step: int
     total_steps: int
     loss: float | None

@@ -19,7 +19,8 @@ so they are cached in the user cache directory (``platformdirs``; ``DPHUB_CACHE_
 and reused by every training with the same key. A file lock makes concurrent trainings build it
 once; a training that finds the lock held reports that it waits (``on_progress`` events of phase
 :data:`WAIT_PHASE`) and gives up after ``DPHUB_WARMSTART_TIMEOUT`` seconds (default one hour)
-instead of waiting silently forever. Building it reports ``warm-start`` progress events.
+instead of waiting silently forever. Building it reports progress events of :data:`PHASE`, then
+(rule-feature models) :data:`RULES_PHASE`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ WARM_START_SEED = 0
 
 #: 2: the realistic synthetic kinds (``dphub.synth.REALISTIC_KINDS``); older caches are rebuilt
 FORMAT_VERSION = 2
+
+#: Phases of the progress events of building it: the encoder on synthetic notes (minutes), then,
+#: for rule-feature models, the rule-feature head over the frozen encoder (the shorter second part
+#: of the same one-time build; a phase of its own so that it is not announced as a second build)
+PHASE = "warm-start"
+RULES_PHASE = "warm-start-rules"
 
 #: Phase of the progress events sent while another process holds the warm-start lock: ``step`` is
 #: the seconds waited so far, ``total_steps`` the seconds before giving up (same value as
@@ -310,7 +317,8 @@ def train_rule_stage(
         model.train()
         groups = [{"params": [p for p in model.parameters() if p.requires_grad],
                    "lr": cfg.rule_lr}]
-        _fit(model, examples, groups, pad_id, cfg.batch_size, cfg.rule_epochs, seed, on_progress)
+        _fit(model, examples, groups, pad_id, cfg.batch_size, cfg.rule_epochs, seed, on_progress,
+             phase=RULES_PHASE)
     finally:
         model.encoder = real
     model.eval()
@@ -319,7 +327,7 @@ def train_rule_stage(
 
 def _fit(model: Any, examples: list[Any], groups: list[dict[str, Any]], pad_id: int,
          batch_size: int, epochs: float, seed: int,
-         on_progress: Callable[[Any], None] | None) -> None:
+         on_progress: Callable[[Any], None] | None, *, phase: str = PHASE) -> None:
     """Plain (non-private) AdamW with warm-up and linear decay over length-bucketed batches."""
     optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
     rng = np.random.default_rng(seed)
@@ -332,7 +340,7 @@ def _fit(model: Any, examples: list[Any], groups: list[dict[str, Any]], pad_id: 
     step = 0
     t0 = time.monotonic()
     if on_progress is not None:  # the set-up above takes a while: say what is coming
-        on_progress(Progress("warm-start", 0, total, None, None, None))
+        on_progress(Progress(phase, 0, total, None, None, None))
     while step < total:
         order = rng.permutation(len(examples))
         chunk = batch_size * 20
@@ -354,5 +362,5 @@ def _fit(model: Any, examples: list[Any], groups: list[dict[str, Any]], pad_id: 
             step += 1
             if on_progress is not None:
                 el = time.monotonic() - t0
-                on_progress(Progress("warm-start", step, total, float(loss.detach()), None,
+                on_progress(Progress(phase, step, total, float(loss.detach()), None,
                                      step / el if el > 0 else None))
