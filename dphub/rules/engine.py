@@ -40,37 +40,37 @@ from dphub.errors import ConfigError
 from dphub.labels import is_known
 from dphub.notes import Note, Span
 from dphub.rules.lexicon import (
-    _CLINICIAN_WORDS,
-    _CREDENTIALS,
-    _DOSE_VERB,
-    _DRUG_SUFFIXES,
-    _HOSPITAL_ACRONYM,
-    _HOSPITAL_CONNECTORS,
-    _HOSPITAL_QUALIFIERS,
-    _INITIAL_GAP,
-    _NOT_HOSPITAL_ACRONYMS,
-    _NOT_NAMES,
-    _PLACE_CONTEXT,
-    _PLACE_PREPOSITION,
-    _RELATIVE_AFTER,
-    _RELATIVE_GAP,
-    _RELATIVE_WORDS,
-    _ROLE_ABBREVIATIONS,
-    _SAINT,
-    _SECTION_LETTERS,
-    _SIGNATURE_GAP,
-    _STRONG_TITLES,
-    _TITLE_CASE,
-    _UNIT_NUMBER,
     CENSUS_SURNAMES,
+    CLINICIAN_WORDS,
+    CREDENTIALS,
+    DOSE_VERB,
+    DRUG_SUFFIXES,
+    HOSPITAL_ACRONYM,
+    HOSPITAL_CONNECTORS,
+    HOSPITAL_QUALIFIERS,
+    INITIAL_GAP,
+    NOT_HOSPITAL_ACRONYMS,
+    NOT_NAMES,
+    PLACE_CONTEXT,
+    PLACE_PREPOSITION,
+    RELATIVE_AFTER,
+    RELATIVE_GAP,
+    RELATIVE_WORDS,
+    ROLE_ABBREVIATIONS,
+    SAINT,
+    SECTION_LETTERS,
+    SIGNATURE_GAP,
+    STRONG_TITLES,
+    TITLE_CASE,
+    UNIT_NUMBER,
     Dictionaries,
-    _adjacent,
-    _Tok,
-    _tokens,
+    WordToken,
+    adjacent_tokens,
     dictionaries,
     is_english,
+    word_tokens,
 )
-from dphub.rules.patterns import _I, _PATTERNS, _TIME_PATTERNS, _valid
+from dphub.rules.patterns import IGNORECASE, PATTERNS, TIME_PATTERNS, pattern_check_passes
 
 #: the public names, including those that live in the two sibling modules since the cut of
 #: issue 30 (``from dphub.rules.engine import is_english`` keeps working)
@@ -186,7 +186,7 @@ class _NoteReading:
     the spans found so far."""
 
     text: str
-    toks: list[_Tok]
+    toks: list[WordToken]
     d: Any
     names: Any
     source: str
@@ -201,8 +201,8 @@ class _NoteReading:
         # case tells names apart only where the writer capitalises: a note in capitals, or one
         # written all in lower case (abbreviations aside), is read as case-less
         has_lower = any(c.islower() for c in text)
-        mixed_case = has_lower and _TITLE_CASE.search(text) is not None
-        toks = _tokens(text)
+        mixed_case = has_lower and TITLE_CASE.search(text) is not None
+        toks = word_tokens(text)
         return cls(text, toks, d, names, source, mixed_case, has_lower and not mixed_case,
                    {t.end: k for k, t in enumerate(toks)},
                    {t.start: k for k, t in enumerate(toks)})
@@ -210,13 +210,13 @@ class _NoteReading:
     def span(self, a: int, b: int, label: str, score: float = DICTIONARY_SCORE) -> None:
         self.out.append(Span(a, b, label, score=score, source=self.source))
 
-    def capitalised(self, t: _Tok) -> bool:
+    def capitalised(self, t: WordToken) -> bool:
         return not self.mixed_case or t.word[0].isupper()
 
-    def is_common(self, t: _Tok) -> bool:
+    def is_common(self, t: WordToken) -> bool:
         return t.low in self.d.common or t.low in self.d.ambiguous
 
-    def named(self, t: _Tok) -> bool:
+    def named(self, t: WordToken) -> bool:
         """In a name list; a name that is also a word only when written "Rob" in mixed case."""
         return t.low in self.names or (self.mixed_case and t.low in self.d.word_names
                                        and t.word[0].isupper() and t.word[1:].islower())
@@ -247,23 +247,23 @@ class RuleMember:
             return phrase_alternation(words)
 
         out = {
-            "CITY": re.compile(rf"\b(?:{alt(d.cities)})\b", _I),
-            "STATE": re.compile(rf"\b(?:{alt(d.states)})\b", _I),
+            "CITY": re.compile(rf"\b(?:{alt(d.cities)})\b", IGNORECASE),
+            "STATE": re.compile(rf"\b(?:{alt(d.states)})\b", IGNORECASE),
             "COUNTRY": re.compile(
                 rf"\b(?:{alt(c for c in d.countries if c not in d.ambiguous and c not in d.common and len(c) > 3)})\b",
-                _I,
+                IGNORECASE,
             ),
-            "HOSPITAL": re.compile(rf"\b(?:{alt(d.hospital_words)})\b", _I),
+            "HOSPITAL": re.compile(rf"\b(?:{alt(d.hospital_words)})\b", IGNORECASE),
             "STATE_ABBR": re.compile(
                 rf"\b([A-Z][A-Za-z.'-]+(?:\s[A-Z][A-Za-z.'-]+)?),\s*({alt(d.state_abbrs)})\b"
                 r"(?:\.?\s+(\d{5}(?:-\d{4})?))?"
             ),
         }
         if self.options.deny:
-            out["DENY"] = re.compile(rf"\b(?:{alt(w.lower() for w in self.options.deny)})\b", _I)
+            out["DENY"] = re.compile(rf"\b(?:{alt(w.lower() for w in self.options.deny)})\b", IGNORECASE)
         return out
 
-    def _unknown(self, t: _Tok, capitalised: bool) -> bool:
+    def _unknown(self, t: WordToken, capitalised: bool) -> bool:
         """A word that is in none of the word lists nor English: a name or place, given context.
 
         Used only right after strong context (a relative word, an initial, a credential, a
@@ -287,10 +287,10 @@ class RuleMember:
     def spans(self, text: str) -> list[Span]:
         """All rule spans of one text, overlaps resolved (longest, then highest score wins)."""
         found: list[Span] = []
-        patterns = _PATTERNS + (_TIME_PATTERNS if self.options.times else ())
+        patterns = PATTERNS + (TIME_PATTERNS if self.options.times else ())
         for p in patterns:
             for m in p.regex.finditer(text):
-                if not _valid(p.check, m, text):
+                if not pattern_check_passes(p.check, m, text):
                     continue
                 s, e = m.span(p.group)
                 if p.label == "AGE" and self.options.min_age:
@@ -327,14 +327,14 @@ class RuleMember:
             if capitalised(t) and t.low in d.names and not is_common(t) and len(t.low) > 1:
                 is_name[i] = True
         for i, t in enumerate(toks):
-            if t.low not in _STRONG_TITLES:
+            if t.low not in STRONG_TITLES:
                 continue
             after = text[t.end : t.end + 1]
             if t.low == "ms" and after != "." and (not mixed_case or t.word == "MS"):
                 continue  # "MS" in capitals is usually mental status / morphine sulfate
             j = i + 1
             taken = 0
-            while j < len(toks) and taken < 3 and _adjacent(text, toks[j - 1], toks[j]):
+            while j < len(toks) and taken < 3 and adjacent_tokens(text, toks[j - 1], toks[j]):
                 tj = toks[j]
                 initial = len(tj.word) == 1 and text[tj.end : tj.end + 1] == "."
                 if taken and not capitalised(tj):
@@ -356,9 +356,9 @@ class RuleMember:
         text, toks = n.text, n.toks
         tok_end, capitalised, is_common, named = n.tok_end, n.capitalised, n.is_common, n.named
         for i, t in enumerate(toks):
-            if t.low in _CLINICIAN_WORDS:
+            if t.low in CLINICIAN_WORDS:
                 role = "DOCTOR"
-            elif t.low in _RELATIVE_WORDS:
+            elif t.low in RELATIVE_WORDS:
                 role = "RELATIVE"
             else:
                 continue
@@ -368,26 +368,26 @@ class RuleMember:
                 if role == "RELATIVE":
                     # "SON MARK", "dtr zandrit", "DAUGHTER-ZANDRIT": a dictionary name, or a word
                     # that is no English word at all, right after a relative word
-                    ok = (_RELATIVE_GAP.fullmatch(text, toks[j - 1].end, tj.start) is not None
+                    ok = (RELATIVE_GAP.fullmatch(text, toks[j - 1].end, tj.start) is not None
                           and len(tj.low) > 1
                           and (named(tj) or self._unknown(tj, capitalised(tj) or j == i + 1)))
                 else:  # "MD HO" is a house officer: unambiguous dictionary names, or after
                     # an abbreviated role ("NP zandrit", "HO VORNAK") a word in no list at all
-                    ok = (_adjacent(text, toks[j - 1], tj) and len(tj.low) > 1
+                    ok = (adjacent_tokens(text, toks[j - 1], tj) and len(tj.low) > 1
                           and ((named(tj) and not is_common(tj))
-                               or (t.low in _ROLE_ABBREVIATIONS and j == i + 1
+                               or (t.low in ROLE_ABBREVIATIONS and j == i + 1
                                    and len(tj.low) > 3 and self._unknown(tj, True))))
                 if not ok:
                     break
                 is_name[j] = True
                 label[j] = role
                 j += 1
-        for m in _RELATIVE_AFTER.finditer(text):  # "Quelpor Vornak (son)"
+        for m in RELATIVE_AFTER.finditer(text):  # "Quelpor Vornak (son)"
             k = tok_end.get(m.start())
             taken = 0
             while (k is not None and k >= 0 and taken < 3 and capitalised(toks[k])
                    and (named(toks[k]) or self._unknown(toks[k], True))
-                   and (taken == 0 or _adjacent(text, toks[k], toks[k + 1]))):
+                   and (taken == 0 or adjacent_tokens(text, toks[k], toks[k + 1]))):
                 is_name[k] = True
                 label[k] = "RELATIVE"
                 taken += 1
@@ -398,15 +398,15 @@ class RuleMember:
         text, toks, is_common, named = n.text, n.toks, n.is_common, n.named
         for i, t in enumerate(toks[:-1]):  # "Z. PRUITT", "k. pruitt": an initial and a surname
             nxt = toks[i + 1]
-            if (len(t.word) != 1 or not _INITIAL_GAP.fullmatch(text, t.end, nxt.start)
+            if (len(t.word) != 1 or not INITIAL_GAP.fullmatch(text, t.end, nxt.start)
                     or (t.start and text[t.start - 1] not in " \t\n(")
                     or len(nxt.low) < 3 or text[nxt.end : nxt.end + 1].isalnum()):
                 continue
             if (named(nxt) and not is_common(nxt)) or (
-                    t.word.upper() not in _SECTION_LETTERS and self._unknown(nxt, True)):
+                    t.word.upper() not in SECTION_LETTERS and self._unknown(nxt, True)):
                 is_name[i] = is_name[i + 1] = True
         for i, t in enumerate(toks):  # "ZANDRIT Q. VORNAK, RRT": a signature with a credential
-            if t.low not in _CREDENTIALS or i == 0:
+            if t.low not in CREDENTIALS or i == 0:
                 continue
             if not re.fullmatch(r",\s{0,3}|\s{1,3}", text[toks[i - 1].end : t.start]):
                 continue
@@ -419,7 +419,7 @@ class RuleMember:
                     break
                 found.append(k)
                 strong = strong or name_like
-                if k == 0 or not _SIGNATURE_GAP.fullmatch(text, toks[k - 1].end, tk.start):
+                if k == 0 or not SIGNATURE_GAP.fullmatch(text, toks[k - 1].end, tk.start):
                     break
                 k -= 1
             if strong and (len(found) > 1 or named(toks[found[0]])):
@@ -436,10 +436,10 @@ class RuleMember:
             changed = False
             for i, t in enumerate(toks):
                 if (is_name[i] or not capitalised(t) or not named(t)
-                        or t.low in _CLINICIAN_WORDS):
+                        or t.low in CLINICIAN_WORDS):
                     continue
-                left = i > 0 and is_name[i - 1] and _adjacent(text, toks[i - 1], t)
-                right = i + 1 < len(toks) and is_name[i + 1] and _adjacent(text, t, toks[i + 1])
+                left = i > 0 and is_name[i - 1] and adjacent_tokens(text, toks[i - 1], t)
+                right = i + 1 < len(toks) and is_name[i + 1] and adjacent_tokens(text, t, toks[i + 1])
                 if left or right:
                     is_name[i] = True
                     label[i] = label[i - 1] if left else label[i + 1]
@@ -453,7 +453,7 @@ class RuleMember:
         # (son)" ... "Quelpor agrees"): words of three letters or more that are no common word
         found_names = {t.low: label[i] for i, t in enumerate(toks)
                        if is_name[i] and len(t.low) > 2 and not is_common(t)
-                       and t.low not in _NOT_NAMES}
+                       and t.low not in NOT_NAMES}
         if found_names:
             for i, t in enumerate(toks):
                 if not is_name[i] and t.low in found_names and capitalised(t):
@@ -491,14 +491,14 @@ class RuleMember:
             start = m.start()
             specific = False
             j = k - 1
-            while j >= 0 and k - j <= 5 and _adjacent(text, toks[j], toks[j + 1]):
+            while j >= 0 and k - j <= 5 and adjacent_tokens(text, toks[j], toks[j + 1]):
                 tj = toks[j]
                 if not capitalised(tj):
                     break
-                if tj.low in _HOSPITAL_CONNECTORS:
+                if tj.low in HOSPITAL_CONNECTORS:
                     j -= 1
                     continue
-                if tj.low in _HOSPITAL_QUALIFIERS:  # "University of X", "X Memorial Hospital"
+                if tj.low in HOSPITAL_QUALIFIERS:  # "University of X", "X Memorial Hospital"
                     if specific:
                         start = tj.start
                     j -= 1
@@ -515,19 +515,19 @@ class RuleMember:
                 # rehab") is no institution
                 words = [t for t in toks[j + 1 : k] if t.start >= start]
                 strong = [x for x, t in enumerate(words)
-                          if t.low not in _HOSPITAL_QUALIFIERS and t.low not in _HOSPITAL_CONNECTORS
+                          if t.low not in HOSPITAL_QUALIFIERS and t.low not in HOSPITAL_CONNECTORS
                           and (t.low in names or t.low in self._place_words
                                or (not lower_case_note and not is_english(t.low)
                                    and len(t.low) > 1))]
                 specific = bool(strong)
                 if strong:
                     x = strong[0]
-                    while x > 0 and words[x - 1].low in _HOSPITAL_QUALIFIERS:  # "ST BRIGID"
+                    while x > 0 and words[x - 1].low in HOSPITAL_QUALIFIERS:  # "ST BRIGID"
                         x -= 1
                     start = words[x].start
             if specific:
                 span(start, m.end(), "HOSPITAL")
-        for m in _SAINT.finditer(text):
+        for m in SAINT.finditer(text):
             if m.group(1).lower() in d.first_names or m.group(1).lower() in d.context_names:
                 span(m.start(), m.end(), "HOSPITAL")
 
@@ -535,7 +535,7 @@ class RuleMember:
         """Places after a cue ("transferred to X", "at BWH", a ward "to X 2"), and deny-listed words."""
         text, toks, mixed_case = n.text, n.toks, n.mixed_case
         tok_index, capitalised, is_common, span = n.tok_index, n.capitalised, n.is_common, n.span
-        for m in _PLACE_CONTEXT.finditer(text):  # "TRANSFERRED TO <place>", "LIVES IN <place>"
+        for m in PLACE_CONTEXT.finditer(text):  # "TRANSFERRED TO <place>", "LIVES IN <place>"
             j = tok_index.get(m.end())
             first = j
             while (j is not None and j < len(toks) and (first is None or j - first < 3)
@@ -543,23 +543,23 @@ class RuleMember:
                    and ((mixed_case and capitalised(toks[j])) or self._unknown(toks[j], True)
                         or (not mixed_case and toks[j].low in self._place_words)
                         or (len(toks[j].word) == 2 and toks[j].word.isupper()))  # "TO VH"
-                   and not is_common(toks[j]) and toks[j].low not in _STRONG_TITLES
-                   and (j == first or _adjacent(text, toks[j - 1], toks[j]))):
+                   and not is_common(toks[j]) and toks[j].low not in STRONG_TITLES
+                   and (j == first or adjacent_tokens(text, toks[j - 1], toks[j]))):
                 j += 1
             if first is not None and j is not None and j > first:
                 span(toks[first].start, toks[j - 1].end, "LOCATION-OTHER")
 
-        for m in _PLACE_PREPOSITION.finditer(text):
+        for m in PLACE_PREPOSITION.finditer(text):
             k = tok_index.get(m.end())
             if k is None:
                 continue
             t = toks[k]
-            if (_HOSPITAL_ACRONYM.fullmatch(t.word) and t.low not in _NOT_HOSPITAL_ACRONYMS
+            if (HOSPITAL_ACRONYM.fullmatch(t.word) and t.low not in NOT_HOSPITAL_ACRONYMS
                     and not is_common(t) and not is_english(t.low)):
                 span(t.start, t.end, "HOSPITAL")  # "TO VH", "AT BWH", "FROM CPMC"
-            elif (self._unknown(t, True) and not t.low.endswith(_DRUG_SUFFIXES)
-                  and _UNIT_NUMBER.match(text, t.end)
-                  and not _DOSE_VERB.search(text, max(0, m.start() - 12), m.start() + 1)):
+            elif (self._unknown(t, True) and not t.low.endswith(DRUG_SUFFIXES)
+                  and UNIT_NUMBER.match(text, t.end)
+                  and not DOSE_VERB.search(text, max(0, m.start() - 12), m.start() + 1)):
                 span(t.start, t.end, "LOCATION-OTHER")  # a ward: "to quelpor 2", "ON QUELPOR 6"
 
         if "DENY" in self._phrase_res:

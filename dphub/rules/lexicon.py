@@ -103,7 +103,7 @@ def dictionaries() -> Dictionaries:
         # census names that are also words ("Jack", "Rusty", "Will", "Law"): context names only when
         # written like a name ("son Jack", "Dr Will Ames"), never "SON IN LAW" or "jack"
         word_names=frozenset(w for w in census if is_english(w) and w not in common
-                             and w not in ambiguous and w.rstrip("s") not in _NOT_NAMES),
+                             and w not in ambiguous and w.rstrip("s") not in NOT_NAMES),
         common=frozenset(common),
         ambiguous=frozenset(ambiguous),
         cities=tuple(sorted({w.lower() for w in _read_list("cities.txt")} | {
@@ -151,20 +151,20 @@ def is_english(word: str) -> bool:
 
 # ----------------------------------------------------------------------------- words
 #: a capitalised word: its presence is what makes a note's case informative
-_TITLE_CASE = re.compile(r"\b[A-Z][a-z]+\b")
+TITLE_CASE = re.compile(r"\b[A-Z][a-z]+\b")
 _WORD = re.compile(r"[A-Za-z](?:[A-Za-z'’]*[A-Za-z])?")
-_STRONG_TITLES = {"dr", "doctor", "mr", "mrs", "ms", "miss", "mx", "prof", "professor"}
+STRONG_TITLES = {"dr", "doctor", "mr", "mrs", "ms", "miss", "mx", "prof", "professor"}
 #: roles after which a dictionary name (even an ambiguous or lower-case one) is a clinician's name
-_CLINICIAN_WORDS = {"np", "rn", "md", "pa", "nurse", "resident", "attending", "fellow", "intern",
+CLINICIAN_WORDS = {"np", "rn", "md", "pa", "nurse", "resident", "attending", "fellow", "intern",
                     "per", "pcp", "dr", "doctor", "physician", "surgeon", "ho", "drs", "dr's"}
 #: abbreviated roles after which even a word in no list is taken for a name ("HO VORNAK")
-_ROLE_ABBREVIATIONS = {"np", "rn", "md", "ho", "dr", "drs", "dr's"}
+ROLE_ABBREVIATIONS = {"np", "rn", "md", "ho", "dr", "drs", "dr's"}
 #: words after which a dictionary name (even an ambiguous or lower-case one) is a relative's name
-_RELATIVE_WORDS = {"son", "daughter", "dtr", "wife", "husband", "brother", "sister", "mother",
+RELATIVE_WORDS = {"son", "daughter", "dtr", "wife", "husband", "brother", "sister", "mother",
                    "father", "mom", "dad", "niece", "nephew", "grandson", "granddaughter",
                    "friend", "proxy", "hcp", "fiance", "partner", "aunt", "uncle", "cousin",
                    "girlfriend", "boyfriend", "grandaughter", "stepson", "stepdaughter"}
-_PLACE_CONTEXT = re.compile(
+PLACE_CONTEXT = re.compile(
     r"\b(?:(?:transfer(?:red|ed)?|trans(?:fered)?|xfer(?:red)?)\s+(?:back\s+)?(?:to|from)|"
     r"admitted\s+(?:to|from)|came\s+from|sent\s+(?:to|from)|went\s+to|taken\s+to|"
     r"brought\s+to|referred\s+to|arrived\s+from|followed\s+at|seen\s+at|"
@@ -173,52 +173,52 @@ _PLACE_CONTEXT = re.compile(
     re.IGNORECASE,
 )
 #: between a relative word and the name: "SON MARK", "DAUGHTER-ZANDRIT", "proxy: Irene"
-_RELATIVE_GAP = re.compile(r"\s{1,3}|\s?[-:,]{1,3}\s{0,2}")
+RELATIVE_GAP = re.compile(r"\s{1,3}|\s?[-:,]{1,3}\s{0,2}")
 #: "Quelpor Vornak (son)"
-_RELATIVE_AFTER = re.compile(
+RELATIVE_AFTER = re.compile(
     r"(?<=[A-Za-z])\s*\(\s*(?:son|daughter|dtr|wife|husband|brother|sister|mother|father|niece|"
     r"nephew|grandson|granddaughter|friend|proxy|hcp|partner|aunt|uncle|cousin)\s*\)",
     re.IGNORECASE,
 )
 #: an initial and a surname: "Z. PRUITT", "k. pruitt"
-_INITIAL_GAP = re.compile(r"\.\s{1,2}")
+INITIAL_GAP = re.compile(r"\.\s{1,2}")
 #: letters that open note sections or sides ("S. pt states", "O. ...", "L. Sat 97%"): such a letter
 #: before a word that is in no list (often a drug) is not taken for an initial
-_SECTION_LETTERS = set("SOAPIRL")
+SECTION_LETTERS = set("SOAPIRL")
 #: between the words of a signature: spaces, an initial's period, a hyphen
-_SIGNATURE_GAP = re.compile(r"\s{1,2}|\.\s{0,2}|-")
+SIGNATURE_GAP = re.compile(r"\s{1,2}|\.\s{0,2}|-")
 #: credentials that end a clinician's signature ("ZANDRIT Q. VORNAK, RRT")
-_CREDENTIALS = {"rrt", "rn", "rnc", "bsn", "lpn", "crnp", "np", "md", "pa", "msw", "lcsw", "licsw",
+CREDENTIALS = {"rrt", "rn", "rnc", "bsn", "lpn", "crnp", "np", "md", "pa", "msw", "lcsw", "licsw",
                 "ccrn", "cnm", "rph", "pharmd", "rd", "ot", "otr", "slp", "cna"}
 #: role and kin words, never taken for names even where a census list has them ("Sons")
-_NOT_NAMES = _RELATIVE_WORDS | _CLINICIAN_WORDS | _STRONG_TITLES | _CREDENTIALS
-_HOSPITAL_CONNECTORS = {"and", "of", "the", "&"}
+NOT_NAMES = RELATIVE_WORDS | CLINICIAN_WORDS | STRONG_TITLES | CREDENTIALS
+HOSPITAL_CONNECTORS = {"and", "of", "the", "&"}
 #: words inside institution names that are also ordinary words: they extend a name that has a
 #: specific word ("University of Quixbury Hospital", "Quixbury Memorial Hospital") but make none
-_HOSPITAL_QUALIFIERS = {"memorial", "regional", "general", "university", "univ", "community",
+HOSPITAL_QUALIFIERS = {"memorial", "regional", "general", "university", "univ", "community",
                         "county", "medical", "mount", "mt", "children's", "childrens", "veterans",
                         "rehab", "rehabilitation", "st", "saint"}
 #: "St. Brigid's", "ST JOSEPH", "Saint Agnes": a saint's name is an institution
-_SAINT = re.compile(r"\b(?:St\.?|ST\.?|Saint|SAINT)\s{1,2}([A-Z][a-z]+|[A-Z]{3,})(?:['’]s|['’]S)?\b")
+SAINT = re.compile(r"\b(?:St\.?|ST\.?|Saint|SAINT)\s{1,2}([A-Z][a-z]+|[A-Z]{3,})(?:['’]s|['’]S)?\b")
 #: a preposition before a place ("at VH", "to quelpor 2", "ON QUELPOR 6")
-_PLACE_PREPOSITION = re.compile(r"(?<![\w/])(?:to|at|from|on|@)\s+(?:the\s+)?", re.IGNORECASE)
+PLACE_PREPOSITION = re.compile(r"(?<![\w/])(?:to|at|from|on|@)\s+(?:the\s+)?", re.IGNORECASE)
 #: hospital initialisms: "MGH", "BWH", "CPMC", "UMMC" (written in capitals)
-_HOSPITAL_ACRONYM = re.compile(r"[A-Z]{1,3}(?:H|MC)")
+HOSPITAL_ACRONYM = re.compile(r"[A-Z]{1,3}(?:H|MC)")
 #: clinical initialisms of the same shape
-_NOT_HOSPITAL_ACRONYMS = {
+NOT_HOSPITAL_ACRONYMS = {
     "ich", "sah", "sdh", "edh", "ivh", "iph", "bph", "lvh", "rvh", "pph", "tsh", "lh", "fsh",
     "acth", "pth", "nph", "siadh", "hoh", "doh", "ph", "ch", "dh", "hh", "oh", "ah", "eh", "uh",
     "sh", "bh", "mh", "nh", "rh", "th", "hmc", "mc", "ldh", "adh", "anh", "cvh", "hch",
     "etoh", "mech",
 }
 #: a ward is an unknown word followed by a unit or floor number, no dose unit after it
-_UNIT_NUMBER = re.compile(r"\s\d{1,2}(?![\d.,/:]|\s*(?:mg|mcg|ml|cc|u\b|units?|gm?\b|meq|%|mm|cm|l\b))",
+UNIT_NUMBER = re.compile(r"\s\d{1,2}(?![\d.,/:]|\s*(?:mg|mcg|ml|cc|u\b|units?|gm?\b|meq|%|mm|cm|l\b))",
                           re.IGNORECASE)
 #: "changed to X 40", "increased to X 2": a drug and its dose, not a ward
-_DOSE_VERB = re.compile(r"(?:chang|switch|increas|decreas|titrat|wean|restart|start|resum|"
+DOSE_VERB = re.compile(r"(?:chang|switch|increas|decreas|titrat|wean|restart|start|resum|"
                         r"convert|bolus|up|down)\w*\s+(?:to|on|at)\b", re.IGNORECASE)
 #: endings of drug names (generic and many brand names): never taken for a ward
-_DRUG_SUFFIXES = ("pril", "sartan", "statin", "olol", "azole", "mycin", "cillin", "floxacin",
+DRUG_SUFFIXES = ("pril", "sartan", "statin", "olol", "azole", "mycin", "cillin", "floxacin",
                   "cycline", "pam", "lam", "parin", "done", "phine", "profen", "tidine", "dipine",
                   "semide", "thiazide", "xaban", "gatran", "setron", "sone", "olone", "ide", "ine",
                   "ol", "il", "ate", "cin", "vir", "mab", "nib", "ium", "um", "yn", "ex", "ix",
@@ -226,7 +226,7 @@ _DRUG_SUFFIXES = ("pril", "sartan", "statin", "olol", "azole", "mycin", "cillin"
 
 
 @dataclass(frozen=True)
-class _Tok:
+class WordToken:
     start: int
     end: int
     word: str  # as written
@@ -236,15 +236,15 @@ class _Tok:
         return self.word.lower().replace("’", "'")
 
 
-def _tokens(text: str) -> list[_Tok]:
-    return [_Tok(m.start(), m.end(), m.group(0)) for m in _WORD.finditer(text)]
+def word_tokens(text: str) -> list[WordToken]:
+    return [WordToken(m.start(), m.end(), m.group(0)) for m in _WORD.finditer(text)]
 
 
-def _adjacent(text: str, a: _Tok, b: _Tok) -> bool:
+def adjacent_tokens(text: str, a: WordToken, b: WordToken) -> bool:
     """Two tokens belong to one name: separated by spaces, a comma, or an initial's period."""
     gap = text[a.end : b.start]
     if len(gap) > 3:
         return False
-    if len(a.word) == 1 or a.low in _STRONG_TITLES:  # "J. SMITH", "DR. SMITH"
+    if len(a.word) == 1 or a.low in STRONG_TITLES:  # "J. SMITH", "DR. SMITH"
         return re.fullmatch(r"\.\s*|\s+", gap) is not None
     return re.fullmatch(r",?\s+", gap) is not None

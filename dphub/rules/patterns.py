@@ -3,7 +3,7 @@
 Why a module of its own: dates, phone numbers, ids, ZIP codes and ages are matched by format, and
 each format needs a check on its numbers and context (a month is 1-12; "4/5" after a strength or
 "10/5" after PEEP is not a date; "2/10" next to "pain" is a score; "800-1000" is a time range,
-not a phone). Those regexes and checks (:func:`_valid`) change together and independently of the
+not a phone). Those regexes and checks (:func:`pattern_check_passes`) change together and independently of the
 word lists (:mod:`dphub.rules.lexicon`) and of the member that applies them
 (:mod:`dphub.rules.engine`).
 """
@@ -40,7 +40,7 @@ _PAIN_CONTEXT = re.compile(r"pain|\bcp\b|discomfort|ache\b|\bscale\b|\brat(?:es|
                            re.IGNORECASE)
 _VENT_AFTER = re.compile(r"\s{0,2}(?:peep|ps|psv|cpap|bipap)\b", re.IGNORECASE)
 
-_I = re.IGNORECASE
+IGNORECASE = re.IGNORECASE
 #: where a numeric date may start: not inside a number, a fraction or a decimal ("0.8/31"), but
 #: right after a word joined by a hyphen or period ("LEVEL-4/7/91", "Vornakwood.6/14")
 _NUM_DATE_START = r"(?<![\d/])(?<!\d[.-])"
@@ -58,13 +58,13 @@ class _Pattern:
     check: str | None = None  # name of a validation function
 
 
-_PATTERNS: tuple[_Pattern, ...] = (
+PATTERNS: tuple[_Pattern, ...] = (
     # --- contact
     _Pattern("EMAIL", re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")),
-    _Pattern("URL", re.compile(r"\b(?:https?://|www\.)[^\s<>\"']+[^\s<>\"'.,;:)]", _I)),
+    _Pattern("URL", re.compile(r"\b(?:https?://|www\.)[^\s<>\"']+[^\s<>\"'.,;:)]", IGNORECASE)),
     _Pattern("IPADDR", re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])"), check="ip"),
     _Pattern("SSN", re.compile(r"(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])")),
-    _Pattern("SSN", re.compile(r"\b(?:ssn|social security(?: number| no\.?)?)[:#\s]*(\d{9})\b", _I), 1),
+    _Pattern("SSN", re.compile(r"\b(?:ssn|social security(?: number| no\.?)?)[:#\s]*(\d{9})\b", IGNORECASE), 1),
     _Pattern(
         "PHONE",
         re.compile(
@@ -73,7 +73,7 @@ _PATTERNS: tuple[_Pattern, ...] = (
             r"(?<!\d)(?<!\d-)(?:\+?1[\s.-]?)?(?:\(\d{3}\)\s*|\d{3}(?:[\s.-]|-\s|/(?=\d{3}/)))"
             r"\d{3}(?:[\s.-]|-\s|/)\d{4}"
             r"(?:\s*(?:x|ext\.?)\s*\d{1,5})?(?![\d-])",
-            _I,
+            IGNORECASE,
         ),
         check="phone",
     ),
@@ -84,7 +84,7 @@ _PATTERNS: tuple[_Pattern, ...] = (
         "PHONE",
         # "pager 12345", "Pager: #41234", "PG 55021", "beeper number 30917", "x4567"
         re.compile(r"\b(?:pager|beeper|pgr|pg|bpr|ext|x)\.?:?\s*(?:(?:number|no\.?|num)\s*)?#?\s*"
-                   r"(\d{4,5})(?!\d|[.,]\d|[/:]|\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|%))", _I),
+                   r"(\d{4,5})(?!\d|[.,]\d|[/:]|\s*(?:mg|mcg|ml|cc|units?|u\b|kcal|cal|gm?\b|meq|%))", IGNORECASE),
         1,
         check="phone",
     ),
@@ -94,7 +94,7 @@ _PATTERNS: tuple[_Pattern, ...] = (
         re.compile(
             r"\b(?:mrn|mr\s?#|mr no\.?|medical record(?: number| no\.?| #)?|unit no\.?|"
             r"record #|acct\.?|account(?: number| no\.?)?)[:#\s]*([a-z]{0,2}\d[\d-]{3,}\d)",
-            _I,
+            IGNORECASE,
         ),
         1,
     ),
@@ -109,9 +109,9 @@ _PATTERNS: tuple[_Pattern, ...] = (
     # month/year: "echo 5/84", "s/p AVR 6/81", "3/1993" (the m/d reading was rejected above)
     _Pattern("DATE", re.compile(_NUM_DATE_START + r"\d{1,2}/(?:\d{2}|19\d\d|2[0-2]\d\d)(?![\d/]|\.\d|\s?%)"),
              check="my"),
-    _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", _I), check="month"),
-    _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", _I), check="month"),
-    _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:of\s+)?(?:\d{{4}}|'\d{{2}})(?!\d)", _I)),
+    _Pattern("DATE", re.compile(rf"\b{_MONTH}\s+\d{{1,2}}{_ORD}(?:,?\s+{_YEAR})?(?!\d)", IGNORECASE), check="month"),
+    _Pattern("DATE", re.compile(rf"\b\d{{1,2}}{_ORD}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR})?(?![a-z])", IGNORECASE), check="month"),
+    _Pattern("DATE", re.compile(rf"\b{_MONTH},?\s+(?:of\s+)?(?:\d{{4}}|'\d{{2}})(?!\d)", IGNORECASE)),
     _Pattern("DATE", re.compile(r"(?<![\d'])'\d{2}(?![\d'])")),  # "in '88", "prostate CA'91"
     # a bare year (1900-2299: the years surrogates move; a later one is a count or a clock time,
     # "since 2315"); from 2000 on only after a year word (the check), so "bp 2100" stays
@@ -122,30 +122,30 @@ _PATTERNS: tuple[_Pattern, ...] = (
             r"\b(?:christmas(?: eve| day)?|thanksgiving|easter|new year'?s(?: eve| day)?|"
             r"independence day|memorial day|labor day|veterans day|halloween|hanukkah|"
             r"valentine'?s day|mother'?s day|father'?s day)\b",
-            _I,
+            IGNORECASE,
         ),
     ),
     # --- locations with structure
     _Pattern("ZIP", re.compile(r"(?<![\d-])\d{5}-\d{4}(?![\d-])")),
-    _Pattern("ZIP", re.compile(r"\bzip(?:\s*code)?[:#\s]*(\d{5})(?!\d)", _I), 1),
+    _Pattern("ZIP", re.compile(r"\bzip(?:\s*code)?[:#\s]*(\d{5})(?!\d)", IGNORECASE), 1),
     # --- ages
     _Pattern(
         "AGE",
         re.compile(
             _AGE_NUMBER + r"\s*-?\s*(?:yo|y/o|y\.o\.?|yrs?\.?[- ]old|years?[- ]old|"
             r"yo[mf]|yow[mf]|year-old)(?![a-z])",
-            _I,
+            IGNORECASE,
         ),
         1,
     ),
-    _Pattern("AGE", re.compile(r"\bage[d:]?\s*" + _AGE_DIGITS + r"(?!\d)", _I), 1),
+    _Pattern("AGE", re.compile(r"\bage[d:]?\s*" + _AGE_DIGITS + r"(?!\d)", IGNORECASE), 1),
     _Pattern("AGE", re.compile(r"(?<![\w>])>\s?89(?![\d.])")),
-    _Pattern("AGE", re.compile(r"\b(?:his|her|their)\s+(?:early\s+|late\s+|mid\s+)?(\d0'?s)\b", _I), 1),
+    _Pattern("AGE", re.compile(r"\b(?:his|her|their)\s+(?:early\s+|late\s+|mid\s+)?(\d0'?s)\b", IGNORECASE), 1),
 )
 
-_TIME_PATTERNS: tuple[_Pattern, ...] = (
-    _Pattern("DATE", re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s*(?:am|pm|a\.m\.|p\.m\.))?", _I)),
-    _Pattern("DATE", re.compile(r"\b\d{1,2}\s*(?:am|pm|a\.m\.|p\.m\.)", _I)),
+TIME_PATTERNS: tuple[_Pattern, ...] = (
+    _Pattern("DATE", re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s*(?:am|pm|a\.m\.|p\.m\.))?", IGNORECASE)),
+    _Pattern("DATE", re.compile(r"\b\d{1,2}\s*(?:am|pm|a\.m\.|p\.m\.)", IGNORECASE)),
 )
 
 
@@ -158,7 +158,7 @@ def _is_time_range(s: str) -> bool:
     return times[1] > times[0] and (a.endswith(("00", "30")) or b.endswith(("00", "30")))
 
 
-def _valid(check: str | None, m: re.Match[str], text: str) -> bool:
+def pattern_check_passes(check: str | None, m: re.Match[str], text: str) -> bool:
     if check is None:
         return True
     s = m.group(0)
