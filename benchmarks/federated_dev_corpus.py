@@ -15,9 +15,10 @@ training patients are cut by patient into 3 sites of 45/30/20 (``--sites 5``: 25
 patients shuffled with ``--site-seed``, the same shuffle for both cuts) and every model is
 scored on the 36 held-out patients, token-binary, as ``train_dev_corpus.py`` scores. Every
 model is DP at patient ε ``--target-epsilon`` per site (the federated model's guarantee is the
-max over the sites: parallel composition). The default recipe is ``dphub train``'s (head + CRF + rule projection under DP, 32 steps at q = 1 for these
-sizes); the federation spends the same number of steps per site: ``--rounds × --local-steps``
-(the curve keeps that total: local steps = total / rounds).
+max over the sites: parallel composition). The default recipe is ``dphub train``'s (head + CRF
++ rule projection under DP, 32 steps at q = 1 for these sizes); the federation spends the same
+number of steps per site: ``--rounds × --local-steps`` (the curve keeps that total: local
+steps = total / rounds).
 
 Prints one JSON object per model: F1/P/R, ε per site, seconds, seconds and bytes per round
 (federated), peak RSS.
