@@ -136,10 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         union = Path(tmp) / "union.jsonl"
         formats.write(train, union, "jsonl")
         results = []
+        shared: dict = {}  # the held-out notes encoded once: every model here shares the encoder
 
         def emit(name: str, model: Path, info: dict) -> None:
+            from dphub.tagger import Tagger
+
+            if "encoded" not in shared:
+                t0 = time.monotonic()
+                shared["encoded"] = Tagger.load(model).encode(test, batch_size=32)
+                info["test_encoding_seconds"] = round(time.monotonic() - t0, 1)
             row = {"model": name, "sites": args.sites, **info,
-                   **_score(model, test, thresholds), "peak_rss_mb": _rss()}
+                   **_score(model, test, thresholds, shared["encoded"]), "peak_rss_mb": _rss()}
             results.append(row)
             print(json.dumps(row), flush=True)
 
