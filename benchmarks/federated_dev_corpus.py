@@ -8,15 +8,17 @@ machine, nothing prints note text)::
     python benchmarks/federated_dev_corpus.py --what federated --rounds 4 --local-steps 8
     python benchmarks/federated_dev_corpus.py --what curve      # 1, 3, 5, 10 rounds
     python benchmarks/federated_dev_corpus.py --what all
+    python benchmarks/federated_dev_corpus.py --sites 5 --what sites   # 25/20/20/15/15 patients
 
 The split is ``benchmarks/train_dev_corpus.py::_split(0)`` (patient-disjoint 80/20): the 95
-training patients are cut by patient into 3 sites of 45/30/20 (patients shuffled with
-``--site-seed``) and every model is scored on the 36 held-out patients, token-binary, as
-``train_dev_corpus.py`` scores. Every model is DP at patient ε ``--target-epsilon`` per site
-(the federated model's guarantee is the max over the sites: parallel composition). The default
-recipe is ``dphub train``'s (head + CRF + rule projection under DP, 32 steps at q = 1 for these
-sizes); the federation spends the same number of steps per site: ``--rounds × --local-steps``
-(the curve keeps that total: local steps = total / rounds).
+training patients are cut by patient into 3 sites of 45/30/20 (``--sites 5``: 25/20/20/15/15;
+patients shuffled with ``--site-seed``, the same shuffle for both cuts) and every model is
+scored on the 36 held-out patients, token-binary, as ``train_dev_corpus.py`` scores. Every
+model is DP at patient ε ``--target-epsilon`` per site (the federated model's guarantee is the
+max over the sites: parallel composition). The default recipe is ``dphub train``'s (head + CRF
++ rule projection under DP, 32 steps at q = 1 for these sizes); the federation spends the same
+number of steps per site: ``--rounds × --local-steps`` (the curve keeps that total: local
+steps = total / rounds).
 
 Prints one JSON object per model: F1/P/R, ε per site, seconds, seconds and bytes per round
 (federated), peak RSS.
@@ -39,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_dev_corpus import CORPUS, _coerce, _score, _split  # noqa: E402
 
 SITE_SIZES = (45, 30, 20)
+#: patients per site for ``--sites``; 3 is the default cut, unchanged since issue 27
+SITE_CUTS = {3: SITE_SIZES, 5: (25, 20, 20, 15, 15)}
 
 
 def _sites(train, sizes=SITE_SIZES, seed: int = 0):
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local-steps", type=int, default=8)
     ap.add_argument("--aggregation", default="mean")
     ap.add_argument("--site-seed", type=int, default=0)
+    ap.add_argument("--sites", type=int, choices=sorted(SITE_CUTS), default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--thresholds", default="none")
     args, rest = ap.parse_known_args(argv)
@@ -116,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
              for i in range(0, len(rest), 2)}
     thresholds = [None if t == "none" else float(t) for t in args.thresholds.split(",")]
     train, test = _split(0, args.corpus)
-    sites = _sites(train, seed=args.site_seed)
+    sizes = SITE_CUTS[args.sites]
+    sites = _sites(train, sizes, seed=args.site_seed)
     total = args.rounds * args.local_steps
     with tempfile.TemporaryDirectory(prefix="dphub-fed-") as tmp:
         os.chmod(tmp, 0o700)
@@ -130,14 +136,22 @@ def main(argv: list[str] | None = None) -> int:
         union = Path(tmp) / "union.jsonl"
         formats.write(train, union, "jsonl")
         results = []
+        shared: dict = {}  # the held-out notes encoded once: every model here shares the encoder
 
         def emit(name: str, model: Path, info: dict) -> None:
-            row = {"model": name, **info, **_score(model, test, thresholds), "peak_rss_mb": _rss()}
+            from dphub.tagger import Tagger
+
+            if "encoded" not in shared:
+                t0 = time.monotonic()
+                shared["encoded"] = Tagger.load(model).encode(test, batch_size=32)
+                info["test_encoding_seconds"] = round(time.monotonic() - t0, 1)
+            row = {"model": name, "sites": args.sites, **info,
+                   **_score(model, test, thresholds, shared["encoded"]), "peak_rss_mb": _rss()}
             results.append(row)
             print(json.dumps(row), flush=True)
 
         if args.what in ("sites", "all"):
-            for i, (p, size) in enumerate(zip(paths, SITE_SIZES, strict=True)):
+            for i, (p, size) in enumerate(zip(paths, sizes, strict=True)):
                 out = work / f"site-{i}"
                 emit(f"site {i} alone ({size} patients)", out,
                      _train_one(p, out, args.target_epsilon, extra))
