@@ -200,7 +200,9 @@ def test_dp_training_starts_from_the_public_base(public_base: Path, tmp_path: Pa
     out = tmp_path / "dp"
     opts = T.TrainOptions(data=data, out=out, base_model=str(public_base), epochs=1.0,
                           batch_size=2, max_physical_batch=2, noise=1.0, accountant="rdp",
-                          max_length=64, stride=16, lr=5e-3)
+                          max_length=64, stride=16, lr=5e-4)
+    # two noisy steps at lr 5e-3 left the probe recall anywhere in 1-49 % (the gate's floor is
+    # 2 %); at 5e-4 the model stays near its public base's (5.4-5.9 % in six runs)
     T.train(opts)
     meta = load_card(out).meta
     dp = meta["differential_privacy"]
