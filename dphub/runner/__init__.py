@@ -59,7 +59,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,18 +251,9 @@ def _observe_patients(renderer: Renderer, run_engine: Engine, src: Path, fmt: st
     first note is written. Deterministic (same spans), so a resumed run and a Ray run rebuild the
     same per-patient chains and write the same bytes; the cost is a second pass of the ensemble.
     Nothing is written: the dates stay in memory."""
-    def readable() -> Iterator[list[WorkItem]]:
-        batch: list[WorkItem] = []
-        for it in with_patients(map(printable_key, iter_input(src, fmt)), patients, None):
-            if it.note is not None:
-                batch.append(it)
-            if len(batch) >= batch_size:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
-
-    for batch, results in run_engine(readable()):
+    readable = (it for it in with_patients(map(printable_key, iter_input(src, fmt)), patients,
+                                           None) if it.note is not None)
+    for batch, results in run_engine(_batches(readable, batch_size)):
         for it, res in zip([b for b in batch if b.note is not None], results, strict=True):
             if it.note is not None and not isinstance(res, str):
                 renderer.observe(it.note, [m.to_span() for m in res.merged])
@@ -391,21 +382,32 @@ def _pending_batches(src: Path, fmt: str | None, patients: re.Pattern[str] | Non
     """The pending notes in input order, in batches (streamed: the engine pulls them); every
     key goes into ``keys``/``seen_keys``, a journaled one counts as skipped in ``report``."""
     seen_stems: set[str] = set()
+
+    def pending() -> Iterator[WorkItem]:
+        for it in with_patients(map(printable_key, iter_input(src, fmt)), patients, warn):
+            if it.key in seen_keys:
+                raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
+            seen_keys.add(it.key)
+            keys.append(it.key)
+            if it.stem and not jsonl_out:
+                if it.stem in seen_stems:
+                    raise InputError(f"{src}: {it.key} maps to an output file name already used")
+                seen_stems.add(it.stem)
+            if journal.done(it.key):
+                report.skipped += 1
+                continue
+            yield it
+
+    return _batches(pending(), batch_size)
+
+
+def _batches(items: Iterable[WorkItem], size: int) -> Iterator[list[WorkItem]]:
+    """``items`` in lists of ``size`` (the last shorter), pulled lazily (itertools.batched is
+    3.12+; dphub supports 3.11)."""
     batch: list[WorkItem] = []
-    for it in with_patients(map(printable_key, iter_input(src, fmt)), patients, warn):
-        if it.key in seen_keys:
-            raise InputError(f"{src}: duplicate note id at {it.key}; outputs would collide")
-        seen_keys.add(it.key)
-        keys.append(it.key)
-        if it.stem and not jsonl_out:
-            if it.stem in seen_stems:
-                raise InputError(f"{src}: {it.key} maps to an output file name already used")
-            seen_stems.add(it.stem)
-        if journal.done(it.key):
-            report.skipped += 1
-            continue
+    for it in items:
         batch.append(it)
-        if len(batch) >= batch_size:
+        if len(batch) >= size:
             yield batch
             batch = []
     if batch:
