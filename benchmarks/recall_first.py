@@ -21,7 +21,8 @@ Rows (one JSON object per line, numbers and category names only):
 each with token-binary recall/precision, phrase recall (any overlap, full cover),
 ``non_phi_tokens_kept``, per-category phrase recall (full cover) and the count of gold phrases not
 fully covered per category. ``--sweep`` prints, for the inverse model + rules ensemble, one line
-per (LOW, HIGH) pair of :data:`dphub.ensemble.inverse_calibrate.PAIR_GRID` (LOW <= HIGH) with
+per (LOW, HIGH) pair of :data:`dphub.ensemble.inverse_calibrate.PAIR_GRID` (LOW <= HIGH) and
+NAMED of :data:`NAMED_GRID` (NAMED <= HIGH) with
 recall, precision, full-cover phrase recall and non-PHI tokens kept: the recall-precision curve.
 Every model scores each note once; all pairs reuse those scores.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import sys
 from collections import Counter
@@ -43,11 +45,14 @@ from dphub.ensemble import inverse as inverse_module  # noqa: E402
 from dphub.ensemble.aggregation import parse_rule  # noqa: E402
 from dphub.ensemble.core import Ensemble, Slot  # noqa: E402
 from dphub.ensemble.inverse import InverseRule, hidden_spans, word_table  # noqa: E402
-from dphub.ensemble.inverse_calibrate import PAIR_GRID  # noqa: E402
+from dphub.ensemble.inverse_calibrate import PAIR_GRID, _gold_flags  # noqa: E402
 from dphub.ensemble.members import ModelMember  # noqa: E402
 from dphub.evaluate import evaluate_spans  # noqa: E402
 from dphub.rules.engine import RULES_DEFAULT, RuleMember, RuleOptions  # noqa: E402
 from dphub.safe_vocab import load  # noqa: E402
+
+#: the NAMED values the sweep tries (the models report P down to the grid's lowest value, 0.001)
+NAMED_GRID = (0.0, 0.001, 0.002, 0.005, 0.01)
 
 
 def _summary(name: str, res) -> dict:
@@ -94,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--safe-words", action="append", default=[], type=Path)
     ap.add_argument("--split", choices=("inner", "test"), default="inner")
     ap.add_argument("--corpus", type=Path, default=CORPUS)
-    ap.add_argument("--sweep", action="store_true", help="print the LOW/HIGH grid too")
+    ap.add_argument("--sweep", action="store_true", help="print the LOW/HIGH/NAMED grid too")
+    ap.add_argument("--sweep-min-recall", type=float, default=0.99,
+                    help="print only the sweep's settings reaching this token recall")
     ap.add_argument("--across-clauses", action="store_true",
                     help="release context words across clause punctuation too (issue 36's "
                          "measured variant; off in the product)")
@@ -127,17 +134,22 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(_summary("inverse model + rules",
                               evaluate_spans(notes, _inverse_pred(notes, t_both, rule)))))
     if a.sweep:
-        for hi in PAIR_GRID:
-            for lo in PAIR_GRID:
-                if lo > hi:
-                    continue
-                res = evaluate_spans(notes, _inverse_pred(notes, t_both, InverseRule(lo, hi)))
-                print(json.dumps({"low": lo, "high": hi,
-                                  "token_recall": round(res.token["recall"], 4),
-                                  "token_precision": round(res.token["precision"], 4),
-                                  "phrase_recall_full": round(res.phrase_recall["full_cover"], 4),
-                                  "non_phi_tokens_kept":
-                                      round(res.utility["non_phi_tokens_kept"], 4)}))
+        gold = [_gold_flags(n, t) for n, t in zip(notes, t_both, strict=True)]
+        n_gold = sum(int(g.sum()) for g in gold)
+        for hi, lo, named in itertools.product(PAIR_GRID, PAIR_GRID, NAMED_GRID):
+            if lo > hi or named > hi:
+                continue
+            found = sum(int((~t.kept(lo, hi, named) & g).sum()) for t, g in zip(t_both, gold,
+                                                                                strict=True))
+            if found < a.sweep_min_recall * n_gold:  # token recall below the floor: skip
+                continue
+            res = evaluate_spans(notes, _inverse_pred(notes, t_both, InverseRule(lo, hi, named)))
+            print(json.dumps({"low": lo, "high": hi, "named": named,
+                              "token_recall": round(res.token["recall"], 4),
+                              "token_precision": round(res.token["precision"], 4),
+                              "phrase_recall_full": round(res.phrase_recall["full_cover"], 4),
+                              "non_phi_tokens_kept":
+                                  round(res.utility["non_phi_tokens_kept"], 4)}))
     return 0
 
 

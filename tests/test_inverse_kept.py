@@ -17,7 +17,7 @@ from dphub.ensemble.manifest import Manifest
 from dphub.errors import ConfigError
 from tests.test_inverse import RULE, _labelled, model, vocab
 
-#: "patient seen in clinic today Hal Stable": 5 non-PHI tokens, 2 PHI; the surname "Stable" is a
+#: "patient seen in clinic today zorbl Stable": 5 non-PHI tokens, 2 PHI; the surname "Stable" is a
 #: vocabulary word the model scores 0.3, the non-PHI "today" 0.45: recall 1 costs "today"
 PROBS = {"Stable": 0.3, "clinic": 0.1, "today": 0.45}
 
@@ -74,7 +74,7 @@ def test_cli_calibrate_min_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert lines[-1].startswith("error:") and "best reachable" in lines[-1]
-    assert "Traceback" not in err and "Hal" not in err
+    assert "Traceback" not in err and "zorbl" not in err
     for bad in ("1.5", "nan", "-1"):
         assert main(["ensemble", "calibrate", gold, "--min-kept", bad, "-e", str(path)]) == 2
 

@@ -43,6 +43,12 @@ from dphub.notes import Note
 #: the values LOW and HIGH are chosen from: 1 (the vocabulary and the measurements decide alone),
 #: the forward calibration's grid, and 0 (every word hidden)
 PAIR_GRID: tuple[float, ...] = (1.0, *GRID, 0.0)
+#: the values NAMED (a stricter HIGH for vouched words with a sign of a name) is chosen from,
+#: besides HIGH itself; only those below HIGH are tried
+NAMED_GRID: tuple[float, ...] = (0.01, 0.005, 0.002, 0.001, 0.0)
+
+#: one scored setting: recall, precision, LOW, HIGH, NAMED (None: HIGH)
+_Point = tuple[float, float, float, float, "float | None"]
 
 
 @dataclass
@@ -63,11 +69,12 @@ class _Words:
     tables: list[WordTable]
     gold: list[np.ndarray]
 
-    def counts(self, low: float, high: float) -> tuple[int, int, int]:
-        """(true-positive, false-positive, gold) token counts under ``inverse:low,high``."""
+    def counts(self, low: float, high: float,
+               named: float | None = None) -> tuple[int, int, int]:
+        """(true-positive, false-positive, gold) token counts under ``inverse:low,high[,named]``."""
         tp = fp = g = 0
         for t, gold in zip(self.tables, self.gold, strict=True):
-            hide = ~t.kept(low, high)
+            hide = ~t.kept(low, high, named)
             tp += int((hide & gold).sum())
             fp += int((hide & ~gold).sum())
             g += int(gold.sum())
@@ -133,52 +140,61 @@ def calibrate_inverse(
     if not n_gold:
         raise InputError("the labelled notes used for calibration contain no PHI; nothing to "
                          "calibrate on")
-    points: list[tuple[float, float, float, float]] = []  # recall, precision, low, high
-    kept_of: dict[tuple[float, float], float] = {}
+    points: list[_Point] = []
+    kept_of: dict[tuple[float, float, float | None], float] = {}
     for hi in PAIR_GRID:
         for lo in PAIR_GRID:
-            if lo <= hi:
-                tp, fp, _ = cal.counts(lo, hi)
-                points.append((tp / n_gold, tp / (tp + fp) if tp + fp else 1.0, lo, hi))
-                kept_of[lo, hi] = cal.kept(fp)
+            if lo > hi:
+                continue
+            for named in (None, *(v for v in NAMED_GRID if v < hi)):
+                tp, fp, _ = cal.counts(lo, hi, named)
+                points.append((tp / n_gold, tp / (tp + fp) if tp + fp else 1.0, lo, hi, named))
+                kept_of[lo, hi, named] = cal.kept(fp)
+
+    def kept_at(pt: _Point) -> float:
+        return kept_of[pt[2], pt[3], pt[4]]
+
+    def named_of(pt: _Point) -> float:
+        return pt[3] if pt[4] is None else pt[4]
+
+    def shown(pt: _Point) -> str:
+        return (f"{InverseRule(pt[2], pt[3], pt[4])} (recall {pt[0]:.4f}, kept "
+                f"{kept_at(pt):.4f})")
+
     forced_kept = False
     if min_kept is None:
         ok = [pt for pt in points if pt[0] >= target_recall]
         # highest precision; ties: the higher thresholds (more text kept)
-        rec, prec, low, high = max(ok, key=lambda pt: (pt[1], pt[3], pt[2]))
+        rec, prec, low, high, named = max(ok, key=lambda pt: (pt[1], pt[3], named_of(pt), pt[2]))
     else:
-        def recall_first(pt: tuple[float, float, float, float]) -> tuple[float, float]:
-            return pt[0], kept_of[pt[2], pt[3]]
+        def recall_first(pt: _Point) -> tuple[float, float]:
+            return pt[0], kept_at(pt)
 
-        both = [pt for pt in points if pt[0] >= target_recall and kept_of[pt[2], pt[3]] >= min_kept]
+        both = [pt for pt in points if pt[0] >= target_recall and kept_at(pt) >= min_kept]
         if both:
-            rec, prec, low, high = max(both, key=recall_first)
+            rec, prec, low, high, named = max(both, key=recall_first)
         else:
-            at_kept = [pt for pt in points if kept_of[pt[2], pt[3]] >= min_kept]
+            at_kept = [pt for pt in points if kept_at(pt) >= min_kept]
             at_rec = [pt for pt in points if pt[0] >= target_recall]
             best = []
             if at_kept:
-                r, _, lo, hi = max(at_kept, key=recall_first)
-                best.append(f"inverse:{lo:g},{hi:g} (recall {r:.4f}, kept "
-                            f"{kept_of[lo, hi]:.4f})")
+                best.append(shown(max(at_kept, key=recall_first)))
             if at_rec:
-                r, _, lo, hi = max(at_rec, key=lambda pt: (kept_of[pt[2], pt[3]], pt[0]))
-                best.append(f"inverse:{lo:g},{hi:g} (recall {r:.4f}, kept "
-                            f"{kept_of[lo, hi]:.4f})")
+                best.append(shown(max(at_rec, key=lambda pt: (kept_at(pt), pt[0]))))
             if not force or not at_kept:
                 raise CalibrationRefused(
-                    f"no inverse:LOW,HIGH reaches token recall >= {target_recall:g} with non-PHI "
+                    f"no inverse:LOW,HIGH[,NAMED] reaches token recall >= {target_recall:g} with non-PHI "
                     f"tokens kept >= {min_kept:g} on the calibration notes; best reachable: "
                     + " or ".join(best) + " (lower --target-recall or --min-kept, or add "
                     "--safe-words)")
-            rec, prec, low, high = max(at_kept, key=recall_first)
+            rec, prec, low, high, named = max(at_kept, key=recall_first)
             forced_kept = True
-    rule = InverseRule(low, high)
+    rule = InverseRule(low, high, named)
     report = None
     held_kept = None
     if held_idx:
         held = _Words([tables[i] for i in held_idx], [gold[i] for i in held_idx])
-        htp, hfp, hg = held.counts(low, high)
+        htp, hfp, hg = held.counts(low, high, named)
         held_kept = held.kept(hfp)
         report = HoldoutReport(
             patients=len({notes[i].effective_patient_id for i in held_idx}),
@@ -188,11 +204,11 @@ def calibrate_inverse(
         thresholds={}, recall=rec, precision=prec, target_recall=target_recall, reached=True,
         tokens=sum(len(t.start) for t in cal.tables), phi_tokens=n_gold,
         min_precision=min_precision,
-        best_reachable=_best_reachable([(r, p, k) for k, (r, p, _, _) in enumerate(points)],
+        best_reachable=_best_reachable([(r, p, k) for k, (r, p, *_) in enumerate(points)],
                                        min_precision),
         holdout=report, notes=len(cal_idx),
         patients=len({notes[i].effective_patient_id for i in cal_idx}), rule=str(rule),
-        kept=kept_of[low, high], holdout_kept=held_kept, min_kept=min_kept)
+        kept=kept_of[low, high, named], holdout_kept=held_kept, min_kept=min_kept)
     if forced_kept:
         result.forced = True
     if result.below_floor and min_kept is None:

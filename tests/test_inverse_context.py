@@ -1,0 +1,123 @@
+"""Issue 36 item 2: the models decide only the words that show no sign of a name.
+
+A word that nothing vouches for (outside the vocabulary, no measurement) comes back when every
+model is sure it is not PHI (P < LOW) *and* it shows no sign of a name: capitalised inside a
+sentence, after a name cue, before a cue after a name, or in the name lists. A vouched word
+with such a sign needs the stricter NAMED threshold when one is given. Each PHI shape the issue
+names gets a test with a model that is wrongly sure (P = 0) under a generous rule.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dphub.ensemble.core import Ensemble
+from dphub.ensemble.inverse import InverseRule, name_signs
+from dphub.ensemble.inverse_calibrate import calibrate_inverse
+from dphub.ensemble.words import WORD_RE
+from dphub.errors import ConfigError
+from dphub.notes import Note, Span
+from dphub.safe_vocab import SafeVocabulary
+from tests.test_inverse import fixed, hidden, model
+
+WORDS = ("patient", "seen", "by", "dr", "with", "and", "today", "stable", "clinic", "went",
+         "home", "the", "hospital", "shepherd", "transferred", "from", "spoke", "to")
+#: ordinary words that are also names (the shipped vocabulary keeps them apart the same way)
+CONTEXT = ("good",)
+#: a generous rule: anything a model gives P < 0.5 may come back
+GENEROUS = "inverse:0.5,0.5"
+
+
+def vocab() -> SafeVocabulary:
+    return SafeVocabulary.from_words(WORDS, context=CONTEXT)
+
+
+def sure(text: str) -> Ensemble:
+    """Rules that flag nothing and a model wrongly sure that every word is not PHI."""
+    probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)}
+    return Ensemble([fixed("rules", "a", []), model(probs)], GENEROUS, safe_vocab=vocab())
+
+
+def signs(text: str) -> list[str]:
+    found = list(WORD_RE.finditer(text))
+    return [found[i].group() for i in sorted(name_signs(text, found, vocab()))]
+
+
+def test_signs_of_a_name() -> None:
+    assert signs("patient Zorbak stable") == ["Zorbak"]  # a capital inside a sentence
+    assert signs("Zorbak went home") == []  # a capital at the line's start
+    assert signs("stable. Zorbak went home") == []  # ... or after a sentence's end
+    assert "zorbak" in signs("spoke with zorbak today")  # after a cue
+    assert "zorbak" in signs("zorbak md went home")  # before a cue after a name
+    assert "john" in signs("patient john stable")  # in the first-name list
+    assert signs("patient stable today") == []
+
+
+@pytest.mark.parametrize("text, phi", [
+    ("seen by dr Good today", "Good"),  # a surname that is an ordinary word
+    ("seen by dr good today", "good"),  # ... in lower case
+    ("patient Zorbak stable", "Zorbak"),  # a capitalised unknown word inside a sentence
+    ("spoke with zorbak today", "zorbak"),  # a name written in lower case, after a cue
+    ("patient john stable", "john"),  # a first name in lower case
+    ("seen by J Zorbak today", "J"),  # an initial before a surname
+    ("seen by J Zorbak today", "Zorbak"),
+    ("transferred from Good Shepherd Hospital today", "Shepherd"),  # ordinary words
+])
+def test_phi_shapes_stay_hidden_when_the_model_is_wrongly_sure(text: str, phi: str) -> None:
+    got = " ".join(t for t, _ in hidden(sure(text), Note("a", text)))
+    assert phi in got.split(), (text, got)
+
+
+def test_a_word_without_a_sign_comes_back_when_the_model_is_sure() -> None:
+    text = "patient stable, sob resolved today"
+    assert hidden(sure(text), Note("a", text)) == []
+    # with rules alone nothing vouches for the unknown words
+    rules_only = Ensemble([fixed("rules", "a", [])], GENEROUS, safe_vocab=vocab())
+    assert hidden(rules_only, Note("a", text)) == [("sob resolved", "PHI")]
+
+
+def test_named_threshold_applies_only_to_vouched_words_with_a_sign() -> None:
+    probs = {"Stable": 0.005, "stable": 0.005}
+    ens = Ensemble([fixed("rules", "a", []), model({**probs, "patient": 0.0, "today": 0.0,
+                                                    "went": 0.0, "home": 0.0})],
+                   "inverse:0.01,0.01,0.002", safe_vocab=vocab())
+    # capitalised inside the sentence: NAMED (0.002) applies, P 0.005 hides it
+    assert hidden(ens, Note("a", "patient Stable today")) == [("Stable", "PHI")]
+    # the same P without a sign: HIGH (0.01) applies
+    assert hidden(ens, Note("a", "patient stable today")) == []
+    # without a third value NAMED is HIGH: a rule stored before keeps its meaning
+    ens.rule = InverseRule.parse("inverse:0.01,0.01")
+    assert hidden(ens, Note("a", "patient Stable today")) == []
+
+
+def test_signs_change_nothing_without_a_model() -> None:
+    """Without a model member P says nothing: the vocabulary vouches alone, as before."""
+    ens = Ensemble([fixed("rules", "a", [])], "inverse:0,0.002,0", safe_vocab=vocab())
+    assert hidden(ens, Note("a", "seen by dr today")) == []
+
+
+def test_parse_and_print_the_third_value() -> None:
+    rule = InverseRule.parse("inverse:0.005,0.01,0.002")
+    assert (rule.low, rule.high, rule.named) == (0.005, 0.01, 0.002)
+    assert str(rule) == "inverse:0.005,0.01,0.002"
+    assert str(InverseRule.parse("inverse:0.005,0.01")) == "inverse:0.005,0.01"
+    for bad in ("inverse:0.1,0.2,1.5", "inverse:0.1,0.2,", "inverse:0.1,0.2,0.1,0.1"):
+        with pytest.raises(ConfigError, match="NAMED"):
+            InverseRule.parse(bad)
+
+
+def test_calibration_chooses_a_stricter_named_threshold() -> None:
+    """A PHI vocabulary word with a sign of a name that the model half-suspects (P 0.05) while
+    it is unsure of every other word (P 0.1): only NAMED below 0.05 keeps the other words and
+    hides it."""
+    text = "patient stable today Stable home"
+    notes = [Note(f"n{i}", text, f"p{i}", spans=[Span(21, 27, "NAME")], labelled=True)
+             for i in range(4)]
+    probs = {"patient": 0.1, "stable": 0.1, "today": 0.1, "Stable": 0.05, "home": 0.1}
+    ens = Ensemble([model(probs)], "inverse", safe_vocab=vocab())
+    res = calibrate_inverse(ens, notes, 1.0)
+    rule = InverseRule.parse(res.rule)
+    assert res.recall == 1.0 and res.precision == 1.0
+    assert rule.named is not None and rule.named <= 0.05 < 0.1 < rule.high
