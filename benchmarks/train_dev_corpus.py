@@ -33,14 +33,24 @@ from pathlib import Path
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "physionet-deid-dev"
 
 
-def _split(seed: int, corpus: Path = CORPUS, inner: bool = False):
+def _split(seed: int, corpus: Path = CORPUS, inner: bool = False, fold: int | None = None):
+    """(train, test) notes: the held-out split; with ``inner`` 80/20 of its training patients
+    (split seed 1); with ``fold`` 0 or 1 one half (split seed 2) of the inner split's training
+    patients as the test part and every other training patient as the train part, so the inner
+    split and the two folds score all training patients with models that did not see them
+    (cross-fitted tuning, issue 36)."""
     from dphub import formats
     from dphub.splits import split_notes
 
     notes = list(formats.read(corpus, "physionet"))
     train, test = split_notes(notes, [0.8, 0.2], by="patient", seed=seed)
-    if inner:  # tuning: 80/20 of the training patients; the held-out test split stays unseen
-        train, test = split_notes(train, [0.8, 0.2], by="patient", seed=1)
+    if inner or fold is not None:  # tuning: the held-out test split stays unseen
+        inner_train, inner_test = split_notes(train, [0.8, 0.2], by="patient", seed=1)
+        if fold is None:
+            return inner_train, inner_test
+        test = split_notes(inner_train, [0.5, 0.5], by="patient", seed=2)[fold]
+        held = {n.effective_patient_id for n in test}
+        train = [n for n in train if n.effective_patient_id not in held]
     return train, test
 
 
@@ -87,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-dp", action="store_true")
     ap.add_argument("--inner", action="store_true",
                     help="train on 80 %% of the training patients, score the other 20 %%")
+    ap.add_argument("--fold", type=int, choices=(0, 1), default=None,
+                    help="score one half of the inner split's training patients, training on "
+                         "every other training patient (cross-fitted tuning)")
     ap.add_argument("--warm-start-only", action="store_true",
                     help="score the public warm start of these options (no private data)")
     args, rest = ap.parse_known_args(argv)
@@ -97,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         extra[key] = _coerce(rest[i + 1])
     thresholds = [None if t == "none" else float(t) for t in args.thresholds.split(",")]
 
-    train_notes, test_notes = _split(args.split_seed, args.corpus, args.inner)
+    train_notes, test_notes = _split(args.split_seed, args.corpus, args.inner, args.fold)
     report: dict = {
-        "split": "inner (80/20 of the training patients, seed 1)" if args.inner
+        "split": f"tuning fold {args.fold}" if args.fold is not None
+        else "inner (80/20 of the training patients, seed 1)" if args.inner
         else "held-out test patients",
         "train_patients": len({n.patient_id for n in train_notes}),
         "train_notes": len(train_notes),

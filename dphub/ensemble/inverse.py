@@ -21,7 +21,9 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    lists lack, or a name) is kept only when the ensemble has at least one model member and
    ``P < LOW``: the adaptive half of Meldau's rule — what the vocabulary vouches for needs a
    model that is merely unsure it is PHI (HIGH), what it does not vouch for needs a model that
-   is sure it is not (LOW); without a model nothing vouches for it;
+   is sure it is not (LOW); without a model nothing vouches for it. A word with a sign of a
+   name (:func:`name_signs`) never comes back this way, and a vouched one with such a sign
+   needs ``P < NAMED`` when the rule gives a third value (issue 36 item 2);
 6. everything else is hidden.
 
 So HIGH is the model confidence a vouched-for word (vocabulary word, measurement) may carry and

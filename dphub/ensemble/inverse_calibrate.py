@@ -93,6 +93,61 @@ def _gold_flags(note: Note, table: WordTable) -> np.ndarray:
     return flags
 
 
+def _score_grid(cal: _Words, n_gold: int) -> tuple[
+        list[_Point], dict[tuple[float, float, float | None], float]]:
+    """Every LOW <= HIGH of :data:`PAIR_GRID`, each with NAMED = HIGH and every
+    :data:`NAMED_GRID` value below HIGH: the scored points and their kept shares."""
+    points: list[_Point] = []
+    kept_of: dict[tuple[float, float, float | None], float] = {}
+    for hi in PAIR_GRID:
+        for lo in PAIR_GRID:
+            if lo > hi:
+                continue
+            for named in (None, *(v for v in NAMED_GRID if v < hi)):
+                tp, fp, _ = cal.counts(lo, hi, named)
+                points.append((tp / n_gold, tp / (tp + fp) if tp + fp else 1.0, lo, hi, named))
+                kept_of[lo, hi, named] = cal.kept(fp)
+    return points, kept_of
+
+
+def _choose(points: list[_Point], kept_of: dict[tuple[float, float, float | None], float],
+            target_recall: float, min_kept: float | None, force: bool) -> tuple[_Point, bool]:
+    """The chosen point and whether ``force`` chose it below the targets (see
+    :func:`calibrate_inverse`)."""
+
+    def kept_at(pt: _Point) -> float:
+        return kept_of[pt[2], pt[3], pt[4]]
+
+    def shown(pt: _Point) -> str:
+        return (f"{InverseRule(pt[2], pt[3], pt[4])} (recall {pt[0]:.4f}, kept "
+                f"{kept_at(pt):.4f})")
+
+    def recall_first(pt: _Point) -> tuple[float, float]:
+        return pt[0], kept_at(pt)
+
+    if min_kept is None:
+        ok = [pt for pt in points if pt[0] >= target_recall]
+        # highest precision; ties: the higher thresholds (more text kept)
+        return max(ok, key=lambda pt: (pt[1], pt[3], pt[3] if pt[4] is None else pt[4],
+                                       pt[2])), False
+    both = [pt for pt in points if pt[0] >= target_recall and kept_at(pt) >= min_kept]
+    if both:
+        return max(both, key=recall_first), False
+    at_kept = [pt for pt in points if kept_at(pt) >= min_kept]
+    at_rec = [pt for pt in points if pt[0] >= target_recall]
+    best = []
+    if at_kept:
+        best.append(shown(max(at_kept, key=recall_first)))
+    if at_rec:
+        best.append(shown(max(at_rec, key=lambda pt: (kept_at(pt), pt[0]))))
+    if not force or not at_kept:
+        raise CalibrationRefused(
+            f"no inverse:LOW,HIGH[,NAMED] reaches token recall >= {target_recall:g} with "
+            f"non-PHI tokens kept >= {min_kept:g} on the calibration notes; best reachable: "
+            + " or ".join(best) + " (lower --target-recall or --min-kept, or add --safe-words)")
+    return max(at_kept, key=recall_first), True
+
+
 def calibrate_inverse(
     ensemble: Ensemble,
     notes: Sequence[Note],
@@ -140,55 +195,9 @@ def calibrate_inverse(
     if not n_gold:
         raise InputError("the labelled notes used for calibration contain no PHI; nothing to "
                          "calibrate on")
-    points: list[_Point] = []
-    kept_of: dict[tuple[float, float, float | None], float] = {}
-    for hi in PAIR_GRID:
-        for lo in PAIR_GRID:
-            if lo > hi:
-                continue
-            for named in (None, *(v for v in NAMED_GRID if v < hi)):
-                tp, fp, _ = cal.counts(lo, hi, named)
-                points.append((tp / n_gold, tp / (tp + fp) if tp + fp else 1.0, lo, hi, named))
-                kept_of[lo, hi, named] = cal.kept(fp)
-
-    def kept_at(pt: _Point) -> float:
-        return kept_of[pt[2], pt[3], pt[4]]
-
-    def named_of(pt: _Point) -> float:
-        return pt[3] if pt[4] is None else pt[4]
-
-    def shown(pt: _Point) -> str:
-        return (f"{InverseRule(pt[2], pt[3], pt[4])} (recall {pt[0]:.4f}, kept "
-                f"{kept_at(pt):.4f})")
-
-    forced_kept = False
-    if min_kept is None:
-        ok = [pt for pt in points if pt[0] >= target_recall]
-        # highest precision; ties: the higher thresholds (more text kept)
-        rec, prec, low, high, named = max(ok, key=lambda pt: (pt[1], pt[3], named_of(pt), pt[2]))
-    else:
-        def recall_first(pt: _Point) -> tuple[float, float]:
-            return pt[0], kept_at(pt)
-
-        both = [pt for pt in points if pt[0] >= target_recall and kept_at(pt) >= min_kept]
-        if both:
-            rec, prec, low, high, named = max(both, key=recall_first)
-        else:
-            at_kept = [pt for pt in points if kept_at(pt) >= min_kept]
-            at_rec = [pt for pt in points if pt[0] >= target_recall]
-            best = []
-            if at_kept:
-                best.append(shown(max(at_kept, key=recall_first)))
-            if at_rec:
-                best.append(shown(max(at_rec, key=lambda pt: (kept_at(pt), pt[0]))))
-            if not force or not at_kept:
-                raise CalibrationRefused(
-                    f"no inverse:LOW,HIGH[,NAMED] reaches token recall >= {target_recall:g} with non-PHI "
-                    f"tokens kept >= {min_kept:g} on the calibration notes; best reachable: "
-                    + " or ".join(best) + " (lower --target-recall or --min-kept, or add "
-                    "--safe-words)")
-            rec, prec, low, high, named = max(at_kept, key=recall_first)
-            forced_kept = True
+    points, kept_of = _score_grid(cal, n_gold)
+    (rec, prec, low, high, named), forced_kept = _choose(points, kept_of, target_recall,
+                                                         min_kept, force)
     rule = InverseRule(low, high, named)
     report = None
     held_kept = None
