@@ -49,6 +49,10 @@ def released(text: str) -> list[str]:
     ("for 3-4 days", "3-4 days"),            # an ascending range before a duration
     ("on no O2 now", "O2"),                  # "no" refuses numbers, not terms
     ("x2-3 today", "x2-3"),
+    ("s/p CABGx2 today", "CABGx2"),          # a word of letters and a few digits (issue 36)
+    ("AAOx3, MAEx4", "MAEx4"),
+    ("on 5peep now", "5peep"),
+    ("IABP 1:1 with", "1:1"),                # a ratio of two digits
 ])
 def test_measurement_contexts_are_released(text: str, value: str) -> None:
     assert value in released(text), text
@@ -81,6 +85,11 @@ def test_more_look_alikes_are_not_released(text: str) -> None:
     "'88",
     "the 3rd",             # ordinals stay hidden
     "at 2000",             # a time that could be a year
+    # letters glued to digits that still hide an age, a date, a place or an ID (issue 36)
+    "pt 92yo", "67yoM here", "a 92F with", "F92 here", "rm12 now", "MRN123", "bed12",
+    "call 555-1234x123", "call 555 1234 x12", "Jan5", "5jan", "2nd", "apt 4B", "unit 7A",
+    "3 Main St Apt. 4B", "400x10x30", "id A12", "pt2 now", "ext12",
+    "on 1:2:3",            # a chain is no ratio
 ])
 def test_look_alikes_are_not_released(text: str) -> None:
     assert all(not any(c.isdigit() for c in r) for r in released(text)), (text, released(text))

@@ -136,6 +136,11 @@ _TERMS = re.compile(
     r"[ctls]1[0-2]|v[1-6]|x\s?\d{1,2}(?:-\d{1,2})?|\d{1,2}\s?x|"
     r"q\s?\d{1,2}(?:-\d{1,2})?\s?(?:h|hr|hrs|hours?|min)?)"
     r"(?![\w/]|[.-]\d)", re.IGNORECASE)
+#: a word of letters and at most three digits that is no number of its own (``CABGx2``,
+#: ``AAOx3``, ``5peep``): checked by :func:`_glued_term` and guarded like a term (issue 36)
+_GLUED = re.compile(r"(?<![\w/#.,:'+-])(?=[^\W_]*\d)(?=[^\W_]*[^\W\d_])[^\W_]+(?![\w/]|[.,:-]\d)")
+#: a ratio of two digits (``IABP 1:1``, ``1:2``): no clock time has one digit after its colon
+_RATIO = re.compile(r"(?<![\w.,/:#'+-])[1-9]:[1-9](?![\w/:]|[.,-]\d)")
 #: a phone number's last digits before ``x12``: an extension, not a count
 _EXTENSION = re.compile(r"\d{3,}\s*$")
 #: a fluid balance: a sign and a number (``+500``, ``-1.2L`` is caught by the unit too)
@@ -178,6 +183,19 @@ _CHAIN_AFTER = re.compile(r"\s?[-/:]\s?\d|[.,]\d|\s\d{3}[\s.-]\d|\s\d{4}(?!\d)")
 #: two whole numbers that could be a month and a day
 _PAIR = re.compile(r"(?<![\d.])(?=(\d{1,2})'?s?\s?(?:/|-|to)\s?(\d{1,2})(?![\d.]))")
 _UNIT_NOW = re.compile(rf"\s?(?:{_DOSE}|{_VITAL})(?![a-z0-9])", re.IGNORECASE)
+
+
+#: letters a glued word must not carry: an ordinal, a decade (``90s``: an age), a month, an age
+#: or a sex beside the number (``92yo``, ``F92``), a place or identifier word (``rm12``, ``MRN123``), an extension (``x123``)
+_GLUED_REFUSE = re.compile(
+    rf"\d+(?:st|nd|rd|th|s)|.*(?:{_MONTHS}).*|\d+(?:y|[mfwb]).*|[mfwb]\d+|x\d{{3,}}|"
+    rf"(?:{_PLACE_ID_WORDS}|pt|bd)\d+.*|\d+(?:{_PLACE_ID_WORDS})", re.IGNORECASE)
+
+
+def _glued_term(word: str) -> bool:
+    """Whether a word of letters and digits is a term, not a number in disguise: at most three
+    digits, and none of the shapes of :data:`_GLUED_REFUSE`."""
+    return sum(c.isdigit() for c in word) <= 3 and not _GLUED_REFUSE.fullmatch(word)
 
 
 def _date_pair(value: str) -> bool:
@@ -242,6 +260,14 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
                 continue
             if m.group()[:1] in "xX" and _EXTENSION.search(text, max(0, m.start() - 12), m.start()):
                 continue
+            out.append((m.start(), m.end()))
+    for m in _GLUED.finditer(text):
+        if (_glued_term(m.group()) and not _guarded(text, m.start(), m.end(), term=True)
+                and not (m.group()[:1] in "xX"
+                         and _EXTENSION.search(text, max(0, m.start() - 12), m.start()))):
+            out.append((m.start(), m.end()))
+    for m in _RATIO.finditer(text):
+        if not _guarded(text, m.start(), m.end()):
             out.append((m.start(), m.end()))
     for m in _BALANCE.finditer(text):
         if _guarded(text, m.start(1), m.end(1)):
