@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the model members' own threshold (default: joint decoding)")
     ap.add_argument("--rule", default="inverse", help="inverse rule of the inverse rows")
     ap.add_argument("--safe-words", action="append", default=[], type=Path)
-    ap.add_argument("--split", choices=("inner", "test"), default="inner")
+    ap.add_argument("--split", choices=("inner", "fold0", "fold1", "test"), default="inner",
+                    help="inner, fold0, fold1: tuning parts (each scored by a model that did not "
+                         "see it: train_dev_corpus.py --inner / --fold K); test: held-out, once")
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--sweep", action="store_true", help="print the LOW/HIGH/NAMED grid too")
     ap.add_argument("--sweep-min-recall", type=float, default=0.99,
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     rule = parse_rule(a.rule)
     if not isinstance(rule, InverseRule):
         ap.error("--rule must be inverse or inverse:LOW,HIGH")
-    _, notes = _split(0, a.corpus, inner=a.split == "inner")
+    fold = int(a.split[4:]) if a.split.startswith("fold") else None
+    _, notes = _split(0, a.corpus, inner=a.split == "inner", fold=fold)
     vocab = load(extra=a.safe_words)
     rules = Slot(RuleMember(RULES_DEFAULT, RuleOptions()), None, 0.0)
     models = [Slot(ModelMember.load(p, p.name), a.threshold) for p in a.model]
