@@ -90,6 +90,7 @@ def test_more_look_alikes_are_not_released(text: str) -> None:
     "call 555-1234x123", "call 555 1234 x12", "Jan5", "5jan", "2nd", "apt 4B", "unit 7A",
     "3 Main St Apt. 4B", "400x10x30", "id A12", "pt2 now", "ext12",
     "on 1:2:3",            # a chain is no ratio
+    "pt at WESTBROOK3 now", "to Westbrook3 today", "to Kent3 today",  # a place with a ward number
 ])
 def test_look_alikes_are_not_released(text: str) -> None:
     assert all(not any(c.isdigit() for c in r) for r in released(text)), (text, released(text))

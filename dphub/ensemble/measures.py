@@ -192,10 +192,23 @@ _GLUED_REFUSE = re.compile(
     rf"(?:{_PLACE_ID_WORDS}|pt|bd)\d+.*|\d+(?:{_PLACE_ID_WORDS})", re.IGNORECASE)
 
 
+_LETTER_RUNS = re.compile(r"[^\W\d_]+")
+
+
 def _glued_term(word: str) -> bool:
     """Whether a word of letters and digits is a term, not a number in disguise: at most three
-    digits, and none of the shapes of :data:`_GLUED_REFUSE`."""
-    return sum(c.isdigit() for c in word) <= 3 and not _GLUED_REFUSE.fullmatch(word)
+    digits, none of the shapes of :data:`_GLUED_REFUSE`, and each run of letters an
+    abbreviation: at most four letters besides a times or frequency ``x``/``q`` at its edge, and
+    not capitalised like a name (``Kent3``; a place name glued to a ward number, ``NAME3``, has
+    more letters)."""
+    if sum(c.isdigit() for c in word) > 3 or _GLUED_REFUSE.fullmatch(word):
+        return False
+    for run in _LETTER_RUNS.findall(word):
+        core = run[1:] if run[:1] in "xXqQ" and len(run) > 1 else run
+        core = core[:-1] if core[-1:] in "xX" and len(core) > 1 else core
+        if len(core) > 4 or (core[:1].isupper() and not core.isupper() and len(core) > 1):
+            return False
+    return True
 
 
 def _date_pair(value: str) -> bool:
