@@ -1,8 +1,9 @@
-"""``ensemble calibrate`` for the inverse rule: LOW and HIGH for a target recall.
+"""``ensemble calibrate`` for the inverse rule: LOW, HIGH (and NAMED) for a target recall.
 
-Under ``--aggregate inverse`` the recall lever is not a member's threshold but the rule's own two
-(:mod:`dphub.ensemble.inverse`): HIGH, the P(PHI) below which a vocabulary word comes back, and
-LOW, the one for numbers in measurements. Members keep their thresholds (their flags hide words
+Under ``--aggregate inverse`` the recall lever is not a member's threshold but the rule's own
+(:mod:`dphub.ensemble.inverse`): HIGH, the P(PHI) below which a vocabulary word or a measurement
+number comes back, LOW, the one for a word nothing vouches for, and NAMED, a stricter HIGH for
+vouched words with a sign of a name. Members keep their thresholds (their flags hide words
 whatever LOW and HIGH are).
 
 How: every member runs once over the owner's labelled notes, model members reporting every word's
@@ -10,7 +11,8 @@ P(PHI) (:func:`dphub.ensemble.inverse.model_word_spans`, down to the lowest grid
 becomes a :class:`~dphub.ensemble.inverse.WordTable`, the object a run decides from, so the
 token-binary recall and precision computed here are those of a run (the words are the tokens of
 :mod:`dphub.evaluate`; merging hidden words adds no token). Every pair LOW <= HIGH on
-:data:`PAIR_GRID` is scored: the pair reaching the target recall at the highest precision wins
+:data:`PAIR_GRID` is scored, each with NAMED = HIGH and with every :data:`NAMED_GRID` value below
+HIGH: the setting reaching the target recall at the highest precision wins
 (ties: the higher thresholds, more text kept). ``inverse:0,0`` hides every word, so recall 1 is
 always reachable; what a high target costs is precision, and the same floor as the forward
 calibration (``min_precision``, on the calibration notes and the held-out patients) refuses a
