@@ -52,6 +52,9 @@ def test_signs_of_a_name() -> None:
     assert "zorbak" in signs("spoke with zorbak today")  # after a cue
     assert "zorbak" in signs("zorbak md went home")  # before a cue after a name
     assert "john" in signs("patient john stable")  # in the first-name list
+    # read as the vocabulary reads words: a fullwidth cue or a look-alike name is still one
+    assert "zorbak" in signs("spoke \uff57\uff49\uff54\uff48 zorbak today")
+    assert "\u0458ohn" in signs("patient \u0458ohn stable")  # Cyrillic je for the j
     assert signs("patient stable today") == []
 
 

@@ -268,3 +268,22 @@ def test_cli_refuses_a_tampered_vocabulary_with_one_error_line(
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "sha256" in lines[0]
     assert not out.exists() or not any(out.iterdir())
+
+
+# ------------------------------------------------------------------ look-alike and fullwidth forms
+
+def _fullwidth(text: str) -> str:
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
+
+@pytest.mark.parametrize("text, phi", [
+    # the vocabulary reads these words normalised, so every list of the rule must too
+    (_fullwidth("six one seven five five five one two one two"), None),
+    ("pt transferred to Valley " + _fullwidth("Hospital") + " for cath", "Valley"),
+    ("seen by " + _fullwidth("dr") + " will today", "will"),
+    ("seen by " + _fullwidth("DR") + " Ward today", "Ward"),
+])
+def test_fullwidth_forms_of_the_rules_words_still_hide(rules_only: Ensemble, text: str,
+                                                       phi: str | None) -> None:
+    target = phi if phi is not None else text
+    assert leaked(rules_only, f"plan {text} tomorrow", target) == [], text

@@ -68,7 +68,7 @@ from dphub.errors import ConfigError
 from dphub.labels import UNTYPED, category_of
 from dphub.notes import Note, Span
 from dphub.rules.lexicon import dictionaries
-from dphub.safe_vocab import SafeVocabulary
+from dphub.safe_vocab import SafeVocabulary, normalize_word
 from dphub.scores import LabelThresholds, TokenScores
 
 #: Default thresholds of ``--aggregate inverse`` (no ``:LOW,HIGH``), used until ``ensemble
@@ -407,7 +407,7 @@ def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocab
             continue
         prev = words[i - 1]
         pw = prev.group()
-        if pw.lower() in NAME_CUES_BEFORE:
+        if normalize_word(pw) in NAME_CUES_BEFORE:
             continue
         if _BEFORE_GAP.fullmatch(text, prev.end(), m.start()):
             if (not vocab.contains(pw) or (pw.isupper() and len(pw) > 1) != caps
@@ -424,7 +424,7 @@ def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocab
         nw = nxt.group()
         digits = across_clauses and any(c.isdigit() for c in nw)
         if (set(text[m.end():nxt.start()]) <= _SPACES and text[m.end():nxt.start()]
-                and nw.lower() not in NAME_CUES_AFTER and (digits or vocab.contains(nw))
+                and normalize_word(nw) not in NAME_CUES_AFTER and (digits or vocab.contains(nw))
                 and (digits or ((nw.isupper() and len(nw) > 1) if caps else nw.islower()))):
             out.add(i)
     return out
@@ -466,7 +466,7 @@ def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabula
       safe word ("fol-/low" → "follow"): "Wood-/ward" is a surname in two vocabulary words.
     """
     out: set[int] = set()
-    lower = [m.group().lower() for m in words]
+    lower = [normalize_word(m.group()) for m in words]
     n = len(words)
 
     def gap(i: int) -> str:  # the text between word i and word i + 1
@@ -537,9 +537,9 @@ def name_signs(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary)
             if before and before[-1] not in _SENTENCE_END:
                 out.add(i)
                 continue
-        if ((i and words[i - 1].group().lower() in NAME_CUES_BEFORE)
-                or (i + 1 < n and words[i + 1].group().lower() in NAME_CUES_AFTER)
-                or (w.lower() in names and not vocab.is_context(w))):
+        if ((i and normalize_word(words[i - 1].group()) in NAME_CUES_BEFORE)
+                or (i + 1 < n and normalize_word(words[i + 1].group()) in NAME_CUES_AFTER)
+                or (normalize_word(w) in names and not vocab.is_context(w))):
             out.add(i)
     return out
 
@@ -556,7 +556,7 @@ def _clitic(text: str, words: Sequence[re.Match[str]], i: int, vocab: SafeVocabu
     """Whether word ``i`` ends a contraction or possessive of a safe word (``pt's``): never of
     a name (``Smith's``: "smith" is no safe word)."""
     m = words[i]
-    if i == 0 or m.group().lower() not in _CLITICS:
+    if i == 0 or normalize_word(m.group()) not in _CLITICS:
         return False
     prev = words[i - 1]
     return (prev.end() + 1 == m.start() and text[prev.end()] in _APOSTROPHES
@@ -567,7 +567,7 @@ def _value_key(text: str, words: Sequence[re.Match[str]], i: int,
                measures: Sequence[tuple[int, int]]) -> bool:
     """Whether word ``i`` is a one-letter value name right before a released measurement."""
     m = words[i]
-    if m.group().lower() not in _VALUE_KEYS or i + 1 >= len(words):
+    if normalize_word(m.group()) not in _VALUE_KEYS or i + 1 >= len(words):
         return False
     nxt = words[i + 1]
     if not set(text[m.end():nxt.start()]) <= _SPACES or nxt.start() - m.end() > 2:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from dphub.safe_vocab import SafeVocabulary
+from dphub.safe_vocab import SafeVocabulary, normalize_word
 
 _APOSTROPHES = frozenset("'’")
 _SPACES = re.compile(r"[ \t]+")
@@ -68,7 +68,7 @@ def number_clitic(text: str, words: Sequence[re.Match[str]], i: int,
     """Whether word ``i`` is the ``s`` of a decade (``80's``) below 90 or of a released
     measurement."""
     m = words[i]
-    if i == 0 or m.group().lower() != "s":
+    if i == 0 or normalize_word(m.group()) != "s":
         return False
     prev = words[i - 1]
     pw = prev.group()
@@ -105,7 +105,7 @@ def letters_between_safe_words(text: str, words: Sequence[re.Match[str]], i: int
     if not (_SPACES.fullmatch(text, prev.end(), m.start())
             and _SPACES.fullmatch(text, m.end(), nxt.start())):
         return False
-    if pw.lower() in cues or not (vocab.contains(pw) and vocab.contains(nw)):
+    if normalize_word(pw) in cues or not (vocab.contains(pw) and vocab.contains(nw)):
         return False
     return _same_case(w, pw) and _same_case(w, nw)
 
@@ -138,7 +138,7 @@ def _neighbour_ok(text: str, words: Sequence[re.Match[str]], j: int, gap: tuple[
     if not 0 <= j < len(words):
         return ""
     w = words[j].group()
-    if w.lower() in cues or not vocab.contains(w) or _case(w) != case:
+    if normalize_word(w) in cues or not vocab.contains(w) or _case(w) != case:
         return ""
     if _SPACES.fullmatch(text, *gap):
         return "sp"
