@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -44,56 +44,52 @@ from dphub.ensemble.words import WORD_RE  # noqa: E402
 from dphub.notes import Note  # noqa: E402
 from dphub.rules.engine import RULES_DEFAULT, RuleMember, RuleOptions  # noqa: E402
 from dphub.rules.lexicon import dictionaries  # noqa: E402
-from dphub.safe_vocab import load  # noqa: E402
+from dphub.safe_vocab import load, normalize_word  # noqa: E402
 
 
-def _columns(notes: list[Note], tables: list[WordTable]) -> dict[str, np.ndarray]:
-    """Every word of the part as flat columns (gold, the table's columns, candidate signs)."""
+def _extra_signs(notes: list[Note], tables: list[WordTable]) -> dict[str, list[np.ndarray]]:
+    """Per note, the two candidate signs: a word in the place lists, a word flagged or signed
+    elsewhere in the same note."""
     d = dictionaries()
     places = set(d.place_words) | set(d.states) | {c for c in (*d.cities, *d.countries)
                                                    if " " not in c}
-    cols: dict[str, list] = defaultdict(list)
+    out: dict[str, list[np.ndarray]] = {"+place": [], "+marked": []}
     for note, t in zip(notes, tables, strict=True):
-        words = [m.group().lower() for m in WORD_RE.finditer(note.text)]
-        signed = t.named if t.named is not None else np.zeros(len(words), dtype=bool)
-        marked = {w for w, f, s in zip(words, t.flagged, signed, strict=True) if f or s}
-        cols["phi"].append(_gold_flags(note, t))
-        for name in ("flagged", "p", "safe", "measure", "letters"):
-            cols[name].append(getattr(t, name))
-        cols["blocked"].append(t.blocked if t.blocked is not None else np.zeros_like(t.safe))
-        cols["named"].append(signed)
-        cols["place"].append(np.array([w in places for w in words], dtype=bool))
-        cols["marked"].append(np.array([w in marked for w in words], dtype=bool))
-    return {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
+        words = [normalize_word(m.group()) for m in WORD_RE.finditer(note.text)]
+        marked = {w for w, f, s in zip(words, t.flagged, t.named, strict=True) if f or s}
+        out["+place"].append(np.array([w in places for w in words], dtype=bool) & t.letters)
+        out["+marked"].append(np.array([w in marked for w in words], dtype=bool))
+    return out
 
 
-def _kept(c: dict[str, np.ndarray], rule: InverseRule, signs: np.ndarray) -> np.ndarray:
-    """The rule's kept words with ``signs`` as the signs of a name (as ``WordTable.kept``)."""
-    vouched = c["safe"] | c["measure"]
-    named = rule.high if rule.named is None else min(rule.named, rule.high)
-    bar = np.where(signs, named, rule.high)
-    keep = (vouched & (c["p"] < bar)) | (c["letters"] & ~vouched & ~signs & (c["p"] < rule.low))
-    return keep & ~c["flagged"] & ~c["blocked"]
-
-
-def _report(name: str, c: dict[str, np.ndarray], rule: InverseRule, sure: float) -> None:
-    phi, non = c["phi"], ~c["phi"]
-    unvouched = c["letters"] & ~c["safe"] & ~c["flagged"] & ~c["blocked"]
-    wrongly_sure = phi & unvouched & (c["p"] < sure)
+def _report(name: str, notes: list[Note], tables: list[WordTable], rule: InverseRule,
+            sure: float) -> None:
+    gold = [_gold_flags(n, t) for n, t in zip(notes, tables, strict=True)]
+    phi = np.concatenate(gold)
+    non = ~phi
+    cat = np.concatenate
+    unvouched = cat([t.letters & ~t.safe & ~t.flagged & ~t.blocked for t in tables])
+    signed = cat([t.named for t in tables])
+    p = cat([t.p for t in tables])
+    wrongly_sure = phi & unvouched & (p < sure)
     row: dict = {
         "part": name, "phi_tokens": int(phi.sum()), "non_phi_tokens": int(non.sum()),
         "phi_unvouched_sure": int(wrongly_sure.sum()),
-        "of_which_signed": int((wrongly_sure & c["named"]).sum()),
-        "non_phi_unvouched_signed_share": round(float((non & unvouched & c["named"]).sum()
-                                                      / max(1, non.sum())), 4),
+        "of_which_signed": int((wrongly_sure & signed).sum()),
+        "non_phi_unvouched_signed_share": round(float((non & unvouched & signed).sum())
+                                                / max(1, int(non.sum())), 4),
         "rule": str(rule),
     }
-    for label, signs in (("shipped", c["named"]), ("+place", c["named"] | (c["place"]
-                                                                          & c["letters"])),
-                         ("+marked", c["named"] | c["marked"])):
-        keep = _kept(c, rule, signs)
-        row[label] = {"token_recall": round(1 - float((keep & phi).sum()) / max(1, phi.sum()), 4),
-                      "non_phi_kept": round(float((keep & non).sum()) / max(1, non.sum()), 4)}
+    extra = _extra_signs(notes, tables)
+    for label, more in (("shipped", None), ("+place", extra["+place"]),
+                        ("+marked", extra["+marked"])):
+        # the product's decision, with the candidate signs added to the table's own
+        keep = cat([(t if more is None else replace(t, named=t.named | more[i]))
+                    .kept(rule.low, rule.high, rule.named) for i, t in enumerate(tables)])
+        row[label] = {"token_recall": round(1 - float((keep & phi).sum()) / max(1, int(phi.sum())),
+                                            4),
+                      "non_phi_kept": round(float((keep & non).sum()) / max(1, int(non.sum())),
+                                            4)}
     print(json.dumps(row))
 
 
@@ -109,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     rule = InverseRule.parse(a.rule)
     vocab = load()
     rules = Slot(RuleMember(RULES_DEFAULT, RuleOptions()), None, 0.0)
-    pooled: dict[str, list[np.ndarray]] = defaultdict(list)
+    pooled: tuple[list[Note], list[WordTable]] = ([], [])
     for spec in a.part:
         name, _, model = spec.partition("=")
         if name not in ("inner", "fold0", "fold1") or not model:
@@ -118,12 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         _, notes = _split(0, a.corpus, inner=name == "inner", fold=fold)
         member = Slot(ModelMember.load(Path(model), Path(model).name), None)
         tables = _tables(Ensemble([rules, member], rule, safe_vocab=vocab), notes)
-        c = _columns(notes, tables)
-        _report(name, c, rule, a.sure)
-        for k, v in c.items():
-            pooled[k].append(v)
+        _report(name, notes, tables, rule, a.sure)
+        pooled[0].extend(notes)
+        pooled[1].extend(tables)
     if len(a.part) > 1:
-        _report("pooled", {k: np.concatenate(v) for k, v in pooled.items()}, rule, a.sure)
+        _report("pooled", *pooled, rule, a.sure)
     return 0
 
 
