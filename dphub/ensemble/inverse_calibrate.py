@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,8 +50,18 @@ PAIR_GRID: tuple[float, ...] = (1.0, *GRID, 0.0)
 #: besides HIGH itself; only those below HIGH are tried
 NAMED_GRID: tuple[float, ...] = (0.01, 0.005, 0.002, 0.001, 0.0)
 
-#: one scored setting: recall, precision, LOW, HIGH, NAMED (None: HIGH)
-_Point = tuple[float, float, float, float, "float | None"]
+class _Point(NamedTuple):
+    """One scored setting on the calibration notes."""
+
+    recall: float
+    precision: float
+    rule: InverseRule
+    #: share of the non-PHI tokens it keeps
+    kept: float
+
+    @property
+    def named_high(self) -> float:
+        return self.rule.high if self.rule.named is None else self.rule.named
 
 
 @dataclass
@@ -95,53 +106,47 @@ def _gold_flags(note: Note, table: WordTable) -> np.ndarray:
     return flags
 
 
-def _score_grid(cal: _Words, n_gold: int) -> tuple[
-        list[_Point], dict[tuple[float, float, float | None], float]]:
+def _score_grid(cal: _Words, n_gold: int) -> list[_Point]:
     """Every LOW <= HIGH of :data:`PAIR_GRID`, each with NAMED = HIGH and every
-    :data:`NAMED_GRID` value below HIGH: the scored points and their kept shares."""
+    :data:`NAMED_GRID` value below HIGH, scored on the calibration notes."""
     points: list[_Point] = []
-    kept_of: dict[tuple[float, float, float | None], float] = {}
     for hi in PAIR_GRID:
         for lo in PAIR_GRID:
             if lo > hi:
                 continue
             for named in (None, *(v for v in NAMED_GRID if v < hi)):
                 tp, fp, _ = cal.counts(lo, hi, named)
-                points.append((tp / n_gold, tp / (tp + fp) if tp + fp else 1.0, lo, hi, named))
-                kept_of[lo, hi, named] = cal.kept(fp)
-    return points, kept_of
+                points.append(_Point(tp / n_gold, tp / (tp + fp) if tp + fp else 1.0,
+                                     InverseRule(lo, hi, named), cal.kept(fp)))
+    return points
 
 
-def _choose(points: list[_Point], kept_of: dict[tuple[float, float, float | None], float],
-            target_recall: float, min_kept: float | None, force: bool) -> tuple[_Point, bool]:
+def _choose(points: list[_Point], target_recall: float, min_kept: float | None,
+            force: bool) -> tuple[_Point, bool]:
     """The chosen point and whether ``force`` chose it below the targets (see
     :func:`calibrate_inverse`)."""
 
-    def kept_at(pt: _Point) -> float:
-        return kept_of[pt[2], pt[3], pt[4]]
-
     def shown(pt: _Point) -> str:
-        return (f"{InverseRule(pt[2], pt[3], pt[4])} (recall {pt[0]:.4f}, kept "
-                f"{kept_at(pt):.4f})")
+        return f"{pt.rule} (recall {pt.recall:.4f}, kept {pt.kept:.4f})"
 
     def recall_first(pt: _Point) -> tuple[float, float]:
-        return pt[0], kept_at(pt)
+        return pt.recall, pt.kept
 
     if min_kept is None:
-        ok = [pt for pt in points if pt[0] >= target_recall]
+        ok = [pt for pt in points if pt.recall >= target_recall]
         # highest precision; ties: the higher thresholds (more text kept)
-        return max(ok, key=lambda pt: (pt[1], pt[3], pt[3] if pt[4] is None else pt[4],
-                                       pt[2])), False
-    both = [pt for pt in points if pt[0] >= target_recall and kept_at(pt) >= min_kept]
+        return max(ok, key=lambda pt: (pt.precision, pt.rule.high, pt.named_high,
+                                       pt.rule.low)), False
+    both = [pt for pt in points if pt.recall >= target_recall and pt.kept >= min_kept]
     if both:
         return max(both, key=recall_first), False
-    at_kept = [pt for pt in points if kept_at(pt) >= min_kept]
-    at_rec = [pt for pt in points if pt[0] >= target_recall]
+    at_kept = [pt for pt in points if pt.kept >= min_kept]
+    at_rec = [pt for pt in points if pt.recall >= target_recall]
     best = []
     if at_kept:
         best.append(shown(max(at_kept, key=recall_first)))
     if at_rec:
-        best.append(shown(max(at_rec, key=lambda pt: (kept_at(pt), pt[0]))))
+        best.append(shown(max(at_rec, key=lambda pt: (pt.kept, pt.recall))))
     if not force or not at_kept:
         raise CalibrationRefused(
             f"no inverse:LOW,HIGH[,NAMED] reaches token recall >= {target_recall:g} with "
@@ -197,29 +202,30 @@ def calibrate_inverse(
     if not n_gold:
         raise InputError("the labelled notes used for calibration contain no PHI; nothing to "
                          "calibrate on")
-    points, kept_of = _score_grid(cal, n_gold)
-    (rec, prec, low, high, named), forced_kept = _choose(points, kept_of, target_recall,
-                                                         min_kept, force)
-    rule = InverseRule(low, high, named)
+    points = _score_grid(cal, n_gold)
+    chosen, forced_kept = _choose(points, target_recall, min_kept, force)
+    rule = chosen.rule
     report = None
     held_kept = None
     if held_idx:
         held = _Words([tables[i] for i in held_idx], [gold[i] for i in held_idx])
-        htp, hfp, hg = held.counts(low, high, named)
+        htp, hfp, hg = held.counts(rule.low, rule.high, rule.named)
         held_kept = held.kept(hfp)
         report = HoldoutReport(
             patients=len({notes[i].effective_patient_id for i in held_idx}),
             notes=len(held_idx), tokens=sum(len(t.start) for t in held.tables), phi_tokens=hg,
             recall=htp / hg if hg else None, precision=htp / (htp + hfp) if htp + hfp else 1.0)
     result = InverseCalibration(
-        thresholds={}, recall=rec, precision=prec, target_recall=target_recall, reached=True,
+        thresholds={}, recall=chosen.recall, precision=chosen.precision,
+        target_recall=target_recall, reached=True,
         tokens=sum(len(t.start) for t in cal.tables), phi_tokens=n_gold,
         min_precision=min_precision,
-        best_reachable=_best_reachable([(r, p, k) for k, (r, p, *_) in enumerate(points)],
+        best_reachable=_best_reachable([(pt.recall, pt.precision, k)
+                                        for k, pt in enumerate(points)],
                                        min_precision),
         holdout=report, notes=len(cal_idx),
         patients=len({notes[i].effective_patient_id for i in cal_idx}), rule=str(rule),
-        kept=kept_of[low, high, named], holdout_kept=held_kept, min_kept=min_kept)
+        kept=chosen.kept, holdout_kept=held_kept, min_kept=min_kept)
     if forced_kept:
         result.forced = True
     if result.below_floor and min_kept is None:
