@@ -63,7 +63,7 @@ from dphub.ensemble.aggregate import MergedSpan, aggregate
 from dphub.ensemble.measures import measurement_ranges
 from dphub.ensemble.members import ModelMember
 from dphub.ensemble.releases import shape_released
-from dphub.ensemble.words import WORD_RE
+from dphub.ensemble.words import LETTER_RUN, WORD_RE
 from dphub.errors import ConfigError
 from dphub.labels import UNTYPED, category_of
 from dphub.notes import Note, Span
@@ -340,14 +340,13 @@ def _max_p(word_p: Sequence[tuple[int, int, float]], starts: Sequence[int], long
 #: ``c/`` before a space: clinical shorthand, whose single letters are no initials
 _SHORTHAND = re.compile(
     r"(?<![\w/.])[^\W\d_]{1,2}/[^\W\d_]{1,2}(?![\w/])|(?<![\w/.])[wWcC]/(?=[ \t])")
-_LETTER_RUN = re.compile(r"[^\W\d_]+")
 
 
 def shorthand_letters(text: str) -> set[int]:
     """Start offsets of the letter words inside clinical shorthand (``s/p``, ``w/``)."""
     out: set[int] = set()
     for m in _SHORTHAND.finditer(text):
-        out.update(m.start() + w.start() for w in _LETTER_RUN.finditer(m.group()))
+        out.update(m.start() + w.start() for w in LETTER_RUN.finditer(m.group()))
     return out
 
 

@@ -61,6 +61,8 @@ from __future__ import annotations
 
 import re
 
+from dphub.ensemble.words import LETTER_RUN
+
 #: what may not precede a number: it would be part of a date, time, code, longer number or word
 _NOT_BEFORE = r"(?<![\w.,/:#'+-])"
 #: what may not follow a value: more digits, or a date/phone/code continuing
@@ -192,9 +194,6 @@ _GLUED_REFUSE = re.compile(
     rf"(?:{_PLACE_ID_WORDS}|pt|bd)\d+.*|\d+(?:{_PLACE_ID_WORDS})", re.IGNORECASE)
 
 
-_LETTER_RUNS = re.compile(r"[^\W\d_]+")
-
-
 def _glued_term(word: str) -> bool:
     """Whether a word of letters and digits is a term, not a number in disguise: at most three
     digits, none of the shapes of :data:`_GLUED_REFUSE`, and each run of letters an
@@ -203,7 +202,7 @@ def _glued_term(word: str) -> bool:
     more letters)."""
     if sum(c.isdigit() for c in word) > 3 or _GLUED_REFUSE.fullmatch(word):
         return False
-    for run in _LETTER_RUNS.findall(word):
+    for run in LETTER_RUN.findall(word):
         core = run[1:] if run[:1] in "xXqQ" and len(run) > 1 else run
         core = core[:-1] if core[-1:] in "xX" and len(core) > 1 else core
         if len(core) > 4 or (core[:1].isupper() and not core.isupper() and len(core) > 1):

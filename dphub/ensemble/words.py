@@ -44,6 +44,8 @@ from dphub.notes import Span
 
 #: a word: a run of letters/digits (kept identical to :data:`dphub.evaluate.TOKEN_RE`)
 WORD_RE = re.compile(r"[^\W_]+")
+#: a run of letters only (the letter parts of ``s/p``, ``CABGx2``)
+LETTER_RUN = re.compile(r"[^\W\d_]+")
 
 
 def word_runs(text: str) -> tuple[list[int], list[int]]:
