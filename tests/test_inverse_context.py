@@ -124,3 +124,55 @@ def test_calibration_chooses_a_stricter_named_threshold() -> None:
     rule = InverseRule.parse(res.rule)
     assert res.recall == 1.0 and res.precision == 1.0
     assert rule.named is not None and rule.named <= 0.05 < 0.1 < rule.high
+
+
+def test_signs_after_an_initial() -> None:
+    assert signs("patient j. zorbak today") == ["zorbak"]
+    assert signs("PATIENT STABLE E ZORBAK TODAY") == ["ZORBAK"]
+    # no initial: an article, shorthand's letters, a unit after a number
+    assert signs("patient a zorbak today") == []
+    assert signs("patient s/p zorbak today") == []
+    assert signs("given 2 l zorbak today") == []
+
+
+def _context_ensemble(probs: dict[str, float], rule: str = "inverse") -> Ensemble:
+    return Ensemble([fixed("rules", "a", []), model(probs)], rule, safe_vocab=vocab())
+
+
+@pytest.mark.parametrize("text, unknown", [
+    ("good uo today", "uo"),  # lower case: written as a word; no neighbour releases it
+    ("STABLE TODAY GOOD UO", "UO"),  # in capitals, in a line of capitals
+])
+def test_a_context_word_comes_back_when_the_model_is_sure_and_nothing_signs_it(
+        text: str, unknown: str) -> None:
+    probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)}
+    got = [t for t, _ in hidden(_context_ensemble(probs), Note("a", text))]
+    assert got == [unknown], got  # only the unknown word stays hidden
+    # with rules alone only the neighbours can release it
+    rules_only = Ensemble([fixed("rules", "a", [])], "inverse", safe_vocab=vocab())
+    assert "good" in " ".join(t for t, _ in hidden(rules_only, Note("a", text))).lower()
+
+
+@pytest.mark.parametrize("text, phi", [
+    ("seen by good today", "good"),  # after a name cue
+    ("Good went home", "Good"),  # capitalised: a sentence's start, or a name
+    ("patient GOOD uo today", "GOOD"),  # capitals in a line that is not in capitals
+    ("patient e good uo", "good"),  # after an initial
+    ("good md today", "good"),  # before a cue after a name
+])
+def test_a_context_word_that_may_be_a_name_stays_hidden_when_the_model_is_sure(
+        text: str, phi: str) -> None:
+    probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)}
+    got = " ".join(t for t, _ in hidden(_context_ensemble(probs), Note("a", text)))
+    assert phi in got.split(), (text, got)
+
+
+def test_a_context_word_needs_the_named_threshold() -> None:
+    text = "good uo today"
+    for p, rule, back in ((0.0015, "inverse", True),  # NAMED is HIGH (0.002) by default
+                          (0.005, "inverse", False),
+                          (0.005, "inverse:0,0.01,0.001", False),  # NAMED, not HIGH, applies
+                          (0.0005, "inverse:0,0.01,0.001", True)):
+        ens = _context_ensemble({"good": p, "uo": 0.0, "today": 0.0}, rule)
+        got = [t for t, _ in hidden(ens, Note("a", text))]
+        assert ("good" not in " ".join(got)) is back, (p, rule, got)

@@ -24,7 +24,11 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    is sure it is not (LOW); without a model nothing vouches for it. A word with a sign of a
    name (:func:`name_signs`) never comes back this way, and a vouched one with such a sign
    needs ``P < NAMED`` when the rule gives a third value (issue 36 item 2);
-6. everything else is hidden.
+6. a **context word** (an ordinary word that is also a name: "good", "will") that its
+   neighbours did not release (:func:`context_released`) is, with a model member, a vouched
+   word with a sign of a name by construction: it comes back at ``P < NAMED`` when it is
+   written as words are (lower case, or in a line of capitals) and nothing else signs it;
+7. everything else is hidden.
 
 So HIGH is the model confidence a vouched-for word (vocabulary word, measurement) may carry and
 still come back, and LOW the one everything else may carry. Lower thresholds hide more: ``inverse:0,HIGH`` is the strict rule (only
@@ -222,17 +226,25 @@ class WordTable:
     #: words with a sign of a name (:func:`name_signs`): a vouched one needs P < NAMED, an
     #: unvouched one never comes back
     named: np.ndarray | None = None
+    #: context words their neighbours did not release, written as words are (lower case, or in
+    #: a line of capitals): with a model member they are vouched words with a sign of a name
+    #: by construction, so they come back at P < NAMED when nothing else signs them
+    context: np.ndarray | None = None
 
     def kept(self, low: float, high: float, named: float | None = None) -> np.ndarray:
         """Which words come back under ``inverse:LOW,HIGH,NAMED`` (``named`` None: HIGH; the
         lower of NAMED and HIGH applies). Without a model member P says nothing, so a sign of a
-        name changes nothing: the vocabulary vouches alone, as before item 2."""
-        signs = (np.zeros_like(self.safe) if self.named is None or not self.model
-                 else self.named)
-        other = (self.letters & ~self.safe & ~signs) if self.model else np.zeros_like(self.safe)
+        name changes nothing and a context word comes back only where its neighbours release
+        it: the vocabulary vouches alone, as before item 2."""
+        none = np.zeros_like(self.safe)
+        signs = none if self.named is None or not self.model else self.named
+        other = (self.letters & ~self.safe & ~signs) if self.model else none
+        context = none if self.context is None or not self.model else self.context & ~signs
         vouched = self.safe | self.measure
-        bar = np.where(signs, high if named is None else min(named, high), high)
-        keep = ~self.flagged & ((vouched & (self.p < bar)) | (other & (self.p < low)))
+        strict = high if named is None else min(named, high)
+        bar = np.where(signs, strict, high)
+        keep = ~self.flagged & ((vouched & (self.p < bar)) | (other & (self.p < low))
+                                | (context & (self.p < strict)))
         return keep if self.blocked is None else keep & ~self.blocked
 
 
@@ -293,10 +305,13 @@ def word_table(
     blocked[sorted(blocked_words(text, found, vocab))] = True
     named = np.zeros(len(found), dtype=bool)
     named[sorted(name_signs(text, found, vocab))] = True
+    context = np.zeros(len(found), dtype=bool)
+    context[sorted(i for i in _context_written_as_words(text, found, vocab)
+                   if not rows[i][4])] = True
     return WordTable(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
                      np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
-                     np.array(cols[6], dtype=bool), bool(models), blocked, named)
+                     np.array(cols[6], dtype=bool), bool(models), blocked, named, context)
 
 
 def inverse_aggregate(
@@ -516,8 +531,8 @@ _SENTENCE_END = frozenset(".:!?-*#>")
 def name_signs(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary) -> set[int]:
     """Indices of the words that show a sign of a name (issue 36 item 2): capitalised inside a
     sentence (``Xyz`` not at a line's start or after ``.``/``:``), after a name cue (``dr``,
-    ``by``, ``with``, ``son``: :data:`NAME_CUES_BEFORE`), before a cue after a name (``MD``,
-    ``called``: :data:`NAME_CUES_AFTER`), or — unless it is a context word, which is a name by
+    ``by``, ``with``, ``son``: :data:`NAME_CUES_BEFORE`) or an initial (``E SMITH``), before a
+    cue after a name (``MD``, ``called``: :data:`NAME_CUES_AFTER`), or — unless it is a context word, which is a name by
     construction and decided by :func:`context_released` — in the rule member's first-name,
     surname or context-name lists.
 
@@ -537,9 +552,48 @@ def name_signs(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary)
                 out.add(i)
                 continue
         if ((i and normalize_word(words[i - 1].group()) in NAME_CUES_BEFORE)
+                or (i and _after_initial(text, words, i))
                 or (i + 1 < n and normalize_word(words[i + 1].group()) in NAME_CUES_AFTER)
                 or (normalize_word(w) in names and not vocab.is_context(w))):
             out.add(i)
+    return out
+
+
+#: between an initial and the name after it: spaces, or a full stop and spaces (``J. Smith``)
+_INITIAL_GAP = re.compile(r"\.?[ \t]+")
+
+
+def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
+    """Word ``i`` follows an initial: a single letter other than ``a`` and ``I`` that is no part
+    of shorthand (no ``/`` beside it) and follows no number (``2 L``: a unit), with only
+    spaces or ``. `` between them (``E SMITH``, ``j. doe``, ``john r smith``)."""
+    prev = words[i - 1]
+    pw = prev.group()
+    if (len(pw) != 1 or not pw.isalpha() or pw in "aAiI" or not words[i].group().isalpha()
+            or not _INITIAL_GAP.fullmatch(text, prev.end(), words[i].start())
+            or text[prev.start() - 1:prev.start()] == "/"):
+        return False
+    return i < 2 or not any(c.isdigit() for c in words[i - 2].group())
+
+
+def _context_written_as_words(text: str, words: Sequence[re.Match[str]],
+                              vocab: SafeVocabulary) -> list[int]:
+    """Indices of the context words written as words are: in lower case, or in capitals in a
+    line without a lower-case letter (a note written in capitals). A capitalised one ("Will",
+    "Grace") is left out: at a sentence's start it shows no sign of a name, and it may be one."""
+    out = []
+    for i, m in enumerate(words):
+        w = m.group()
+        if not vocab.is_context(w):
+            continue
+        if not w.islower():
+            if not w.isupper():
+                continue
+            a = text.rfind("\n", 0, m.start()) + 1
+            b = text.find("\n", m.end())
+            if any(c.islower() for c in text[a:len(text) if b < 0 else b]):
+                continue
+        out.append(i)
     return out
 
 
