@@ -169,10 +169,23 @@ def test_a_context_word_that_may_be_a_name_stays_hidden_when_the_model_is_sure(
 
 def test_a_context_word_needs_the_named_threshold() -> None:
     text = "good uo today"
-    for p, rule, back in ((0.0015, "inverse", True),  # NAMED is HIGH (0.002) by default
-                          (0.005, "inverse", False),
+    for p, rule, back in ((0.0015, "inverse", True),  # the default NAMED is 0.002
+                          (0.005, "inverse", False),  # ... below the default HIGH (0.01)
+                          (0.005, "inverse:0,0.01", True),  # no NAMED: HIGH applies
                           (0.005, "inverse:0,0.01,0.001", False),  # NAMED, not HIGH, applies
                           (0.0005, "inverse:0,0.01,0.001", True)):
         ens = _context_ensemble({"good": p, "uo": 0.0, "today": 0.0}, rule)
         got = [t for t, _ in hidden(ens, Note("a", text))]
         assert ("good" not in " ".join(got)) is back, (p, rule, got)
+
+
+@pytest.mark.parametrize("text, phi", [
+    ("Zorbak went home", "Zorbak"),  # capitalised at a line's start: no sign, still a capital
+    ("stable. Zorbak went home", "Zorbak"),
+    ("PATIENT STABLE ZORBAK", "ZORBAK"),  # a line in capitals
+])
+def test_a_model_lets_back_only_unknown_words_in_lower_case(text: str, phi: str) -> None:
+    got = " ".join(t for t, _ in hidden(sure(text), Note("a", text)))
+    assert phi in got.split(), (text, got)
+    lower = text.lower()
+    assert phi.lower() not in " ".join(t for t, _ in hidden(sure(lower), Note("a", lower)))

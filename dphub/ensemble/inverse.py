@@ -18,8 +18,8 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    numbers are never safe words (a number is where dates, ages, IDs, phones and rooms hide), so
    only a measurement's context vouches for one, as the vocabulary vouches for a word;
 5. a word **without digits outside the vocabulary** (an abbreviation, a misspelling, a drug the
-   lists lack, or a name) is kept only when the ensemble has at least one model member and
-   ``P < LOW``: the adaptive half of Meldau's rule — what the vocabulary vouches for needs a
+   lists lack, or a name) is kept only when the ensemble has at least one model member, it is
+   written in lower case (names and places are capitalised far more often) and ``P < LOW``: the adaptive half of Meldau's rule — what the vocabulary vouches for needs a
    model that is merely unsure it is PHI (HIGH), what it does not vouch for needs a model that
    is sure it is not (LOW); without a model nothing vouches for it. A word with a sign of a
    name (:func:`name_signs`) never comes back this way, and a vouched one with such a sign
@@ -34,8 +34,8 @@ So HIGH is the model confidence a vouched-for word (vocabulary word, measurement
 still come back, and LOW the one everything else may carry. Lower thresholds hide more: ``inverse:0,HIGH`` is the strict rule (only
 vocabulary words come back, whatever the models say about the rest), ``inverse:0,0`` hides every
 word a model gives any weight, ``inverse:1,1`` lets the vocabulary, the measurements and the
-members' flags decide alone. The defaults (:data:`DEFAULT_LOW`, :data:`DEFAULT_HIGH`) are the one
-place they are set.
+members' flags decide alone. The defaults (:data:`DEFAULT_LOW`, :data:`DEFAULT_HIGH`,
+:data:`DEFAULT_NAMED`) are the one place they are set.
 
 Hidden words merge into spans: the members' flags (merged as ``any`` merges them, their labels
 and voters kept) plus each hidden word no member flagged (label ``PHI``,
@@ -76,21 +76,21 @@ from dphub.safe_vocab import SafeVocabulary, normalize_word
 from dphub.scores import LabelThresholds, TokenScores
 
 #: Default thresholds of ``--aggregate inverse`` (no ``:LOW,HIGH``), used until ``ensemble
-#: calibrate`` chooses the owner's own. Chosen on the dev corpus's inner tuning split (27 of its
-#: 95 training patients, scored by a DP model trained on the other 68; benchmarks/recall_first.py
-#: --sweep) by a rule fixed beforehand: the highest precision with token recall >= 0.995 and
-#: full-cover phrase recall >= 0.99. That is the strict rule (LOW 0: nothing outside the
-#: vocabulary comes back) with a model that must be very unsuspicious of a vocabulary word or a
-#: measurement (HIGH 0.002). LOW: the P(PHI) below which a word nothing vouches for comes back
-#: (with a model member, and never with a sign of a name: :func:`name_signs`); HIGH: the P(PHI)
-#: below which a vocabulary word or a measurement number comes back; an optional third value,
-#: NAMED, is a stricter HIGH for vouched words with a sign of a name. Letting a model decide
-#: unknown words (``inverse:0.001,0.01,0.002``, chosen on cross-fitted tuning parts of all 95
-#: training patients) kept about 94 % of the other words where this keeps 88 %, but recalled
-#: 0.989 on the held-out patients against 0.997 (docs/recall_first.md): recall first, so it is
-#: not the default. All depend on the model's calibration: calibrate on your own labels.
+#: calibrate`` chooses the owner's own: ``inverse:0,0.01,0.002``. LOW: the P(PHI) below which a
+#: word nothing vouches for comes back (with a model member, and never with a sign of a name:
+#: :func:`name_signs`); HIGH: the P(PHI) below which a vocabulary word or a measurement number
+#: comes back; NAMED: the stricter HIGH of vouched words with a sign of a name and of context
+#: words. LOW 0 is the strict rule (nothing outside the vocabulary comes back): letting a model
+#: decide unknown words kept about 94 % of the other words but lost recall on the held-out
+#: patients twice. HIGH and NAMED were chosen on cross-fitted tuning parts of the dev corpus's 95
+#: training patients (each scored by a DP model that did not see it) as the most text kept with
+#: no PHI token missed beyond the strict default's on any part, then checked once on the
+#: held-out patients: recall 0.997 as before, 90.0 % of the other words kept (89.3 % at HIGH
+#: 0.002; docs/recall_first.md). All depend on the model's calibration: calibrate on your own
+#: labels.
 DEFAULT_LOW = 0.0
-DEFAULT_HIGH = 0.002
+DEFAULT_HIGH = 0.01
+DEFAULT_NAMED = 0.002
 
 #: a model member without a threshold of its own flags at this P(PHI) under the inverse rule
 #: (its joint decoding has no per-word probability to compare)
@@ -106,8 +106,10 @@ class InverseRule:
 
     low: float = DEFAULT_LOW
     high: float = DEFAULT_HIGH
-    #: the P(PHI) below which a vouched word with a sign of a name comes back (None: HIGH, as
-    #: for the other vouched words; the lower of this and HIGH applies)
+    #: the P(PHI) below which a vouched word with a sign of a name or a context word comes back
+    #: (None: HIGH, as for the other vouched words; the lower of this and HIGH applies).
+    #: ``inverse:LOW,HIGH`` without a third value parses to None, so a stored rule keeps its
+    #: meaning; ``inverse`` alone parses to :data:`DEFAULT_NAMED` (:meth:`default`)
     named: float | None = None
 
     #: the forward rule's interface (calibration and listings read these): one flag hides
@@ -121,6 +123,11 @@ class InverseRule:
     typed_spans: ClassVar[bool] = False
 
     @classmethod
+    def default(cls) -> InverseRule:
+        """``inverse`` alone: :data:`DEFAULT_LOW`, :data:`DEFAULT_HIGH`, :data:`DEFAULT_NAMED`."""
+        return cls(DEFAULT_LOW, DEFAULT_HIGH, DEFAULT_NAMED)
+
+    @classmethod
     def parse(cls, text: str) -> InverseRule:
         t = text.strip().lower()
         shown = text if len(text) <= 80 else text[:60] + "..."
@@ -129,7 +136,7 @@ class InverseRule:
                  "words nothing vouches for, HIGH: vocabulary words and measurement numbers, "
                  "NAMED: vouched words with a sign of a name)")
         if t == "inverse":
-            return cls()
+            return cls.default()
         m = re.fullmatch(
             r"inverse:\s*(\d*\.?\d+)\s*,\s*(\d*\.?\d+)(?:\s*,\s*(\d*\.?\d+))?", t)
         if not m:
@@ -230,6 +237,10 @@ class WordTable:
     #: a line of capitals): with a model member they are vouched words with a sign of a name
     #: by construction, so they come back at P < NAMED when nothing else signs them
     context: np.ndarray | None = None
+    #: words without a capital letter: the only unvouched words a model may let back (a name
+    #: or a place is written capitalised far more often, and one in lower case mostly follows a
+    #: name cue, which signs it)
+    lower: np.ndarray | None = None
 
     def kept(self, low: float, high: float, named: float | None = None) -> np.ndarray:
         """Which words come back under ``inverse:LOW,HIGH,NAMED`` (``named`` None: HIGH; the
@@ -239,6 +250,8 @@ class WordTable:
         none = np.zeros_like(self.safe)
         signs = none if self.named is None or not self.model else self.named
         other = (self.letters & ~self.safe & ~signs) if self.model else none
+        if self.lower is not None:
+            other = other & self.lower
         context = none if self.context is None or not self.model else self.context & ~signs
         vouched = self.safe | self.measure
         strict = high if named is None else min(named, high)
@@ -308,10 +321,12 @@ def word_table(
     context = np.zeros(len(found), dtype=bool)
     context[sorted(i for i in _context_written_as_words(text, found, vocab)
                    if not rows[i][4])] = True
+    lower = np.array([not any(c.isupper() for c in m.group()) for m in found], dtype=bool)
     return WordTable(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
                      np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
-                     np.array(cols[6], dtype=bool), bool(models), blocked, named, context)
+                     np.array(cols[6], dtype=bool), bool(models), blocked, named, context,
+                     lower)
 
 
 def inverse_aggregate(
