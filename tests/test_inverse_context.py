@@ -34,10 +34,10 @@ def vocab() -> SafeVocabulary:
     return SafeVocabulary.from_words(WORDS, context=CONTEXT)
 
 
-def sure(text: str) -> Ensemble:
+def sure(text: str, rule: str = GENEROUS) -> Ensemble:
     """Rules that flag nothing and a model wrongly sure that every word is not PHI."""
     probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)}
-    return Ensemble([fixed("rules", "a", []), model(probs)], GENEROUS, safe_vocab=vocab())
+    return Ensemble([fixed("rules", "a", []), model(probs)], rule, safe_vocab=vocab())
 
 
 def signs(text: str) -> list[str]:
@@ -68,8 +68,10 @@ def test_signs_of_a_name() -> None:
     ("seen by J Zorbak today", "Zorbak"),
     ("transferred from Good Shepherd Hospital today", "Shepherd"),  # ordinary words
 ])
-def test_phi_shapes_stay_hidden_when_the_model_is_wrongly_sure(text: str, phi: str) -> None:
-    got = " ".join(t for t, _ in hidden(sure(text), Note("a", text)))
+@pytest.mark.parametrize("rule", [GENEROUS, "inverse"])  # ... and the defaults
+def test_phi_shapes_stay_hidden_when_the_model_is_wrongly_sure(text: str, phi: str,
+                                                               rule: str) -> None:
+    got = " ".join(t for t, _ in hidden(sure(text, rule), Note("a", text)))
     assert phi in got.split(), (text, got)
 
 
@@ -146,8 +148,9 @@ def _context_ensemble(probs: dict[str, float], rule: str = "inverse") -> Ensembl
 def test_a_context_word_comes_back_when_the_model_is_sure_and_nothing_signs_it(
         text: str, unknown: str) -> None:
     probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)}
+    probs[unknown] = 0.3  # the model is unsure of the unknown word: it stays hidden
     got = [t for t, _ in hidden(_context_ensemble(probs), Note("a", text))]
-    assert got == [unknown], got  # only the unknown word stays hidden
+    assert got == [unknown], got
     # with rules alone only the neighbours can release it
     rules_only = Ensemble([fixed("rules", "a", [])], "inverse", safe_vocab=vocab())
     assert "good" in " ".join(t for t, _ in hidden(rules_only, Note("a", text))).lower()
@@ -184,8 +187,11 @@ def test_a_context_word_needs_the_named_threshold() -> None:
     ("stable. Zorbak went home", "Zorbak"),
     ("PATIENT STABLE ZORBAK", "ZORBAK"),  # a line in capitals
 ])
-def test_a_model_lets_back_only_unknown_words_in_lower_case(text: str, phi: str) -> None:
-    got = " ".join(t for t, _ in hidden(sure(text), Note("a", text)))
+@pytest.mark.parametrize("rule", [GENEROUS, "inverse"])
+def test_a_model_lets_back_only_unknown_words_in_lower_case(text: str, phi: str,
+                                                            rule: str) -> None:
+    got = " ".join(t for t, _ in hidden(sure(text, rule), Note("a", text)))
     assert phi in got.split(), (text, got)
     lower = text.lower()
-    assert phi.lower() not in " ".join(t for t, _ in hidden(sure(lower), Note("a", lower)))
+    assert phi.lower() not in " ".join(t for t, _ in hidden(sure(lower, rule),
+                                                            Note("a", lower)))
