@@ -185,7 +185,7 @@ def test_a_context_word_needs_the_named_threshold() -> None:
 @pytest.mark.parametrize("text, phi", [
     ("Zorbak went home", "Zorbak"),  # capitalised at a line's start: no sign, still a capital
     ("stable. Zorbak went home", "Zorbak"),
-    ("PATIENT STABLE ZORBAK", "ZORBAK"),  # a line in capitals
+    ("patient ZORBAK stable", "ZORBAK"),  # capitals in a line that is not in capitals
 ])
 @pytest.mark.parametrize("rule", [GENEROUS, "inverse"])
 def test_a_model_lets_back_only_unknown_words_in_lower_case(text: str, phi: str,
@@ -195,3 +195,18 @@ def test_a_model_lets_back_only_unknown_words_in_lower_case(text: str, phi: str,
     lower = text.lower()
     assert phi.lower() not in " ".join(t for t, _ in hidden(sure(lower, rule),
                                                             Note("a", lower)))
+
+
+def test_an_unknown_word_in_a_line_of_capitals_needs_the_named_threshold_too() -> None:
+    """In a note written in capitals a capital says nothing, so an unknown word there comes back
+    only at P below both LOW and NAMED (default 0.005 and 0.002), and never with a sign."""
+    for text, p, back in (("PATIENT STABLE ZORBAK", 0.001, True),
+                          ("PATIENT STABLE ZORBAK", 0.003, False),  # below LOW, not NAMED
+                          ("patient stable zorbak", 0.003, True),  # lower case: LOW alone
+                          ("SEEN BY ZORBAK TODAY", 0.0, False),  # after a cue
+                          ("PATIENT E ZORBAK", 0.0, False)):  # after an initial
+        probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)}
+        probs[text.split()[2]] = p
+        ens = Ensemble([fixed("rules", "a", []), model(probs)], "inverse", safe_vocab=vocab())
+        got = " ".join(t for t, _ in hidden(ens, Note("a", text)))
+        assert ("zorbak" not in got.lower()) is back, (text, p, got)

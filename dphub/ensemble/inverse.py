@@ -19,7 +19,9 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    only a measurement's context vouches for one, as the vocabulary vouches for a word;
 5. a word **without digits outside the vocabulary** (an abbreviation, a misspelling, a drug the
    lists lack, or a name) is kept only when the ensemble has at least one model member, it is
-   written in lower case (names and places are capitalised far more often) and ``P < LOW``: the adaptive half of Meldau's rule — what the vocabulary vouches for needs a
+   written in lower case (names and places are capitalised far more often) and ``P < LOW`` —
+   or in capitals in a line of capitals, where a capital says nothing, and ``P`` is below
+   both LOW and NAMED: the adaptive half of Meldau's rule — what the vocabulary vouches for needs a
    model that is merely unsure it is PHI (HIGH), what it does not vouch for needs a model that
    is sure it is not (LOW); without a model nothing vouches for it. A word with a sign of a
    name (:func:`name_signs`) never comes back this way, and a vouched one with such a sign
@@ -234,10 +236,13 @@ class WordTable:
     #: a line of capitals): with a model member they are vouched words with a sign of a name
     #: by construction, so they come back at P < NAMED when nothing else signs them
     context: np.ndarray | None = None
-    #: words without a capital letter: the only unvouched words a model may let back (a name
-    #: or a place is written capitalised far more often, and one in lower case mostly follows a
-    #: name cue, which signs it)
+    #: words without a capital letter: the unvouched words a model may let back at P < LOW (a
+    #: name or a place is written capitalised far more often, and one in lower case mostly
+    #: follows a name cue, which signs it)
     lower: np.ndarray | None = None
+    #: words in capitals in a line of capitals (:func:`_in_capitals`): there a capital says
+    #: nothing, so an unvouched one needs P below both LOW and NAMED, as if it showed a sign
+    capitals: np.ndarray | None = None
 
     def kept(self, low: float, high: float, named: float | None = None) -> np.ndarray:
         """Which words come back under ``inverse:LOW,HIGH,NAMED`` (``named`` None: HIGH; the
@@ -246,15 +251,16 @@ class WordTable:
         it: the vocabulary vouches alone, as before item 2."""
         none = np.zeros_like(self.safe)
         signs = none if self.named is None or not self.model else self.named
-        other = (self.letters & ~self.safe & ~signs) if self.model else none
-        if self.lower is not None:
-            other = other & self.lower
+        unknown = (self.letters & ~self.safe & ~signs) if self.model else none
+        other = unknown if self.lower is None else unknown & self.lower
+        capitals = none if self.capitals is None else unknown & self.capitals
         context = none if self.context is None or not self.model else self.context & ~signs
         vouched = self.safe | self.measure
         strict = high if named is None else min(named, high)
         bar = np.where(signs, strict, high)
         keep = ~self.flagged & ((vouched & (self.p < bar)) | (other & (self.p < low))
-                                | (context & (self.p < strict)))
+                                | (context & (self.p < strict))
+                                | (capitals & (self.p < min(low, strict))))
         return keep if self.blocked is None else keep & ~self.blocked
 
 
@@ -319,11 +325,12 @@ def word_table(
     context[sorted(i for i in _context_written_as_words(text, found, vocab)
                    if not rows[i][4])] = True
     lower = np.array([not any(c.isupper() for c in m.group()) for m in found], dtype=bool)
+    capitals = np.array([_in_capitals(text, m) for m in found], dtype=bool)
     return WordTable(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
                      np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
                      np.array(cols[6], dtype=bool), bool(models), blocked, named, context,
-                     lower)
+                     lower, capitals)
 
 
 def inverse_aggregate(
@@ -593,20 +600,19 @@ def _context_written_as_words(text: str, words: Sequence[re.Match[str]],
     """Indices of the context words written as words are: in lower case, or in capitals in a
     line without a lower-case letter (a note written in capitals). A capitalised one ("Will",
     "Grace") is left out: at a sentence's start it shows no sign of a name, and it may be one."""
-    out = []
-    for i, m in enumerate(words):
-        w = m.group()
-        if not vocab.is_context(w):
-            continue
-        if not w.islower():
-            if not w.isupper():
-                continue
-            a = text.rfind("\n", 0, m.start()) + 1
-            b = text.find("\n", m.end())
-            if any(c.islower() for c in text[a:len(text) if b < 0 else b]):
-                continue
-        out.append(i)
-    return out
+    return [i for i, m in enumerate(words)
+            if vocab.is_context(m.group()) and (m.group().islower() or _in_capitals(text, m))]
+
+
+def _in_capitals(text: str, m: re.Match[str]) -> bool:
+    """``m`` is a word of two or more capitals in a line without a lower-case letter (a note
+    written in capitals, where a capital says nothing of a name)."""
+    w = m.group()
+    if len(w) < 2 or not w.isupper():
+        return False
+    a = text.rfind("\n", 0, m.start()) + 1
+    b = text.find("\n", m.end())
+    return not any(c.islower() for c in text[a:len(text) if b < 0 else b])
 
 
 #: the endings of English contractions and possessives (``pt's``, ``don't``, ``we'll``)
