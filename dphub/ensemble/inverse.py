@@ -241,7 +241,7 @@ class WordTable:
     #: name or a place is written capitalised far more often, and one in lower case mostly
     #: follows a name cue, which signs it)
     lower: np.ndarray | None = None
-    #: words in capitals in a line of capitals (:func:`_in_capitals`): there a capital says
+    #: words in capitals in a line of capitals (:func:`in_capitals`): there a capital says
     #: nothing, so an unvouched one needs P below both LOW and NAMED, as if it showed a sign
     capitals: np.ndarray | None = None
 
@@ -322,11 +322,11 @@ def word_table(
     blocked[sorted(blocked_words(text, found, vocab))] = True
     named = np.zeros(len(found), dtype=bool)
     named[sorted(name_signs(text, found, vocab))] = True
+    capitals = in_capitals(text, found)
     context = np.zeros(len(found), dtype=bool)
-    context[sorted(i for i in _context_written_as_words(text, found, vocab)
+    context[sorted(i for i in _context_written_as_words(found, vocab, capitals)
                    if not rows[i][4])] = True
     lower = np.array([not any(c.isupper() for c in m.group()) for m in found], dtype=bool)
-    capitals = np.array([_in_capitals(text, m) for m in found], dtype=bool)
     return WordTable(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
                      np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
@@ -552,9 +552,9 @@ def name_signs(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary)
     """Indices of the words that show a sign of a name (issue 36 item 2): capitalised inside a
     sentence (``Xyz`` not at a line's start or after ``.``/``:``), after a name cue (``dr``,
     ``by``, ``with``, ``son``: :data:`NAME_CUES_BEFORE`) or an initial (``E SMITH``), before a
-    cue after a name (``MD``, ``called``: :data:`NAME_CUES_AFTER`), or — unless it is a context word, which is a name by
-    construction and decided by :func:`context_released` — in the rule member's first-name,
-    surname or context-name lists.
+    cue after a name (``MD``, ``called``: :data:`NAME_CUES_AFTER`), or — unless it is a context
+    word, which is a name by construction and decided by :func:`context_released` — in the rule
+    member's first-name, surname or context-name lists.
 
     The models are least to be trusted on exactly these: on the dev corpus's inner split the
     PHI words a DP model was sure of (P < 0.05) were almost all of this kind, and the words of
@@ -596,24 +596,26 @@ def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
     return i < 2 or not any(c.isdigit() for c in words[i - 2].group())
 
 
-def _context_written_as_words(text: str, words: Sequence[re.Match[str]],
-                              vocab: SafeVocabulary) -> list[int]:
+def _context_written_as_words(words: Sequence[re.Match[str]], vocab: SafeVocabulary,
+                              capitals: np.ndarray) -> list[int]:
     """Indices of the context words written as words are: in lower case, or in capitals in a
-    line without a lower-case letter (a note written in capitals). A capitalised one ("Will",
-    "Grace") is left out: at a sentence's start it shows no sign of a name, and it may be one."""
+    line of capitals (``capitals``: :func:`in_capitals`). A capitalised one ("Will", "Grace")
+    is left out: at a sentence's start it shows no sign of a name, and it may be one."""
     return [i for i, m in enumerate(words)
-            if vocab.is_context(m.group()) and (m.group().islower() or _in_capitals(text, m))]
+            if vocab.is_context(m.group()) and (m.group().islower() or capitals[i])]
 
 
-def _in_capitals(text: str, m: re.Match[str]) -> bool:
-    """``m`` is a word of two or more capitals in a line without a lower-case letter (a note
-    written in capitals, where a capital says nothing of a name)."""
-    w = m.group()
-    if len(w) < 2 or not w.isupper():
-        return False
-    a = text.rfind("\n", 0, m.start()) + 1
-    b = text.find("\n", m.end())
-    return not any(c.islower() for c in text[a:len(text) if b < 0 else b])
+def in_capitals(text: str, words: Sequence[re.Match[str]]) -> np.ndarray:
+    """Which words are of two or more capitals in a line without a lower-case letter (a note
+    written in capitals, where a capital says nothing of a name). One pass over the text."""
+    ends = [m.start() for m in re.finditer("\n", text)]  # line k ends at ends[k]
+    mixed = {k for k, line in enumerate(text.split("\n")) if any(c.islower() for c in line)}
+    out = np.zeros(len(words), dtype=bool)
+    for i, m in enumerate(words):
+        w = m.group()
+        out[i] = (len(w) > 1 and w.isupper()
+                  and bisect.bisect_left(ends, m.start()) not in mixed)
+    return out
 
 
 #: the endings of English contractions and possessives (``pt's``, ``don't``, ``we'll``)
