@@ -131,6 +131,11 @@ def test_calibration_chooses_a_stricter_named_threshold() -> None:
 def test_signs_after_an_initial() -> None:
     assert signs("patient j. zorbak today") == ["zorbak"]
     assert signs("PATIENT STABLE E ZORBAK TODAY") == ["ZORBAK"]
+    # read as the vocabulary reads words: a no-break space, a fullwidth stop or initial
+    assert signs("patient j\u00a0zorbak today") == ["zorbak"]
+    assert signs("patient j\uff0e zorbak today") == ["zorbak"]
+    assert signs("patient \uff4a zorbak today") == ["zorbak"]
+    assert signs("patient \uff41 zorbak today") == []  # a fullwidth article is still one
     # no initial: an article, shorthand's letters, a unit after a number
     assert signs("patient a zorbak today") == []
     assert signs("patient s/p zorbak today") == []

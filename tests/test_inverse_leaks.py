@@ -29,7 +29,7 @@ def vocab() -> SafeVocabulary:
 
 @pytest.fixture(scope="module")
 def rules_only(vocab: SafeVocabulary) -> Ensemble:
-    return Ensemble([Slot(RuleMember(RULES_DEFAULT, RuleOptions()), None, 0.0)], InverseRule(),
+    return Ensemble([Slot(RuleMember(RULES_DEFAULT, RuleOptions()), None, 0.0)], InverseRule.default(),
                     safe_vocab=vocab)
 
 

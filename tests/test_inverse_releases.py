@@ -26,7 +26,7 @@ def vocab() -> SafeVocabulary:
 
 @pytest.fixture(scope="module")
 def ens(vocab: SafeVocabulary) -> Ensemble:
-    return Ensemble([Slot(RuleMember(RULES_DEFAULT, RuleOptions()), None, 0.0)], InverseRule(),
+    return Ensemble([Slot(RuleMember(RULES_DEFAULT, RuleOptions()), None, 0.0)], InverseRule.default(),
                     safe_vocab=vocab)
 
 

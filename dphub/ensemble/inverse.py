@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -104,8 +105,10 @@ class InverseRule:
     """``inverse``, ``inverse:LOW,HIGH`` (0 <= LOW <= HIGH <= 1) or ``inverse:LOW,HIGH,NAMED``
     (0 <= NAMED <= 1); see the module docstring."""
 
-    low: float = DEFAULT_LOW
-    high: float = DEFAULT_HIGH
+    #: no defaults: ``inverse`` alone is :meth:`default` (with NAMED), and an ``InverseRule()``
+    #: that silently differed from it would be a second default
+    low: float
+    high: float
     #: the P(PHI) below which a vouched word with a sign of a name or a context word comes back
     #: (None: HIGH, as for the other vouched words; the lower of this and HIGH applies).
     #: ``inverse:LOW,HIGH`` without a third value parses to None, so a stored rule keeps its
@@ -588,10 +591,11 @@ def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
     of shorthand (no ``/`` beside it) and follows no number (``2 L``: a unit), with only
     spaces or ``. `` between them (``E SMITH``, ``j. doe``, ``john r smith``)."""
     prev = words[i - 1]
-    pw = prev.group()
-    if (len(pw) != 1 or not pw.isalpha() or pw in "aAiI" or not words[i].group().isalpha()
-            or not _INITIAL_GAP.fullmatch(text, prev.end(), words[i].start())
-            or text[prev.start() - 1:prev.start()] == "/"):
+    pw = normalize_word(prev.group())
+    gap = unicodedata.normalize("NFKC", text[prev.end():words[i].start()])  # NBSP, fullwidth .
+    if (len(pw) != 1 or not pw.isalpha() or pw in "ai" or not words[i].group().isalpha()
+            or not _INITIAL_GAP.fullmatch(gap)
+            or unicodedata.normalize("NFKC", text[prev.start() - 1:prev.start()]) == "/"):
         return False
     return i < 2 or not any(c.isdigit() for c in words[i - 2].group())
 
