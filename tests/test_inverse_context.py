@@ -23,7 +23,8 @@ from dphub.safe_vocab import SafeVocabulary
 from tests.test_inverse import fixed, hidden, model
 
 WORDS = ("patient", "seen", "by", "dr", "with", "and", "today", "stable", "clinic", "went",
-         "home", "the", "hospital", "shepherd", "transferred", "from", "spoke", "to")
+         "home", "the", "hospital", "shepherd", "transferred", "from", "spoke", "to", "effect",
+         "arm", "swollen", "afebrile", "drains")
 #: ordinary words that are also names (the shipped vocabulary keeps them apart the same way)
 CONTEXT = ("good",)
 #: a generous rule: anything a model gives P < 0.5 may come back
@@ -215,3 +216,46 @@ def test_an_unknown_word_in_a_line_of_capitals_needs_the_named_threshold_too() -
         ens = Ensemble([fixed("rules", "a", []), model(probs)], "inverse", safe_vocab=vocab())
         got = " ".join(t for t, _ in hidden(ens, Note("a", text)))
         assert ("zorbak" not in got.lower()) is back, (text, p, got)
+
+
+@pytest.mark.parametrize("text, back", [
+    ("stable to good effect", True),  # after a function word: the models decide (P < NAMED)
+    ("stable and good today", True),
+    ("spoke with good today", False),  # after a cue of a person's role: a sign
+    ("seen by good today", False),
+    ("stable to Good effect", False),  # capitalised inside a sentence: a sign
+    ("STABLE TO GOOD EFFECT", False),  # in a line of capitals the function word still signs
+    ("transferred to good shepherd hospital", False),  # part of an institution's name
+])
+def test_a_function_word_signs_no_lower_case_context_word(text: str, back: bool) -> None:
+    probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)}
+    got = " ".join(t for t, _ in hidden(_context_ensemble(probs), Note("a", text)))
+    assert ("good" not in got.lower()) is back, (text, got)
+    # the models must still be sure of it: P below NAMED (0.002), not HIGH (0.01)
+    probs = {**probs, "good": 0.005, "Good": 0.005, "GOOD": 0.005}
+    got = " ".join(t for t, _ in hidden(_context_ensemble(probs), Note("a", text)))
+    assert "good" in got.lower(), (text, got)
+
+
+@pytest.mark.parametrize("text, letter, back", [
+    ("R arm swollen", "R", True),  # a side before a vocabulary word
+    ("drains R 2 today", "R", True),  # a letter before a number
+    ("stable O: afebrile", "O", True),  # a heading's letter before a vocabulary word
+    ("J smith today", "J", False),  # an initial before a name of the name lists
+    ("J zorbak today", "J", False),  # ... before an unknown word
+    ("E good today", "E", False),  # ... before a context word
+    ("J. arm today", "J", False),  # an initial's full stop
+    ("seen by R arm", "R", False),  # after a name cue: a sign of a name itself
+])
+def test_a_single_capital_before_a_word_or_number_is_decided_as_lower_case(
+        text: str, letter: str, back: bool) -> None:
+    probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)}
+    got = " ".join(t for t, _ in hidden(_context_ensemble(probs), Note("a", text)))
+    assert (letter not in re.findall(r"[^\W_]+", got)) is back, (text, got)
+    if back:  # a model that is not sure enough (P >= LOW, 0.005) hides it, as do rules alone
+        got = " ".join(t for t, _ in hidden(_context_ensemble({**probs, letter: 0.005}),
+                                            Note("a", text)))
+        assert letter in re.findall(r"[^\W_]+", got), (text, got)
+        rules_only = Ensemble([fixed("rules", "a", [])], "inverse", safe_vocab=vocab())
+        got = " ".join(t for t, _ in hidden(rules_only, Note("a", text)))
+        assert letter in re.findall(r"[^\W_]+", got), (text, got)

@@ -53,6 +53,26 @@ def released(text: str) -> list[str]:
     ("AAOx3, MAEx4", "MAEx4"),
     ("on 5peep now", "5peep"),
     ("IABP 1:1 with", "1:1"),                # a ratio of two digits
+    # issue 36, numbers outside the first contexts
+    ("RR 12-20 today", "12-20"),             # an ascending range after a keyword
+    ("CVP 9-13 now", "9-13"),
+    ("gave .5 mg ativan", ".5 mg"),          # a value written from its point
+    ("fio2 .40 now", ".40"),
+    ("another .4 of sl ntg", ".4"),
+    ("lasix 40mgs iv", "40mgs"),             # plural and shorthand dose units
+    ("levo at 2 mics", "2 mics"),
+    ("A/C 700/15/5/40% now", "700/15/5/40%"),  # a ventilator mode and its settings
+    ("on AC 500x12/.50/5peep now", "500x12/.50/5peep"),
+    ("PSV 15/5 at 40%", "15/5"),
+    ("nasal CPAP 8/5, 30%", "8/5"),
+    ("SIMV 18 tv 500", "18"),
+    ("RESP 40%/500/12 PEEP 5", "40%/500/12"),  # settings with a percent in the chain
+    ("on 5/5/.40 w/ abg", "5/5/.40"),
+    ("stable in 105-130/40-50 range", "105-130/40-50"),  # a pressure range over another
+    ("at 150-160/80 pt", "150-160/80"),
+    ("CO/CI 5.1/2.6 with", "5.1/2.6"),       # two decimals over each other
+    ("arrived ~ 1745 alert", "1745"),        # a time after ~
+    ("for 1900-0700 shift", "1900-0700"),    # a shift, one end no year
 ])
 def test_measurement_contexts_are_released(text: str, value: str) -> None:
     assert value in released(text), text
@@ -71,7 +91,13 @@ def test_more_look_alikes_are_not_released(text: str) -> None:
     "was 120-100 and",     # a descending range: no measurement shape, could be a code
     "1/2 seen",            # a fraction without a dose is a date (Jan 2)
     "on 3/14 5", "3-10-2026", "03/14/2026", "3/10/26", "on 3.10 seen",
-    "RR 12-20",            # date-shaped range after a keyword: refused (could be 12/20)
+    "RR 20-12",            # a descending date-shaped range after a keyword (could be 20/12)
+    "R AC 11/17 placed", "R AC 11/17/05 placed",  # AC is also the antecubital fossa
+    "ac 3-10 seen", "L AC 3/10",
+    "since ~2000 pt", "~ 1990 dx", "1990-2005", "2000-2015 shift",  # years, also as a shift
+    "3.10/5.12 x",         # decimals that could be months and days
+    "on 12/25-12/30 stay", "617/555-0143", "31/12 seen", "12/31-1/2 away",  # dates, a phone
+    "seen 11/21.93 x", "seen 11.21.93 x",  # a year after a date's point
     "BP 3/10",             # a pair that could be a date, even after a keyword
     "K 3/10/26",
     "Jan 3", "3 Jan", "March 10",

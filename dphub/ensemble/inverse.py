@@ -19,7 +19,9 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    only a measurement's context vouches for one, as the vocabulary vouches for a word;
 5. a word **without digits outside the vocabulary** (an abbreviation, a misspelling, a drug the
    lists lack, or a name) is kept only when the ensemble has at least one model member, it is
-   written in lower case (names and places are capitalised far more often) and ``P < LOW`` —
+   written in lower case (names and places are capitalised far more often; a single capital
+   written as shorthand, before a number or a lower-case vocabulary word, counts:
+   :func:`single_capitals`) and ``P < LOW`` —
    or in capitals in a line of capitals, where a capital says nothing, and ``P`` is below
    both LOW and NAMED: the adaptive half of Meldau's rule — what the vocabulary vouches for needs a
    model that is merely unsure it is PHI (HIGH), what it does not vouch for needs a model that
@@ -29,7 +31,8 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
 6. a **context word** (an ordinary word that is also a name: "good", "will") that its
    neighbours did not release (:func:`context_released`) is, with a model member, a vouched
    word with a sign of a name by construction: it comes back at ``P < NAMED`` when it is
-   written as words are (lower case, or in a line of capitals) and nothing else signs it;
+   written as words are (lower case, or in a line of capitals) and nothing else signs it (a
+   function word before it, ``to``, ``and``, is no sign: :data:`WEAK_CUES`);
 7. everything else is hidden.
 
 So HIGH is the model confidence a vouched-for word (vocabulary word, measurement) may carry and
@@ -240,9 +243,10 @@ class WordTable:
     #: a line of capitals): with a model member they are vouched words with a sign of a name
     #: by construction, so they come back at P < NAMED when nothing else signs them
     context: np.ndarray | None = None
-    #: words without a capital letter: the unvouched words a model may let back at P < LOW (a
-    #: name or a place is written capitalised far more often, and one in lower case mostly
-    #: follows a name cue, which signs it)
+    #: words without a capital letter, and single capitals written as shorthand
+    #: (:func:`single_capitals`): the unvouched words a model may let back at P < LOW (a name or
+    #: a place is written capitalised far more often, and one in lower case mostly follows a
+    #: name cue, which signs it)
     lower: np.ndarray | None = None
     #: words in capitals in a line of capitals (:func:`in_capitals`): there a capital says
     #: nothing, so an unvouched one needs P below both LOW and NAMED, as if it showed a sign
@@ -330,6 +334,7 @@ def word_table(
     context[sorted(i for i in _context_written_as_words(found, vocab, capitals)
                    if not rows[i][4])] = True
     lower = np.array([not any(c.isupper() for c in m.group()) for m in found], dtype=bool)
+    lower[sorted(single_capitals(text, found, vocab, named))] = True
     return WordTable(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
                      np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
@@ -398,6 +403,11 @@ page notified contacted spoke saw seen see per and or of in near lives living vi
 st saint mt mount fort lake port new north south east west dear hi hello name contact signed
 team cc thanks thank family
 """.split())  # noqa: SIM905 - a readable word block
+#: the cues of :data:`NAME_CUES_BEFORE` that are function words of every sentence and name no
+#: person's or place's role (not ``by``, ``with``, ``per``, ``at``, ``from``): after one, a
+#: context word in lower case (``to good effect``, ``and will``) shows no sign of a name for
+#: :func:`name_signs`; it is still a context word, which the models must be sure of (P < NAMED)
+WEAK_CUES = frozenset(("to", "and", "or", "of", "in"))
 #: a word after which a context word may be a name or a place
 NAME_CUES_AFTER = frozenset("""
 md rn np pa phd do jr sr hospital clinic center centre church street st avenue ave road rd
@@ -554,7 +564,8 @@ _SENTENCE_END = frozenset(".:!?-*#>")
 def name_signs(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary) -> set[int]:
     """Indices of the words that show a sign of a name (issue 36 item 2): capitalised inside a
     sentence (``Xyz`` not at a line's start or after ``.``/``:``), after a name cue (``dr``,
-    ``by``, ``with``, ``son``: :data:`NAME_CUES_BEFORE`) or an initial (``E SMITH``), before a
+    ``by``, ``with``, ``son``: :data:`NAME_CUES_BEFORE`; after a function word of
+    :data:`WEAK_CUES` not for a context word in lower case) or an initial (``E SMITH``), before a
     cue after a name (``MD``, ``called``: :data:`NAME_CUES_AFTER`), or — unless it is a context
     word, which is a name by construction and decided by :func:`context_released` — in the rule
     member's first-name, surname or context-name lists.
@@ -574,10 +585,40 @@ def name_signs(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary)
             if before and before[-1] not in _SENTENCE_END:
                 out.add(i)
                 continue
-        if ((i and normalize_word(words[i - 1].group()) in NAME_CUES_BEFORE)
+        cue = normalize_word(words[i - 1].group()) if i else ""
+        if ((cue in NAME_CUES_BEFORE and not (cue in WEAK_CUES and w.islower()
+                                              and vocab.is_context(w)))
                 or (i and _after_initial(text, words, i))
                 or (i + 1 < n and normalize_word(words[i + 1].group()) in NAME_CUES_AFTER)
                 or (normalize_word(w) in names and not vocab.is_context(w))):
+            out.add(i)
+    return out
+
+
+#: between a single capital and the lower-case word or number after it: spaces, or a colon, an
+#: equals sign or a dash and spaces (``R arm``, ``O: afebrile``, ``K 3.8``, ``T= 99``); not a
+#: full stop (``J. smith``)
+_SINGLE_GAP = re.compile(r"[ \t]*[:=-]?[ \t]+|[ \t]*[:=-][ \t]*")
+
+
+def single_capitals(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary,
+                    named: np.ndarray) -> set[int]:
+    """Indices of the single capitals written as shorthand is, not as an initial: a capital
+    other than ``A`` and ``I`` that shows no sign of a name itself (``named``:
+    :func:`name_signs`), before a number or a lower-case vocabulary word that is no name on its
+    line (``R arm``, ``O: afebrile``, ``K 3.8``). An initial is followed by a surname: written
+    capitalised, unknown, in the name lists or a context word (``J smith``, ``e good``). These
+    come back as lower-case unknown words do (P < LOW, with a model member)."""
+    names = dictionaries().all_names
+    out: set[int] = set()
+    for i in range(len(words) - 1):
+        w, nxt = words[i].group(), words[i + 1].group()
+        if (len(w) != 1 or not w.isupper() or w in "AI" or named[i]
+                or not _SINGLE_GAP.fullmatch(text, words[i].end(), words[i + 1].start())):
+            continue
+        if nxt[:1].isdigit() or (nxt.islower() and vocab.contains(nxt)
+                                 and not vocab.is_context(nxt)
+                                 and normalize_word(nxt) not in names):
             out.add(i)
     return out
 

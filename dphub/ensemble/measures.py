@@ -24,9 +24,19 @@ clinical measurement, each with a reason why it cannot be PHI:
   a month and day (``2.5``, not ``3.10``) and a lone digit (``1 assist``) not followed by a
   capitalised word or a direction (``3 Main St``, ``7 North``). Bare whole numbers of two or
   more digits stay hidden: a day of the month, an age, a room or part of an ID look the same;
-* clock times (``14:30``, ``4pm``, ``@ 0400``): a time is no HIPAA identifier unless it is part of
-  a date, and a date's own digits stay hidden (a four-digit time that could be a year, 19xx/20xx,
-  is refused).
+* clock times (``14:30``, ``4pm``, ``@ 0400``, ``~ 1745``) and shifts (``1900-0700``): a time is
+  no HIPAA identifier unless it is part of a date, and a date's own digits stay hidden (a
+  four-digit time that could be a year, 19xx/20xx, is refused, and a shift both of whose ends
+  could be years);
+* issue 36, the shapes of hand-written ICU notes: an ascending range after a vital sign's name
+  (``RR 12-20``, ``CVP 9-13``: a range, not a month and day), a value written from its point
+  (``.5 mg``, ``FiO2 .40``: nothing but a space, a bracket or a sign before it), dose shorthand
+  (``40mgs``, ``2 mics``), a ventilator mode and its settings (``A/C 700/15/5/40%``,
+  ``AC 500x12/.50/5peep``, ``PSV 15/5``: no date follows a mode; after ``AC`` without its slash,
+  also the antecubital fossa, a date's shape is still refused), a chain of settings with a
+  percent or a point value in it (``40%/500/12``), a pressure or its range over another whose
+  first value is above 31 (``126-148/55-65``: no month or day is), and two decimals over each
+  other (``5.1/2.6``) unless one could be a month and a day.
 
 Never a measurement, whatever the context (the guards apply to every pattern):
 
@@ -38,8 +48,9 @@ Never a measurement, whatever the context (the guards apply to every pattern):
   first at most 12, or the first at most 31 and the second at most 12: ``3/10``, ``3-10``,
   ``10-12``, ``3/98``, ``25/3``) unless a dose or vital unit follows it directly
   (``2-3 L``, ``1-2 tabs``), a duration follows an ascending range with a dash (``3-4 days``),
-  or it is ``N/10`` in a pain context; ``RR 12-20`` is refused too:
-  the price of never showing ``3-10``;
+  it is ``N/10`` in a pain context, or an ascending dash range follows a vital sign's name
+  (``RR 12-20``); a slash pair after a name is still refused (``BP 3/10``), except after a
+  ventilator mode;
 * a number of more than five digits before the point (IDs, phones); a four-digit 19xx/20xx
   number (a year) unless a dose unit follows it directly;
 * a value whose previous word names a place, an identifier or an age (``room``, ``rm``, ``bed``,
@@ -78,6 +89,8 @@ _DOSE = (r"mg|mcg|µg|ug|g|gm|gr|kg|lbs?|oz|ml|cc|l|dl|liters?|litres?|units?|iu
          r"ng|pg|nmol|mg/dl|mg/kg|mcg/kg|mcg/kg/min|mg/kg/day|mg/kg/hr?|g/dl|mmol/l|meq/l|u/l|"
          r"iu/l|ng/ml|pg/ml|ml/hr?|cc/hr?|ml/kg/hr?|cc/kg/hr?|ml/kg|cc/kg|units?/hr?|u/hr?|"
          r"mg/hr?|mcg/hr?|mcg/min|mg/min|meq/hr?|ml/min|l/min|lpm|l\s?nc|/hr?|tabs?|tablets?|caps?|"
+         # plurals and the shorthand of hand-written doses (``40mgs``, ``2 mics``, ``5 mcq``)
+         r"mgs|mcgs|mcq|mcqs|mics?|ugs|mls|ccs|grams?|meqs|"
          r"capsules?|puffs?|drops?|sprays?|patch(?:es)?|amps?|vials?|bags?|doses?|gtts?|fr|french|"
          r"gauge|ga|iv|ivp|po|pr|sq|sc|sl|im|ng|ngt|x")
 _VITAL = (r"mm\s?hg|cm\s?h2o|bpm|breaths?/min|beats?/min|/min|%|°\s?[fc]?|degrees?|kcal|cal|cm|mm|"
@@ -115,6 +128,36 @@ _AFTER_KEYWORD = re.compile(
 #: settings ``500/14/5/0.5``): a date has no decimal point
 _GAS = re.compile(r"(?<![\w.,/:#'+-])(?=[\d/.-]*\d\.\d)-?\d{1,4}(?:\.\d{1,3})?"
                   r"(?:/-?\d{1,4}(?:\.\d{1,3})?){2,5}(?![\d/:]|[.-]\d|\w)")
+#: a chain of two to five settings joined by ``/`` (``40%/500/12``, ``5/5/.40``) with a percent
+#: or a fraction written from its point in it: a date has neither
+_SETTINGS = re.compile(r"(?<![\w.,/:#'+-])(?=[\d/.%]*(?:%|(?<![\d.])\.\d))"
+                       r"(?:\d{1,4}%?|\.\d{1,3}%?)(?:/(?:\d{1,4}%?|\.\d{1,3}%?)){1,4}"
+                       r"(?![\d/:]|[.-]\d|\w)")
+#: a ventilator mode and its settings (``AC 500x12``, ``A/C 700/15/5/40%``, ``SIMV 12``,
+#: ``PSV 15/5``, ``CPAP 8/5``): no date follows a mode, so a pair is no month and day here;
+#: except after ``AC`` without its slash, which is also the antecubital fossa (``R AC 11/17``, a
+#: line placed on a date) and "before meals"
+_VENT = re.compile(
+    r"(?<![\w/])(?P<mode>a/?c|simv|cmv|prvc|psv|cpap|bipap|ps|assist\s+control|(?:vent\s+)?settings?)"
+    r"(?:\s+(?:mode|of|at|on|now|is|was|=|:)\b|\s*[=:])*\s*"
+    r"(?P<num>(?:\d{1,4}|\.\d{1,3})%?(?:\s?[/x*]\s?(?:\d{1,4}|\.\d{1,3})(?:%|\s?(?:peep|ps|p)\b)?){0,4})"
+    r"(?![\d/:]|[.-]\d|\w)", re.IGNORECASE)
+#: a date's shape after ``AC``: ``11/17``, ``11/17/05``
+_DATE_SHAPE = re.compile(r"\d{1,2}\s?[/-]\s?\d{1,2}(?:\s?[/-]\s?\d{2,4})?")
+#: a pressure or its range over another (``126-148/55-65``, ``150-160/80``, ``110/60s``) whose
+#: first value is above 31: no month or day is, so the pieces after it are no date either
+_PRESSURE = re.compile(
+    r"(?<![\w.,/:#'+-])(?P<first>\d{2,3})(?:'?s)?(?:\s?-\s?\d{2,3}(?:'?s)?)?/\d{1,3}(?:'?s)?"
+    r"(?:\s?-\s?\d{1,3}(?:'?s)?)?(?![\w/:]|[.,-]\d)")
+#: two decimals over each other (``5.1/2.6``: cardiac output and index): no date has both
+_DECIMALS = re.compile(r"(?<![\w.,/:#'+-])\d{1,2}\.\d{1,2}/\d{1,2}\.\d{1,2}(?![\w/:]|[.,-]\d)")
+#: a decimal that could be a month and a day (``3.10``)
+_DOTTED_DATE = re.compile(r"(?<!\d)(?:0?[1-9]|1[0-2])\.(?:0[1-9]|[12]\d|3[01])(?!\d)")
+#: a value written from its point (``.5 mg``, ``.25 mcg/kg``, ``FiO2 .40``): a fraction below
+#: one, no date's or code's part, since nothing but a space, a bracket or a sign precedes it
+_POINT = re.compile(r"(?:(?<=[\s(=~<>@])|(?<=[A-Za-z]:)|^)\.\d{1,3}"
+                    rf"(?:\s?(?:{_DOSE}|{_VITAL})(?![a-z0-9]))?(?![\w/:]|[.,-]\d)",
+                    re.IGNORECASE | re.MULTILINE)
 #: a decade up to ``80s`` (``in 90s`` alone may be an age over 89, which HIPAA counts as PHI;
 #: ``sats in the 90s`` comes back after its keyword, and ``in her 90s`` never), a decimal that cannot
 #: be a month and day (``2.5``, ``7.35``; not ``3.10``), a lone digit not followed by a
@@ -153,13 +196,17 @@ _PAIN = re.compile(
     r"(?:pain(?:\s+(?:score|scale|level))?\b[^\n\d]{0,12}?(?<![\w/#.-])(\d{1,2}(?:-\d{1,2})?/10)"
     r"(?![\d/]|[.-]\d))|(?:(?<![\w/#.-])(\d{1,2}(?:-\d{1,2})?/10)(?![\d/]|[.-]\d)"
     r"\s*(?:pain|on\s+(?:the\s+)?pain))", re.IGNORECASE)
-#: a clock time: ``14:30``, ``4:30pm``, ``4pm``, ``@ 0400``, ``0400 hrs``
+#: a clock time: ``14:30``, ``4:30pm``, ``4pm``, ``@ 0400``, ``~ 1745``, ``0400 hrs``, a shift
+#: ``1900-0700`` (one end no year)
 _TIME = re.compile(
     r"(?<![\w/#.:-])(?:(?:[01]?\d|2[0-3]):[0-5]\d(?::[0-5]\d)?(?:\s?[ap]\.?m?\.?)?"
     r"|(?:1[0-2]|0?\d)\s?(?:am|pm|a\.m\.|p\.m\.)|(?:1[0-2]|0?\d)[ap]\s?-\s?(?:1[0-2]|0?\d)[ap])"
     r"(?![\w/]|[.:-]\d)"
-    r"|(?:(?<=@)|(?<=@\s)|(?<=\bat\s)|(?<=\bby\s)|(?<=\buntil\s))(?:[01]\d|2[0-3])[0-5]\d(?![\w/:]|[.-]\d)"
-    r"|(?<![\w/#.:-])(?:[01]\d|2[0-3])[0-5]\d(?=\s?(?:hrs?|hours)\b)", re.IGNORECASE)
+    r"|(?:(?<=@)|(?<=[@~]\s)|(?<=~)|(?<=\bat\s)|(?<=\bby\s)|(?<=\buntil\s))"
+    r"(?:[01]\d|2[0-3])[0-5]\d(?![\w/:]|[.-]\d)"
+    r"|(?<![\w/#.:-])(?:[01]\d|2[0-3])[0-5]\d(?=\s?(?:hrs?|hours)\b)"
+    r"|(?<![\w/#.:-])(?:[01]\d|2[0-3])[0-5]\d\s?-\s?(?:[01]\d|2[0-3])[0-5]\d(?![\w/:]|[.-]\d)",
+    re.IGNORECASE)
 _YEAR = re.compile(r"(?:19|20)\d\d")
 _MONTHS = (r"jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec|january|february|march|april|"
            r"june|july|august|september|october|november|december")
@@ -220,6 +267,24 @@ def _date_pair(value: str) -> bool:
     return False
 
 
+def _ascending(value: str) -> bool:
+    """Whether ``value`` is one range of two whole numbers written with a dash or ``to``, the
+    first below the second (``12-20``, ``9 to 13``): after a vital sign's name it is the sign's
+    range, not a month and day."""
+    m = re.fullmatch(r"(\d{1,3})\s?(?:-|to)\s?(\d{1,3})", value)
+    return bool(m) and int(m.group(1)) < int(m.group(2))
+
+
+def _year(text: str, m: re.Match[str], *, time: bool) -> bool:
+    """Whether a match is a year (19xx/20xx) or, for a time, holds no end that is no year (a
+    shift ``1900-0700`` comes back, ``1990-2005`` and ``at 2000`` do not)."""
+    if not time:
+        return bool(_YEAR.fullmatch(m.group()))
+    ends = re.findall(r"\d+", m.group())
+    return all(_YEAR.fullmatch(e) for e in ends) or (len(ends) == 1 and bool(
+        _YEAR.search(m.group())))
+
+
 def _guarded(text: str, start: int, end: int, *, term: bool = False) -> bool:
     """Whether the words around ``[start, end)`` say it could be a place, ID, age or date
     (``term``: a word with letters and digits, which no person word makes an age)."""
@@ -248,9 +313,17 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
         out.append((m.start(1), m.end()))
     for m in _AFTER_KEYWORD.finditer(text):
         num = m.group(1)
-        if _YEAR.fullmatch(num) or _date_pair(num) or _guarded(text, m.start(1), m.end(1)):
+        if (_YEAR.fullmatch(num) or (_date_pair(num) and not _ascending(num))
+                or _guarded(text, m.start(1), m.end(1))):
             continue
         out.append((m.start(1), m.end(1)))
+    for m in _VENT.finditer(text):
+        num = m.group("num")
+        if (_YEAR.fullmatch(num) or _guarded(text, m.start("num"), m.end("num"))
+                or (m.group("mode").lower() == "ac" and _DATE_SHAPE.fullmatch(num)
+                    and _date_pair(num))):
+            continue
+        out.append((m.start("num"), m.end("num")))
     for m in _LONE.finditer(text):
         num = m.group()
         if "." in num and not num.endswith("s"):
@@ -265,10 +338,12 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
                 or _guarded(text, m.start(), m.end())):
             continue
         out.append((m.start(), m.end()))
-    for pattern in (_TERMS, _TIME, _GAS, _FRACTION):
+    for pattern in (_TERMS, _TIME, _GAS, _SETTINGS, _DECIMALS, _POINT, _FRACTION):
         for m in pattern.finditer(text):
-            if _YEAR.fullmatch(m.group()) or _guarded(text, m.start(), m.end(),
-                                                      term=pattern is _TERMS):
+            if _year(text, m, time=pattern is _TIME) or _guarded(
+                    text, m.start(), m.end(), term=pattern is _TERMS):
+                continue
+            if pattern is _DECIMALS and _DOTTED_DATE.search(m.group()):
                 continue
             if m.group()[:1] in "xX" and _EXTENSION.search(text, max(0, m.start() - 12), m.start()):
                 continue
@@ -277,6 +352,9 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
         if (_glued_term(m.group()) and not _guarded(text, m.start(), m.end(), term=True)
                 and not (m.group()[:1] in "xX"
                          and _EXTENSION.search(text, max(0, m.start() - 12), m.start()))):
+            out.append((m.start(), m.end()))
+    for m in _PRESSURE.finditer(text):
+        if int(m.group("first")) > 31 and not _guarded(text, m.start(), m.end()):
             out.append((m.start(), m.end()))
     for m in _RATIO.finditer(text):
         if not _guarded(text, m.start(), m.end()):
