@@ -73,6 +73,9 @@ def released(text: str) -> list[str]:
     ("CO/CI 5.1/2.6 with", "5.1/2.6"),       # two decimals over each other
     ("arrived ~ 1745 alert", "1745"),        # a time after ~
     ("for 1900-0700 shift", "1900-0700"),    # a shift, one end no year
+    ("Psv decreased from 18 to 16 due", "18 to 16"),  # a change of a keyword's value
+    ("cvp has been 12 today", "12"),
+    ("TM 101 today", "101"),
 ])
 def test_measurement_contexts_are_released(text: str, value: str) -> None:
     assert value in released(text), text
@@ -96,6 +99,7 @@ def test_more_look_alikes_are_not_released(text: str) -> None:
     "ac 3-10 seen", "L AC 3/10",
     "since ~2000 pt", "~ 1990 dx", "1990-2005", "2000-2015 shift",  # years, also as a shift
     "3.10/5.12 x",         # decimals that could be months and days
+    "cvp increased on 3/10", "HR has been 3/10", "Dr T 12 Main",  # a date; an initial's address
     "on 12/25-12/30 stay", "617/555-0143", "31/12 seen", "12/31-1/2 away",  # dates, a phone
     "seen 11/21.93 x", "seen 11.21.93 x",  # a year after a date's point
     "BP 3/10",             # a pair that could be a date, even after a keyword

@@ -36,7 +36,8 @@ clinical measurement, each with a reason why it cannot be PHI:
   also the antecubital fossa, a date's shape is still refused), a chain of settings with a
   percent or a point value in it (``40%/500/12``), a pressure or its range over another whose
   first value is above 31 (``126-148/55-65``: no month or day is), and two decimals over each
-  other (``5.1/2.6``) unless one could be a month and a day.
+  other (``5.1/2.6``) unless one could be a month and a day; a keyword's value after a verb of
+  change (``PS decreased from 18 to 16``, ``cvp has been 12``).
 
 Never a measurement, whatever the context (the guards apply to every pattern):
 
@@ -102,7 +103,7 @@ _UNIT_AFTER = re.compile(
     rf"(?:{_DURATION})(?![a-z])(?![\s-]*(?:old|of\s+age)\b))", re.IGNORECASE)
 _KEYWORDS = (r"bp|blood\s+pressure|[sdm]?[an]?bp|sbp|dbp|abp|nbp|nibp|art\s+line|a-?line|"
              r"hr|heart\s+rate|pulse|rate|rr|resp(?:iratory)?(?:\s+rate)?|resps|"
-             r"temp|temperature|tmax|tc|t\s?max|spo2|sao2|svo2|o2\s*sats?|sats?|saturations?|"
+             r"temp|temperature|tmax|tc|t\s?max|tm|spo2|sao2|svo2|o2\s*sats?|sats?|saturations?|"
              r"wt|weight|ht|height|bmi|glucose|fsbs|fsbg|fs|bg|bs|cbg|blood\s+sugars?|fingersticks?|"
              r"na|k|cl|hco3|co2|bicarb|bun|cr|creat(?:inine)?|hgb|hb|hct|wbc|plt|platelets|"
              r"inr|ptt|ph|pco2|po2|pao2|paco2|lactate|lactic\s+acid|trop(?:onin)?|ast|alt|"
@@ -115,7 +116,11 @@ _KEYWORDS = (r"bp|blood\s+pressure|[sdm]?[an]?bp|sbp|dbp|abp|nbp|nibp|art\s+line
 #: a few words between a keyword and its value (``HR in the 80s``, ``SBP low 90s``)
 _BETWEEN = (r"(?:\s*(?:of|was|is|are|were|=|:|~|>|<|>=|<=|approx\.?|about|around|at|in|the|"
             r"low|high|mid|upper|lower|down|up|to|from|range|ranging|between|remains?|"
-            r"remained|stable|sustained)\b|\s*[=:~<>])*\s*")
+            r"remained|stable|sustained|"
+            # a change of the value (``PS decreased from 18 to 16``, ``cvp has been 12``)
+            r"increased|decreased|inc|dec|increasing|decreasing|weaned|titrated|changed|"
+            r"dropped|drifted|rose|fell|went|been|has|had|now|getting|initially|currently|still|"
+            r"running)\b|\s*[=:~<>])*\s*")
 #: a keyword's value: numbers, ranges of numbers, decades, joined by ``/`` (``120/80``,
 #: ``100-120/50-60s``, an ABG ``7.35/40/90``)
 _KW_NUM = rf"{_VALUE_BODY}(?:'?s)?"
