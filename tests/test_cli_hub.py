@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from hub_fixtures import copy_model
+from rich.console import Console
 
 from dphub import config
+from dphub.cli import hub as hub_cli
 from dphub.cli.main import main
 
 pytest_plugins = ("hub_fixtures",)
@@ -16,7 +18,10 @@ def model(model_template, hub_env):
     return copy_model(model_template, hub_env["tmp"] / "model")
 
 
-def test_publish_search_pull_info_list(model, hub_env, capsys):
+def test_publish_search_pull_info_list(model, hub_env, capsys, monkeypatch):
+    # tables fold a long path over lines (a test's temporary path, longer under pytest-xdist):
+    # read them at a width that holds every cell whole
+    monkeypatch.setattr(hub_cli, "_console", lambda: Console(width=1000, soft_wrap=False))
     assert main(["publish", str(model), "--repo", "acme/deid", "--tag", "v1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("published acme/deid@") and "tagged v1" in out and "unit=patient" in out
