@@ -63,8 +63,8 @@ def released(text: str) -> list[str]:
     ("levo at 2 mics", "2 mics"),
     ("A/C 700/15/5/40% now", "700/15/5/40%"),  # a ventilator mode and its settings
     ("on AC 500x12/.50/5peep now", "500x12/.50/5peep"),
-    ("PSV 15/5 at 40%", "15/5"),
-    ("nasal CPAP 8/5, 30%", "8/5"),
+    ("PSV 20/5/40% now", "20/5/40%"),
+    ("SIMV 700x12 now", "700x12"),
     ("SIMV 18 tv 500", "18"),
     ("RESP 40%/500/12 PEEP 5", "40%/500/12"),  # settings with a percent in the chain
     ("on 5/5/.40 w/ abg", "5/5/.40"),
@@ -96,7 +96,7 @@ def test_more_look_alikes_are_not_released(text: str) -> None:
     "on 3/14 5", "3-10-2026", "03/14/2026", "3/10/26", "on 3.10 seen",
     "RR 20-12",            # a descending date-shaped range after a keyword (could be 20/12)
     "R AC 11/17 placed", "R AC 11/17/05 placed",  # AC is also the antecubital fossa
-    "ac 3-10 seen", "L AC 3/10",
+    "ac 3-10 seen", "L AC 3/10", "started on CPAP 3/10", "PSV 15/5", "on bipap 12/25/05",
     "since ~2000 pt", "~ 1990 dx", "1990-2005", "2000-2015 shift",  # years, also as a shift
     "3.10/5.12 x",         # decimals that could be months and days
     "cvp increased on 3/10", "HR has been 3/10", "Dr T 12 Main",  # a date; an initial's address

@@ -32,8 +32,8 @@ clinical measurement, each with a reason why it cannot be PHI:
   (``RR 12-20``, ``CVP 9-13``: a range, not a month and day), a value written from its point
   (``.5 mg``, ``FiO2 .40``: nothing but a space, a bracket or a sign before it), dose shorthand
   (``40mgs``, ``2 mics``), a ventilator mode and its settings (``A/C 700/15/5/40%``,
-  ``AC 500x12/.50/5peep``, ``PSV 15/5``: no date follows a mode; after ``AC`` without its slash,
-  also the antecubital fossa, a date's shape is still refused), a chain of settings with a
+  ``AC 500x12/.50/5peep``, ``PSV 20/5/40%``: a chain of settings is no date; a pair of a date's
+  shape is still refused after every mode: ``on CPAP 3/10``, ``R AC 11/17``), a chain of settings with a
   percent or a point value in it (``40%/500/12``), a pressure or its range over another whose
   first value is above 31 (``126-148/55-65``: no month or day is), and two decimals over each
   other (``5.1/2.6``) unless one could be a month and a day; a keyword's value after a verb of
@@ -139,15 +139,14 @@ _SETTINGS = re.compile(r"(?<![\w.,/:#'+-])(?=[\d/.%]*(?:%|(?<![\d.])\.\d))"
                        r"(?:\d{1,4}%?|\.\d{1,3}%?)(?:/(?:\d{1,4}%?|\.\d{1,3}%?)){1,4}"
                        r"(?![\d/:]|[.-]\d|\w)")
 #: a ventilator mode and its settings (``AC 500x12``, ``A/C 700/15/5/40%``, ``SIMV 12``,
-#: ``PSV 15/5``, ``CPAP 8/5``): no date follows a mode, so a pair is no month and day here;
-#: except after ``AC`` without its slash, which is also the antecubital fossa (``R AC 11/17``, a
-#: line placed on a date) and "before meals"
+#: ``PSV 20/5/40%``): a chain of settings is no date; a date's shape alone is (``started on CPAP
+#: 3/10``; ``R AC 11/17``, a line placed in the antecubital fossa on a date), whatever the mode
 _VENT = re.compile(
     r"(?<![\w/])(?P<mode>a/?c|simv|cmv|prvc|psv|cpap|bipap|ps|assist\s+control|(?:vent\s+)?settings?)"
     r"(?:\s+(?:mode|of|at|on|now|is|was|=|:)\b|\s*[=:])*\s*"
     r"(?P<num>(?:\d{1,4}|\.\d{1,3})%?(?:\s?[/x*]\s?(?:\d{1,4}|\.\d{1,3})(?:%|\s?(?:peep|ps|p)\b)?){0,4})"
     r"(?![\d/:]|[.-]\d|\w)", re.IGNORECASE)
-#: a date's shape after ``AC``: ``11/17``, ``11/17/05``
+#: a date's shape after a ventilator mode: ``11/17``, ``11/17/05``
 _DATE_SHAPE = re.compile(r"\d{1,2}\s?[/-]\s?\d{1,2}(?:\s?[/-]\s?\d{2,4})?")
 #: a pressure or its range over another (``126-148/55-65``, ``150-160/80``, ``110/60s``) whose
 #: first value is above 31: no month or day is, so the pieces after it are no date either
@@ -325,8 +324,7 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
     for m in _VENT.finditer(text):
         num = m.group("num")
         if (_YEAR.fullmatch(num) or _guarded(text, m.start("num"), m.end("num"))
-                or (m.group("mode").lower() == "ac" and _DATE_SHAPE.fullmatch(num)
-                    and _date_pair(num))):
+                or (_DATE_SHAPE.fullmatch(num) and _date_pair(num))):
             continue
         out.append((m.start("num"), m.end("num")))
     for m in _LONE.finditer(text):
