@@ -50,8 +50,8 @@ Never a measurement, whatever the context (the guards apply to every pattern):
   ``10-12``, ``3/98``, ``25/3``) unless a dose or vital unit follows it directly
   (``2-3 L``, ``1-2 tabs``), a duration follows an ascending range with a dash (``3-4 days``),
   it is ``N/10`` in a pain context, or an ascending dash range follows a vital sign's name
-  (``RR 12-20``); a slash pair after a name is still refused (``BP 3/10``), except after a
-  ventilator mode;
+  (``RR 12-20``); a slash pair is still refused after every name and ventilator mode
+  (``BP 3/10``, ``on CPAP 3/10``);
 * a number of more than five digits before the point (IDs, phones); a four-digit 19xx/20xx
   number (a year) unless a dose unit follows it directly;
 * a value whose previous word names a place, an identifier or an age (``room``, ``rm``, ``bed``,
