@@ -129,6 +129,14 @@ def test_calibration_chooses_a_stricter_named_threshold() -> None:
     assert rule.named is not None and rule.named <= 0.05 < 0.1 < rule.high
 
 
+def test_a_clitic_is_no_initial() -> None:
+    """``pt's good``: the ``s`` of a clitic signs nothing; an initial still does."""
+    for text in ("patient's good uo", "patient\u2019s good uo", "don't good uo"):
+        assert "good" not in signs(text), text
+    assert "good" in signs("patient s good uo")  # a letter alone is still an initial
+    assert "ZORBAK" in signs("SAID 'J ZORBAK' TODAY")  # ... and one after an opening quote
+
+
 def test_signs_after_an_initial() -> None:
     assert signs("patient j. zorbak today") == ["zorbak"]
     assert signs("PATIENT STABLE E ZORBAK TODAY") == ["ZORBAK"]
@@ -221,6 +229,8 @@ def test_an_unknown_word_in_a_line_of_capitals_needs_the_named_threshold_too() -
 @pytest.mark.parametrize("text, back", [
     ("stable to good effect", True),  # after a function word: the models decide (P < NAMED)
     ("stable and good today", True),
+    ("stable good and today", True),  # ... before one
+    ("good md today", False),  # before a cue after a name of a role
     ("spoke with good today", False),  # after a cue of a person's role: a sign
     ("seen by good today", False),
     ("stable to Good effect", False),  # capitalised inside a sentence: a sign

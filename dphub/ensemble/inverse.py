@@ -404,10 +404,11 @@ page notified contacted spoke saw seen see per and or of in near lives living vi
 st saint mt mount fort lake port new north south east west dear hi hello name contact signed
 team cc thanks thank family
 """.split())  # noqa: SIM905 - a readable word block
-#: the cues of :data:`NAME_CUES_BEFORE` that are function words of every sentence and name no
-#: person's or place's role (not ``by``, ``with``, ``per``, ``at``, ``from``): after one, a
-#: context word in lower case (``to good effect``, ``and will``) shows no sign of a name for
-#: :func:`name_signs`; it is still a context word, which the models must be sure of (P < NAMED)
+#: the cues of :data:`NAME_CUES_BEFORE` and :data:`NAME_CUES_AFTER` that are function words of
+#: every sentence and name no person's or place's role (not ``by``, ``with``, ``per``, ``at``,
+#: ``from``): beside one, a context word in lower case (``to good effect``, ``pleasant and``)
+#: shows no sign of a name for :func:`name_signs`; it is still a context word, which the models
+#: must be sure of (P < NAMED)
 WEAK_CUES = frozenset(("to", "and", "or", "of", "in"))
 #: a word after which a context word may be a name or a place
 NAME_CUES_AFTER = frozenset("""
@@ -565,11 +566,11 @@ _SENTENCE_END = frozenset(".:!?-*#>")
 def name_signs(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary) -> set[int]:
     """Indices of the words that show a sign of a name (issue 36 item 2): capitalised inside a
     sentence (``Xyz`` not at a line's start or after ``.``/``:``), after a name cue (``dr``,
-    ``by``, ``with``, ``son``: :data:`NAME_CUES_BEFORE`; after a function word of
-    :data:`WEAK_CUES` not for a context word in lower case) or an initial (``E SMITH``), before a
-    cue after a name (``MD``, ``called``: :data:`NAME_CUES_AFTER`), or — unless it is a context
-    word, which is a name by construction and decided by :func:`context_released` — in the rule
-    member's first-name, surname or context-name lists.
+    ``by``, ``with``, ``son``: :data:`NAME_CUES_BEFORE`) or an initial (``E SMITH``), before a
+    cue after a name (``MD``, ``called``: :data:`NAME_CUES_AFTER`; a function word of
+    :data:`WEAK_CUES` on either side is none for a context word in lower case), or — unless it
+    is a context word, which is a name by construction and decided by
+    :func:`context_released` — in the rule member's first-name, surname or context-name lists.
 
     The models are least to be trusted on exactly these: on the dev corpus's inner split the
     PHI words a DP model was sure of (P < 0.05) were almost all of this kind, and the words of
@@ -587,10 +588,11 @@ def name_signs(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary)
                 out.add(i)
                 continue
         cue = normalize_word(words[i - 1].group()) if i else ""
-        if ((cue in NAME_CUES_BEFORE and not (cue in WEAK_CUES and w.islower()
-                                              and vocab.is_context(w)))
+        after = normalize_word(words[i + 1].group()) if i + 1 < n else ""
+        plain = w.islower() and vocab.is_context(w)  # a function word is no cue beside it
+        if ((cue in NAME_CUES_BEFORE and not (plain and cue in WEAK_CUES))
                 or (i and _after_initial(text, words, i))
-                or (i + 1 < n and normalize_word(words[i + 1].group()) in NAME_CUES_AFTER)
+                or (after in NAME_CUES_AFTER and not (plain and after in WEAK_CUES))
                 or (normalize_word(w) in names and not vocab.is_context(w))):
             out.add(i)
     return out
@@ -624,20 +626,27 @@ def single_capitals(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabu
     return out
 
 
+#: what joins a clitic to its word (``pt's``): a letter after one is no initial
+_APOSTROPHES = frozenset("'\u2019\u2018\u02bc`\u00b4")
 #: between an initial and the name after it: spaces, or a full stop and spaces (``J. Smith``)
 _INITIAL_GAP = re.compile(r"\.?[ \t]+")
 
 
 def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
     """Word ``i`` follows an initial: a single letter other than ``a`` and ``I`` that is no part
-    of shorthand (no ``/`` beside it) and follows no number (``2 L``: a unit), with only
-    spaces or ``. `` between them (``E SMITH``, ``j. doe``, ``john r smith``)."""
+    of shorthand (no ``/`` beside it) nor a clitic (``pt's``, ``don't``: an apostrophe before
+    it) and follows no number (``2 L``: a unit), with only spaces or ``. `` between them
+    (``E SMITH``, ``j. doe``, ``john r smith``)."""
     prev = words[i - 1]
     pw = normalize_word(prev.group())
     gap = unicodedata.normalize("NFKC", text[prev.end():words[i].start()])  # NBSP, fullwidth .
+    before = text[max(0, prev.start() - 2):prev.start()]
+    clitic = (len(before) == 2 and before[0].isalnum()  # ``pt's``, not a quote: ``'J Smith'``
+              and (before[1] in _APOSTROPHES
+                   or unicodedata.normalize("NFKC", before[1]) in _APOSTROPHES))
     if (len(pw) != 1 or not pw.isalpha() or pw in "ai" or not words[i].group().isalpha()
-            or not _INITIAL_GAP.fullmatch(gap)
-            or unicodedata.normalize("NFKC", text[prev.start() - 1:prev.start()]) == "/"):
+            or not _INITIAL_GAP.fullmatch(gap) or clitic
+            or unicodedata.normalize("NFKC", before[-1:]) == "/"):
         return False
     return i < 2 or not any(c.isdigit() for c in words[i - 2].group())
 
