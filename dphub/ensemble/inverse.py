@@ -89,9 +89,9 @@ from dphub.scores import LabelThresholds, TokenScores
 #: and of context words. Chosen on cross-fitted tuning parts of the dev corpus's 95 training
 #: patients (each scored by a DP model that did not see it) as the most text kept with no PHI
 #: token missed beyond the strict rule's on any part, then checked once on the held-out patients
-#: (docs/recall_first.md): recall 0.997 as the strict rule's, 94.0 % of the other words kept
+#: (docs/recall_first.md): recall 0.997 as the strict rule's, 94.1 % of the other words kept
 #: with what was added after and checked the same way (words in lines of capitals, numbers of
-#: hand-written notes, function words, single capitals).
+#: hand-written notes, function words, single capitals, two false signs).
 #: All depend on the model's calibration: calibrate on your own labels.
 DEFAULT_LOW = 0.005
 DEFAULT_HIGH = 0.01
