@@ -131,7 +131,8 @@ def test_calibration_chooses_a_stricter_named_threshold() -> None:
 
 def test_a_clitic_is_no_initial() -> None:
     """``pt's good``: the ``s`` of a clitic signs nothing; an initial still does."""
-    for text in ("patient's good uo", "patient\u2019s good uo", "don't good uo"):
+    for text in ("patient's good uo", "patient\u2019s good uo", "don't good uo",
+                 "patient`s good uo", "patient\uff07s good uo"):  # a backtick, a fullwidth one
         assert "good" not in signs(text), text
     assert "good" in signs("patient s good uo")  # a letter alone is still an initial
     assert "ZORBAK" in signs("SAID 'J ZORBAK' TODAY")  # ... and one after an opening quote

@@ -73,7 +73,7 @@ from dphub.ensemble.aggregate import MergedSpan, aggregate
 from dphub.ensemble.measures import measurement_ranges
 from dphub.ensemble.members import ModelMember
 from dphub.ensemble.releases import shape_released
-from dphub.ensemble.words import LETTER_RUN, WORD_RE
+from dphub.ensemble.words import LETTER_RUN, WORD_RE, joined_by_apostrophe
 from dphub.errors import ConfigError
 from dphub.labels import UNTYPED, category_of
 from dphub.notes import Note, Span
@@ -616,7 +616,7 @@ def single_capitals(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabu
     out: set[int] = set()
     for i in range(len(words) - 1):
         w, nxt = words[i].group(), words[i + 1].group()
-        if (len(w) != 1 or not w.isupper() or w in "AI" or named[i]
+        if (len(w) != 1 or not w.isupper() or normalize_word(w) in ("a", "i") or named[i]
                 or not _SINGLE_GAP.fullmatch(text, words[i].end(), words[i + 1].start())):
             continue
         if nxt[:1].isdigit() or (nxt.islower() and vocab.contains(nxt)
@@ -626,8 +626,6 @@ def single_capitals(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabu
     return out
 
 
-#: what joins a clitic to its word (``pt's``): a letter after one is no initial
-_APOSTROPHES = frozenset("'\u2019\u2018\u02bc`\u00b4")
 #: between an initial and the name after it: spaces, or a full stop and spaces (``J. Smith``)
 _INITIAL_GAP = re.compile(r"\.?[ \t]+")
 
@@ -640,13 +638,11 @@ def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
     prev = words[i - 1]
     pw = normalize_word(prev.group())
     gap = unicodedata.normalize("NFKC", text[prev.end():words[i].start()])  # NBSP, fullwidth .
-    before = text[max(0, prev.start() - 2):prev.start()]
-    clitic = (len(before) == 2 and before[0].isalnum()  # ``pt's``, not a quote: ``'J Smith'``
-              and (before[1] in _APOSTROPHES
-                   or unicodedata.normalize("NFKC", before[1]) in _APOSTROPHES))
+    # ``pt's``: a clitic, not an initial (an opening quote is no clitic: ``'J Smith'``)
+    clitic = i >= 2 and pw in _CLITICS and joined_by_apostrophe(text, words[i - 2], prev)
     if (len(pw) != 1 or not pw.isalpha() or pw in "ai" or not words[i].group().isalpha()
             or not _INITIAL_GAP.fullmatch(gap) or clitic
-            or unicodedata.normalize("NFKC", before[-1:]) == "/"):
+            or unicodedata.normalize("NFKC", text[prev.start() - 1:prev.start()]) == "/"):
         return False
     return i < 2 or not any(c.isdigit() for c in words[i - 2].group())
 
@@ -675,7 +671,6 @@ def in_capitals(text: str, words: Sequence[re.Match[str]]) -> np.ndarray:
 
 #: the endings of English contractions and possessives (``pt's``, ``don't``, ``we'll``)
 _CLITICS = frozenset(("s", "t", "d", "m", "ll", "re", "ve"))
-_APOSTROPHES = frozenset("'’")
 #: one-letter names of a value (potassium ``K 3.8``, ``x 2``, ``q 4``, pulse ``P 80``, temperature
 #: ``T 37.2``): released only right before a number the measurement contexts released
 _VALUE_KEYS = frozenset("kxqpt")
@@ -688,8 +683,7 @@ def _clitic(text: str, words: Sequence[re.Match[str]], i: int, vocab: SafeVocabu
     if i == 0 or normalize_word(m.group()) not in _CLITICS:
         return False
     prev = words[i - 1]
-    return (prev.end() + 1 == m.start() and text[prev.end()] in _APOSTROPHES
-            and vocab.contains(prev.group()))
+    return joined_by_apostrophe(text, prev, m) and vocab.contains(prev.group())
 
 
 def _value_key(text: str, words: Sequence[re.Match[str]], i: int,

@@ -155,8 +155,8 @@ _PRESSURE = re.compile(
     r"(?:\s?-\s?\d{1,3}(?:'?s)?)?(?![\w/:]|[.,-]\d)")
 #: two decimals over each other (``5.1/2.6``: cardiac output and index): no date has both
 _DECIMALS = re.compile(r"(?<![\w.,/:#'+-])\d{1,2}\.\d{1,2}/\d{1,2}\.\d{1,2}(?![\w/:]|[.,-]\d)")
-#: a decimal that could be a month and a day (``3.10``)
-_DOTTED_DATE = re.compile(r"(?<!\d)(?:0?[1-9]|1[0-2])\.(?:0[1-9]|[12]\d|3[01])(?!\d)")
+#: a decimal's whole part and two-digit fraction (read by :func:`_dotted_date`)
+_DECIMAL = re.compile(r"(?<![\d.])(\d{1,3})\.(\d{2})(?![\d.])")
 #: a value written from its point (``.5 mg``, ``.25 mcg/kg``, ``FiO2 .40``): a fraction below
 #: one, no date's or code's part, since nothing but a space, a bracket or a sign precedes it
 _POINT = re.compile(r"(?:(?<=[\s(=~<>@])|(?<=[A-Za-z]:)|^)\.\d{1,3}"
@@ -279,14 +279,19 @@ def _ascending(value: str) -> bool:
     return bool(m) and int(m.group(1)) < int(m.group(2))
 
 
-def _year(text: str, m: re.Match[str], *, time: bool) -> bool:
+def _dotted_date(value: str) -> bool:
+    """Whether ``value`` holds a decimal that could be a month and a day (``3.10``, not ``2.5``
+    nor ``7.35``)."""
+    return any(1 <= int(a) <= 12 and 1 <= int(b) <= 31 for a, b in _DECIMAL.findall(value))
+
+
+def _year(value: str, *, time: bool) -> bool:
     """Whether a match is a year (19xx/20xx) or, for a time, holds no end that is no year (a
     shift ``1900-0700`` comes back, ``1990-2005`` and ``at 2000`` do not)."""
     if not time:
-        return bool(_YEAR.fullmatch(m.group()))
-    ends = re.findall(r"\d+", m.group())
-    return all(_YEAR.fullmatch(e) for e in ends) or (len(ends) == 1 and bool(
-        _YEAR.search(m.group())))
+        return bool(_YEAR.fullmatch(value))
+    ends = re.findall(r"\d+", value)
+    return all(_YEAR.fullmatch(e) for e in ends) or (len(ends) == 1 and bool(_YEAR.search(value)))
 
 
 def _guarded(text: str, start: int, end: int, *, term: bool = False) -> bool:
@@ -329,10 +334,8 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
         out.append((m.start("num"), m.end("num")))
     for m in _LONE.finditer(text):
         num = m.group()
-        if "." in num and not num.endswith("s"):
-            whole, frac = num.split(".")
-            if len(frac) == 2 and 1 <= int(whole) <= 12 and 1 <= int(frac) <= 31:
-                continue
+        if not num.endswith("s") and _dotted_date(num):
+            continue
         if _guarded(text, m.start(), m.end()):
             continue
         out.append((m.start(), m.end()))
@@ -343,10 +346,9 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
         out.append((m.start(), m.end()))
     for pattern in (_TERMS, _TIME, _GAS, _SETTINGS, _DECIMALS, _POINT, _FRACTION):
         for m in pattern.finditer(text):
-            if _year(text, m, time=pattern is _TIME) or _guarded(
-                    text, m.start(), m.end(), term=pattern is _TERMS):
-                continue
-            if pattern is _DECIMALS and _DOTTED_DATE.search(m.group()):
+            if (_year(m.group(), time=pattern is _TIME)
+                    or _guarded(text, m.start(), m.end(), term=pattern is _TERMS)
+                    or (pattern is _DECIMALS and _dotted_date(m.group()))):
                 continue
             if m.group()[:1] in "xX" and _EXTENSION.search(text, max(0, m.start() - 12), m.start()):
                 continue

@@ -36,9 +36,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from dphub.ensemble.words import joined_by_apostrophe
 from dphub.safe_vocab import SafeVocabulary, normalize_word
 
-_APOSTROPHES = frozenset("'’")
 _SPACES = re.compile(r"[ \t]+")
 #: after a section letter: optional spaces, then ``:`` or ``-`` (never ``.``: an initial)
 _SECTION_AFTER = re.compile(r"[ \t]*[:\-]")
@@ -72,7 +72,7 @@ def number_clitic(text: str, words: Sequence[re.Match[str]], i: int,
         return False
     prev = words[i - 1]
     pw = prev.group()
-    if not (pw.isdigit() and prev.end() + 1 == m.start() and text[prev.end()] in _APOSTROPHES):
+    if not (pw.isdigit() and joined_by_apostrophe(text, prev, m)):
         return False
     if m.end() < len(text) and (text[m.end()].isalnum()):
         return False

@@ -46,6 +46,17 @@ from dphub.notes import Span
 WORD_RE = re.compile(r"[^\W_]+")
 #: a run of letters only (the letter parts of ``s/p``, ``CABGx2``)
 LETTER_RUN = re.compile(r"[^\W\d_]+")
+#: the apostrophes of contractions and possessives (``pt's``, ``don’t``, ``80's``), read as the
+#: vocabulary reads words (a fullwidth one is one)
+APOSTROPHES = frozenset("'\u2019\u2018\u02bc`\u00b4")
+
+
+def joined_by_apostrophe(text: str, before: re.Match[str], word: re.Match[str]) -> bool:
+    """Whether ``word`` follows ``before`` across one apostrophe and nothing else (``pt's``)."""
+    if before.end() + 1 != word.start():
+        return False
+    c = text[before.end()]
+    return c in APOSTROPHES or unicodedata.normalize("NFKC", c) in APOSTROPHES
 
 
 def word_runs(text: str) -> tuple[list[int], list[int]]:
