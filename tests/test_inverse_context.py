@@ -136,6 +136,7 @@ def test_a_clitic_is_no_initial() -> None:
         assert "good" not in signs(text), text
     assert "good" in signs("patient s good uo")  # a letter alone is still an initial
     assert "ZORBAK" in signs("SAID 'J ZORBAK' TODAY")  # ... and one after an opening quote
+    assert "ZORBAK" in signs("PATIENT E\u200b ZORBAK TODAY")  # a zero-width space in the gap
 
 
 def test_signs_after_an_initial() -> None:

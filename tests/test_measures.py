@@ -76,6 +76,8 @@ def released(text: str) -> list[str]:
     ("Psv decreased from 18 to 16 due", "18 to 16"),  # a change of a keyword's value
     ("cvp has been 12 today", "12"),
     ("TM 101 today", "101"),
+    ("gave 5\u200b mg", "5\u200b mg"),       # read as the members read it, in its own offsets
+    ("gave \uff15 mg today", "\uff15 mg"),
 ])
 def test_measurement_contexts_are_released(text: str, value: str) -> None:
     assert value in released(text), text
@@ -100,6 +102,9 @@ def test_more_look_alikes_are_not_released(text: str) -> None:
     "since ~2000 pt", "~ 1990 dx", "1990-2005", "2000-2015 shift",  # years, also as a shift
     "3.10/5.12 x",         # decimals that could be months and days
     "cvp increased on 3/10", "HR has been 3/10", "Dr T 12 Main",  # a date; an initial's address
+    # an invisible character does not split a date into lone numbers (zero-width, soft hyphen)
+    "started on CPAP 3\u200b/10 today", "on 3\u200b-10 seen", "on 3\u00ad/10 seen",
+    "R AC 11\u2060/17 placed",
     "on 12/25-12/30 stay", "617/555-0143", "31/12 seen", "12/31-1/2 away",  # dates, a phone
     "seen 11/21.93 x", "seen 11.21.93 x",  # a year after a date's point
     "BP 3/10",             # a pair that could be a date, even after a keyword

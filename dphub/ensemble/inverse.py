@@ -80,6 +80,7 @@ from dphub.notes import Note, Span
 from dphub.rules.lexicon import dictionaries
 from dphub.safe_vocab import SafeVocabulary, normalize_word
 from dphub.scores import LabelThresholds, TokenScores
+from dphub.textnorm import normalized_text
 
 #: Default thresholds of ``--aggregate inverse`` (no ``:LOW,HIGH``), used until ``ensemble
 #: calibrate`` chooses the owner's own: ``inverse:0.005,0.01,0.002``. LOW: the P(PHI) below which
@@ -637,7 +638,7 @@ def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
     (``E SMITH``, ``j. doe``, ``john r smith``)."""
     prev = words[i - 1]
     pw = normalize_word(prev.group())
-    gap = unicodedata.normalize("NFKC", text[prev.end():words[i].start()])  # NBSP, fullwidth .
+    gap = normalized_text(text[prev.end():words[i].start()])  # NBSP, fullwidth ., zero-width
     # ``pt's``: a clitic, not an initial (an opening quote is no clitic: ``'J Smith'``)
     clitic = i >= 2 and pw in _CLITICS and joined_by_apostrophe(text, words[i - 2], prev)
     if (len(pw) != 1 or not pw.isalpha() or pw in "ai" or not words[i].group().isalpha()

@@ -66,7 +66,8 @@ Ordinals (``2nd``, ``3rd``) stay hidden: ``the 3rd`` is a date as often as a ste
 are also common words or abbreviations of a person or place (``pt``, ``st``, ``in``) are left out.
 ``benchmarks/number_contexts.py`` counts what these contexts release on the dev corpus.
 
-Offsets are those of the text given (the ensemble gives it the note's text).
+Offsets are those of the text given (the ensemble gives it the note's text); the patterns read
+it normalised as the members do (:mod:`dphub.textnorm`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from __future__ import annotations
 import re
 
 from dphub.ensemble.words import LETTER_RUN
+from dphub.textnorm import normalize
 
 #: what may not precede a number: it would be part of a date, time, code, longer number or word
 _NOT_BEFORE = r"(?<![\w.,/:#'+-])"
@@ -306,7 +308,16 @@ def _guarded(text: str, start: int, end: int, *, term: bool = False) -> bool:
 
 
 def measurement_ranges(text: str) -> list[tuple[int, int]]:
-    """Character ranges ``[start, end)`` of the numbers of ``text`` read as measurements."""
+    """Character ranges ``[start, end)`` of the numbers of ``text`` read as measurements, read as
+    the members read the note (:mod:`dphub.textnorm`: a zero-width space or a soft hyphen inside
+    ``3/10`` must not split a date into a lone ``3``), in ``text``'s own offsets."""
+    norm = normalize(text)
+    if norm is None:
+        return _ranges(text)
+    return _merged([norm.to_original(a, b) for a, b in _ranges(norm.text)])
+
+
+def _ranges(text: str) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for m in _UNIT_AFTER.finditer(text):
         num = m.group(1)
@@ -371,9 +382,12 @@ def measurement_ranges(text: str) -> list[tuple[int, int]]:
     for m in _PAIN.finditer(text):
         g = 1 if m.group(1) else 2
         out.append((m.start(g), m.end(g)))
-    out.sort()
+    return _merged(out)
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     merged: list[tuple[int, int]] = []
-    for a, b in out:
+    for a, b in sorted(ranges):
         if merged and a <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(merged[-1][1], b))
         else:
