@@ -238,6 +238,8 @@ def test_an_unknown_word_in_a_line_of_capitals_needs_the_named_threshold_too() -
     ("stable to Good effect", False),  # capitalised inside a sentence: a sign
     ("STABLE TO GOOD EFFECT", False),  # in a line of capitals the function word still signs
     ("transferred to good shepherd hospital", False),  # part of an institution's name
+    ("transferred to good\u00a0shepherd hospital", False),  # ... with a no-break space
+    ("transferred to good\u200b shepherd hospital", False),  # ... or a zero-width one
 ])
 def test_a_function_word_signs_no_lower_case_context_word(text: str, back: bool) -> None:
     probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)}

@@ -519,8 +519,8 @@ def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabula
     lower = [normalize_word(m.group()) for m in words]
     n = len(words)
 
-    def gap(i: int) -> str:  # the text between word i and word i + 1
-        return text[words[i].end():words[i + 1].start()]
+    def gap(i: int) -> str:  # the text between word i and word i + 1, read as members read it
+        return normalized_text(text[words[i].end():words[i + 1].start()])  # NBSP, zero-width
 
     def joined(i: int) -> bool:  # word i and i + 1 on one line, spaces or a name's . ' between
         g = gap(i)
