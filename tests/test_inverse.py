@@ -14,7 +14,13 @@ from faker import Faker
 from dphub.cli.main import main
 from dphub.ensemble.aggregation import parse_rule
 from dphub.ensemble.core import Ensemble, Slot, build_ensemble
-from dphub.ensemble.inverse import DEFAULT_HIGH, DEFAULT_LOW, DEFAULT_NAMED, InverseRule
+from dphub.ensemble.inverse import (
+    DEFAULT_HIGH,
+    DEFAULT_LOW,
+    DEFAULT_NAMED,
+    DEFAULT_SURE,
+    InverseRule,
+)
 from dphub.ensemble.manifest import Manifest
 from dphub.ensemble.measures import measurement_ranges
 from dphub.ensemble.members import FixedMember, ModelMember
@@ -178,7 +184,8 @@ def test_resume_refuses_a_changed_vocabulary(tmp_path: Path) -> None:
 def test_rule_parse_and_manifest_round_trip(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("dphub.safe_vocab._shipped_bytes", lambda: b"# tiny\npatient\n")
-    assert parse_rule("inverse") == InverseRule(DEFAULT_LOW, DEFAULT_HIGH, DEFAULT_NAMED)
+    assert parse_rule("inverse") == InverseRule(DEFAULT_LOW, DEFAULT_HIGH, DEFAULT_NAMED,
+                                                DEFAULT_SURE)
     assert str(parse_rule("inverse:0.1,0.4")) == "inverse:0.1,0.4"
     for bad in ("inverse:0.5,0.1", "inverse:2,3", "inverse:x", "inverse:0.1"):
         with pytest.raises(ConfigError, match="inverse"):

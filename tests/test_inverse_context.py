@@ -29,6 +29,9 @@ WORDS = ("patient", "seen", "by", "dr", "with", "and", "today", "stable", "clini
 CONTEXT = ("good",)
 #: a generous rule: anything a model gives P < 0.5 may come back
 GENEROUS = "inverse:0.5,0.5"
+#: the default LOW, HIGH and NAMED without SURE: the signs decide alone, however sure the model
+#: (what SURE adds is in tests/test_inverse_sure.py)
+THREE = "inverse:0.005,0.01,0.002"
 
 
 def vocab() -> SafeVocabulary:
@@ -69,7 +72,7 @@ def test_signs_of_a_name() -> None:
     ("seen by J Zorbak today", "Zorbak"),
     ("transferred from Good Shepherd Hospital today", "Shepherd"),  # ordinary words
 ])
-@pytest.mark.parametrize("rule", [GENEROUS, "inverse"])  # ... and the defaults
+@pytest.mark.parametrize("rule", [GENEROUS, THREE])  # ... and the defaults without SURE
 def test_phi_shapes_stay_hidden_when_the_model_is_wrongly_sure(text: str, phi: str,
                                                                rule: str) -> None:
     got = " ".join(t for t, _ in hidden(sure(text, rule), Note("a", text)))
@@ -109,7 +112,8 @@ def test_parse_and_print_the_third_value() -> None:
     assert (rule.low, rule.high, rule.named) == (0.005, 0.01, 0.002)
     assert str(rule) == "inverse:0.005,0.01,0.002"
     assert str(InverseRule.parse("inverse:0.005,0.01")) == "inverse:0.005,0.01"
-    for bad in ("inverse:0.1,0.2,1.5", "inverse:0.1,0.2,", "inverse:0.1,0.2,0.1,0.1"):
+    for bad in ("inverse:0.1,0.2,1.5", "inverse:0.1,0.2,", "inverse:0.1,0.2,0.1,0.1,0.1",
+                "inverse:0.1,0.2,0.1,2", "inverse:0.1,0.2,0.1,"):
         with pytest.raises(ConfigError, match="NAMED"):
             InverseRule.parse(bad)
 
@@ -153,7 +157,7 @@ def test_signs_after_an_initial() -> None:
     assert signs("given 2 l zorbak today") == []
 
 
-def _context_ensemble(probs: dict[str, float], rule: str = "inverse") -> Ensemble:
+def _context_ensemble(probs: dict[str, float], rule: str = THREE) -> Ensemble:
     return Ensemble([fixed("rules", "a", []), model(probs)], rule, safe_vocab=vocab())
 
 
@@ -203,7 +207,7 @@ def test_a_context_word_needs_the_named_threshold() -> None:
     ("stable. Zorbak went home", "Zorbak"),
     ("patient ZORBAK stable", "ZORBAK"),  # capitals in a line that is not in capitals
 ])
-@pytest.mark.parametrize("rule", [GENEROUS, "inverse"])
+@pytest.mark.parametrize("rule", [GENEROUS, THREE])
 def test_a_model_lets_back_only_unknown_words_in_lower_case(text: str, phi: str,
                                                             rule: str) -> None:
     got = " ".join(t for t, _ in hidden(sure(text, rule), Note("a", text)))

@@ -61,6 +61,7 @@ low-threshold spans under this rule.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -70,7 +71,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dphub.ensemble.aggregate import MergedSpan, aggregate
-from dphub.ensemble.measures import measurement_ranges
+from dphub.ensemble.measures import measurement_ranges, refused_numbers
 from dphub.ensemble.members import ModelMember
 from dphub.ensemble.releases import shape_released
 from dphub.ensemble.words import LETTER_RUN, WORD_RE, joined_by_apostrophe
@@ -97,6 +98,11 @@ from dphub.textnorm import normalized_text
 DEFAULT_LOW = 0.005
 DEFAULT_HIGH = 0.01
 DEFAULT_NAMED = 0.002
+#: SURE: the P(PHI) below which any other word comes back (a word with a weak sign of a name,
+#: a capitalised or unknown one, a single capital, a number outside every measurement) unless
+#: its shape alone refuses it (:func:`sure_refused`). Chosen as LOW, HIGH and NAMED were, on
+#: finer P than before (docs/recall_first.md, "Very sure").
+DEFAULT_SURE = 0.0005
 
 #: a model member without a threshold of its own flags at this P(PHI) under the inverse rule
 #: (its joint decoding has no per-word probability to compare)
@@ -119,6 +125,10 @@ class InverseRule:
     #: ``inverse:LOW,HIGH`` without a third value parses to None, so a stored rule keeps its
     #: meaning; ``inverse`` alone parses to :data:`DEFAULT_NAMED` (:meth:`default`)
     named: float | None = None
+    #: the P(PHI) below which every word that no shape refuses comes back (a fourth value,
+    #: ``inverse:LOW,HIGH,NAMED,SURE``; None: no such release, as before it existed, so a
+    #: stored rule keeps its meaning; ``inverse`` alone parses to :data:`DEFAULT_SURE`)
+    sure: float | None = None
 
     #: the forward rule's interface (calibration and listings read these): one flag hides
     k = 1
@@ -132,28 +142,32 @@ class InverseRule:
 
     @classmethod
     def default(cls) -> InverseRule:
-        """``inverse`` alone: :data:`DEFAULT_LOW`, :data:`DEFAULT_HIGH`, :data:`DEFAULT_NAMED`."""
-        return cls(DEFAULT_LOW, DEFAULT_HIGH, DEFAULT_NAMED)
+        """``inverse`` alone: :data:`DEFAULT_LOW`, :data:`DEFAULT_HIGH`, :data:`DEFAULT_NAMED`,
+        :data:`DEFAULT_SURE`."""
+        return cls(DEFAULT_LOW, DEFAULT_HIGH, DEFAULT_NAMED, DEFAULT_SURE)
 
     @classmethod
     def parse(cls, text: str) -> InverseRule:
         t = text.strip().lower()
         shown = text if len(text) <= 80 else text[:60] + "..."
-        usage = (f"aggregate rule {shown!r}: use 'inverse', 'inverse:LOW,HIGH' or "
-                 "'inverse:LOW,HIGH,NAMED' with 0 <= LOW <= HIGH <= 1 and 0 <= NAMED <= 1 (LOW: "
-                 "words nothing vouches for, HIGH: vocabulary words and measurement numbers, "
-                 "NAMED: vouched words with a sign of a name)")
+        usage = (f"aggregate rule {shown!r}: use 'inverse', 'inverse:LOW,HIGH', "
+                 "'inverse:LOW,HIGH,NAMED' or 'inverse:LOW,HIGH,NAMED,SURE' with "
+                 "0 <= LOW <= HIGH <= 1, 0 <= NAMED <= 1 and 0 <= SURE <= 1 (LOW: words nothing "
+                 "vouches for, HIGH: vocabulary words and measurement numbers, NAMED: vouched "
+                 "words with a sign of a name, SURE: any word no shape refuses)")
         if t == "inverse":
             return cls.default()
-        m = re.fullmatch(
-            r"inverse:\s*(\d*\.?\d+)\s*,\s*(\d*\.?\d+)(?:\s*,\s*(\d*\.?\d+))?", t)
+        num = r"\s*(\d*\.?\d+(?:e-?\d+)?)"
+        m = re.fullmatch(rf"inverse:{num}\s*,{num}(?:\s*,{num}(?:\s*,{num})?)?", t)
         if not m:
             raise ConfigError(usage)
         low, high = float(m.group(1)), float(m.group(2))
         named = None if m.group(3) is None else float(m.group(3))
-        if not (0.0 <= low <= high <= 1.0 and (named is None or 0.0 <= named <= 1.0)):
+        sure = None if m.group(4) is None else float(m.group(4))
+        if not (0.0 <= low <= high <= 1.0 and all(v is None or 0.0 <= v <= 1.0
+                                                  for v in (named, sure))):
             raise ConfigError(usage)
-        return cls(low, high, named)
+        return cls(low, high, named, sure)
 
     def check(self, names: Sequence[str]) -> None:
         """Any ensemble fits (the rule names no member)."""
@@ -167,7 +181,8 @@ class InverseRule:
             lowest = min([own.for_label(lab) for lab in own.by_label] + [own.for_label("")])
         else:
             lowest = MODEL_FLAG_DEFAULT if own is None else float(own)
-        return min(self.low, self.high if self.named is None else self.named, lowest)
+        return min(self.low, self.high if self.named is None else self.named,
+                   self.low if self.sure is None else self.sure, lowest)
 
     def merge(self, text: str, member_spans: Mapping[str, Sequence[Span]], *,
               vocabulary: SafeVocabulary,
@@ -176,7 +191,10 @@ class InverseRule:
         return inverse_aggregate(text, member_spans, self, vocabulary, models=models)
 
     def __str__(self) -> str:
-        tail = "" if self.named is None else f",{self.named:g}"
+        tail = "" if self.named is None and self.sure is None else \
+            f",{self.high if self.named is None else self.named:g}"
+        if self.sure is not None:
+            tail += f",{self.sure:g}"
         return f"inverse:{self.low:g},{self.high:g}{tail}"
 
 
@@ -253,12 +271,21 @@ class WordTable:
     #: words in capitals in a line of capitals (:func:`in_capitals`): there a capital says
     #: nothing, so an unvouched one needs P below both LOW and NAMED, as if it showed a sign
     capitals: np.ndarray | None = None
+    #: words whose shape alone refuses them the SURE release (:func:`sure_refused`): a strong
+    #: sign of a name, an initial, a number that could be a date, an age or an ID
+    refused: np.ndarray | None = None
+    #: words with a strong sign of a name (:func:`strong_name_signs`); with SURE given, a
+    #: vouched word whose signs are all weak needs only P < LOW (HIGH if lower, never stricter
+    #: than NAMED)
+    strong: np.ndarray | None = None
 
-    def kept(self, low: float, high: float, named: float | None = None) -> np.ndarray:
-        """Which words come back under ``inverse:LOW,HIGH,NAMED`` (``named`` None: HIGH; the
-        lower of NAMED and HIGH applies). Without a model member P says nothing, so a sign of a
-        name changes nothing and a context word comes back only where its neighbours release
-        it: the vocabulary vouches alone, as before item 2."""
+    def kept(self, low: float, high: float, named: float | None = None,
+             sure: float | None = None) -> np.ndarray:
+        """Which words come back under ``inverse:LOW,HIGH,NAMED,SURE`` (``named`` None: HIGH;
+        the lower of NAMED and HIGH applies; ``sure`` None: no SURE release). Without a model
+        member P says nothing, so a sign of a name changes nothing, a context word comes back
+        only where its neighbours release it and SURE releases nothing: the vocabulary vouches
+        alone, as before item 2."""
         none = np.zeros_like(self.safe)
         signs = none if self.named is None or not self.model else self.named
         unknown = (self.letters & ~self.safe & ~signs) if self.model else none
@@ -268,10 +295,38 @@ class WordTable:
         vouched = self.safe | self.measure
         strict = high if named is None else min(named, high)
         bar = np.where(signs, strict, high)
+        ladder = sure is not None and self.model and self.refused is not None
+        if ladder and self.strong is not None:
+            bar = np.where(signs & ~self.strong, max(strict, min(low, high)), bar)
         keep = ~self.flagged & ((vouched & (self.p < bar)) | (other & (self.p < low))
                                 | (context & (self.p < strict))
                                 | (capitals & (self.p < min(low, strict))))
+        if ladder:
+            keep |= ~self.flagged & ~self.refused & (self.p < sure)
         return keep if self.blocked is None else keep & ~self.blocked
+
+    @classmethod
+    def joined(cls, tables: Sequence[WordTable]) -> WordTable:
+        """The words of many notes as one table (offsets are per note, so only :meth:`kept`
+        and the word columns mean anything): calibration and benchmarks score thousands of
+        settings, one array operation each instead of one per note. The tables must agree on
+        having a model member and on which optional columns they carry."""
+        if not tables:
+            raise ValueError("no tables to join")
+        if len({t.model for t in tables}) > 1:
+            raise ValueError("tables of ensembles with and without a model member")
+        cols: dict[str, Any] = {"flags": [], "model": tables[0].model}
+        for f in dataclasses.fields(cls):
+            if f.name in cols:
+                continue
+            vals = [getattr(t, f.name) for t in tables]
+            if all(v is None for v in vals):
+                cols[f.name] = None
+            elif any(v is None for v in vals):
+                raise ValueError(f"tables disagree on the column {f.name!r}")
+            else:
+                cols[f.name] = np.concatenate(vals)
+        return cls(**cols)
 
 
 def word_table(
@@ -329,8 +384,11 @@ def word_table(
     cols = list(zip(*rows, strict=True)) if rows else [()] * 7
     blocked = np.zeros(len(found), dtype=bool)
     blocked[sorted(blocked_words(text, found, vocab))] = True
+    signed, strong = _signs(text, found, vocab)
     named = np.zeros(len(found), dtype=bool)
-    named[sorted(name_signs(text, found, vocab))] = True
+    named[sorted(signed)] = True
+    strong_mask = np.zeros(len(found), dtype=bool)
+    strong_mask[sorted(strong)] = True
     capitals = in_capitals(text, found)
     context = np.zeros(len(found), dtype=bool)
     context[sorted(i for i in _context_written_as_words(found, vocab, capitals)
@@ -341,7 +399,7 @@ def word_table(
                      np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
                      np.array(cols[6], dtype=bool), bool(models), blocked, named, context,
-                     lower, capitals)
+                     lower, capitals, sure_refused(text, found, vocab, strong), strong_mask)
 
 
 def inverse_aggregate(
@@ -360,7 +418,7 @@ def inverse_aggregate(
 def hidden_spans(text: str, table: WordTable, rule: InverseRule) -> list[MergedSpan]:
     """What ``rule`` hides of a note whose :class:`WordTable` is ``table``, as merged spans (one
     table serves every LOW, HIGH: calibration and benchmarks score many from one model pass)."""
-    out = ~table.kept(rule.low, rule.high, rule.named) & ~table.flagged  # flagged words are in the flags
+    out = ~table.kept(rule.low, rule.high, rule.named, rule.sure) & ~table.flagged  # flagged words are in the flags
     hidden = [MergedSpan(int(table.start[i]), int(table.end[i]), UNTYPED, float(table.p[i]), ())
               for i in np.flatnonzero(out)]
     return _join(text, sorted([*table.flags, *hidden], key=lambda s: (s.start, s.end)))
@@ -411,11 +469,22 @@ team cc thanks thank family
 #: shows no sign of a name for :func:`name_signs`; it is still a context word, which the models
 #: must be sure of (P < NAMED)
 WEAK_CUES = frozenset(("to", "and", "or", "of", "in"))
-#: a word after which a context word may be a name or a place
+#: a word after which a context word may be a name or a place (a phone's word too: ``Xyz
+#: cell``)
 NAME_CUES_AFTER = frozenset("""
 md rn np pa phd do jr sr hospital clinic center centre church street st avenue ave road rd
 county city university college school and or called said says reports reported stated states
-notified aware family
+notified aware family cell phone pager beeper tel telephone mobile
+""".split())  # noqa: SIM905 - a readable word block
+#: the cues of :data:`NAME_CUES_BEFORE` and :data:`NAME_CUES_AFTER` that are words of every
+#: sentence (prepositions, conjunctions, verbs of seeing and saying): beside one, a word is a
+#: name only sometimes, so a model that is very sure (P < SURE) may let it back. Every other
+#: cue — a title, kin, a role, an agent's or a place's preposition (``by``, ``per``, ``at``,
+#: ``from``), a place name's part, a professional suffix, a phone — is a *strong* sign
+#: (:func:`strong_name_signs`), which no model lets back
+COMMON_CUES = frozenset("""
+with and or to of in see seen saw near visit visited call new said says reports reported
+stated states
 """.split())  # noqa: SIM905 - a readable word block
 _SPACES = frozenset(" \t")
 #: between a context word and the word before it: spaces (the word before must be a safe word)
@@ -483,9 +552,9 @@ def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocab
 #: words that head an institution's or a street's name: the words before them are its name
 #: ("University Hospital", "Good Samaritan Medical Center", "Grace Church", "Main Street")
 INSTITUTION_HEADS = frozenset("""
-hospital hospitals clinic clinics center centre church chapel cathedral infirmary institute
-college university school academy sanatorium hospice street avenue ave road boulevard blvd
-lane parkway highway terrace
+hospital hospitals hosp clinic clinics center centre ctr cntr church chapel cathedral infirmary
+institute college university univ school academy sanatorium hospice street avenue ave road
+boulevard blvd lane parkway highway terrace
 """.split())  # noqa: SIM905 - a readable word block
 #: words that end an institution's name going back: the name starts after them
 _NAME_STOPS = frozenset("""
@@ -500,6 +569,25 @@ zero oh o one two three four five six seven eight nine ten eleven twelve thirtee
 fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty
 ninety hundred thousand double triple
 """.split())  # noqa: SIM905 - a readable word block
+#: titles: the word after one (spaces or ``. ``) is a name, whatever the vocabulary says
+_TITLES = frozenset(("dr", "doctor", "mr", "mrs", "miss", "mister", "prof", "professor"))
+
+
+def _after_title(word: str, vocab: SafeVocabulary) -> bool:
+    """Whether the word after a title is written as a name: letters, and not a lower-case
+    vocabulary word that is no context word (``dr aware``, ``dr notified``: the doctor)."""
+    return word.isalpha() and not (word.islower() and vocab.contains(word)
+                                   and not vocab.is_context(word))
+
+
+def _title_ms(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
+    """Whether ``ms`` at word ``i`` is a title (``Ms. X``, ``Ms Xyz``), not morphine sulfate or
+    multiple sclerosis (``MS contin``, ``ms 2 mg``): a full stop after it or a capitalised
+    name after it."""
+    nxt = words[i + 1].group()
+    return text.startswith(".", words[i].end()) or (nxt[:1].isupper() and not nxt.isupper())
+
+
 _HYPHEN_BREAK = re.compile(r"[ \t]*[-\u2010\u2011][ \t]*\r?\n[ \t]*")
 _NUMBER_GAP = re.compile(r"[ \t,.\-]*")
 
@@ -508,9 +596,14 @@ def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabula
     """Indices of words hidden whatever the vocabulary and the models say (issue 36):
 
     - an institution's or street's name: up to four words before a head word ("hospital",
-      "clinic", "church", "street"…) back to a function word, the head itself, and up to three
-      words after ``of`` following it ("University Hospital", "Hospital of Saint Raphael");
-      and the capitalised word after ``St``/``Saint``/``Mt`` ("St. Luke's");
+      "clinic", "church", "street"…) back to a function word — and across an ``of`` to the
+      capitalised word before it ("University of Xyz Medical Center") —, the head itself, and
+      up to three words after ``of`` following it ("University Hospital", "Hospital of Saint
+      Raphael");
+      and the capitalised word after ``St``/``Saint``/``Mt`` ("St. Luke's"), and ``holy`` or
+      ``sacred`` with the word after it in any case ("Holy Cross", "sacred heart");
+    - the word after a title (``Dr``, ``Mr``, ``Mrs``, ``Ms``, ``Prof``…: "Mr I", "Dr Good";
+      not a lower-case vocabulary word, "dr aware");
     - three or more number words in a row ("five five five one two"): a number spelled out;
     - the two halves of a word broken across a line by a hyphen, unless joined they are a
       safe word ("fol-/low" → "follow"): "Wood-/ward" is a surname in two vocabulary words.
@@ -532,6 +625,12 @@ def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabula
             while j > 0 and i - j < 4 and joined(j - 1) and lower[j - 1] not in _NAME_STOPS \
                     and not any(c.isdigit() for c in lower[j - 1]):
                 j -= 1
+            # "University of Maryland Medical Center", "U of X Hospital": across one ``of``
+            # to a capitalised word before it
+            if (j >= 2 and j < i and lower[j - 1] == "of" and joined(j - 2) and joined(j - 1)
+                    and words[j - 2].group()[:1].isupper()
+                    and lower[j - 2] not in _NAME_STOPS):
+                j -= 2
             if j < i:
                 out.update(range(j, i + 1))
             if i + 2 < n and lower[i + 1] == "of" and joined(i) and joined(i + 1):
@@ -542,6 +641,11 @@ def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabula
                     if k + 1 >= n or not joined(k):
                         break
                     k += 1
+        if (i + 1 < n and (w in _TITLES or (w == "ms" and _title_ms(text, words, i)))
+                and _INITIAL_GAP.fullmatch(gap(i)) and _after_title(words[i + 1].group(), vocab)):
+            out.add(i + 1)  # "Mr I", "Dr Good": the word after a title is a name
+        if w in ("holy", "sacred") and i + 1 < n and joined(i) and words[i + 1].group().isalpha():
+            out.update((i, i + 1))  # "Holy Cross", "sacred heart": a church's or hospital's
         if w in ("st", "saint", "mt") and i + 1 < n and joined(i) and words[i + 1].group()[:1].isupper() \
                 and not words[i + 1].group().isupper():
             out.update((i, i + 1))
@@ -576,27 +680,92 @@ def name_signs(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary)
     The models are least to be trusted on exactly these: on the dev corpus's inner split the
     PHI words a DP model was sure of (P < 0.05) were almost all of this kind, and the words of
     this kind are a few percent of the others (docs/recall_first.md). So a word with a sign of a
-    name that nothing vouches for stays hidden whatever the models say, and a vouched one needs
-    the stricter NAMED threshold."""
+    name that nothing vouches for comes back only when every model is very sure (P < SURE) and
+    the sign is not a strong one (:func:`strong_name_signs`), and a vouched one needs the
+    stricter NAMED threshold."""
+    return _signs(text, words, vocab)[0]
+
+
+def strong_name_signs(text: str, words: Sequence[re.Match[str]],
+                      vocab: SafeVocabulary) -> set[int]:
+    """Indices of the words with a *strong* sign of a name, which no model lets back (the SURE
+    release refuses them, :func:`sure_refused`): capitalised inside a sentence, in the name
+    lists, after an initial, beside a cue that is no common word (a title, kin, a role, a place
+    name's part, a professional suffix, a phone: every cue but :data:`COMMON_CUES`), and a
+    capitalised word joined to such a capitalised one by a hyphen, spaces or an initial's
+    stop (``Xyz-Smith MD``, ``Xyz Zorbak`` after ``patient``): the other half of a name.
+
+    On the dev corpus's 95 training patients every PHI word a DP model gave P < 0.0005 with a
+    sign of a name had a strong one (docs/recall_first.md)."""
+    return _signs(text, words, vocab)[1]
+
+
+#: between a name and a strong cue beside it: spaces, a title's stop, a suffix's comma
+_CUE_GAP = re.compile(r"[ \t]*[.,]?[ \t]+|[ \t]*,")
+#: between two halves of a name: a hyphen, spaces, or an initial's stop (``Xyz-Smith``,
+#: ``Mary Smith``, ``J. Smith``), on one line
+_NAME_JOIN = re.compile(r"[-\u2010\u2011]|[ \t]+|\.[ \t]+")
+
+
+def _other_half(text: str, words: Sequence[re.Match[str]], i: int, j: int,
+                vocab: SafeVocabulary) -> bool:
+    """Whether word ``j``, beside word ``i``, is the other half of its name: both capitalised
+    as names are (not in capitals: in a line of capitals a capital says nothing), ``j`` a
+    word of letters outside the vocabulary, joined by :data:`_NAME_JOIN`."""
+    a, b = (j, i) if j < i else (i, j)
+    wj, wi = words[j].group(), words[i].group()
+    return (wj.isalpha() and all(w[:1].isupper() and not w.isupper() for w in (wi, wj))
+            and not vocab.contains(wj)
+            and _NAME_JOIN.fullmatch(text, words[a].end(), words[b].start()) is not None)
+
+
+def _signs(text: str, words: Sequence[re.Match[str]],
+           vocab: SafeVocabulary) -> tuple[set[int], set[int]]:
+    """(every sign of a name, the strong ones): :func:`name_signs`, :func:`strong_name_signs`."""
     names = dictionaries().all_names
     out: set[int] = set()
+    strong: set[int] = set()
     n = len(words)
     for i, m in enumerate(words):
         w = m.group()
+        letters = w.isalpha()  # a strong sign is one of a word (numbers: refused_numbers)
         if w[:1].isupper() and not w.isupper():
             before = text[text.rfind("\n", 0, m.start()) + 1:m.start()].rstrip()
             if before and before[-1] not in _SENTENCE_END:
                 out.add(i)
+                # strong inside a sentence, after a word or a comma (``patient Xyz``, ``Son,
+                # Ed``); after a sign (``BUN & Crea``, ``+Flatus``, ``~ Tmax``) it is weak
+                if letters and (before[-1].isalnum() or before[-1] in ",;"):
+                    strong.add(i)
                 continue
         cue = normalize_word(words[i - 1].group()) if i else ""
         after = normalize_word(words[i + 1].group()) if i + 1 < n else ""
         plain = w.islower() and vocab.is_context(w)  # a function word is no cue beside it
-        if ((cue in NAME_CUES_BEFORE and not (plain and cue in WEAK_CUES))
-                or (i and _after_initial(text, words, i))
-                or (after in NAME_CUES_AFTER and not (plain and after in WEAK_CUES))
-                or (normalize_word(w) in names and not vocab.is_context(w))):
+        cue_before = cue in NAME_CUES_BEFORE and not (plain and cue in WEAK_CUES)
+        cue_after = after in NAME_CUES_AFTER and not (plain and after in WEAK_CUES)
+        initial = bool(i) and _after_initial(text, words, i)
+        listed = normalize_word(w) in names and not vocab.is_context(w)
+        if cue_before or initial or cue_after or listed:
             out.add(i)
-    return out
+        # an initial is strong in a name's case (``E SMITH``, ``J. Smith``; ``w good`` is
+        # shorthand); a cue after is none before a number (``PA 27-41``: a pressure)
+        named_case = w[:1].isupper() and words[i - 1].group().isupper() if i else False
+        # a strong cue is one beside the word on its line (``Dr. Xyz``, ``Xyz, MD``), not one
+        # across a line break or a clause (``yellow. \n Family:``)
+        near_before = bool(i) and _CUE_GAP.fullmatch(text, words[i - 1].end(), m.start())
+        near_after = i + 1 < n and _CUE_GAP.fullmatch(text, m.end(), words[i + 1].start())
+        keyword = i + 2 < n and words[i + 2].group()[:1].isdigit() and bool(
+            _BEFORE_GAP.fullmatch(text, words[i + 1].end(), words[i + 2].start()))
+        if letters and ((cue_before and cue not in COMMON_CUES and near_before)
+                        or (initial and named_case)
+                        or (cue_after and after not in COMMON_CUES and not keyword and near_after)
+                        or listed):
+            strong.add(i)
+    # the other half of a name: a capitalised word outside the vocabulary joined to a
+    # capitalised one with a strong sign (one step: a line in capitals is no chain of names)
+    halves = {j for i in strong for j in (i - 1, i + 1)
+              if 0 <= j < n and j not in strong and _other_half(text, words, i, j, vocab)}
+    return out | halves, strong | halves
 
 
 #: between a single capital and the lower-case word or number after it: spaces, or a colon, an
@@ -634,8 +803,9 @@ _INITIAL_GAP = re.compile(r"\.?[ \t]+")
 def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
     """Word ``i`` follows an initial: a single letter other than ``a`` and ``I`` that is no part
     of shorthand (no ``/`` beside it) nor a clitic (``pt's``, ``don't``: an apostrophe before
-    it) and follows no number (``2 L``: a unit), with only spaces or ``. `` between them
-    (``E SMITH``, ``j. doe``, ``john r smith``)."""
+    it) and follows no number across spaces (``2 L``: a unit; ``6.0. E. SMITH`` is an initial
+    after a sentence), with only spaces or ``. `` between them (``E SMITH``, ``j. doe``,
+    ``john r smith``)."""
     prev = words[i - 1]
     pw = normalize_word(prev.group())
     gap = normalized_text(text[prev.end():words[i].start()])  # NBSP, fullwidth ., zero-width
@@ -645,7 +815,79 @@ def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
             or not _INITIAL_GAP.fullmatch(gap) or clitic
             or unicodedata.normalize("NFKC", text[prev.start() - 1:prev.start()]) == "/"):
         return False
-    return i < 2 or not any(c.isdigit() for c in words[i - 2].group())
+    if i < 2 or not any(c.isdigit() for c in words[i - 2].group()):
+        return True
+    return not _BEFORE_GAP.fullmatch(text, words[i - 2].end(), prev.start())
+
+
+def initial_letters(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary) -> set[int]:
+    """Indices of the letters in an initial's shape: a single letter that starts a word (after
+    a space, a line's start, a bracket, a quote, a dash or a clause's punctuation:
+    ``CARAFATE-W. XYZ AWARE``), before a name across spaces or a full stop
+    (``J Smith``, ``E. WELSH``, ``U Xyz``) or before a full stop that ends its line (``--J.``);
+    and the letters of a dotted group before a name (``J.R. Smith``). A name here is a
+    capitalised word, a word in capitals that is no vocabulary word or a context word
+    (``WELSH``), or a word in the name lists. Not an initial: a letter glued to what is before
+    it (``90'S.``, ``C&D.``, ``L>R.``), a dotted abbreviation before an ordinary word (``B.M.
+    NOTED``, ``C.O. 5.1``), a letter before an ordinary word (``T max``, ``R foot``)."""
+    names = dictionaries().all_names
+
+    def name_like(j: int) -> bool:
+        w = words[j].group()
+        return w.isalpha() and ((w[:1].isupper() and not w.isupper())
+                                or (w.isupper() and len(w) > 1
+                                    and (not vocab.contains(w) or vocab.is_context(w)))
+                                or normalize_word(w) in names)
+
+    out: set[int] = set()
+    n = len(words)
+    for i, m in enumerate(words):
+        w = m.group()
+        if len(w) != 1 or not w.isalpha():
+            continue
+        before = text[m.start() - 1:m.start()] if m.start() else ""
+        if before and not (before.isspace() or before in "([{\"'-\u2013\u2014:;,"):
+            # glued to what precedes it: the second letter of a dotted group, or shorthand
+            if before == "." and m.start() >= 2 and text[m.start() - 2].isalpha():
+                j = i
+                while j + 1 < n and text.startswith(".", words[j].end()) \
+                        and words[j + 1].start() == words[j].end() + 1 \
+                        and len(words[j + 1].group()) == 1:
+                    j += 1
+                if j + 1 < n and _INITIAL_GAP.fullmatch(text, words[j].end() + 1
+                                                        if text.startswith(".", words[j].end())
+                                                        else words[j].end(),
+                                                        words[j + 1].start()) and name_like(j + 1):
+                    out.update(range(i - 1, j + 1))
+            continue
+        stop = text.startswith(".", m.end())
+        if stop and i + 1 < n and words[i + 1].start() == m.end() + 1:
+            continue  # the first letter of a dotted group: decided with its last letter
+        if i + 1 >= n or "\n" in text[m.end():words[i + 1].start()]:
+            if stop:
+                out.add(i)  # "J." at a line's end: a signature's initial
+            continue
+        if _INITIAL_GAP.fullmatch(text, m.end(), words[i + 1].start()) and name_like(i + 1):
+            out.add(i)
+    return out
+
+
+def sure_refused(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary,
+                 strong: set[int]) -> np.ndarray:
+    """Which words the SURE release may never let back, whatever the models say: a strong sign
+    of a name (``strong``: :func:`strong_name_signs`), a letter in an initial's shape
+    (:func:`initial_letters`), a number that could be a date, a year, an age, an ID or a phone
+    by its shape (:func:`dphub.ensemble.measures.refused_numbers`). Blocked words
+    (:func:`blocked_words`) are refused by :meth:`WordTable.kept` itself."""
+    out = np.zeros(len(words), dtype=bool)
+    out[sorted(strong | initial_letters(text, words, vocab))] = True
+    ranges = refused_numbers(text)
+    starts = [a for a, _ in ranges]
+    for i, m in enumerate(words):
+        k = bisect.bisect_right(starts, m.start()) - 1
+        if k >= 0 and ranges[k][0] <= m.start() < ranges[k][1]:
+            out[i] = True
+    return out
 
 
 def _context_written_as_words(words: Sequence[re.Match[str]], vocab: SafeVocabulary,

@@ -72,6 +72,7 @@ it normalised as the members do (:mod:`dphub.textnorm`).
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from dphub.ensemble.words import LETTER_RUN
@@ -302,9 +303,17 @@ def _guarded(text: str, start: int, end: int, *, term: bool = False) -> bool:
     line_start = text.rfind("\n", 0, start) + 1
     before = text[max(line_start, start - 30):start]
     after = text[end:end + 20]
+    return bool(_guard_words(text, start, end, term=term) or _CHAIN_BEFORE.search(before)
+                or _CHAIN_AFTER.match(after))
+
+
+def _guard_words(text: str, start: int, end: int, *, term: bool = False) -> bool:
+    """The words of :func:`_guarded`: a place, ID, age or month word before ``[start, end)``,
+    an age or month word after it."""
+    line_start = text.rfind("\n", 0, start) + 1
+    before = text[max(line_start, start - 30):start]
     guard = _GUARD_BEFORE_TERM if term else _GUARD_BEFORE
-    return bool(guard.search(before) or _GUARD_AFTER.match(after)
-                or _CHAIN_BEFORE.search(before) or _CHAIN_AFTER.match(after))
+    return bool(guard.search(before) or _GUARD_AFTER.match(text[end:end + 20]))
 
 
 def measurement_ranges(text: str) -> list[tuple[int, int]]:
@@ -383,6 +392,116 @@ def _ranges(text: str) -> list[tuple[int, int]]:
         g = 1 if m.group(1) else 2
         out.append((m.start(g), m.end(g)))
     return _merged(out)
+
+
+#: a section of past events (``PMH:``, ``PSH``, ``HPI:``, ``history``; at a line's start or after
+#: a sentence) to the next blank line: the numbers there are the years and dates of past events
+_HISTORY = re.compile(
+    r"(?im)(?:^|[.;][ \t]+)[ \t]*(?:p?mhx?|pshx?|hpi|hx|(?:past\s+)?(?:medical|surgical|social)?\s*history)"
+    r"\b[^\n]*(?:\n(?![ \t]*\r?$)[^\n]*)*")
+#: a four-digit number that reads as a year by what precedes it: an apostrophe, or a
+#: preposition of time (``since 1994``)
+_YEAR_BEFORE = re.compile(r"(?:['\u2019\u2018`]|\b(?:in|since|until|till|of|from|by)\s+)$",
+                          re.IGNORECASE)
+#: a whole number below this, alone, could be a day of the month or a two-digit year
+#: (``states 24``, ``CVA in 94 and 00``): its shape alone refuses it
+_BARE_DATE = 100
+_ORDINAL = re.compile(r"\d+(?:st|nd|rd|th)", re.IGNORECASE)
+#: numbers joined by a dash, slash, colon or point (spaces allowed beside the sign): a date, a
+#: phone, a code, or a measurement's range and settings (``89-100/50``, ``7.41/55``)
+_CHAIN = re.compile(r"\d+(?:'?s)?(?:[ \t]?[-/:.][ \t]?\d+(?:'?s)?)+")
+#: after a number: an age's or a sex's word (``67 male``, ``82 F``) or a direction (``7 North``)
+_AGE_OR_WARD_AFTER = re.compile(
+    r"[ \t-]*(?:male|female|man|woman|gentleman|gent|lady|boy|girl|[mf]|north|south|east|west"
+    r"|[nsew])\b", re.IGNORECASE)
+#: after a number: a capitalised word, as an address has (``12 Main St``; as :data:`_LONE`)
+_CAPITAL_AFTER = re.compile(r"[ \t]*[A-Z][a-z]")
+#: one number of a chain and the separator after it
+_CHAIN_PART = re.compile(r"(\d+)(?:'?s)?([ \t]?[-/:.][ \t]?)?")
+#: a phone's digit groups (``555-0143``, ``617 555 0143``)
+_PHONE = re.compile(r"\d{3}[ \t.-]{1,2}\d{4}(?!\d)|\d{3}[ \t.)-]{1,2}\d{3}[ \t.-]{1,2}\d{4}")
+#: :data:`_PHONE` as whole numbers (no digit glued before or after)
+_PHONE_GROUPS = re.compile(rf"(?<!\d)(?:{_PHONE.pattern})(?!\d)")
+#: after a number: a space and a phone's or code's digit group (``617 555 0143``)
+_GROUP_AFTER = re.compile(r"[ \t]\d{3}[ \t.-]\d|[ \t]\d{4}(?!\d)")
+_DIGIT_WORD = re.compile(r"(?=[^\W_]*\d)[^\W_]+")
+
+
+def refused_numbers(text: str) -> list[tuple[int, int]]:
+    """Character ranges of the words with a digit that no model may let back, whatever it
+    says: the numbers whose own shape or neighbours say they could be a date, a year, an age,
+    an ID, a phone or a room. The inverse rule lets a number outside every measurement context
+    back only when every model is very sure of it (:mod:`dphub.ensemble.inverse`, ``SURE``)
+    and it is none of these:
+
+    * a number after a place, ID, age or month word, or before an age or month word (the
+      guards of every measurement context);
+    * a part of a chain of numbers that could be a date, a phone or a code (:func:`_date_chain`:
+      ``3/10``, ``617-555-0143``, ``12.03``), or before a phone's digit group; the parts of a
+      chain that can be none of these (``89-100/50``, ``7.41/55/134``) are decided by the models;
+    * a whole number below 100 outside a chain, which alone could be a day of the month or a
+      two-digit year (``states 24``, ``in 94 and 00``), a year (19xx/20xx, or four digits after an apostrophe
+      or a preposition of time: ``since 1994``), a number of five digits or more, an ordinal
+      (``3rd``), a word of letters and digits of a refused shape (an age, a sex, a month or a
+      room beside the number: ``92yo``, ``F67``, ``rm12``); before an age's or sex's word, a
+      direction or a capitalised word (``67 male``, ``7 North``, ``12 Main St``);
+    * any number in a section of past events (``PMH:``, ``HPI:`` at a line's start or after a
+      sentence, to the next blank line), where numbers are years and dates (``MI 1992``).
+
+    Read, as :func:`measurement_ranges`, as the members read the note."""
+    norm = normalize(text)
+    if norm is None:
+        return _refused(text)
+    return _merged([norm.to_original(a, b) for a, b in _refused(norm.text)])
+
+
+def _date_chain(chain: str) -> bool:
+    """Whether a chain of numbers (:data:`_CHAIN`) could be a date, a year, a phone or a code:
+    two numbers across a slash or a dash that could be a month and a day or a month and a
+    year, as :func:`_date_pair` reads them (``3/10``, ``25-3``, ``3/98``, ``11/21.93``: a
+    decimal point after the day does not make it a measurement), a decimal
+    that could be one (``3.10``), a year, a part of five digits or more, a phone's groups."""
+    pieces = _CHAIN_PART.findall(chain)  # (number, the separator after it)
+    for (a, sep), (b, _) in itertools.pairwise(pieces):
+        x, y = int(a), int(b)
+        if sep.strip() in ("/", "-") and (1 <= x <= 12 or (1 <= x <= 31 and 1 <= y <= 12)):
+            return True
+    parts = re.findall(r"\d+", chain)
+    return (_dotted_date(chain) or _PHONE.search(chain) is not None
+            or any(len(p) >= 5 or _YEAR.fullmatch(p) for p in parts))
+
+
+def _refused(text: str) -> list[tuple[int, int]]:
+    # zones where every number is refused: sections of past events and a phone's groups
+    # (``617 555 0143``: the last group alone has no shape of its own)
+    history = _merged(sorted([m.span() for m in _HISTORY.finditer(text)]
+                             + [m.span() for m in _PHONE_GROUPS.finditer(text)]))
+    chains = [(m.start(), m.end(), _date_chain(m.group())) for m in _CHAIN.finditer(text)]
+    out: list[tuple[int, int]] = []
+    k = c = 0
+    for m in _DIGIT_WORD.finditer(text):
+        a, b = m.span()
+        w = m.group()
+        while k < len(history) and history[k][1] <= a:
+            k += 1
+        while c < len(chains) and chains[c][1] <= a:
+            c += 1
+        whole = w.isdigit()
+        line_start = text.rfind("\n", 0, a) + 1
+        chained = c < len(chains) and chains[c][0] < b
+        if ((k < len(history) and history[k][0] <= a)
+                or (chained and chains[c][2])
+                or _guard_words(text, a, b, term=not whole)
+                or _GROUP_AFTER.match(text, b) is not None
+                or _AGE_OR_WARD_AFTER.match(text, b) is not None
+                or _CAPITAL_AFTER.match(text, b) is not None
+                or (whole and (len(w) >= 5 or _YEAR.fullmatch(w)
+                               or (int(w) < _BARE_DATE and not chained)))
+                or (whole and len(w) == 4
+                    and _YEAR_BEFORE.search(text, max(line_start, a - 8), a) is not None)
+                or _ORDINAL.fullmatch(w) or (not whole and _GLUED_REFUSE.fullmatch(w))):
+            out.append((a, b))
+    return out
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
