@@ -1,10 +1,10 @@
-"""``ensemble calibrate`` for the inverse rule: LOW, HIGH (and NAMED) for a target recall.
+"""``ensemble calibrate`` for the inverse rule: LOW, HIGH, NAMED and SURE for a target recall.
 
 Under ``--aggregate inverse`` the recall lever is not a member's threshold but the rule's own
 (:mod:`dphub.ensemble.inverse`): HIGH, the P(PHI) below which a vocabulary word or a measurement
-number comes back, LOW, the one for a word nothing vouches for, and NAMED, a stricter HIGH for
-vouched words with a sign of a name. Members keep their thresholds (their flags hide words
-whatever LOW and HIGH are).
+number comes back, LOW, the one for a word nothing vouches for, NAMED, a stricter HIGH for
+vouched words with a sign of a name, and SURE, the one below which any word no shape refuses
+comes back. Members keep their thresholds (their flags hide words whatever the rule's are).
 
 How: every member runs once over the owner's labelled notes, model members reporting every word's
 P(PHI) (:func:`dphub.ensemble.inverse.model_word_spans`, down to the lowest grid value); each note
@@ -12,8 +12,10 @@ becomes a :class:`~dphub.ensemble.inverse.WordTable`, the object a run decides f
 token-binary recall and precision computed here are those of a run (the words are the tokens of
 :mod:`dphub.evaluate`; merging hidden words adds no token). Every pair LOW <= HIGH on
 :data:`PAIR_GRID` is scored, each with NAMED = HIGH and with every :data:`NAMED_GRID` value below
-HIGH: the setting reaching the target recall at the highest precision wins
-(ties: the higher thresholds, more text kept). ``inverse:0,0`` hides every word, so recall 1 is
+HIGH, each of those without SURE and with every :data:`SURE_GRID` value at most LOW (the notes'
+tables joined into one, :meth:`~dphub.ensemble.inverse.WordTable.joined`, so a setting costs one
+array operation): the setting reaching the target recall at the highest precision wins
+(ties: the higher thresholds, more text kept; no SURE, then the strictest). ``inverse:0,0`` hides every word, so recall 1 is
 always reachable; what a high target costs is precision, and the same floor as the forward
 calibration (``min_precision``, on the calibration notes and the held-out patients) refuses a
 pair below it, naming the best reachable pair, unless ``force``.
@@ -49,6 +51,9 @@ PAIR_GRID: tuple[float, ...] = (1.0, *GRID, 0.0)
 #: the values NAMED (a stricter HIGH for vouched words with a sign of a name) is chosen from,
 #: besides HIGH itself; only those below HIGH are tried
 NAMED_GRID: tuple[float, ...] = (0.01, 0.005, 0.002, 0.001, 0.0)
+#: the values SURE (the P(PHI) below which any word no shape refuses comes back) is chosen from,
+#: besides none; only those at most LOW are tried (a model "very sure" is surer than LOW asks)
+SURE_GRID: tuple[float, ...] = (0.002, 0.001, 0.0005, 0.0002, 0.0001)
 
 class _Point(NamedTuple):
     """One scored setting on the calibration notes."""
@@ -63,11 +68,18 @@ class _Point(NamedTuple):
     def named_high(self) -> float:
         return self.rule.high if self.rule.named is None else self.rule.named
 
+    @property
+    def sure_rank(self) -> float:
+        """SURE for ordering ties of the same counts: none first, then the strictest (a SURE
+        that changed nothing on the owner's labels is not stored; one that did is the least
+        that did)."""
+        return 1.0 if self.rule.sure is None else -self.rule.sure
+
 
 @dataclass
 class InverseCalibration(CalibrationResult):
     """A :class:`~dphub.ensemble.calibrate.CalibrationResult` whose choice is the rule itself
-    (``rule``: ``inverse:LOW,HIGH``); ``thresholds`` stays empty (members keep theirs)."""
+    (``rule``: ``inverse:LOW,HIGH[,NAMED[,SURE]]``); ``thresholds`` stays empty (members keep theirs)."""
 
     rule: str = ""
     #: share of the non-PHI tokens the chosen pair keeps (calibration notes; held-out patients)
@@ -77,25 +89,25 @@ class InverseCalibration(CalibrationResult):
     min_kept: float | None = None
 
 
-@dataclass
 class _Words:
-    tables: list[WordTable]
-    gold: list[np.ndarray]
+    """The words of some notes, joined into one table, and which are PHI."""
 
-    def counts(self, low: float, high: float,
-               named: float | None = None) -> tuple[int, int, int]:
-        """(true-positive, false-positive, gold) token counts under ``inverse:low,high[,named]``."""
-        tp = fp = g = 0
-        for t, gold in zip(self.tables, self.gold, strict=True):
-            hide = ~t.kept(low, high, named)
-            tp += int((hide & gold).sum())
-            fp += int((hide & ~gold).sum())
-            g += int(gold.sum())
-        return tp, fp, g
+    def __init__(self, tables: Sequence[WordTable], gold: Sequence[np.ndarray]) -> None:
+        self.tables = list(tables)
+        self.table = WordTable.joined(self.tables)
+        self.gold = np.concatenate(list(gold)) if gold else np.zeros(0, dtype=bool)
+
+    def counts(self, low: float, high: float, named: float | None = None,
+               sure: float | None = None) -> tuple[int, int, int]:
+        """(true-positive, false-positive, gold) token counts under
+        ``inverse:low,high[,named[,sure]]``."""
+        hide = ~self.table.kept(low, high, named, sure)
+        return (int((hide & self.gold).sum()), int((hide & ~self.gold).sum()),
+                int(self.gold.sum()))
 
     def kept(self, fp: int) -> float:
         """Share of non-PHI tokens kept when ``fp`` of them are hidden."""
-        other = sum(int((~g).sum()) for g in self.gold)
+        other = int((~self.gold).sum())
         return 1.0 - fp / other if other else 1.0
 
 
@@ -108,16 +120,18 @@ def _gold_flags(note: Note, table: WordTable) -> np.ndarray:
 
 def _score_grid(cal: _Words, n_gold: int) -> list[_Point]:
     """Every LOW <= HIGH of :data:`PAIR_GRID`, each with NAMED = HIGH and every
-    :data:`NAMED_GRID` value below HIGH, scored on the calibration notes."""
+    :data:`NAMED_GRID` value below HIGH, each without SURE and with every :data:`SURE_GRID`
+    value at most LOW, scored on the calibration notes."""
     points: list[_Point] = []
     for hi in PAIR_GRID:
         for lo in PAIR_GRID:
             if lo > hi:
                 continue
             for named in (None, *(v for v in NAMED_GRID if v < hi)):
-                tp, fp, _ = cal.counts(lo, hi, named)
-                points.append(_Point(tp / n_gold, tp / (tp + fp) if tp + fp else 1.0,
-                                     InverseRule(lo, hi, named), cal.kept(fp)))
+                for sure in (None, *(v for v in SURE_GRID if v <= lo)):
+                    tp, fp, _ = cal.counts(lo, hi, named, sure)
+                    points.append(_Point(tp / n_gold, tp / (tp + fp) if tp + fp else 1.0,
+                                         InverseRule(lo, hi, named, sure), cal.kept(fp)))
     return points
 
 
@@ -136,7 +150,7 @@ def _choose(points: list[_Point], target_recall: float, min_kept: float | None,
         ok = [pt for pt in points if pt.recall >= target_recall]
         # highest precision; ties: the higher thresholds (more text kept)
         return max(ok, key=lambda pt: (pt.precision, pt.rule.high, pt.named_high,
-                                       pt.rule.low)), False
+                                       pt.rule.low, pt.sure_rank)), False
     both = [pt for pt in points if pt.recall >= target_recall and pt.kept >= min_kept]
     if both:
         return max(both, key=recall_first), False
@@ -149,7 +163,7 @@ def _choose(points: list[_Point], target_recall: float, min_kept: float | None,
         best.append(shown(max(at_rec, key=lambda pt: (pt.kept, pt.recall))))
     if not force or not at_kept:
         raise CalibrationRefused(
-            f"no inverse:LOW,HIGH[,NAMED] reaches token recall >= {target_recall:g} with "
+            f"no inverse:LOW,HIGH[,NAMED[,SURE]] reaches token recall >= {target_recall:g} with "
             f"non-PHI tokens kept >= {min_kept:g} on the calibration notes; best reachable: "
             + " or ".join(best) + " (lower --target-recall or --min-kept, or add --safe-words)")
     return max(at_kept, key=recall_first), True
@@ -168,7 +182,7 @@ def calibrate_inverse(
     chunk: int = 64,
     min_kept: float | None = None,
 ) -> InverseCalibration:
-    """LOW and HIGH of the inverse rule reaching ``target_recall`` at the best precision found
+    """LOW, HIGH, NAMED and SURE of the inverse rule reaching ``target_recall`` at the best precision found
     (arguments as :func:`dphub.ensemble.calibrate.calibrate`; ``progress(done, total)`` counts
     notes scored).
 
@@ -184,7 +198,7 @@ def calibrate_inverse(
     notes = check_calibration_args(notes, target_recall, holdout, min_precision)
     cal_idx, held_idx = _holdout_split(notes, holdout, seed)
     # every word's P(PHI) down to the lowest grid value: the same spans a run at that rule reads
-    lowest = min(v for v in PAIR_GRID if v > 0)
+    lowest = min(v for v in (*PAIR_GRID, *SURE_GRID) if v > 0)
     probe = copy.copy(ensemble)
     probe.rule = InverseRule(lowest, lowest)
     models = {s.name: s.tag_threshold for s in ensemble.slots if isinstance(s.member, ModelMember)}
@@ -209,7 +223,7 @@ def calibrate_inverse(
     held_kept = None
     if held_idx:
         held = _Words([tables[i] for i in held_idx], [gold[i] for i in held_idx])
-        htp, hfp, hg = held.counts(rule.low, rule.high, rule.named)
+        htp, hfp, hg = held.counts(rule.low, rule.high, rule.named, rule.sure)
         held_kept = held.kept(hfp)
         report = HoldoutReport(
             patients=len({notes[i].effective_patient_id for i in held_idx}),
