@@ -85,7 +85,8 @@ def _report(name: str, notes: list[Note], tables: list[WordTable], rule: Inverse
                         ("+marked", extra["+marked"])):
         # the product's decision, with the candidate signs added to the table's own
         keep = cat([(t if more is None else replace(t, named=t.named | more[i]))
-                    .kept(rule.low, rule.high, rule.named) for i, t in enumerate(tables)])
+                    .kept(rule.low, rule.high, rule.named, rule.sure)
+                    for i, t in enumerate(tables)])
         row[label] = {"token_recall": round(1 - float((keep & phi).sum()) / max(1, int(phi.sum())),
                                             4),
                       "non_phi_kept": round(float((keep & non).sum()) / max(1, int(non.sum())),
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         fold = int(name[4:]) if name.startswith("fold") else None
         _, notes = _split(0, a.corpus, inner=name == "inner", fold=fold)
         member = Slot(ModelMember.load(Path(model), Path(model).name), None)
-        tables = _tables(Ensemble([rules, member], rule, safe_vocab=vocab), notes)
+        tables = _tables(Ensemble([rules, member], rule, safe_vocab=vocab), notes, rule)
         _report(name, notes, tables, rule, a.sure)
         pooled[0].extend(notes)
         pooled[1].extend(tables)

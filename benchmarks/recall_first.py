@@ -3,7 +3,7 @@
 Usage (from the repository root; real data stays on this machine, nothing prints note text)::
 
     python benchmarks/recall_first.py --model /work/models/dev-dp              # inner split
-    python benchmarks/recall_first.py --model /work/models/dev-dp --sweep      # LOW/HIGH grid
+    python benchmarks/recall_first.py --model /work/models/dev-dp --sweep      # the grid
     python benchmarks/recall_first.py --model DIR --split test --rule inverse:0.05,0.2  # lead, once
 
 ``--split inner`` (default) scores the inner tuning split: 20 % of the dev split's 95 training
@@ -21,10 +21,11 @@ Rows (one JSON object per line, numbers and category names only):
 each with token-binary recall/precision, phrase recall (any overlap, full cover),
 ``non_phi_tokens_kept``, per-category phrase recall (full cover) and the count of gold phrases not
 fully covered per category. ``--sweep`` prints, for the inverse model + rules ensemble, one line
-per (LOW, HIGH) pair of :data:`dphub.ensemble.inverse_calibrate.PAIR_GRID` (LOW <= HIGH) and
-NAMED of :data:`NAMED_GRID` (NAMED <= HIGH) with
-recall, precision, full-cover phrase recall and non-PHI tokens kept: the recall-precision curve.
-Every model scores each note once; all pairs reuse those scores.
+per (LOW, HIGH) pair of :data:`dphub.ensemble.inverse_calibrate.PAIR_GRID` (LOW <= HIGH),
+NAMED of :data:`NAMED_GRID` (NAMED <= HIGH) and SURE of :data:`SURE_GRID` (none, or SURE <= LOW)
+with recall, precision, full-cover phrase recall and non-PHI tokens kept: the recall-precision
+curve. Every model scores each note once (P down to the lowest value any setting reads); all
+settings reuse those scores.
 """
 
 from __future__ import annotations
@@ -44,14 +45,14 @@ from train_dev_corpus import CORPUS, _split  # noqa: E402
 from dphub.ensemble import inverse as inverse_module  # noqa: E402
 from dphub.ensemble.aggregation import parse_rule  # noqa: E402
 from dphub.ensemble.core import Ensemble, Slot  # noqa: E402
-from dphub.ensemble.inverse import InverseRule, hidden_spans, word_table  # noqa: E402
-from dphub.ensemble.inverse_calibrate import PAIR_GRID, _gold_flags  # noqa: E402
+from dphub.ensemble.inverse import InverseRule, WordTable, hidden_spans, word_table  # noqa: E402
+from dphub.ensemble.inverse_calibrate import PAIR_GRID, SURE_GRID, _gold_flags  # noqa: E402
 from dphub.ensemble.members import ModelMember  # noqa: E402
 from dphub.evaluate import evaluate_spans  # noqa: E402
 from dphub.rules.engine import RULES_DEFAULT, RuleMember, RuleOptions  # noqa: E402
 from dphub.safe_vocab import load  # noqa: E402
 
-#: the NAMED values the sweep tries (the models report P down to the grid's lowest value, 0.001)
+#: the NAMED values the sweep tries
 NAMED_GRID = (0.0, 0.001, 0.002, 0.005, 0.01)
 
 
@@ -70,9 +71,10 @@ def _summary(name: str, res) -> dict:
     }
 
 
-def _tables(ensemble: Ensemble, notes, batch: int = 32):
-    """Word tables of every note (models score every word down to the lowest grid value)."""
-    lowest = min(v for v in PAIR_GRID if v > 0)
+def _tables(ensemble: Ensemble, notes, rule: InverseRule, batch: int = 32):
+    """Word tables of every note (models score every word down to the lowest value the grid
+    or ``rule`` reads)."""
+    lowest = min(v for v in (*PAIR_GRID, *SURE_GRID, rule.floor(1.0)) if v > 0)
     probe = copy.copy(ensemble)
     probe.rule = InverseRule(lowest, lowest)
     models = {s.name: s.tag_threshold for s in ensemble.slots if isinstance(s.member, ModelMember)}
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     inverse_module.CONTEXT_ACROSS_CLAUSES = a.across_clauses
     rule = parse_rule(a.rule)
     if not isinstance(rule, InverseRule):
-        ap.error("--rule must be inverse or inverse:LOW,HIGH")
+        ap.error("--rule must be inverse or inverse:LOW,HIGH[,NAMED[,SURE]]")
     fold = int(a.split[4:]) if a.split.startswith("fold") else None
     _, notes = _split(0, a.corpus, inner=a.split == "inner", fold=fold)
     vocab = load(extra=a.safe_words)
@@ -127,27 +129,30 @@ def main(argv: list[str] | None = None) -> int:
         pred = {n.id: r.spans for n, r in zip(notes, fwd.deid(notes), strict=True)}
         print(json.dumps(_summary("forward any (rules + model)", evaluate_spans(notes, pred))))
     only = Ensemble([rules], rule, safe_vocab=vocab)
-    t_rules = _tables(only, notes)
+    t_rules = _tables(only, notes, rule)
     print(json.dumps(_summary("inverse rules only",
                               evaluate_spans(notes, _inverse_pred(notes, t_rules, rule)))))
     if not models:
         return 0
     both = Ensemble([rules, *models], rule, safe_vocab=vocab)
-    t_both = _tables(both, notes)
+    t_both = _tables(both, notes, rule)
     print(json.dumps(_summary("inverse model + rules",
                               evaluate_spans(notes, _inverse_pred(notes, t_both, rule)))))
     if a.sweep:
-        gold = [_gold_flags(n, t) for n, t in zip(notes, t_both, strict=True)]
-        n_gold = sum(int(g.sum()) for g in gold)
-        for hi, lo, named in itertools.product(PAIR_GRID, PAIR_GRID, NAMED_GRID):
-            if lo > hi or named > hi:
+        import numpy as np
+        joined = WordTable.joined(t_both)
+        gold = np.concatenate([_gold_flags(n, t) for n, t in zip(notes, t_both, strict=True)])
+        n_gold = int(gold.sum())
+        for hi, lo, named, sure in itertools.product(PAIR_GRID, PAIR_GRID, NAMED_GRID,
+                                                     (None, *SURE_GRID)):
+            if lo > hi or named > hi or (sure is not None and sure > lo):
                 continue
-            found = sum(int((~t.kept(lo, hi, named) & g).sum()) for t, g in zip(t_both, gold,
-                                                                                strict=True))
+            found = int((~joined.kept(lo, hi, named, sure) & gold).sum())
             if found < a.sweep_min_recall * n_gold:  # token recall below the floor: skip
                 continue
-            res = evaluate_spans(notes, _inverse_pred(notes, t_both, InverseRule(lo, hi, named)))
-            print(json.dumps({"low": lo, "high": hi, "named": named,
+            res = evaluate_spans(notes, _inverse_pred(notes, t_both,
+                                                      InverseRule(lo, hi, named, sure)))
+            print(json.dumps({"low": lo, "high": hi, "named": named, "sure": sure,
                               "token_recall": round(res.token["recall"], 4),
                               "token_precision": round(res.token["precision"], 4),
                               "phrase_recall_full": round(res.phrase_recall["full_cover"], 4),

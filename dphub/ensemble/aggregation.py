@@ -74,6 +74,6 @@ def rule_names() -> tuple[str, ...]:
 
 def parse_rule(text: str) -> AggregationRule:
     """Any aggregation rule: ``any``, ``k-of-n:...`` (:class:`AggregateRule`) or
-    ``inverse[:LOW,HIGH]`` (:class:`InverseRule`), chosen by its name in the registry."""
+    ``inverse[:LOW,HIGH[,NAMED[,SURE]]]`` (:class:`InverseRule`), chosen by its name in the registry."""
     name = re.split(r"[:+]", text.strip().lower(), maxsplit=1)[0].strip()
     return _RULES.get(name, _FALLBACK).parse(text)

@@ -8,7 +8,7 @@ in the working directory. Written atomically (:mod:`dphub.io`); edits go through
 read-modify-write, so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
 
     aggregate = "any"            # any | k-of-n:K | k-of-n:K+NAME+... (NAME's flags count alone)
-                                 # | inverse[:LOW,HIGH] (keep only known-safe words, issue 26)
+                                 # | inverse[:LOW,HIGH[,NAMED[,SURE]]] (keep only known-safe words)
     runtime = "onnx"             # torch | torch-bf16 | onnx | onnx-int8 (encoder runtime; absent: torch)
 
     [[members]]
@@ -160,7 +160,7 @@ class Manifest:
             raise ConfigError(f"{p}: duplicate member names")
 
         agg = str(data.get("aggregate", "any"))
-        parse_rule(agg)  # any | k-of-n:... | inverse[:LOW,HIGH]
+        parse_rule(agg)  # any | k-of-n:... | inverse[:LOW,HIGH[,NAMED[,SURE]]]
         runtime = data.get("runtime")
         if runtime is not None and runtime not in RUNTIMES:
             raise ConfigError(f"{p}: runtime must be one of {', '.join(RUNTIMES)}")

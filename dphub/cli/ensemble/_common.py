@@ -43,9 +43,10 @@ AGGREGATE_OPT = typer.Option(
     help="Aggregation: any (a character is PHI if any member flags it) | k-of-n:K (K members "
          "must agree) | k-of-n:K+NAME+... (as k-of-n:K, but the named members' flags count "
          "alone, e.g. k-of-n:2+rules:default: two pulled models must agree, the rules need not) "
-         "| inverse[:LOW,HIGH] (recall first: hide every word unless it is a safe word, or a "
-         "number in a measurement, that no member flags and every model scores below HIGH, for "
-         "numbers LOW; docs/recall_first.md).",
+         "| inverse[:LOW,HIGH[,NAMED[,SURE]]] (recall first: hide every word unless no member "
+         "flags it and it is a safe word or a number in a measurement that every model scores "
+         "below HIGH (NAMED if it shows a sign of a name), an unknown lower-case word below "
+         "LOW, or any word no shape refuses below SURE; docs/recall_first.md).",
 )
 SAFE_WORDS_OPT = typer.Option(
     [], "--safe-words", metavar="FILE",

@@ -59,7 +59,7 @@ def calibrate_cmd(
         None, "--min-kept", parser=finite_float(min=0.0, max=1.0), metavar=FLOAT,
         show_default="none",
         help="--aggregate inverse: target recall >= --target-recall at non-PHI tokens kept >= this "
-             "(replaces --min-precision); refuses naming the best reachable pair."),
+             "(replaces --min-precision); refuses naming the best reachable setting."),
 ) -> None:
     """Choose thresholds per (member, label) for a target ensemble recall; store them in the
     manifest. Refuses (exit 2) when the target costs precision below --min-precision (under
@@ -133,7 +133,8 @@ def _echo_scores(res: Any, target_recall: float) -> Any:
 def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdout: float,
                        seed: int, min_precision: float, force: bool, dry_run: bool,
                        manifest_path: Path, min_kept: float | None = None) -> None:
-    """``ensemble calibrate`` under the inverse rule: choose and store ``inverse:LOW,HIGH``."""
+    """``ensemble calibrate`` under the inverse rule: choose and store
+    ``inverse:LOW,HIGH[,NAMED[,SURE]]``."""
     from dphub.ensemble.inverse_calibrate import calibrate_inverse
     from dphub.ensemble.manifest import Manifest
     from dphub.progress import ProgressReporter

@@ -149,8 +149,8 @@ def runtime_cmd(runtime: str | None = typer.Argument(
 @ensemble_app.command("aggregate")
 def aggregate_cmd(rule: str | None = typer.Argument(
                       None, metavar="RULE", show_default="print the current one",
-                      help="any | k-of-n:K | k-of-n:K+NAME+... | inverse | inverse:LOW,HIGH "
-                           "(stored in the manifest)."),
+                      help="any | k-of-n:K | k-of-n:K+NAME+... | inverse | "
+                           "inverse:LOW,HIGH[,NAMED[,SURE]] (stored in the manifest)."),
                   manifest_path: Path = ENSEMBLE_OPT) -> None:
     """Show or set the aggregation rule that deid, evaluate and calibrate use by default."""
     from dphub.ensemble.aggregation import parse_rule
