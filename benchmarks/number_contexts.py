@@ -11,7 +11,7 @@ non-PHI and the PHI ones (a token is PHI when a gold span overlaps it), whether
 the category, split into those the rule member flags (they stay hidden under the inverse rule)
 and the *leaks* (released, and no rule flags them). ``ceiling_letters_all_released``: the
 token-binary recall, precision and non-PHI tokens kept of the inverse rule if every word without a
-digit came back (``inverse:1,1`` with a model that gives every word P < 1) and only the rule
+digit came back (``inverse:1,1``, given a model that gives every word P < 1) and only the rule
 member's flags and the numbers hid words: the precision the numbers allow. ``--shapes N`` also prints the N most
 frequent shapes (digits ``d``, letters ``a``, the token with one character of context either
 side) of the non-PHI digit tokens that are not released (where the measurement contexts miss),

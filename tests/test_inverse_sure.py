@@ -30,7 +30,7 @@ from tests.test_inverse import fixed, hidden, model
 
 WORDS = ("patient", "seen", "by", "dr", "with", "and", "today", "stable", "went", "home",
          "spoke", "to", "aware", "transferred", "of", "med", "center", "heart", "cross", "hosp",
-         "noted", "in", "follow", "up", "on", "male", "main", "st", "states", "mi", "mg", "given",
+         "noted", "placed", "in", "follow", "up", "on", "male", "main", "st", "states", "reports", "mi", "mg", "given",
          "cell", "md", "pmh", "bp", "abg", "rr", "was", "ii", "since", "call", "notified")
 CONTEXT = ("good",)
 #: the defaults without SURE (what each release is measured against)
@@ -86,11 +86,14 @@ def test_a_weak_sign_comes_back_only_below_sure(text: str, word: str) -> None:
     ("seen by J Zorbak today", "Zorbak"),
     ("seen by J.R. Smith today", "J"),  # a dotted group before a name
     ("seen by J.R. Smith today", "R"),
-    ("PATIENT SEEN. E. WELSH AWARE", "E"),  # an initial in a line of capitals
-    ("PATIENT SEEN. E. WELSH AWARE", "WELSH"),
+    ("PATIENT SEEN. E. BROWN AWARE", "E"),  # an initial in a line of capitals
+    ("PATIENT SEEN. E. BROWN AWARE", "BROWN"),
     ("U Xyz stable", "U"),  # an initial at a line's start
     ("U Xyz stable", "Xyz"),
     ("stable --J.", "J"),  # a signature's initial
+    ("GIVEN HEPARIN-K. ZORBAK AWARE", "K"),  # an initial after a dash
+    ("BP 4.2. K. ZORBAK AWARE", "K"),  # ... after a number that ends a sentence
+    ("BP 4.2. K. ZORBAK AWARE", "ZORBAK"),
     ("Zorbak-Smith md went home", "Zorbak"),  # the other half of a name with a strong sign
     ("Zorbak Smith went home", "Zorbak"),
     ("spoke to zorbak cell today", "zorbak"),  # before a phone's word
@@ -110,8 +113,8 @@ def test_a_strong_shape_stays_hidden_however_sure_the_model(text: str, phi: str)
     ("dr aware", "aware"),  # a lower-case vocabulary word after a title: the doctor is
     ("dr notified", "notified"),
     ("patient a zorbak today", "a"),  # an article is no initial
-    ("stable B.M. noted", "B"),  # a dotted abbreviation before an ordinary word
-    ("given 90'S. stable", "S"),  # a letter glued to a number
+    ("stable N.G. placed", "N"),  # a dotted abbreviation before an ordinary word
+    ("given 80'S. stable", "S"),  # a letter glued to a number
 ])
 def test_no_false_shape_refuses_an_ordinary_word(text: str, back: str) -> None:
     assert back not in hidden_words(text), (text, hidden_words(text))
@@ -125,12 +128,12 @@ def _covered(text: str) -> list[str]:
 
 @pytest.mark.parametrize("text, refused", [
     ("follow up 3/10", ["3", "10"]),  # a date
-    ("follow up on 11/21.93", ["11", "21", "93"]),  # a date with a year after a point
+    ("follow up on 4/17.89", ["4", "17", "89"]),  # a date with a year after a point
     ("follow up 6.25", ["6", "25"]),  # a dotted date
     ("call 555-0143", ["555", "0143"]),  # a phone
     ("call 617 555 0143", ["617", "555", "0143"]),
-    ("patient states 24", ["24"]),  # alone below 100: a day or a two-digit year
-    ("mi in 94 and 00", ["94", "00"]),
+    ("patient reports 17", ["17"]),  # alone below 100: a day or a two-digit year
+    ("mi in 87 and 03", ["87", "03"]),
     ("patient was mi 1992 stable", ["1992"]),  # a year
     ("mi since 1870", ["1870"]),  # four digits after a preposition of time
     ("patient 67 male", ["67"]),  # before a sex's word
@@ -243,7 +246,7 @@ def test_joined_tables_decide_as_the_notes_do() -> None:
 
     from dphub.ensemble.inverse import WordTable, word_table
     texts = ["seen by J Zorbak today", "Zorbak went home 250", "patient stable, 3/10 good",
-             "PATIENT SEEN. E. WELSH AWARE"]
+             "PATIENT SEEN. E. BROWN AWARE"]
     rng = np.random.default_rng(0)
     tables = []
     for text in texts:

@@ -1,4 +1,4 @@
-"""The inverse rule (``--aggregate inverse[:LOW,HIGH]``): keep only what is known to be safe.
+"""The inverse rule (``--aggregate inverse[:LOW,HIGH[,NAMED[,SURE]]]``): keep only what is safe.
 
 Every aggregation before this one is *forward*: a word is hidden when some member flags it, so a
 PHI word that no member flags leaks. The inverse rule (after Meldau, *Deep Neural Networks for
@@ -33,14 +33,23 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    word with a sign of a name by construction: it comes back at ``P < NAMED`` when it is
    written as words are (lower case, or in a line of capitals) and nothing else signs it (a
    function word before it, ``to``, ``and``, is no sign: :data:`WEAK_CUES`);
-7. everything else is hidden.
+7. with a fourth value SURE (``inverse`` alone: :data:`DEFAULT_SURE`) and a model member, any
+   word no member flags comes back when every model is very sure of it (``P < SURE``) — a
+   capitalised or unknown word, a word with a weak sign of a name, a number outside every
+   measurement — unless its shape alone refuses it (:func:`sure_refused`: a strong sign of a
+   name, an initial, a number shaped like a date, an age, an ID or a phone) or it is blocked
+   (:func:`blocked_words`); and a vouched word whose signs of a name are all weak needs only
+   ``P`` below LOW (HIGH if lower, never stricter than NAMED) instead of NAMED. Below such P the
+   models separate: no PHI word without a strong sign got it on the dev corpus's tuning parts
+   (docs/recall_first.md, "Very sure");
+8. everything else is hidden.
 
 So HIGH is the model confidence a vouched-for word (vocabulary word, measurement) may carry and
 still come back, and LOW the one everything else may carry. Lower thresholds hide more: ``inverse:0,HIGH`` is the strict rule (only
 vocabulary words come back, whatever the models say about the rest), ``inverse:0,0`` hides every
 word a model gives any weight, ``inverse:1,1`` lets the vocabulary, the measurements and the
 members' flags decide alone. The defaults (:data:`DEFAULT_LOW`, :data:`DEFAULT_HIGH`,
-:data:`DEFAULT_NAMED`) are the one place they are set.
+:data:`DEFAULT_NAMED`, :data:`DEFAULT_SURE`) are the one place they are set.
 
 Hidden words merge into spans: the members' flags (merged as ``any`` merges them, their labels
 and voters kept) plus each hidden word no member flagged (label ``PHI``,
@@ -84,17 +93,16 @@ from dphub.scores import LabelThresholds, TokenScores
 from dphub.textnorm import normalized_text
 
 #: Default thresholds of ``--aggregate inverse`` (no ``:LOW,HIGH``), used until ``ensemble
-#: calibrate`` chooses the owner's own: ``inverse:0.005,0.01,0.002``. LOW: the P(PHI) below which
-#: a word nothing vouches for comes back (with a model member, in lower case, and never with a
-#: sign of a name: :func:`name_signs`); HIGH: the P(PHI) below which a vocabulary word or a
-#: measurement number comes back; NAMED: the stricter HIGH of vouched words with a sign of a name
-#: and of context words. Chosen on cross-fitted tuning parts of the dev corpus's 95 training
-#: patients (each scored by a DP model that did not see it) as the most text kept with no PHI
-#: token missed beyond the strict rule's on any part, then checked once on the held-out patients
-#: (docs/recall_first.md): recall 0.997 as the strict rule's, 94.1 % of the other words kept
-#: with what was added after and checked the same way (words in lines of capitals, numbers of
-#: hand-written notes, function words, single capitals, two false signs).
-#: All depend on the model's calibration: calibrate on your own labels.
+#: calibrate`` chooses the owner's own: ``inverse:0.005,0.01,0.002,0.0005``. LOW: the P(PHI)
+#: below which a word nothing vouches for comes back (with a model member, in lower case, and
+#: never with a sign of a name: :func:`name_signs`); HIGH: the P(PHI) below which a vocabulary
+#: word or a measurement number comes back; NAMED: the stricter HIGH of vouched words with a
+#: sign of a name and of context words. Chosen on cross-fitted tuning parts of the dev corpus's
+#: 95 training patients (each scored by a DP model that did not see it) as the most text kept
+#: with no PHI token missed beyond the strict rule's on any part, then checked on the held-out
+#: patients (docs/recall_first.md: recall 0.997 as the strict rule's, 96.7 % of the other
+#: words kept with SURE, 94.0 % without). All depend on the model's calibration and runtime:
+#: calibrate on your own labels.
 DEFAULT_LOW = 0.005
 DEFAULT_HIGH = 0.01
 DEFAULT_NAMED = 0.002
@@ -113,11 +121,11 @@ _VERTICAL = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 
 @dataclass(frozen=True)
 class InverseRule:
-    """``inverse``, ``inverse:LOW,HIGH`` (0 <= LOW <= HIGH <= 1) or ``inverse:LOW,HIGH,NAMED``
-    (0 <= NAMED <= 1); see the module docstring."""
+    """``inverse``, ``inverse:LOW,HIGH`` (0 <= LOW <= HIGH <= 1), ``inverse:LOW,HIGH,NAMED``
+    or ``inverse:LOW,HIGH,NAMED,SURE`` (0 <= NAMED, SURE <= 1); see the module docstring."""
 
-    #: no defaults: ``inverse`` alone is :meth:`default` (with NAMED), and an ``InverseRule()``
-    #: that silently differed from it would be a second default
+    #: no defaults: ``inverse`` alone is :meth:`default` (with NAMED and SURE), and an
+    #: ``InverseRule()`` that silently differed from it would be a second default
     low: float
     high: float
     #: the P(PHI) below which a vouched word with a sign of a name or a context word comes back
@@ -625,7 +633,7 @@ def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabula
             while j > 0 and i - j < 4 and joined(j - 1) and lower[j - 1] not in _NAME_STOPS \
                     and not any(c.isdigit() for c in lower[j - 1]):
                 j -= 1
-            # "University of Maryland Medical Center", "U of X Hospital": across one ``of``
+            # "University of Xyz Medical Center", "U of X Hospital": across one ``of``
             # to a capitalised word before it
             if (j >= 2 and j < i and lower[j - 1] == "of" and joined(j - 2) and joined(j - 1)
                     and words[j - 2].group()[:1].isupper()
@@ -803,7 +811,7 @@ _INITIAL_GAP = re.compile(r"\.?[ \t]+")
 def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
     """Word ``i`` follows an initial: a single letter other than ``a`` and ``I`` that is no part
     of shorthand (no ``/`` beside it) nor a clitic (``pt's``, ``don't``: an apostrophe before
-    it) and follows no number across spaces (``2 L``: a unit; ``6.0. E. SMITH`` is an initial
+    it) and follows no number across spaces (``2 L``: a unit; ``4.2. K. SMITH`` is an initial
     after a sentence), with only spaces or ``. `` between them (``E SMITH``, ``j. doe``,
     ``john r smith``)."""
     prev = words[i - 1]
@@ -823,13 +831,13 @@ def _after_initial(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
 def initial_letters(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary) -> set[int]:
     """Indices of the letters in an initial's shape: a single letter that starts a word (after
     a space, a line's start, a bracket, a quote, a dash or a clause's punctuation:
-    ``CARAFATE-W. XYZ AWARE``), before a name across spaces or a full stop
-    (``J Smith``, ``E. WELSH``, ``U Xyz``) or before a full stop that ends its line (``--J.``);
+    ``HEPARIN-K. ZORBAK AWARE``), before a name across spaces or a full stop
+    (``J Smith``, ``E. BROWN``, ``U Xyz``) or before a full stop that ends its line (``--J.``);
     and the letters of a dotted group before a name (``J.R. Smith``). A name here is a
     capitalised word, a word in capitals that is no vocabulary word or a context word
-    (``WELSH``), or a word in the name lists. Not an initial: a letter glued to what is before
-    it (``90'S.``, ``C&D.``, ``L>R.``), a dotted abbreviation before an ordinary word (``B.M.
-    NOTED``, ``C.O. 5.1``), a letter before an ordinary word (``T max``, ``R foot``)."""
+    (``BROWN``), or a word in the name lists. Not an initial: a letter glued to what is before
+    it (``80'S.``, ``P&T.``, ``R>L.``), a dotted abbreviation before an ordinary word (``N.G.
+    PLACED``, ``C.I. 2.4``), a letter before an ordinary word (``T max``, ``R foot``)."""
     names = dictionaries().all_names
 
     def name_like(j: int) -> bool:

@@ -37,7 +37,7 @@ clinical measurement, each with a reason why it cannot be PHI:
   percent or a point value in it (``40%/500/12``), a pressure or its range over another whose
   first value is above 31 (``126-148/55-65``: no month or day is), and two decimals over each
   other (``5.1/2.6``) unless one could be a month and a day; a keyword's value after a verb of
-  change (``PS decreased from 18 to 16``, ``cvp has been 12``).
+  change (``PS weaned from 16 to 14``, ``cvp has been 12``).
 
 Never a measurement, whatever the context (the guards apply to every pattern):
 
@@ -65,6 +65,12 @@ Never a measurement, whatever the context (the guards apply to every pattern):
 Ordinals (``2nd``, ``3rd``) stay hidden: ``the 3rd`` is a date as often as a step. Keywords that
 are also common words or abbreviations of a person or place (``pt``, ``st``, ``in``) are left out.
 ``benchmarks/number_contexts.py`` counts what these contexts release on the dev corpus.
+
+The inverse rule's fourth value SURE lets a number outside every context back when every model
+is very sure of it, unless :func:`refused_numbers` refuses its shape: the guards above, a chain
+that could be a date or a phone, a bare whole number below 100, a year, an ID's length, an
+ordinal, a number before an age's, a sex's, a direction's or a capitalised word, and any number
+in a section of past events.
 
 Offsets are those of the text given (the ensemble gives it the note's text); the patterns read
 it normalised as the members do (:mod:`dphub.textnorm`).
@@ -120,7 +126,7 @@ _KEYWORDS = (r"bp|blood\s+pressure|[sdm]?[an]?bp|sbp|dbp|abp|nbp|nibp|art\s+line
 _BETWEEN = (r"(?:\s*(?:of|was|is|are|were|=|:|~|>|<|>=|<=|approx\.?|about|around|at|in|the|"
             r"low|high|mid|upper|lower|down|up|to|from|range|ranging|between|remains?|"
             r"remained|stable|sustained|"
-            # a change of the value (``PS decreased from 18 to 16``, ``cvp has been 12``)
+            # a change of the value (``PS weaned from 16 to 14``, ``cvp has been 12``)
             r"increased|decreased|inc|dec|increasing|decreasing|weaned|titrated|changed|"
             r"dropped|drifted|rose|fell|went|been|has|had|now|getting|initially|currently|still|"
             r"running)\b|\s*[=:~<>])*\s*")
@@ -404,7 +410,7 @@ _HISTORY = re.compile(
 _YEAR_BEFORE = re.compile(r"(?:['\u2019\u2018`]|\b(?:in|since|until|till|of|from|by)\s+)$",
                           re.IGNORECASE)
 #: a whole number below this, alone, could be a day of the month or a two-digit year
-#: (``states 24``, ``CVA in 94 and 00``): its shape alone refuses it
+#: (``reports 17``, ``MI in 87 and 03``): its shape alone refuses it
 _BARE_DATE = 100
 _ORDINAL = re.compile(r"\d+(?:st|nd|rd|th)", re.IGNORECASE)
 #: numbers joined by a dash, slash, colon or point (spaces allowed beside the sign): a date, a
@@ -440,7 +446,7 @@ def refused_numbers(text: str) -> list[tuple[int, int]]:
       ``3/10``, ``617-555-0143``, ``12.03``), or before a phone's digit group; the parts of a
       chain that can be none of these (``89-100/50``, ``7.41/55/134``) are decided by the models;
     * a whole number below 100 outside a chain, which alone could be a day of the month or a
-      two-digit year (``states 24``, ``in 94 and 00``), a year (19xx/20xx, or four digits after an apostrophe
+      two-digit year (``reports 17``, ``in 87 and 03``), a year (19xx/20xx, or four digits after an apostrophe
       or a preposition of time: ``since 1994``), a number of five digits or more, an ordinal
       (``3rd``), a word of letters and digits of a refused shape (an age, a sex, a month or a
       room beside the number: ``92yo``, ``F67``, ``rm12``); before an age's or sex's word, a
@@ -458,7 +464,7 @@ def refused_numbers(text: str) -> list[tuple[int, int]]:
 def _date_chain(chain: str) -> bool:
     """Whether a chain of numbers (:data:`_CHAIN`) could be a date, a year, a phone or a code:
     two numbers across a slash or a dash that could be a month and a day or a month and a
-    year, as :func:`_date_pair` reads them (``3/10``, ``25-3``, ``3/98``, ``11/21.93``: a
+    year, as :func:`_date_pair` reads them (``3/10``, ``25-3``, ``3/98``, ``4/17.89``: a
     decimal point after the day does not make it a measurement), a decimal
     that could be one (``3.10``), a year, a part of five digits or more, a phone's groups."""
     pieces = _CHAIN_PART.findall(chain)  # (number, the separator after it)

@@ -20,7 +20,7 @@ names what a PHI look-alike of the same shape would need to get through, which i
 * :func:`slash_letters`: a single letter joined by ``/`` to another letter word (``w/pt``,
   ``n/v/d``), in the case of that word;
 * :func:`quiet_context`: a context word (``good``, ``clear``, ``will``) in lower case (or in
-  capitals in a line of capitals) with a safe word of its case on each side on the same line,
+  capitals in a line of capitals) with a safe word of its case on either side on the same line,
   across a clause's punctuation too (``afebrile. good urine output``, ``lungs clear, diminished``),
   neither a name cue (the rule of :func:`dphub.ensemble.inverse.context_released`, which needs
   spaces on both sides, extended to clause punctuation; a name stays hidden because a name's
@@ -148,7 +148,7 @@ def _neighbour_ok(text: str, words: Sequence[re.Match[str]], j: int, gap: tuple[
 def quiet_context(text: str, words: Sequence[re.Match[str]], i: int, vocab: SafeVocabulary,
                   cues_before: frozenset[str], cues_after: frozenset[str]) -> bool:
     """Whether word ``i``, in lower case (or in capitals between words in capitals), has a safe
-    word of its case on each side on the same line (spaces or a clause's punctuation between),
+    word of its case on either side on the same line (spaces or a clause's punctuation between),
     neither a name cue: the context in which a context word is no name."""
     m = words[i]
     c = _case(m.group())
