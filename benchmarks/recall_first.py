@@ -21,10 +21,8 @@ Rows (one JSON object per line, numbers and category names only):
 each with token-binary recall/precision, phrase recall (any overlap, full cover),
 ``non_phi_tokens_kept``, per-category phrase recall (full cover) and the count of gold phrases not
 fully covered per category. ``--sweep`` prints, for the inverse model + rules ensemble, one line
-per (LOW, HIGH) pair of :data:`dphub.ensemble.inverse_calibrate.PAIR_GRID` (LOW <= HIGH),
-NAMED of :data:`NAMED_GRID` (NAMED <= HIGH) and SURE of :data:`SURE_GRID` (none, or SURE <= LOW)
-with recall, precision, full-cover phrase recall and non-PHI tokens kept: the recall-precision
-curve. Every model scores each note once (P down to the lowest value any setting reads); all
+per setting calibration scores (:func:`dphub.ensemble.inverse_calibrate.grid_rules`) with
+recall, precision, full-cover phrase recall and non-PHI tokens kept: the recall-precision curve. Every model scores each note once (P down to the lowest value any setting reads); all
 settings reuse those scores.
 """
 
@@ -32,11 +30,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import itertools
 import json
 import sys
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -46,14 +45,15 @@ from dphub.ensemble import inverse as inverse_module  # noqa: E402
 from dphub.ensemble.aggregation import parse_rule  # noqa: E402
 from dphub.ensemble.core import Ensemble, Slot  # noqa: E402
 from dphub.ensemble.inverse import InverseRule, WordTable, hidden_spans, word_table  # noqa: E402
-from dphub.ensemble.inverse_calibrate import PAIR_GRID, SURE_GRID, _gold_flags  # noqa: E402
+from dphub.ensemble.inverse_calibrate import (  # noqa: E402
+    GRID_FLOOR,
+    _gold_flags,
+    grid_rules,
+)
 from dphub.ensemble.members import ModelMember  # noqa: E402
 from dphub.evaluate import evaluate_spans  # noqa: E402
 from dphub.rules.engine import RULES_DEFAULT, RuleMember, RuleOptions  # noqa: E402
 from dphub.safe_vocab import load  # noqa: E402
-
-#: the NAMED values the sweep tries
-NAMED_GRID = (0.0, 0.001, 0.002, 0.005, 0.01)
 
 
 def _summary(name: str, res) -> dict:
@@ -74,7 +74,7 @@ def _summary(name: str, res) -> dict:
 def _tables(ensemble: Ensemble, notes, rule: InverseRule, batch: int = 32):
     """Word tables of every note (models score every word down to the lowest value the grid
     or ``rule`` reads)."""
-    lowest = min(v for v in (*PAIR_GRID, *SURE_GRID, rule.floor(1.0)) if v > 0)
+    lowest = min(v for v in (GRID_FLOOR, rule.floor(1.0)) if v > 0)
     probe = copy.copy(ensemble)
     probe.rule = InverseRule(lowest, lowest)
     models = {s.name: s.tag_threshold for s in ensemble.slots if isinstance(s.member, ModelMember)}
@@ -139,20 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(_summary("inverse model + rules",
                               evaluate_spans(notes, _inverse_pred(notes, t_both, rule)))))
     if a.sweep:
-        import numpy as np
         joined = WordTable.joined(t_both)
         gold = np.concatenate([_gold_flags(n, t) for n, t in zip(notes, t_both, strict=True)])
         n_gold = int(gold.sum())
-        for hi, lo, named, sure in itertools.product(PAIR_GRID, PAIR_GRID, NAMED_GRID,
-                                                     (None, *SURE_GRID)):
-            if lo > hi or named > hi or (sure is not None and sure > lo):
-                continue
-            found = int((~joined.kept(lo, hi, named, sure) & gold).sum())
+        for r in grid_rules():
+            found = int((~joined.kept(r.low, r.high, r.named, r.sure) & gold).sum())
             if found < a.sweep_min_recall * n_gold:  # token recall below the floor: skip
                 continue
-            res = evaluate_spans(notes, _inverse_pred(notes, t_both,
-                                                      InverseRule(lo, hi, named, sure)))
-            print(json.dumps({"low": lo, "high": hi, "named": named, "sure": sure,
+            res = evaluate_spans(notes, _inverse_pred(notes, t_both, r))
+            print(json.dumps({"low": r.low, "high": r.high, "named": r.named, "sure": r.sure,
                               "token_recall": round(res.token["recall"], 4),
                               "token_precision": round(res.token["precision"], 4),
                               "phrase_recall_full": round(res.phrase_recall["full_cover"], 4),

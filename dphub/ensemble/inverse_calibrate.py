@@ -24,7 +24,7 @@ pair below it, naming the best reachable pair, unless ``force``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -54,6 +54,8 @@ NAMED_GRID: tuple[float, ...] = (0.01, 0.005, 0.002, 0.001, 0.0)
 #: the values SURE (the P(PHI) below which any word no shape refuses comes back) is chosen from,
 #: besides none; only those at most LOW are tried (a model "very sure" is surer than LOW asks)
 SURE_GRID: tuple[float, ...] = (0.002, 0.001, 0.0005, 0.0002, 0.0001)
+#: the lowest P(PHI) any grid setting reads: the models report every word down to it
+GRID_FLOOR: float = min(v for v in (*PAIR_GRID, *SURE_GRID) if v > 0)
 
 class _Point(NamedTuple):
     """One scored setting on the calibration notes."""
@@ -118,20 +120,27 @@ def _gold_flags(note: Note, table: WordTable) -> np.ndarray:
     return flags
 
 
-def _score_grid(cal: _Words, n_gold: int) -> list[_Point]:
-    """Every LOW <= HIGH of :data:`PAIR_GRID`, each with NAMED = HIGH and every
-    :data:`NAMED_GRID` value below HIGH, each without SURE and with every :data:`SURE_GRID`
-    value at most LOW, scored on the calibration notes."""
-    points: list[_Point] = []
+def grid_rules() -> Iterator[InverseRule]:
+    """The settings calibration scores: every LOW <= HIGH of :data:`PAIR_GRID`, each with
+    NAMED = HIGH and every :data:`NAMED_GRID` value below HIGH, each without SURE and with
+    every :data:`SURE_GRID` value at most LOW (``benchmarks/recall_first.py --sweep`` prints
+    the same settings)."""
     for hi in PAIR_GRID:
         for lo in PAIR_GRID:
             if lo > hi:
                 continue
             for named in (None, *(v for v in NAMED_GRID if v < hi)):
                 for sure in (None, *(v for v in SURE_GRID if v <= lo)):
-                    tp, fp, _ = cal.counts(lo, hi, named, sure)
-                    points.append(_Point(tp / n_gold, tp / (tp + fp) if tp + fp else 1.0,
-                                         InverseRule(lo, hi, named, sure), cal.kept(fp)))
+                    yield InverseRule(lo, hi, named, sure)
+
+
+def _score_grid(cal: _Words, n_gold: int) -> list[_Point]:
+    """Every setting of :func:`grid_rules`, scored on the calibration notes."""
+    points: list[_Point] = []
+    for rule in grid_rules():
+        tp, fp, _ = cal.counts(rule.low, rule.high, rule.named, rule.sure)
+        points.append(_Point(tp / n_gold, tp / (tp + fp) if tp + fp else 1.0, rule,
+                             cal.kept(fp)))
     return points
 
 
@@ -198,7 +207,7 @@ def calibrate_inverse(
     notes = check_calibration_args(notes, target_recall, holdout, min_precision)
     cal_idx, held_idx = _holdout_split(notes, holdout, seed)
     # every word's P(PHI) down to the lowest grid value: the same spans a run at that rule reads
-    lowest = min(v for v in (*PAIR_GRID, *SURE_GRID) if v > 0)
+    lowest = GRID_FLOOR
     probe = copy.copy(ensemble)
     probe.rule = InverseRule(lowest, lowest)
     models = {s.name: s.tag_threshold for s in ensemble.slots if isinstance(s.member, ModelMember)}
