@@ -122,6 +122,8 @@ dnr dni cmo ao aaa ams atn axox bka aka pna hcap cap vap mrsa vre cdiff esbl tb 
 hcv hbv etoh ivdu ciwa cows gtt bipap hfnc nrb fm nrbm vm tm ra rm cvvh cvvhd cvvhdf crrt
 hd uf pd ivc svc ij sc fem aline pal ptx hx sx ros nsvt svt vt vf pea rvr lvh lbbb rbbb
 avr mvr tvr asd vsd pfo lv rv ra ef ivs pw tr mr ps
+rsbi fsbs pmhx pshx lws pcw pwp qwmi nqwmi nbp oet svri rvad coags afeb aflutter
+amio ceftaz cipro clinda dobut levoflox tobra vaso hemoccult piccs
 """.split()  # noqa: SIM905 - a readable word block
 
 #: inflections tried on each candidate word (a form gets in only when a public list knows it)
