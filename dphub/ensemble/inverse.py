@@ -42,7 +42,13 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    ``P`` below LOW (HIGH if lower, never stricter than NAMED) instead of NAMED. Below such P the
    models separate: no PHI word without a strong sign got it on the dev corpus's tuning parts
    (docs/recall_first.md, "Very sure");
-8. everything else is hidden.
+8. with a model member, a **closed-class word** (:data:`FUNCTION_WORDS`: a pronoun, an article,
+   a preposition, a conjunction, an auxiliary) written as words are (lower case, or in a line of
+   capitals) comes back whatever the models' P, unless it is blocked, shows a strong sign of a
+   name (``Dr. an``) or is a context word of the vocabulary (``her``, ``do``): no person or
+   place is named by ``the`` or ``his``, and a model's P on such a word measures only how close
+   it stands to a name;
+9. everything else is hidden.
 
 So HIGH is the model confidence a vouched-for word (vocabulary word, measurement) may carry and
 still come back, and LOW the one everything else may carry. Lower thresholds hide more: ``inverse:0,HIGH`` is the strict rule (only
@@ -286,6 +292,9 @@ class WordTable:
     #: vouched word whose signs are all weak needs only P < LOW (HIGH if lower, never stricter
     #: than NAMED)
     strong: np.ndarray | None = None
+    #: closed-class words written as words are, not blocked, without a strong sign of a name and
+    #: no context word (:data:`FUNCTION_WORDS`): with a model member they come back whatever P
+    function: np.ndarray | None = None
 
     def kept(self, low: float, high: float, named: float | None = None,
              sure: float | None = None) -> np.ndarray:
@@ -311,6 +320,8 @@ class WordTable:
                                 | (capitals & (self.p < min(low, strict))))
         if ladder:
             keep |= ~self.flagged & ~self.refused & (self.p < sure)
+        if self.function is not None and self.model:
+            keep |= ~self.flagged & self.function
         return keep if self.blocked is None else keep & ~self.blocked
 
     @classmethod
@@ -402,12 +413,16 @@ def word_table(
     context[sorted(i for i in _context_written_as_words(found, vocab, capitals)
                    if not rows[i][4])] = True
     lower = np.array([not any(c.isupper() for c in m.group()) for m in found], dtype=bool)
+    function = np.array([normalize_word(m.group()) in FUNCTION_WORDS
+                         and not vocab.is_context(m.group()) for m in found], dtype=bool)
+    function &= (lower | capitals) & ~strong_mask
     lower[sorted(single_capitals(text, found, vocab, named))] = True
     return WordTable(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
                      np.array(cols[2], dtype=bool), np.array(cols[3], dtype=float),
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
                      np.array(cols[6], dtype=bool), bool(models), blocked, named, context,
-                     lower, capitals, sure_refused(text, found, vocab, strong), strong_mask)
+                     lower, capitals, sure_refused(text, found, vocab, strong), strong_mask,
+                     function)
 
 
 def inverse_aggregate(
@@ -493,6 +508,18 @@ notified aware family cell phone pager beeper tel telephone mobile
 COMMON_CUES = frozenset("""
 with and or to of in see seen saw near visit visited call new said says reports reported
 stated states
+""".split())  # noqa: SIM905 - a readable word block
+#: closed-class English words (pronouns, articles, prepositions, conjunctions, auxiliaries)
+#: that name no person or place: with a model member they come back whatever its P (step 8 of
+#: the module docstring). Left out: the two-letter codes of states and provinces (``in``,
+#: ``or``, ``on``, ``me``: ``SALEM, OR``), words that are also given names or months (``will``,
+#: ``may``, ``can``), ``a`` and ``i`` (initials) and ``us``; a word the vocabulary treats as a
+#: context word is decided by the context-word rule instead.
+FUNCTION_WORDS = frozenset("""
+the an this that these those his hers him he she they them their theirs it its we our ours you
+your yours my and but nor if than as of at by for with from to into onto upon over under about
+after before is are was were be been being am has have had does did would shall should could
+might must not no
 """.split())  # noqa: SIM905 - a readable word block
 _SPACES = frozenset(" \t")
 #: between a context word and the word before it: spaces (the word before must be a safe word)
@@ -606,8 +633,8 @@ def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabula
     - an institution's or street's name: up to four words before a head word ("hospital",
       "clinic", "church", "street"…) back to a function word — and across an ``of`` to the
       capitalised word before it ("University of Xyz Medical Center") —, the head itself, and
-      up to three words after ``of`` following it ("University Hospital", "Hospital of Saint
-      Raphael");
+      up to three words after ``of`` following it, and a ``the`` before them ("University
+      Hospital", "Hospital of Saint Raphael", "Church of the Xyz");
       and the capitalised word after ``St``/``Saint``/``Mt`` ("St. Luke's"), and ``holy`` or
       ``sacred`` with the word after it in any case ("Holy Cross", "sacred heart");
     - the word after a title (``Dr``, ``Mr``, ``Mrs``, ``Ms``, ``Prof``…: "Mr I", "Dr Good";
@@ -644,7 +671,11 @@ def blocked_words(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabula
             if i + 2 < n and lower[i + 1] == "of" and joined(i) and joined(i + 1):
                 k = i + 2
                 out.update((i, i + 1))
-                while k < n and k - i <= 4 and lower[k] not in _NAME_STOPS:
+                last = i + 4
+                if lower[k] == "the" and k + 1 < n and joined(k):  # "Hospital of the Xyz"
+                    out.add(k)
+                    k, last = k + 1, last + 1
+                while k < n and k <= last and lower[k] not in _NAME_STOPS:
                     out.add(k)
                     if k + 1 >= n or not joined(k):
                         break

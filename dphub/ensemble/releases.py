@@ -19,6 +19,9 @@ names what a PHI look-alike of the same shape would need to get through, which i
   which are no safe words;
 * :func:`slash_letters`: a single letter joined by ``/`` to another letter word (``w/pt``,
   ``n/v/d``), in the case of that word;
+* :func:`charge_letters`: a single capital written with a charge or a grade glued to it
+  (``K+``, ``H+``, a blood group ``O+``, ``A++``); an initial is followed by a full stop, a
+  space or a surname, never by ``+``;
 * :func:`quiet_context`: a context word (``good``, ``clear``, ``will``) in lower case (or in
   capitals in a line of capitals) with a safe word of its case on either side on the same line,
   across a clause's punctuation too (``afebrile. good urine output``, ``lungs clear, diminished``),
@@ -131,6 +134,18 @@ def slash_letters(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
     return False
 
 
+def charge_letters(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
+    """Whether word ``i`` is a single capital with ``+`` glued after it and no letter, digit or
+    stop glued before it (``K+``, ``O+``; not ``J.K+``)."""
+    m = words[i]
+    w = m.group()
+    if len(w) != 1 or not w.isalpha() or not w.isupper():
+        return False
+    if m.start() and (text[m.start() - 1].isalnum() or text[m.start() - 1] == "."):
+        return False
+    return text[m.end():m.end() + 1] == "+"
+
+
 def _neighbour_ok(text: str, words: Sequence[re.Match[str]], j: int, gap: tuple[int, int],
                   vocab: SafeVocabulary, case: str, cues: frozenset[str]) -> str:
     """``sp`` when word ``j`` is a safe word of ``case``, no cue, separated by spaces only;
@@ -175,7 +190,7 @@ def shape_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabul
             continue
         if (number_clitic(text, words, i, measures) or section_letters(text, words, i)
                 or letters_between_safe_words(text, words, i, vocab, cues_before)
-                or slash_letters(text, words, i)
+                or slash_letters(text, words, i) or charge_letters(text, words, i)
                 or (vocab.is_context(w)
                     and quiet_context(text, words, i, vocab, cues_before, cues_after))):
             out.add(i)
