@@ -41,7 +41,8 @@ def hidden_words(text: str, p: dict[str, float], rule: str = "inverse",
     return re.findall(r"[^\W_]+", " ".join(t for t, _ in got))
 
 
-@pytest.mark.parametrize("rule", ["inverse", "inverse:0.005,0.01,0.002", "inverse:0,0.002"])
+@pytest.mark.parametrize("rule", ["inverse", "inverse:0.005,0.01,0.002,0.0005",
+                                  "inverse:0,0,0,0.0001"])
 @pytest.mark.parametrize("text, word", [
     ("pt and his wife at bedside", "his"),
     ("the plan was reviewed today", "the"),
@@ -50,6 +51,13 @@ def hidden_words(text: str, p: dict[str, float], rule: str = "inverse",
 ])
 def test_function_word_comes_back_whatever_the_models_p(text: str, word: str, rule: str) -> None:
     assert word not in hidden_words(text, {word.lower(): NEAR_NAME, word: NEAR_NAME}, rule)
+
+
+@pytest.mark.parametrize("rule", ["inverse:0.005,0.01,0.002", "inverse:0,0"])
+def test_a_rule_without_sure_keeps_its_meaning(rule: str) -> None:
+    # a stored rule of two or three values decides a function word by P, as before
+    assert "his" in hidden_words("pt and his wife at bedside", {"his": NEAR_NAME}, rule)
+    assert "his" not in hidden_words("pt and his wife at bedside", {}, "inverse:0.005,0.01,0.002")
 
 
 @pytest.mark.parametrize("text, word", [

@@ -42,9 +42,9 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    ``P`` below LOW (HIGH if lower, never stricter than NAMED) instead of NAMED. Below such P the
    models separate: no PHI word without a strong sign got it on the dev corpus's tuning parts
    (docs/recall_first.md, "Very sure");
-8. with a model member, a **closed-class word** (:data:`FUNCTION_WORDS`: a pronoun, an article,
-   a preposition, a conjunction, an auxiliary) written as words are (lower case, or in a line of
-   capitals) comes back whatever the models' P, unless it is blocked, shows a strong sign of a
+8. with a fourth value SURE and a model member, a **closed-class word** (:data:`FUNCTION_WORDS`:
+   a pronoun, an article, a preposition, a conjunction, an auxiliary) written as words are (lower
+   case, or in a line of capitals) comes back whatever the models' P, unless it is blocked, shows a strong sign of a
    name (``Dr. an``) or is a context word of the vocabulary (``her``, ``do``): no person or
    place is named by ``the`` or ``his``, and a model's P on such a word measures only how close
    it stands to a name;
@@ -292,7 +292,8 @@ class WordTable:
     #: than NAMED)
     strong: np.ndarray | None = None
     #: closed-class words written as words are, not blocked, without a strong sign of a name and
-    #: no context word (:data:`FUNCTION_WORDS`): with a model member they come back whatever P
+    #: no context word (:data:`FUNCTION_WORDS`): with SURE and a model member they come back
+    #: whatever P
     function: np.ndarray | None = None
 
     def kept(self, low: float, high: float, named: float | None = None,
@@ -319,8 +320,8 @@ class WordTable:
                                 | (capitals & (self.p < min(low, strict))))
         if ladder:
             keep |= ~self.flagged & ~self.refused & (self.p < sure)
-        if self.function is not None and self.model:
-            keep |= ~self.flagged & self.function
+            if self.function is not None:  # with SURE, as a stored rule keeps its meaning
+                keep |= ~self.flagged & self.function
         return keep if self.blocked is None else keep & ~self.blocked
 
     @classmethod
@@ -509,8 +510,8 @@ with and or to of in see seen saw near visit visited call new said says reports 
 stated states
 """.split())  # noqa: SIM905 - a readable word block
 #: closed-class English words (pronouns, articles, prepositions, conjunctions, auxiliaries)
-#: that name no person or place: with a model member they come back whatever its P (step 8 of
-#: the module docstring). Left out: the two-letter codes of states and provinces (``in``,
+#: that name no person or place: with SURE and a model member they come back whatever its P
+#: (step 8 of the module docstring; without SURE a stored rule keeps its meaning). Left out: the two-letter codes of states and provinces (``in``,
 #: ``or``, ``on``, ``me``: ``SALEM, OR``), words that are also given names or months (``will``,
 #: ``may``, ``can``), ``a`` and ``i`` (initials) and ``us``; a word the vocabulary treats as a
 #: context word is decided by the context-word rule instead.
