@@ -75,6 +75,15 @@ def test_function_word_that_may_be_a_name_stays_hidden_near_a_name(text: str, wo
     assert word in hidden_words(text, {word.lower(): NEAR_NAME, word: NEAR_NAME})
 
 
+def test_function_word_that_the_vocabulary_makes_a_context_word_is_left_to_that_rule() -> None:
+    # an owner's (or a later build's) vocabulary may list a function word as a context word
+    text = "pt and his wife at bedside"
+    probs = {w: 0.0 for w in re.findall(r"[^\W_]+", text)} | {"his": NEAR_NAME}
+    own = SafeVocabulary.from_words([w for w in WORDS if w != "his"], context=(*CONTEXT, "his"))
+    ens = Ensemble([fixed("rules", "a", []), model(probs)], "inverse", safe_vocab=own)
+    assert "his" in " ".join(t for t, _ in hidden(ens, Note("a", text)))
+
+
 def test_flagged_function_word_stays_hidden() -> None:
     text = "pt and his wife at bedside"
     start = text.index("his")
