@@ -43,11 +43,11 @@ The decision, per word (a letter/digit run, :data:`dphub.ensemble.words.WORD_RE`
    models separate: no PHI word without a strong sign got it on the dev corpus's tuning parts
    (docs/recall_first.md, "Very sure");
 8. with a fourth value SURE and a model member, a **closed-class word** (:data:`FUNCTION_WORDS`:
-   a pronoun, an article, a preposition, a conjunction, an auxiliary) written as words are (lower
-   case, or in a line of capitals) comes back whatever the models' P, unless it is blocked, shows a strong sign of a
-   name (``Dr. an``) or is a context word of the vocabulary (``her``, ``do``): no person or
-   place is named by ``the`` or ``his``, and a model's P on such a word measures only how close
-   it stands to a name;
+   a pronoun, an article, a preposition, a conjunction, an auxiliary) written as words are
+   (lower case, or in a line of capitals) comes back whatever the models' P, unless it is
+   blocked, shows a strong sign of a name (``Dr. an``) or is a context word of the vocabulary
+   (``her``, ``do``): no person or place is named by ``the`` or ``his``, and a model's P on
+   such a word measures only how close it stands to a name;
 9. everything else is hidden.
 
 So HIGH is the model confidence a vouched-for word (vocabulary word, measurement) may carry and
@@ -107,7 +107,8 @@ from dphub.textnorm import normalized_text
 #: 95 training patients (each scored by a DP model that did not see it) as the most text kept
 #: with no PHI token missed beyond the strict rule's on any part, then checked on the held-out
 #: patients (docs/recall_first.md: recall 0.997 as the strict rule's in three DP draws of the
-#: default model, 96.7 %, 97.1 % and 97.3 % of the other words kept with SURE). All depend on the model's calibration and runtime: calibrate on your own labels.
+#: default model, 96.7 %, 97.1 % and 97.3 % of the other words kept with SURE). All depend on
+#: the model's calibration and runtime: calibrate on your own labels.
 DEFAULT_LOW = 0.005
 DEFAULT_HIGH = 0.01
 DEFAULT_NAMED = 0.002
@@ -511,10 +512,11 @@ stated states
 """.split())  # noqa: SIM905 - a readable word block
 #: closed-class English words (pronouns, articles, prepositions, conjunctions, auxiliaries)
 #: that name no person or place: with SURE and a model member they come back whatever its P
-#: (step 8 of the module docstring; without SURE a stored rule keeps its meaning). Left out: the two-letter codes of states and provinces (``in``,
-#: ``or``, ``on``, ``me``: ``SALEM, OR``), words that are also given names or months (``will``,
-#: ``may``, ``can``), ``a`` and ``i`` (initials) and ``us``; a word the vocabulary treats as a
-#: context word is decided by the context-word rule instead.
+#: (step 8 of the module docstring; without SURE a stored rule keeps its meaning). Left out:
+#: the two-letter codes of states and provinces (``in``, ``or``, ``on``, ``me``: ``SALEM,
+#: OR``), words that are also given names or months (``will``, ``may``, ``can``), ``a`` and
+#: ``i`` (initials) and ``us``; a word the vocabulary treats as a context word is decided by
+#: the context-word rule instead.
 FUNCTION_WORDS = frozenset("""
 the an this that these those his hers him he she they them their theirs it its we our ours you
 your yours my and but nor if than as of at by for with from to into onto upon over under about
