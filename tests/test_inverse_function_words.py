@@ -119,6 +119,8 @@ def test_charge_letter_comes_back(rules_only: Ensemble) -> None:
     ("seen by K. Zorbak today\n", "K"),  # an initial before a surname
     ("seen by J.K+ today\n", "K"),  # a letter glued to a stop: part of an initials group
     ("seen by J.K+ today\n", "J"),
+    ("seen by J.\u200bK+ today\n", "K"),  # an invisible character between the stop and the K
+    ("seen by J\uff0eK+ today\n", "K"),  # a fullwidth stop
 ])
 def test_letter_of_an_initial_stays_hidden(rules_only: Ensemble, text: str, phi: str) -> None:
     assert phi not in _shown(rules_only, text)

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 
 from dphub.ensemble.words import joined_by_apostrophe
 from dphub.safe_vocab import SafeVocabulary, normalize_word
+from dphub.textnorm import normalized_text
 
 _SPACES = re.compile(r"[ \t]+")
 #: after a section letter: optional spaces, then ``:`` or ``-`` (never ``.``: an initial)
@@ -135,15 +136,17 @@ def slash_letters(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
 
 
 def charge_letters(text: str, words: Sequence[re.Match[str]], i: int) -> bool:
-    """Whether word ``i`` is a single capital with ``+`` glued after it and no letter, digit or
-    stop glued before it (``K+``, ``O+``; not ``J.K+``)."""
+    """Whether word ``i`` is a single capital with ``+`` glued after it and no word or stop
+    glued before it (``K+``, ``O+``; not ``J.K+``, nor with an invisible or fullwidth character
+    between: the gap is read as the members read it)."""
     m = words[i]
     w = m.group()
     if len(w) != 1 or not w.isalpha() or not w.isupper():
         return False
-    if m.start() and (text[m.start() - 1].isalnum() or text[m.start() - 1] == "."):
+    before = normalized_text(text[words[i - 1].end():m.start()]) if i else " "
+    if before[-1:] in ("", "."):
         return False
-    return text[m.end():m.end() + 1] == "+"
+    return normalized_text(text[m.end():m.end() + 2])[:1] == "+"
 
 
 def _neighbour_ok(text: str, words: Sequence[re.Match[str]], j: int, gap: tuple[int, int],
