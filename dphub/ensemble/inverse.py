@@ -106,9 +106,10 @@ from dphub.textnorm import normalized_text
 #: sign of a name and of context words. Chosen on cross-fitted tuning parts of the dev corpus's
 #: 95 training patients (each scored by a DP model that did not see it) as the most text kept
 #: with no PHI token missed beyond the strict rule's on any part, then checked on the held-out
-#: patients (docs/recall_first.md: recall 0.997 as the strict rule's in three DP draws of the
-#: default model, 96.7 %, 97.1 % and 97.3 % of the other words kept with SURE). All depend on
-#: the model's calibration and runtime: calibrate on your own labels.
+#: patients (docs/recall_first.md: recall 0.997 as the strict rule's in four DP draws of the
+#: default model, 96.7 to 97.3 % of the other words kept with SURE); two draws' tuning parts put
+#: each value at or one step inside the edge of what misses no PHI. All depend on the model's
+#: calibration and runtime: calibrate on your own labels.
 DEFAULT_LOW = 0.005
 DEFAULT_HIGH = 0.01
 DEFAULT_NAMED = 0.002
