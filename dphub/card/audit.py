@@ -82,6 +82,15 @@ def describe(block: Mapping[str, Any], *, markdown: bool = True) -> str:
     return "\n".join(lines)
 
 
+def _share_flagging(det: Mapping[str, Any]) -> str:
+    """How many of the simulated audits flag the limit: "at least 95 %" (a power), or "the
+    median" for blocks written before the power was stated (about half of them flag it)."""
+    power = det.get("power")
+    if det.get("statistic") == "share-flagging" and isinstance(power, int | float):
+        return f"at least {power:.0%}"
+    return "the median (about half)"
+
+
 def _detection_lines(block: Mapping[str, Any]) -> list[str]:
     """The detection limit and what is outside the audit, in words (blocks before issue 38 have
     neither: nothing is said)."""
@@ -95,10 +104,10 @@ def _detection_lines(block: Mapping[str, Any]) -> list[str]:
                 f"Detection limit: this audit would flag noise ≤ {k:.3g} × the recipe's "
                 f"(σ ≤ {det.get('noise_multiplier')} instead of "
                 f"{det.get('recipe_noise_multiplier')}), measured as the largest factor at which "
-                f"the median of {det.get('repetitions')} simulated audits at these settings "
-                "(same canaries, steps, sampling rate, δ and confidence) shows a bound above the "
-                f"proven ε; a mechanism with more noise than that but less than the recipe's "
-                f"passes. At the recipe's noise the simulated median bound is "
+                f"{_share_flagging(det)} of {det.get('repetitions')} simulated audits at these "
+                "settings (same canaries, steps, sampling rate, δ and confidence) show a bound "
+                "above the proven ε; a mechanism with more noise than that but less than the "
+                "recipe's is likely to pass. At the recipe's noise the simulated median bound is "
                 f"ε ≥ {det.get('simulated_bound_at_recipe')}."]
         else:
             lines = ["Detection limit: this audit would flag no noise level, not even none at "

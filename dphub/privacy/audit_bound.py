@@ -206,8 +206,12 @@ GRADIENT_ABSTAIN = 0.05
 #: The fractions ``--abstain auto`` (the default) chooses from: the one with the largest simulated
 #: detection limit at the run's public settings (:func:`choose_abstain`).
 ABSTAIN_CHOICES: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9)
-#: Simulated audits per noise factor in :func:`detection_limit` (their median is compared).
-DETECTION_REPETITIONS = 9
+#: Simulated audits per noise factor in :func:`detection_limit`.
+DETECTION_REPETITIONS = 200
+#: The share of simulated audits that must flag a noise factor for it to count as detected:
+#: "would flag noise <= k" means "flags it in at least 95 % of runs", the power a reader expects
+#: of a test (a median, the old statistic, flags its limit only about half the time).
+DETECTION_POWER = 0.95
 #: What no gradient-canary audit tests (the report says so beside its detection limit).
 OUTSIDE_GRADIENT_AUDIT: tuple[str, ...] = (
     "the sampling of real units (the canaries are Poisson-sampled by the audit itself, "
@@ -245,62 +249,82 @@ def gradient_correct(sums: Any, included: Any, threshold: float, abstain: float
 
 @dataclass
 class DetectionLimit:
-    """The largest noise factor at which the audit flags the claim (median of simulated runs).
+    """The largest noise factor the audit flags with probability ``power`` (simulated runs).
 
-    ``noise_factor`` 0 means that even a noise-free mechanism would pass (the ceiling is below
-    the claim). ``bound_at_recipe`` is the median simulated bound at factor 1, to compare with
-    the real run's bound.
+    ``noise_factor`` 0 means that even a noise-free mechanism would not be flagged that often
+    (e.g. the ceiling is below the claim). ``bound_at_recipe`` is the median simulated bound at
+    factor 1, to compare with the real run's bound.
     """
 
     noise_factor: float
     bound_at_recipe: float
     repetitions: int
+    power: float = DETECTION_POWER
 
 
-def _simulated_correct(m: int, *, sample_rate: float, steps: int, noise_multiplier: float,
-                       factor: float, abstain: float, seed: int) -> int:
-    """Correct guesses of one simulated gradient audit with every noise draw scaled by
-    ``factor`` (in units of C: an included canary adds Binomial(T, q), the noise N(0, T σ²))."""
+def _simulated_counts(m: int, *, sample_rate: float, steps: int, noise_multiplier: float,
+                      abstain: float, seeds: Sequence[int]) -> Any:
+    """``counts(k)``: the correct guesses of simulated gradient audits (one per seed) with every
+    noise draw scaled by ``k`` (in units of C: an included canary adds Binomial(T, q), the noise
+    N(0, T σ²)). The draws are made once, so every ``k`` sees the same runs (common random
+    numbers: each run's count falls as ``k`` grows, up to the guess rule's ties)."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
-    included = rng.random(m) < 0.5
-    drawn = rng.binomial(steps, sample_rate, m) * included
-    noise = rng.standard_normal(m) * (math.sqrt(steps) * noise_multiplier * factor)
-    return gradient_correct(drawn + noise, included, 0.5 * sample_rate * steps, abstain)[1]
+    included = np.empty((len(seeds), m), dtype=bool)
+    drawn = np.empty((len(seeds), m), dtype=np.float64)
+    z = np.empty((len(seeds), m), dtype=np.float64)
+    for i, seed in enumerate(seeds):
+        rng = np.random.default_rng(seed)
+        included[i] = rng.random(m) < 0.5
+        drawn[i] = rng.binomial(steps, sample_rate, m) * included[i]
+        z[i] = rng.standard_normal(m)
+    scale = math.sqrt(steps) * noise_multiplier
+    threshold = 0.5 * sample_rate * steps
+
+    r = guess_count(m, abstain)
+
+    def counts(k: float) -> Any:
+        # gradient_correct, one row per run: guess on the r sums farthest from the threshold
+        sums = drawn + z * (scale * k)
+        right = (sums > threshold) == included
+        if r < m:
+            keep = np.argpartition(-np.abs(sums - threshold), r - 1, axis=1)[:, :r]
+            right = np.take_along_axis(right, keep, axis=1)
+        return right.sum(axis=1)
+
+    return counts
 
 
 def detection_limit(m: int, *, sample_rate: float, steps: int, noise_multiplier: float,
                     delta: float, confidence: float, claimed_epsilon: float,
                     abstain: float = GRADIENT_ABSTAIN, repetitions: int = DETECTION_REPETITIONS,
-                    rng: Any = None) -> DetectionLimit:
+                    power: float = DETECTION_POWER, rng: Any = None) -> DetectionLimit:
     """Largest factor ``k`` in [0, 1] such that this audit, run on the same ``m``, ``q``,
     ``steps``, ``δ`` and confidence with noise ``k σ``, shows a bound above ``claimed_epsilon``
-    in the median of ``repetitions`` simulated runs.
+    in at least ``power`` of ``repetitions`` simulated runs.
 
     The canaries' coordinates are independent of the model, so the released sums of a run are
-    exactly the simulated ones (Poisson participation plus Gaussian noise); the same seeds at
-    every factor (common random numbers) make the median monotone enough for a bisection. The
-    bound grows with the number right, so the median bound is the bound of the median count.
-    ``rng``: a numpy Generator for the per-repetition seeds (None: fresh OS entropy).
+    exactly the simulated ones (Poisson participation plus Gaussian noise); the same draws at
+    every factor (common random numbers) make the share that flags monotone enough for a
+    bisection. The bound grows with the number right, so a run flags iff its count reaches the
+    fewest right guesses that reject the claim. ``rng``: a numpy Generator for the
+    per-repetition seeds (None: fresh OS entropy).
     """
     import numpy as np
 
     if repetitions < 1 or steps < 0 or not 0 < sample_rate <= 1:
         raise ConfigError("detection limit needs repetitions >= 1, steps >= 0 and 0 < q <= 1")
+    if not 0 < power < 1:
+        raise ConfigError(f"detection power must be in (0, 1), got {power}")
     rng = rng if rng is not None else np.random.default_rng()
     seeds = [int(s) for s in rng.integers(0, 2**63 - 1, size=repetitions)]
     r = guess_count(m, abstain)
-
-    def median_correct(k: float) -> int:
-        counts = [_simulated_correct(m, sample_rate=sample_rate, steps=steps,
-                                     noise_multiplier=noise_multiplier, factor=k,
-                                     abstain=abstain, seed=s) for s in seeds]
-        return int(np.median(counts))  # odd repetitions: a count; even: rounded down
-
-    at_recipe = epsilon_lower_bound(m, r, median_correct(1.0), delta, confidence)
+    counts = _simulated_counts(m, sample_rate=sample_rate, steps=steps,
+                               noise_multiplier=noise_multiplier, abstain=abstain, seeds=seeds)
+    # odd repetitions: a count; even: rounded down
+    at_recipe = epsilon_lower_bound(m, r, int(np.median(counts(1.0))), delta, confidence)
     if steps == 0 or p_value(m, r, r, claimed_epsilon, delta) > 1.0 - confidence:
-        return DetectionLimit(0.0, at_recipe, repetitions)
+        return DetectionLimit(0.0, at_recipe, repetitions, power)
     # the fewest right guesses whose bound exceeds the claim: those that reject ε = the claim
     # (p_value grows with ε, so the bound exceeds the claim iff the claim itself is rejected)
     lo_v, hi_v = 0, r
@@ -311,16 +335,22 @@ def detection_limit(m: int, *, sample_rate: float, steps: int, noise_multiplier:
         else:
             lo_v = mid
     need = hi_v
+
+    def flags(k: float) -> bool:
+        return float(np.mean(counts(k) >= need)) >= power
+
     lo, hi = 0.0, 1.0
-    if median_correct(hi) >= need:  # pragma: no cover - a valid bound rarely exceeds the claim
-        return DetectionLimit(1.0, at_recipe, repetitions)
+    if flags(hi):  # pragma: no cover - a valid bound rarely exceeds the claim
+        return DetectionLimit(1.0, at_recipe, repetitions, power)
+    if not flags(lo):  # not even a noise-free mechanism is flagged that often
+        return DetectionLimit(0.0, at_recipe, repetitions, power)
     for _ in range(14):
         k = (lo + hi) / 2
-        if median_correct(k) >= need:
+        if flags(k):
             lo = k
         else:
             hi = k
-    return DetectionLimit(lo, at_recipe, repetitions)
+    return DetectionLimit(lo, at_recipe, repetitions, power)
 
 
 def choose_abstain(m: int, *, sample_rate: float, steps: int, noise_multiplier: float,
