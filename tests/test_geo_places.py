@@ -114,3 +114,19 @@ def test_the_audit_states_the_guarantee_and_the_cap() -> None:
     assert d["excluded_probability_cap"] == P_CAP
     assert d["extra_epsilon_max"] == pytest.approx(math.log(2))
     assert "1-p" in d["guarantee"]
+    assert "not bounded by the mechanism" in d["delta"]
+
+
+def test_an_output_naming_the_other_place_needs_a_delta() -> None:
+    """Issue 53: the rule "never a word of the original" makes an output naming Boston
+    impossible for Boston and possible for Somerville, 4.6 km away: over every output the pair
+    is (ε·d + ln(1/(1-p)), δ)-indistinguishable with δ > 0, which the audit record says."""
+    gz = Gazetteer.load()
+    geo = GeoPlaces(KEY, 0.05, gz)
+    boston = name_words("Boston")
+    from_somerville = [geo.place(f"s{i}", "Somerville") for i in range(1500)]
+    from_boston = [geo.place(f"b{i}", "Boston") for i in range(1500)]
+    assert not any(o and name_words(o) & boston for o in from_boston)
+    share = sum(1 for o in from_somerville if o and name_words(o) & boston) / 1500
+    assert share > 0  # a pure ε·d bound would need it to be 0
+    assert "delta" in geo.describe()

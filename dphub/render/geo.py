@@ -23,6 +23,12 @@ per place with :data:`P_DRAWS` public draws and its upper confidence bound (Hoef
 (``ln 2``); a place above the cap is not moved (it gets the Faker city, as a place the gazetteer
 does not know). An output that shares a word with a place rules that place out: that disclosure
 is the rule itself ("never the original name") and no mechanism that keeps the rule avoids it.
+So over *every* output the pair is only ``(ε·d + ln(1/(1 − p_x)), δ_{x,x'})``-indistinguishable,
+with ``δ_{x,x'}`` the probability that ``x``'s output shares a word with ``x'`` (impossible for
+``x'``): about 1.3 % for Somerville against Boston at ε 0.05; for the place whose name is ``x``'s
+most frequent output word it is that word's share, 0.15 in the median moved city (issue 53,
+``benchmarks/geo_guarantee.py``, docs/surrogates.md). The δ is a property of the places and ε,
+not bounded by the mechanism.
 
 The noise is keyed by the patient and the place (HMAC of the key), so a place gets one surrogate
 in every note of the patient: repeating it does not average the noise away. Names are matched
@@ -199,6 +205,10 @@ class GeoPlaces:
                          f"{P_CAP} that place's excluded probability; an output sharing a word "
                          "with a place rules that place out; places above the cap and places "
                          "the gazetteer lacks get a Faker city",
+            # over every output, not only those naming neither place (issue 53)
+            "delta": "per pair of places: the probability that one's output shares a word with "
+                     "the other (impossible for the other); a property of the places and "
+                     "epsilon, not bounded by the mechanism",
         }
 
     def place(self, patient: str, name: str) -> str | None:
