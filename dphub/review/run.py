@@ -24,7 +24,7 @@ from dphub.ensemble.words import WORD_RE
 from dphub.errors import InputError
 from dphub.evaluate import evaluate_spans
 from dphub.formats import read as read_notes
-from dphub.io import read_small_file
+from dphub.io import jsonl_lines, read_small_file
 from dphub.labels import CATEGORIES, UNTYPED, category_of
 from dphub.notes import Note, Span
 from dphub.review.doubt import Doubt, doubt_order, note_doubt, span_disagrees
@@ -137,18 +137,18 @@ def _audit(run_dir: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         raise InputError(f"{run_dir}: no {AUDIT} (give the --out DIR of a finished run)")
     out: dict[str, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except (ValueError, RecursionError):
-                raise InputError(f"{path}:{lineno}: not valid JSON") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) \
-                    or not isinstance(rec.get("spans"), list):
-                raise InputError(f"{path}:{lineno}: not an audit record")
-            out[rec["key"]] = rec
+    # "\n" only: with --audit-text a record holds note text, raw U+2028/U+0085 included
+    for lineno, line in jsonl_lines(path):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            raise InputError(f"{path}:{lineno}: not valid JSON") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) \
+                or not isinstance(rec.get("spans"), list):
+            raise InputError(f"{path}:{lineno}: not an audit record")
+        out[rec["key"]] = rec
     return out
 
 

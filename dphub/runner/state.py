@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError
-from dphub.io import atomic_write_text
+from dphub.io import atomic_write_text, jsonl_lines
 
 RUN_DIR = ".dphub-run"
 JOURNAL = "journal.jsonl"
@@ -65,14 +65,14 @@ class Journal:
                 raise ConfigError(f"{path.parent.parent}: holds an earlier run; pass --resume "
                                   "to continue it, or choose another --out")
             good: list[str] = []
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            for _, line in jsonl_lines(path, errors="replace"):  # "\n" only, never splitlines()
                 try:
                     e = json.loads(line)
                 except json.JSONDecodeError:
                     break  # torn write: everything after it is gone
-                good.append(line)
+                good.append(line.rstrip("\r\n") + "\n")
                 j.entries[e["key"]] = e
-            atomic_write_text(path, "".join(g + "\n" for g in good))  # 0600 (mkstemp)
+            atomic_write_text(path, "".join(good))  # 0600 (mkstemp)
         else:
             _private_dir(path.parent)
         return j
@@ -118,7 +118,11 @@ def _load_parts(parts_dir: Path, names: set[str]) -> dict[str, dict[str, Any]]:
         if not f.is_file():
             raise ConfigError(f"{parts_dir.parent.parent}: run state is incomplete (a part file "
                               "is missing); start over in another --out")
-        for line in f.read_text(encoding="utf-8").splitlines():
+        # "\n" only: a note's U+2028, U+2029 or U+0085 is raw inside a record (ensure_ascii=False),
+        # and str.splitlines() cut the record there (issue 54: one such note aborted the run)
+        for _, line in jsonl_lines(f):
+            if not line.strip():
+                continue
             rec = json.loads(line)
             out.setdefault(name, {})[rec["key"]] = rec
     return out
