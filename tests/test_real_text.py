@@ -129,3 +129,40 @@ def test_span_predictions_with_separators_in_ids_are_read_whole(tmp_path: Path) 
     p.write_bytes(b'{"id": "a", "spans": []}\n{"id": "\xff", "spans": []}\n')
     with pytest.raises(InputError, match="not valid UTF-8"):
         read_predictions(p)
+
+
+def _failing_run(tmp_path: Path) -> tuple[Path, Path, Ensemble]:
+    """A text directory run with one undecodable note: its state is kept for --resume."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text(_text("\u2028"), encoding="utf-8")
+    (src / "b.txt").write_bytes(b"\xff not text")
+    ens = _ensemble({"a": _text("\u2028"), "b": _text("\U0001F600")})
+    out = tmp_path / "out"
+    assert len(run_deid(src, out, ens, mode="tag").failed) == 1
+    (src / "b.txt").write_text(_text("\U0001F600"), encoding="utf-8")
+    return src, out, ens
+
+
+def test_a_resume_under_another_note_key_is_refused(tmp_path: Path, monkeypatch) -> None:
+    # issue 54: the audit's keyed note digests of one run are all under one key
+    from dphub.errors import ConfigError
+
+    src, out, ens = _failing_run(tmp_path)
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "other-home"))
+    with pytest.raises(ConfigError, match="another user"):
+        run_deid(src, out, ens, mode="tag", resume=True)
+
+
+def test_a_resume_of_a_run_without_digests_writes_none(tmp_path: Path) -> None:
+    src, out, ens = _failing_run(tmp_path)
+    p = out / RUN_DIR / "run.json"
+    params = json.loads(p.read_text())
+    run_id = params["run_id"]
+    del params["note_key"]  # as an older dphub wrote it
+    p.write_text(json.dumps(params))
+    assert run_deid(src, out, ens, mode="tag", resume=True).exit_code == 0
+    audit = [json.loads(line) for _, line in jsonl_lines(out / "audit.jsonl")]
+    assert [("text_hmac" in a) for a in audit] == [True, False]  # b's digest is not made
+    done = json.loads(p.read_text())
+    assert done["run_id"] == run_id and "note_key" not in done and done["status"] == "complete"

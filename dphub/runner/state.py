@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -22,14 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dphub.errors import ConfigError
-from dphub.io import atomic_write_text, jsonl_lines
+from dphub.errors import ConfigError, DphubError
+from dphub.io import atomic_write_text, dphub_home, jsonl_lines, private_key
 
 RUN_DIR = ".dphub-run"
 JOURNAL = "journal.jsonl"
 PARAMS = "run.json"
 PARTS = "parts"
 LOCK = "lock"
+#: the per-user secret of the keyed note digests, under the dphub home
+NOTE_KEY = Path("review") / "note.key"
+_NOTE_KEY_BYTES = 32
 
 
 def key_fingerprint(key: bytes | None) -> str | None:
@@ -42,6 +46,35 @@ def key_fingerprint(key: bytes | None) -> str | None:
     if key is None:
         return None
     return hashlib.sha256(b"dphub surrogate key fingerprint\x00" + key).hexdigest()[:24]
+
+
+def note_digest_key() -> bytes | None:
+    """The per-user secret that keys each note's digest in the audit (created 0600 on first
+    use, :func:`dphub.io.private_key`); None when the dphub home cannot hold it.
+
+    Why keyed (issue 54): ``dphub review`` must check that ``--notes`` is the text the run read,
+    so the audit records a digest per note. A plain hash would let anyone holding the released
+    output and audit (every character but the hidden ones, and their lengths) confirm a guessed
+    name by hashing the filled-in note; an HMAC under a key that never leaves this home confirms
+    nothing. Without a key the run goes on without digests (review then says it cannot check).
+    """
+    path = dphub_home() / NOTE_KEY
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return private_key(path, _NOTE_KEY_BYTES)
+    except (OSError, ValueError, DphubError):
+        return None
+
+
+def note_key_fingerprint(key: bytes) -> str:
+    """Tells note-digest keys apart (recorded in ``run.json``) without revealing the key."""
+    return hashlib.sha256(b"dphub note digest key fingerprint\x00" + key).hexdigest()[:24]
+
+
+def note_digest(key: bytes, text: str) -> str:
+    """HMAC-SHA256 of a note's text (UTF-8) under :func:`note_digest_key`, truncated to 128
+    bits: enough to tell two texts apart, nothing without the key."""
+    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
 
 
 def _private_dir(path: Path) -> None:
