@@ -166,3 +166,19 @@ def test_a_resume_of_a_run_without_digests_writes_none(tmp_path: Path) -> None:
     assert [("text_hmac" in a) for a in audit] == [True, False]  # b's digest is not made
     done = json.loads(p.read_text())
     assert done["run_id"] == run_id and "note_key" not in done and done["status"] == "complete"
+
+
+@pytest.mark.parametrize("audit_text", [False, True])
+def test_dphub_deid_over_pasted_notes_exits_0(tmp_path: Path, capsys, audit_text: bool) -> None:
+    # the reproduction through the CLI: one pasted note (U+2028) among others
+    from dphub.cli.main import main
+
+    src = tmp_path / "notes.jsonl"
+    src.write_text("".join(json.dumps({"id": f"n{i}", "text": _text(o)}, ensure_ascii=False)
+                           + "\n" for i, o in enumerate(ODD)), encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["deid", str(src), "--model", "rules:default", "--out", str(out)]
+    assert main(args + (["--audit-text"] if audit_text else [])) == 0, capsys.readouterr().err
+    got = [json.loads(line) for _, line in jsonl_lines(out / "notes.jsonl")]
+    assert [r["id"] for r in got] == [f"n{i}" for i in range(len(ODD))]
+    assert all("555-0134" not in r["text"] for r in got)

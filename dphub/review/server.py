@@ -9,6 +9,11 @@ a Content-Security-Policy that allows no request but the page's own save. uvicor
 is off (request lines carry the token), and the save handler turns every error into a PHI-free
 message: the only file the server writes is the corrections file
 (:func:`dphub.review.corrections.save_corrections`).
+
+Issue 54: what the page sends is checked (:func:`dphub.review.units.check_payload`) and its
+UTF-16 offsets converted to code points before anything else; a save must name the revision of
+the corrections file its page was loaded with, so a second tab's stale save gets 409 instead of
+silently replacing the first one's corrections.
 """
 
 from __future__ import annotations
