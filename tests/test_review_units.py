@@ -218,6 +218,12 @@ def test_another_users_run_cannot_be_checked_and_is_refused(run, tmp_path: Path,
     monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "someone-else"))
     with pytest.raises(InputError, match="another user"):
         load_review(out, notes)
+    assert not (tmp_path / "someone-else").exists()  # review makes no key of its own
+    from dphub.runner.state import note_digest_key
+
+    assert note_digest_key() is not None  # someone else's own key (a run would make it)
+    with pytest.raises(InputError, match="another user"):
+        load_review(out, notes)
 
 
 def test_a_run_without_digests_loads_unchecked_and_says_so(run, tmp_path: Path, capsys) -> None:

@@ -129,7 +129,7 @@ def _digest_key(run_dir: Path, params: Mapping[str, Any]) -> bytes | None:
     fingerprint = params.get("note_key")
     if fingerprint is None:
         return None
-    key = note_digest_key()
+    key = note_digest_key(create=False)
     if key is None or note_key_fingerprint(key) != fingerprint:
         raise InputError(f"{run_dir}: was run by another user (or with another DPHUB_HOME), "
                          "whose key made its note digests, so --notes cannot be checked "

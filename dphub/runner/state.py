@@ -48,7 +48,7 @@ def key_fingerprint(key: bytes | None) -> str | None:
     return hashlib.sha256(b"dphub surrogate key fingerprint\x00" + key).hexdigest()[:24]
 
 
-def note_digest_key() -> bytes | None:
+def note_digest_key(*, create: bool = True) -> bytes | None:
     """The per-user secret that keys each note's digest in the audit (created 0600 on first
     use, :func:`dphub.io.private_key`); None when the dphub home cannot hold it.
 
@@ -57,8 +57,11 @@ def note_digest_key() -> bytes | None:
     output and audit (every character but the hidden ones, and their lengths) confirm a guessed
     name by hashing the filled-in note; an HMAC under a key that never leaves this home confirms
     nothing. Without a key the run goes on without digests (review then says it cannot check).
+    ``create=False`` (review): only read an existing key.
     """
     path = dphub_home() / NOTE_KEY
+    if not create and not path.is_file():
+        return None
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         return private_key(path, _NOTE_KEY_BYTES)
