@@ -350,3 +350,23 @@ def test_a_temp_file_of_a_killed_save_is_removed(run, tmp_path: Path) -> None:
         k.write_text("{}")
     _client(load_review(out, notes), dest)
     assert not stale.exists() and all(k.exists() for k in keep)
+
+
+def test_an_unexpected_error_is_a_500_without_text(run, tmp_path: Path, monkeypatch,
+                                                   caplog) -> None:
+    import logging
+
+    import dphub.review.server as server
+
+    def boom(*a, **k):
+        raise RuntimeError("Yolanda Brisbee")  # a bug whose message quotes note text
+
+    monkeypatch.setattr(server, "save_corrections", boom)
+    caplog.set_level(logging.DEBUG)
+    out, notes, _ = run
+    dest = tmp_path / "c.jsonl"
+    r = _post(_client(load_review(out, notes), dest),
+              {"units": "utf-16", "notes": {KEY["a"]: {"reviewed": True}}}, dest)
+    assert r.status_code == 500 and "RuntimeError" in r.json()["error"]
+    assert "Yolanda" not in r.text and r.headers["cache-control"] == "no-store"
+    assert not any("Yolanda" in rec.getMessage() for rec in caplog.records)

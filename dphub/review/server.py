@@ -139,6 +139,11 @@ def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
             return JSONResponse({"error": e.message}, 409, headers=_HEADERS)
         except DphubError as e:  # messages name keys and offsets, never text
             return JSONResponse({"error": e.message}, 400, headers=_HEADERS)
+        except Exception as e:  # noqa: BLE001 - a bug: its message (and uvicorn's traceback
+            # of it) could quote note text; the page gets the type, nothing is logged
+            return JSONResponse({"error": f"internal error ({type(e).__name__}); the "
+                                 "corrections file is as it was or fully replaced, never half "
+                                 "written"}, 500, headers=_HEADERS)
         return JSONResponse({"notes": n, "path": str(corrections_path),
                              "revision": corrections_revision(corrections_path)},
                             headers=_HEADERS)
