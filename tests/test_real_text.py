@@ -182,3 +182,20 @@ def test_dphub_deid_over_pasted_notes_exits_0(tmp_path: Path, capsys, audit_text
     got = [json.loads(line) for _, line in jsonl_lines(out / "notes.jsonl")]
     assert [r["id"] for r in got] == [f"n{i}" for i in range(len(ODD))]
     assert all("555-0134" not in r["text"] for r in got)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "brat", "physionet"])
+def test_corpus_formats_keep_separators_inside_the_text(tmp_path: Path, fmt: str) -> None:
+    # the neighbours: every reader of a file that holds note text splits lines on "\n" only
+    from dphub import formats
+    from dphub.notes import Note
+
+    notes = []
+    for i, o in enumerate(ODD):
+        t = _text(o)
+        notes.append(Note(id=f"p{i}-{i}", text=t, patient_id=f"p{i}", spans=_spans(t),
+                          labelled=True))
+    out = tmp_path / {"jsonl": "c.jsonl", "brat": "c", "physionet": "c.text"}[fmt]
+    formats.write(notes, out, fmt)
+    back = {n.text: [(s.start, s.end) for s in n.spans] for n in formats.read(out, format=fmt)}
+    assert back == {n.text: [(s.start, s.end) for s in n.spans] for n in notes}
