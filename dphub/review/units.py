@@ -20,7 +20,7 @@ where it is wrong, never a 500, and never echoing a value (it could be note text
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jsonschema
@@ -139,7 +139,8 @@ def _int(v: Any, where: str) -> int:
     return v
 
 
-def _convert(corr: Mapping[str, Any], conv: Any, where: str) -> dict[str, Any]:
+def _convert(corr: Mapping[str, Any], conv: Callable[[int], int], where: str
+             ) -> dict[str, Any]:
     """One note's corrections with every offset passed through ``conv`` (other fields kept)."""
     out: dict[str, Any] = dict(corr)
     try:
