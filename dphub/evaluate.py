@@ -32,6 +32,7 @@ import numpy as np
 
 from dphub import formats
 from dphub.errors import FormatError, InputError
+from dphub.io import jsonl_lines
 from dphub.labels import CATEGORIES, category_of
 from dphub.notes import Note, Span
 
@@ -394,11 +395,10 @@ def _looks_like_jsonl(path: Path) -> bool:
 def _first_record(path: Path) -> Any:
     """The first JSON record of a JSONL file (None when empty or not JSON)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    return json.loads(line)
-    except (OSError, UnicodeDecodeError, ValueError):
+        for _, line in jsonl_lines(path):  # "\n" only (never splitlines / text mode)
+            if line.strip():
+                return json.loads(line)
+    except (OSError, InputError, ValueError, RecursionError):
         return None
     return None
 
@@ -438,18 +438,14 @@ def _read_span_records(files: Sequence[Path]) -> dict[str, list[Span]]:
     """``{"id", "spans": [{"start", "end", "label", ...}]}`` lines (the ``spans`` renderer)."""
     out: dict[str, list[Span]] = {}
     for f in files:
-        try:
-            fh = open(f, encoding="utf-8")  # noqa: SIM115 - closed below
-        except OSError as e:
-            raise InputError(f"{f}: cannot read ({e.strerror})") from None
-        with fh:
-            for lineno, line in enumerate(fh, 1):
+        try:  # "\n" only, streamed: ids may hold U+2028 or U+0085 raw (never splitlines)
+            for lineno, line in jsonl_lines(f):
                 if not line.strip():
                     continue
                 where = f"{f} line {lineno}"
                 try:
                     rec = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     raise InputError(f"{where}: not valid JSON") from None
                 if not (isinstance(rec, dict) and isinstance(rec.get("id"), str)
                         and isinstance(rec.get("spans"), list)):
@@ -458,6 +454,8 @@ def _read_span_records(files: Sequence[Path]) -> dict[str, list[Span]]:
                 if rec["id"] in out:
                     raise InputError(f"{where}: note {rec['id']} predicted twice")
                 out[rec["id"]] = [_span(s, where) for s in rec["spans"]]
+        except OSError as e:
+            raise InputError(f"{f}: cannot read ({e.strerror})") from None
     return out
 
 

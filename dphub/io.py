@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from dphub.errors import ConfigError, DphubError
+from dphub.errors import ConfigError, DphubError, InputError
 
 #: errno values that mean "the disk (or the user's quota) is full".
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -280,3 +280,24 @@ def hash_file(h: Any, path: str | os.PathLike[str]) -> Any:
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
     return hash_file(hashlib.sha256(), path).hexdigest()
+
+
+def jsonl_lines(path: str | os.PathLike[str], *, errors: str = "strict"
+                ) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a JSON Lines file, split on ``\\n`` only, one line at a time.
+
+    Why not ``str.splitlines()`` or a text-mode file: JSON Lines separates records with ``\\n``
+    alone, and ``json.dumps(..., ensure_ascii=False)`` writes U+2028, U+2029 and U+0085 raw
+    inside strings (note text holds them: pasted notes, old EHR exports). ``splitlines`` cuts a
+    record at each of them, and text mode turns a stray ``\\r`` into a line end; reading bytes
+    and splitting on ``b"\\n"`` keeps every record whole. The line keeps its ``\\n`` (and a CRLF
+    file's ``\\r``: both are JSON whitespace). ``errors`` is the UTF-8 decoding's; with
+    ``strict`` a bad byte raises :class:`InputError` naming the file and line (never the bytes).
+    """
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8", errors)
+            except UnicodeDecodeError:
+                raise InputError(f"{path}:{lineno}: not valid UTF-8") from None
+            yield lineno, line

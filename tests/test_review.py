@@ -22,6 +22,7 @@ from dphub.ensemble.evaluation import read_labelled  # noqa: E402
 from dphub.errors import ConfigError, InputError  # noqa: E402
 from dphub.review.corrections import (  # noqa: E402
     check_corrections_path,
+    corrections_revision,
     default_corrections_path,
     load_corrections,
     save_corrections,
@@ -113,7 +114,7 @@ def test_the_run_and_the_notes_must_match(run, tmp_path: Path) -> None:
     shorter = tmp_path / "short.jsonl"
     shorter.write_text("".join(json.dumps({"id": k, "text": t[:10]}) + "\n"
                                for k, t in TEXTS.items()))
-    with pytest.raises(InputError, match="outside the note") as e:
+    with pytest.raises(InputError, match="not the text the run read") as e:  # issue 54
         load_review(out, shorter)
     assert not leaks(str(e.value))
     with pytest.raises(InputError, match="not a de-identification run"):
@@ -162,9 +163,9 @@ def test_page_headers_forbid_external_requests_and_caching(run, tmp_path: Path) 
 
 
 # ---------------------------------------------------------------------------------- corrections
-def _payload() -> dict:
+def _payload() -> dict:  # the page's units: UTF-16 (equal to code points in these ASCII notes)
     a, b = at("y", "home")
-    return {"notes": {
+    return {"units": "utf-16", "revision": "none", "notes": {  # "none": no file yet
         "line 2": {"reviewed": True, "rejected": [list(at("y", "03/04/2021"))],
                    "added": [{"start": a, "end": b, "label": "LOCATION"}]},
         "line 1": {"reviewed": True, "retyped": [{**dict(zip(("start", "end"),
@@ -215,23 +216,25 @@ def test_inverse_rule_untyped_spans_are_written_other(run, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("bad", [
-    {"notes": {"line 9": {"reviewed": True}}},
-    {"notes": {"line 2": {"rejected": [[0, 3]]}}},
-    {"notes": {"line 2": {"added": [{"start": 5, "end": 3, "label": "NAME"}]}}},
-    {"notes": {"line 2": {"added": [{"start": 0, "end": 10_000, "label": "NAME"}]}}},
-    {"notes": {"line 2": {"added": [{"start": -1, "end": 3, "label": "NAME"}]}}},
-    {"notes": {"line 2": {"added": [{"start": 0, "end": 3, "label": "DRAGON"}]}}},
-    {"notes": {"line 2": {"added": [{"start": 0, "end": 3.5, "label": "NAME"}]}}},
-    {"notes": {"line 2": {"added": [{"start": 12, "end": 20, "label": "NAME"}]}}},  # overlaps
-    {"notes": {"line 2": {"retyped": [{"start": 12, "end": 26, "label": "PHI"}]}}},
-    {"notes": {}},
-    {"notes": []},
+    {"units": "utf-16", "notes": {"line 9": {"reviewed": True}}},
+    {"units": "utf-16", "notes": {"line 2": {"rejected": [[0, 3]]}}},
+    {"units": "utf-16", "notes": {"line 2": {"added": [{"start": 5, "end": 3, "label": "NAME"}]}}},
+    {"units": "utf-16", "notes": {"line 2": {"added": [{"start": 0, "end": 10_000, "label": "NAME"}]}}},
+    {"units": "utf-16", "notes": {"line 2": {"added": [{"start": -1, "end": 3, "label": "NAME"}]}}},
+    {"units": "utf-16", "notes": {"line 2": {"added": [{"start": 0, "end": 3, "label": "DRAGON"}]}}},
+    {"units": "utf-16", "notes": {"line 2": {"added": [{"start": 0, "end": 3.5, "label": "NAME"}]}}},
+    {"units": "utf-16", "notes": {"line 2": {"added": [{"start": 12, "end": 20, "label": "NAME"}]}}},  # overlaps
+    {"units": "utf-16", "notes": {"line 2": {"retyped": [{"start": 12, "end": 26, "label": "PHI"}]}}},
+    {"units": "utf-16", "notes": {}},
+    {"units": "utf-16", "notes": []},
     [],
 ])
 def test_bad_corrections_are_refused_and_nothing_is_written(run, tmp_path: Path, bad) -> None:
     out, notes, _ = run
     dest = tmp_path / "c.jsonl"
     dest.write_text("earlier\n")
+    if isinstance(bad, dict):  # based on the file there (else the revision check refuses it)
+        bad = {**bad, "revision": corrections_revision(dest)}
     r = _client(load_review(out, notes), dest).post(f"/corrections?token={TOKEN}", json=bad)
     assert r.status_code == 400 and r.json()["error"] and not leaks(r.text)
     assert dest.read_text() == "earlier\n"
@@ -257,8 +260,11 @@ def test_corrections_never_beside_the_output(run, tmp_path: Path, monkeypatch) -
             check_corrections_path(bad, out, [notes, gold])
     with pytest.raises(ConfigError, match="jsonl"):
         check_corrections_path(tmp_path / "c.txt", out, [notes])
+    run_id = load_review(out, notes).run_id
     monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "home"))
-    assert default_corrections_path(out) == tmp_path / "home" / "review" / "run.corrections.jsonl"
+    p = default_corrections_path(out, run_id)
+    assert p.parent == tmp_path / "home" / "review"
+    assert re.fullmatch(r"run-[0-9a-f]{12}\.corrections\.jsonl", p.name)
 
 
 # ------------------------------------------------------------------------------------ the CLI

@@ -5,6 +5,7 @@ model with ``dphub ensemble train``. Skips only when Debian's chromium (or Playw
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,10 +23,12 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-def _serve(run: Path, notes: Path, corr: Path, home: Path) -> tuple[subprocess.Popen, str]:
+def _serve(run: Path, notes: Path, corr: Path, home: Path, *extra: str
+           ) -> tuple[subprocess.Popen, str]:
+    # home: the run's own (its key made the audit's note digests, which review checks)
     env = {**os.environ, "DPHUB_HOME": str(home), "DPHUB_PROGRESS": "off"}
     proc = subprocess.Popen([sys.executable, "-m", "dphub.cli.main", "review", str(run),
-                             "--notes", str(notes), "--corrections", str(corr)],
+                             "--notes", str(notes), "--corrections", str(corr), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     for _ in range(2):
         line = proc.stdout.readline()
@@ -45,7 +48,7 @@ def test_review_page_in_chromium(tmp_path: Path, tiny_base_model: Path) -> None:
 
     run, notes, _ = make_run(tmp_path)
     corr = tmp_path / "private" / "corrections.jsonl"
-    proc, url = _serve(run, notes, corr, tmp_path / "home")
+    proc, url = _serve(run, notes, corr, Path(os.environ["DPHUB_HOME"]))
     try:
         base = url.split("/?")[0]
         for bad in (base + "/", base + "/?token=nope"):  # no token, a wrong one: refused
@@ -120,3 +123,80 @@ def test_review_page_in_chromium(tmp_path: Path, tiny_base_model: Path) -> None:
                  "--base-model", str(tiny_base_model), "--warm-start", "none", "--epochs", "1",
                  "--threads", "1", "--batch-size", "1"]) == 0
     assert (tmp_path / "own" / "model.safetensors").exists()
+
+
+#: select [a, b) (UTF-16 units, the page's own) of a note's text in the page
+_SELECT = """([nid, a, b]) => {
+    const segs = [...document.querySelectorAll(`section.note[data-id="${nid}"] .text span`)];
+    const seg = segs.find(s => +s.dataset.o <= a && b <= +s.dataset.o + s.textContent.length);
+    const r = document.createRange(), o = +seg.dataset.o;
+    r.setStart(seg.firstChild, a - o); r.setEnd(seg.firstChild, b - o);
+    const sel = window.getSelection(); sel.removeAllRanges(); sel.addRange(r);
+}"""
+
+
+def test_review_page_with_emoji_and_line_separators_in_chromium(tmp_path: Path) -> None:
+    # issue 54: an emoji before a span shifted every later highlight by one (Python counted code
+    # points, the page UTF-16 units) and a correction made there labelled other text
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from review_astral_fixtures import TEXTS, at, make_run, u16
+
+    from dphub.ensemble.evaluation import read_labelled
+
+    run, notes, gold = make_run(tmp_path)
+    audit = {r["id"]: r["spans"] for r in map(
+        json.loads, (run / "audit.jsonl").read_bytes().decode("utf-8").split("\n")[:-1])}
+    corr = tmp_path / "private" / "corrections.jsonl"
+    proc, url = _serve(run, notes, corr, Path(os.environ["DPHUB_HOME"]), "--gold", str(gold))
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1100, "height": 700})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            other = browser.new_page()  # a second tab on the same corrections
+            other.on("pageerror", lambda e: errors.append(str(e)))
+            other.goto(url)
+            for nid in TEXTS:  # the highlighted characters are the ones the run hid
+                got = page.eval_on_selector_all(f'section.note[data-id="{nid}"] .phi[data-start]',
+                                                "els => els.map(e => e.textContent)")
+                assert got == [s["text"] for s in audit[nid]]
+                missed = page.eval_on_selector_all(f'section.note[data-id="{nid}"] .miss',
+                                                   "els => els.map(e => e.textContent)")
+                assert missed == ["Quarrytown"]  # the gold miss, after the emoji
+            for nid in ("a", "b"):  # mark the missed place, after emoji and separators
+                a, b = at(nid, "Quarrytown")
+                page.evaluate(_SELECT, [nid, u16(nid, a), u16(nid, b)])
+                card = page.locator(f'section.note[data-id="{nid}"]')
+                card.locator("select.add-cat").select_option("LOCATION")
+                card.locator("button.add").click()
+                assert card.locator(".added").inner_text() == "Quarrytown"
+            c0 = u16("c", at("c", "Ysolde Crane")[0])
+            card = page.locator('section.note[data-id="c"]')
+            assert card.locator(f'.phi[data-start="{c0}"]').inner_text() == "Ysolde Crane"
+            card.locator(f'.phi[data-start="{c0}"]').click()
+            page.click("#m-reject")
+            page.click("#save")
+            sync_api.expect(page.locator("#msg")).to_have_text(re.compile(r"^saved"),
+                                                               timeout=30_000)
+            # the second tab was loaded before that save: its save is refused, not a silent
+            # overwrite; the first tab saves again from the revision its save returned
+            other.locator('section.note[data-id="b"] input.reviewed').check()
+            other.click("#save")
+            sync_api.expect(other.locator("#msg")).to_have_text(
+                re.compile(r"^error: .*another page"), timeout=30_000)
+            page.click("#save")
+            sync_api.expect(page.locator("#msg")).to_have_text(re.compile(r"^saved 3"),
+                                                               timeout=30_000)
+            browser.close()
+        assert not errors
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    saved = {n.id: [(n.text[s.start:s.end], s.label) for s in n.spans] for n in read_labelled(corr)}
+    assert saved == {
+        "a": [("Yolanda Brisbee", "NAME"), ("555-0134", "PHONE"), ("Quarrytown", "LOCATION")],
+        "b": [("Quinby Marlowe", "DOCTOR"), ("Elmsworth Clinic", "HOSPITAL"),
+              ("Quarrytown", "LOCATION")],
+        "c": [("555-0199", "PHONE")]}

@@ -36,7 +36,7 @@ def review_cmd(
              "instead of serving the page."),
     corrections: Path | None = typer.Option(
         None, "--corrections", metavar="FILE",
-        show_default="$DPHUB_HOME/review/<run name>.corrections.jsonl",
+        show_default="$DPHUB_HOME/review/<run name>-<run identity>.corrections.jsonl",
         help="Where the page saves corrections (labelled notes, JSONL, 0600); never inside DIR."),
     port: int = typer.Option(0, "--port", min=0, max=65535,
                              help="Port on 127.0.0.1 (0: a free one)."),
@@ -54,6 +54,10 @@ def review_cmd(
         if html.suffix.lower() not in (".html", ".htm"):
             raise ConfigError(f"{html}: name the page *.html")
     review = load_review(run_dir, notes, gold_path=gold, fmt=fmt)
+    if not review.checked:
+        typer.echo(f"warning: {run_dir} recorded no note digests (an older dphub): the notes "
+                   "cannot be checked against the text the run read; make sure --notes is its "
+                   "input, unchanged", err=True)
     if html is not None:
         from dphub.review.page import write_page
 
@@ -62,8 +66,8 @@ def review_cmd(
         typer.echo(f"warning: {html} holds note text (PHI): keep it private (0600), do not "
                    "share or upload it", err=True)
         return
-    path = check_corrections_path(corrections or default_corrections_path(run_dir), run_dir,
-                                  inputs)
+    path = check_corrections_path(
+        corrections or default_corrections_path(run_dir, review.run_id), run_dir, inputs)
     from dphub.review.server import bind_loopback, make_app, new_token, serve, url
 
     token = new_token()

@@ -5,6 +5,8 @@
   inverse rule's words)
 * :mod:`~dphub.review.corrections` the reviewer's corrections as labelled notes (JSONL, 0600)
 * :mod:`~dphub.review.page`        the page (Jinja2, plain CSS/JS, no external request)
+* :mod:`~dphub.review.units`       the page boundary: code points <-> UTF-16 offsets, the schema
+  of what the page saves (issue 54)
 * :mod:`~dphub.review.server`      serving it on loopback (Starlette + uvicorn, token, Host check)
 
 The web modules import the optional ``review`` extra (starlette, uvicorn, jinja2); this package's

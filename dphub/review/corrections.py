@@ -15,6 +15,8 @@ the notes or the gold it was made from. Its default place is ``$DPHUB_HOME/revie
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,9 +34,50 @@ from dphub.review.run import Review, ReviewNote
 UNTYPED_AS = "OTHER"
 
 
-def default_corrections_path(run_dir: Path) -> Path:
-    """``$DPHUB_HOME/review/<run name>.corrections.jsonl``: private, away from the run."""
-    return dphub_home() / "review" / f"{Path(run_dir).resolve().name}.corrections.jsonl"
+def default_corrections_path(run_dir: Path, run_id: str | None) -> Path:
+    """``$DPHUB_HOME/review/<run name>-<identity>.corrections.jsonl``: private, away from the run.
+
+    Why the identity (issue 54): keyed by the directory's name alone, two runs named ``out`` over
+    the same notes shared one file, and the second review started from the first one's
+    corrections. ``<identity>`` is a digest of the run directory's resolved path and its random
+    ``run_id`` (``run.json``; a rerun into the same directory gets a new one).
+    """
+    resolved = Path(run_dir).resolve()
+    ident = hashlib.sha256(f"{resolved}\x00{run_id or ''}".encode("utf-8", "surrogateescape"))
+    return dphub_home() / "review" / f"{resolved.name}-{ident.hexdigest()[:12]}.corrections.jsonl"
+
+
+class StaleRevision(InputError):
+    """The corrections file changed since the page was loaded (another tab or reviewer saved)."""
+
+
+#: the revision of a corrections file that does not exist (yet)
+NO_REVISION = "none"
+
+
+def corrections_revision(path: Path) -> str:
+    """The revision a save must be based on: a digest of the file's bytes (``none``: no file).
+
+    Why a digest of the bytes and not a counter in memory: two servers (or a server restarted
+    between loading and saving) on one file still see each other's saves.
+    """
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:32]
+    except FileNotFoundError:
+        return NO_REVISION
+
+
+def remove_stale_temps(path: Path) -> int:
+    """Delete temp files a killed save left beside ``path`` (``dphub.io`` names them
+    ``.<name>.<random>.tmp``; they hold note text); how many were removed."""
+    p = Path(path)
+    n = 0
+    if p.parent.is_dir():
+        for t in p.parent.glob(f".{glob.escape(p.name)}.*.tmp"):
+            if t.is_file() and not t.is_symlink():
+                t.unlink(missing_ok=True)
+                n += 1
+    return n
 
 
 def _inside(path: Path, parent: Path) -> bool:
@@ -130,15 +173,22 @@ def labelled_notes(review: Review, payload: Any) -> list[Note]:
     return out
 
 
-def save_corrections(review: Review, payload: Any, path: Path) -> int:
+def save_corrections(review: Review, payload: Any, path: Path, *,
+                     revision: str | None = None) -> int:
     """Write the reviewed notes atomically as JSONL (0600); return how many were written.
 
     ``path`` must have passed :func:`check_corrections_path`. No reviewed note: nothing is
-    written (and an earlier file stays).
+    written (and an earlier file stays). With ``revision`` (what the page was loaded with,
+    :func:`corrections_revision`), a file that changed since is not overwritten:
+    :class:`StaleRevision`.
     """
     notes = labelled_notes(review, payload)
     if not notes:
         raise InputError("no note is marked reviewed or corrected: nothing was written")
+    if revision is not None and revision != corrections_revision(path):
+        raise StaleRevision("the corrections were saved from another page (a second tab or "
+                            "reviewer) since this one was loaded; nothing was written: reload "
+                            "the page to see them, then redo your changes")
     path = Path(path)
     private = path.parent
     if not private.exists():

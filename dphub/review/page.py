@@ -15,6 +15,7 @@ import jinja2
 
 from dphub.io import atomic_write_text
 from dphub.review.run import SHOWN_CATEGORIES, Review
+from dphub.review.units import corrections_to_page, page_data
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -32,12 +33,21 @@ def script_json(obj: Any) -> str:
 
 
 def render_page(review: Review, *, save_url: str | None = None, token: str | None = None,
-                corrections: dict[str, Any] | None = None, nonce: str | None = None) -> str:
-    """The page; without ``save_url`` it is the read-only, self-contained file."""
-    config = {"save_url": save_url, "token": token, "corrections": corrections or {"notes": {}}}
+                corrections: dict[str, Any] | None = None, nonce: str | None = None,
+                revision: str | None = None) -> str:
+    """The page; without ``save_url`` it is the read-only, self-contained file.
+
+    ``corrections`` are in code points (as :func:`~dphub.review.corrections.load_corrections`
+    returns them); the page gets every offset in UTF-16 units (:mod:`dphub.review.units`).
+    """
+    texts = {n.key: n.text for n in review.notes}
+    config = {"save_url": save_url, "token": token, "revision": revision,
+              "corrections": corrections_to_page(corrections or {"notes": {}}, texts)}
     return _env().get_template("review.html.j2").render(
         run_name=review.run_dir.name, rule=review.rule or "?", categories=SHOWN_CATEGORIES,
-        data_json=script_json(review.to_dict()), config_json=script_json(config),
+        checked=review.checked,
+        data_json=script_json(page_data(review.to_dict(), texts)),
+        config_json=script_json(config),
         static=save_url is None, nonce=nonce)
 
 

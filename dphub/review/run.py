@@ -24,11 +24,12 @@ from dphub.ensemble.words import WORD_RE
 from dphub.errors import InputError
 from dphub.evaluate import evaluate_spans
 from dphub.formats import read as read_notes
-from dphub.io import read_small_file
+from dphub.io import jsonl_lines, read_small_file
 from dphub.labels import CATEGORIES, UNTYPED, category_of
 from dphub.notes import Note, Span
 from dphub.review.doubt import Doubt, doubt_order, note_doubt, span_disagrees
 from dphub.runner import AUDIT, PARAMS, RUN_DIR, iter_input
+from dphub.runner.state import note_digest, note_digest_key, note_key_fingerprint
 
 #: the largest run.json read (it holds settings, not notes)
 _PARAMS_CAP = 1 << 20
@@ -63,6 +64,10 @@ class Review:
     thresholds: dict[str, float]
     notes: list[ReviewNote]
     scores: dict[str, Any] | None = None
+    #: every note's text matched the run's keyed digest (False: a run without digests)
+    checked: bool = False
+    #: the run's random id (``run.json``; None for runs of an older dphub)
+    run_id: str | None = None
 
     def counts(self) -> dict[str, int]:
         """Hidden spans per category over the run (categories without a span left out)."""
@@ -90,7 +95,7 @@ class Review:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run": {"name": self.run_dir.name, "rule": self.rule, "members": self.members,
-                    "thresholds": self.thresholds},
+                    "thresholds": self.thresholds, "checked": self.checked},
             "categories": list(SHOWN_CATEGORIES),
             "label_categories": list(CATEGORIES),
             "counts": self.counts(),
@@ -100,7 +105,7 @@ class Review:
         }
 
 
-def _settings(run_dir: Path) -> dict[str, Any]:
+def _params(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_DIR / PARAMS
     try:
         raw = read_small_file(path, _PARAMS_CAP, what="the run's settings")
@@ -116,7 +121,20 @@ def _settings(run_dir: Path) -> dict[str, Any]:
     if params.get("status") != "complete":
         raise InputError(f"{run_dir}: the run is not finished (finish it with "
                          "`dphub ensemble deid ... --resume`)")
-    return params["settings"]
+    return params
+
+
+def _digest_key(run_dir: Path, params: Mapping[str, Any]) -> bytes | None:
+    """The key of the audit's note digests (None: the run made none, an older dphub)."""
+    fingerprint = params.get("note_key")
+    if fingerprint is None:
+        return None
+    key = note_digest_key(create=False)
+    if key is None or note_key_fingerprint(key) != fingerprint:
+        raise InputError(f"{run_dir}: was run by another user (or with another DPHUB_HOME), "
+                         "whose key made its note digests, so --notes cannot be checked "
+                         "against the text the run read here; review it as that user")
+    return key
 
 
 def _members(settings: Mapping[str, Any]) -> tuple[str, list[str], dict[str, float]]:
@@ -137,18 +155,18 @@ def _audit(run_dir: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         raise InputError(f"{run_dir}: no {AUDIT} (give the --out DIR of a finished run)")
     out: dict[str, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except (ValueError, RecursionError):
-                raise InputError(f"{path}:{lineno}: not valid JSON") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) \
-                    or not isinstance(rec.get("spans"), list):
-                raise InputError(f"{path}:{lineno}: not an audit record")
-            out[rec["key"]] = rec
+    # "\n" only: with --audit-text a record holds note text, raw U+2028/U+0085 included
+    for lineno, line in jsonl_lines(path):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            raise InputError(f"{path}:{lineno}: not valid JSON") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) \
+                or not isinstance(rec.get("spans"), list):
+            raise InputError(f"{path}:{lineno}: not an audit record")
+        out[rec["key"]] = rec
     return out
 
 
@@ -199,18 +217,30 @@ def load_review(run_dir: Path, notes_path: Path, *, gold_path: Path | None = Non
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: not a directory (give the --out DIR of a finished run)")
-    settings = _settings(run_dir)
+    params = _params(run_dir)
+    settings = params["settings"]
+    key = _digest_key(run_dir, params)
     rule, members, thresholds = _members(settings)
     audit = _audit(run_dir)
     notes: list[ReviewNote] = []
     for item in iter_input(Path(notes_path), fmt or settings.get("format")):
         rec = audit.pop(item.key, None)
-        if item.note is None or rec is None:
-            continue  # a note that failed in the run (or now): nothing was hidden to review
+        # a finished run read every note of its input: one it did not audit, or one that no
+        # longer reads, means --notes is not its input (it was shown nowhere and counted nowhere)
+        if rec is None:
+            raise InputError(f"{notes_path}: {item.key} is not in the run's {AUDIT} (the run "
+                             "read other notes); give the notes the run read")
+        if item.note is None:
+            raise InputError(f"{notes_path}: {item.key} was read by the run but no longer "
+                             f"reads ({item.error}); give the notes the run read")
         note = item.note
         if rec.get("id") != note.id:
             raise InputError(f"{item.key}: the run's audit names note {rec.get('id')!r}, the "
                              f"notes {note.id!r} (were these the notes the run read?)")
+        if key is not None and rec.get("text_hmac") != note_digest(key, note.text):
+            raise InputError(f"{item.key}: note {note.id} is not the text the run read (its "
+                             "digest differs: edited, re-encoded or another file?); give the "
+                             "notes the run read")
         where = f"{AUDIT}, {item.key}"
         spans = sorted((_span(d, len(note.text), where, members) for d in rec["spans"]),
                        key=lambda s: (s["start"], s["end"]))
@@ -224,8 +254,12 @@ def load_review(run_dir: Path, notes_path: Path, *, gold_path: Path | None = Non
         raise InputError(f"{run_dir}: no note to review")
     order = doubt_order([n.doubt for n in notes])
     notes = [notes[i] for i in order]
+    if isinstance(params.get("notes"), int) and params["notes"] != len(notes):
+        raise InputError(f"{run_dir}: the run read {params['notes']} notes, {notes_path} holds "
+                         f"{len(notes)}; give the notes the run read")
     scores = _gold(notes, gold_path) if gold_path is not None else None
-    return Review(run_dir, rule, members, thresholds, notes, scores)
+    return Review(run_dir, rule, members, thresholds, notes, scores, checked=key is not None,
+                  run_id=params.get("run_id") if isinstance(params.get("run_id"), str) else None)
 
 
 def _gold(notes: Sequence[ReviewNote], gold_path: Path) -> dict[str, Any]:

@@ -9,6 +9,11 @@ a Content-Security-Policy that allows no request but the page's own save. uvicor
 is off (request lines carry the token), and the save handler turns every error into a PHI-free
 message: the only file the server writes is the corrections file
 (:func:`dphub.review.corrections.save_corrections`).
+
+Issue 54: what the page sends is checked (:func:`dphub.review.units.check_payload`) and its
+UTF-16 offsets converted to code points before anything else; a save must name the revision of
+the corrections file its page was loaded with, so a second tab's stale save gets 409 instead of
+silently replacing the first one's corrections.
 """
 
 from __future__ import annotations
@@ -22,12 +27,19 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dphub.errors import DphubError
-from dphub.review.corrections import load_corrections, save_corrections
+from dphub.review.corrections import (
+    StaleRevision,
+    corrections_revision,
+    load_corrections,
+    remove_stale_temps,
+    save_corrections,
+)
 from dphub.review.page import render_page
 from dphub.review.run import Review
+from dphub.review.units import corrections_from_page
 
 LOOPBACK_HOSTS = frozenset(("127.0.0.1", "localhost", "[::1]", "::1"))
 #: the largest corrections request read (offsets and labels, never text)
@@ -48,15 +60,25 @@ def _host(value: str) -> str:
 
 
 class _Guard:
-    """Refuses a non-loopback Host (421) and a missing or wrong token (403) before any route."""
+    """Refuses a non-loopback Host (421) and a missing or wrong token (403) before any route,
+    and puts :data:`_HEADERS` on every response (Starlette's own 404, 405 and 500 too)."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app, self.token = app, token.encode()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, scope_send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, scope_send)
             return
+
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                have = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k.lower().encode(), v.encode()) for k, v in _HEADERS.items()
+                         if k.lower().encode() not in have]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await scope_send(message)
+
         req = Request(scope)
         if _host(req.headers.get("host", "")) not in LOOPBACK_HOSTS:
             await _text(421, "this page answers on loopback only")(scope, receive, send)
@@ -80,15 +102,18 @@ _HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
 
 def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
     """The Starlette app: ``GET /`` the page, ``POST /corrections`` saves the labelled notes."""
+    texts = {n.key: n.text for n in review.notes}
+    remove_stale_temps(corrections_path)  # a save killed mid-write left note text in a temp
 
     async def page(request: Request) -> Response:
         nonce = secrets.token_urlsafe(16)
-        try:
+        revision = corrections_revision(corrections_path)  # before reading: a save in between
+        try:                                                # is then refused, never lost
             earlier = load_corrections(review, corrections_path)
         except DphubError as e:
             return _text(409, f"error: {e.message}")
         html = render_page(review, save_url="/corrections", token=token, corrections=earlier,
-                           nonce=nonce)
+                           nonce=nonce, revision=revision)
         csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
                "connect-src 'self'; img-src 'none'; base-uri 'none'; form-action 'none'; "
                "frame-ancestors 'none'")
@@ -104,12 +129,24 @@ def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
                 return JSONResponse({"error": "corrections too large"}, 413, headers=_HEADERS)
         try:
             payload = json.loads(body)
-            n = save_corrections(review, payload, corrections_path)
+            # the page's offsets are UTF-16 units: checked and converted here, at the boundary
+            corrections = corrections_from_page(payload, texts)
+            n = save_corrections(review, corrections, corrections_path,
+                                 revision=payload["revision"])
         except (ValueError, RecursionError):
             return JSONResponse({"error": "not valid JSON"}, 400, headers=_HEADERS)
+        except StaleRevision as e:  # another tab or reviewer saved since this page was loaded
+            return JSONResponse({"error": e.message}, 409, headers=_HEADERS)
         except DphubError as e:  # messages name keys and offsets, never text
             return JSONResponse({"error": e.message}, 400, headers=_HEADERS)
-        return JSONResponse({"notes": n, "path": str(corrections_path)}, headers=_HEADERS)
+        except Exception as e:  # noqa: BLE001 - a bug: its message (and uvicorn's traceback
+            # of it) could quote note text; the page gets the type, nothing is logged
+            return JSONResponse({"error": f"internal error ({type(e).__name__}); the "
+                                 "corrections file is as it was or fully replaced, never half "
+                                 "written"}, 500, headers=_HEADERS)
+        return JSONResponse({"notes": n, "path": str(corrections_path),
+                             "revision": corrections_revision(corrections_path)},
+                            headers=_HEADERS)
 
     app = Starlette(routes=[Route("/", page, methods=["GET"]),
                             Route("/corrections", save, methods=["POST"])])

@@ -33,8 +33,14 @@ half-written output or a note written twice is a privacy and correctness problem
 * The ensemble's work goes through an *engine* (:data:`Engine`): :func:`local_engine` runs it
   here; :mod:`dphub.ray_engine` runs the same batches on Ray actors. Reading, rendering, writing
   and the journal stay in this process whatever the engine, so the bytes are the same.
-* ``OUT/audit.jsonl``: per note, in input order, the spans removed (offsets, label, score) and
-  the members that voted; no text unless ``audit_text``.
+* ``OUT/audit.jsonl``: per note, in input order, the spans removed (offsets in code points,
+  label, score) and the members that voted; no text unless ``audit_text``; ``text_hmac``, a
+  digest of the note's text keyed by a per-user secret (``$DPHUB_HOME/review/note.key``,
+  :func:`~dphub.runner.state.note_digest_key`), so ``dphub review`` can check that its
+  ``--notes`` are the text the run read without the audit confirming any guess of a hidden
+  word. ``run.json`` keeps the run's random ``run_id`` and the key's fingerprint
+  (``note_key``). All JSON Lines files here are split on ``\n`` only (:func:`dphub.io.jsonl_lines`):
+  a note's U+2028, U+2029, U+0085 or ``\r`` stays inside its record.
 * A note that fails (unreadable or undecodable file, a malformed record or ``.ann``, a lone
   surrogate, an output name the file system refuses, a render error) is reported by its key
   (relative path, line number or note id) and skipped; the run goes on. The CLI exits with
@@ -99,6 +105,9 @@ from dphub.runner.state import (
     _read_params,
     _remove_stale_temps,
     key_fingerprint,
+    note_digest,
+    note_digest_key,
+    note_key_fingerprint,
 )
 
 #: the public names, including those that live in the submodules since the cut of issue 30
@@ -276,9 +285,11 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     layout = input_layout(src, fmt)
     jsonl_out = layout == "jsonl" and renderer.mode != "brat"
     journal = Journal.open(run_dir / JOURNAL, resume=resume)
+    identity, digest_key = _identity(dst, params)
     if params is None:
-        atomic_write_text(params_path, json.dumps({"settings": settings, "status": "running"},
-                                                  indent=2, sort_keys=True) + "\n")
+        atomic_write_text(params_path, json.dumps(
+            {"settings": settings, "status": "running", **identity},
+            indent=2, sort_keys=True) + "\n")
     parts_dir = run_dir / PARTS
     _private_dir(parts_dir)
     if resume:
@@ -307,6 +318,8 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 spans = [m.to_span() for m in res.merged]
                 content: dict[str, Any] = {"key": it.key,
                                            "audit": audit_record(it, res.merged, note, audit_text)}
+                if digest_key is not None:  # issue 54: review checks --notes against it
+                    content["audit"]["text_hmac"] = note_digest(digest_key, note.text)
                 if vocab_digest:  # issue 26: which safe words let this note's words back
                     content["audit"]["safe_vocab_sha256"] = vocab_digest
                 if renderer.mechanisms:  # issue 28: which mechanisms and ε, never values
@@ -353,7 +366,33 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
     if progress:
         progress(done_count, report.total)
     return _finish(src, dst, settings, journal, report, keys, seen_keys, wrote=wrote,
-                   jsonl_out=jsonl_out)
+                   jsonl_out=jsonl_out, identity=identity)
+
+
+def _identity(dst: Path, params: dict[str, Any] | None) -> tuple[dict[str, Any], bytes | None]:
+    """The run's identity kept in ``run.json`` (issue 54) and the note-digest key to use.
+
+    ``run_id``: random, made once per run (a resume keeps it), so two runs that share an OUT
+    name, or one OUT reused after removal, are told apart (``dphub review`` keys its default
+    corrections file by it). ``note_key``: the fingerprint of :func:`note_digest_key` the
+    audit's ``text_hmac`` digests are made with; a resume under another key is refused (one audit
+    would hold digests under two keys), one of a run made without digests writes none.
+    """
+    if params is None:
+        key = note_digest_key()
+        ident: dict[str, Any] = {"run_id": uuid.uuid4().hex}
+        if key is not None:
+            ident["note_key"] = note_key_fingerprint(key)
+        return ident, key
+    ident = {k: params[k] for k in ("run_id", "note_key") if k in params}
+    if "note_key" not in ident:
+        return ident, None  # started without digests (an older dphub, or no key then)
+    key = note_digest_key()
+    if key is None or note_key_fingerprint(key) != ident["note_key"]:
+        raise ConfigError(f"{dst}: was started by another user (or with another DPHUB_HOME): "
+                          "its note digests need that user's key; resume it as them, or start "
+                          "over in another --out")
+    return ident, key
 
 
 def _write_output(dst: Path, renderer: Renderer, wrote: list[bool], it: WorkItem, note: Note,
@@ -439,8 +478,8 @@ def _earlier_run(dst: Path, settings: dict[str, Any], *, resume: bool
 
 
 def _finish(src: Path, dst: Path, settings: dict[str, Any], journal: Journal, report: RunReport,
-            keys: list[str], seen_keys: set[str], *, wrote: list[bool], jsonl_out: bool
-            ) -> RunReport:
+            keys: list[str], seen_keys: set[str], *, wrote: list[bool], jsonl_out: bool,
+            identity: dict[str, Any]) -> RunReport:
     """The audit (and JSONL output) from the part files, in input order; the failed notes in
     ``report``; once nothing failed, only the completion marker is kept."""
     run_dir = dst / RUN_DIR
@@ -482,7 +521,7 @@ def _finish(src: Path, dst: Path, settings: dict[str, Any], journal: Journal, re
     report.done = len(finished) - report.skipped
     if not report.failed:  # nothing left to resume: keep only the completion marker
         atomic_write_text(params_path, json.dumps(
-            {"settings": settings, "status": "complete", "notes": report.total},
+            {"settings": settings, "status": "complete", "notes": report.total, **identity},
             indent=2, sort_keys=True) + "\n")
         (run_dir / JOURNAL).unlink(missing_ok=True)
         shutil.rmtree(parts_dir, ignore_errors=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -22,14 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dphub.errors import ConfigError
-from dphub.io import atomic_write_text
+from dphub.errors import ConfigError, DphubError
+from dphub.io import atomic_write_text, dphub_home, jsonl_lines, private_key
 
 RUN_DIR = ".dphub-run"
 JOURNAL = "journal.jsonl"
 PARAMS = "run.json"
 PARTS = "parts"
 LOCK = "lock"
+#: the per-user secret of the keyed note digests, under the dphub home
+NOTE_KEY = Path("review") / "note.key"
+_NOTE_KEY_BYTES = 32
 
 
 def key_fingerprint(key: bytes | None) -> str | None:
@@ -42,6 +46,38 @@ def key_fingerprint(key: bytes | None) -> str | None:
     if key is None:
         return None
     return hashlib.sha256(b"dphub surrogate key fingerprint\x00" + key).hexdigest()[:24]
+
+
+def note_digest_key(*, create: bool = True) -> bytes | None:
+    """The per-user secret that keys each note's digest in the audit (created 0600 on first
+    use, :func:`dphub.io.private_key`); None when the dphub home cannot hold it.
+
+    Why keyed (issue 54): ``dphub review`` must check that ``--notes`` is the text the run read,
+    so the audit records a digest per note. A plain hash would let anyone holding the released
+    output and audit (every character but the hidden ones, and their lengths) confirm a guessed
+    name by hashing the filled-in note; an HMAC under a key that never leaves this home confirms
+    nothing. Without a key the run goes on without digests (review then says it cannot check).
+    ``create=False`` (review): only read an existing key.
+    """
+    path = dphub_home() / NOTE_KEY
+    if not create and not path.is_file():
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return private_key(path, _NOTE_KEY_BYTES)
+    except (OSError, ValueError, DphubError):
+        return None
+
+
+def note_key_fingerprint(key: bytes) -> str:
+    """Tells note-digest keys apart (recorded in ``run.json``) without revealing the key."""
+    return hashlib.sha256(b"dphub note digest key fingerprint\x00" + key).hexdigest()[:24]
+
+
+def note_digest(key: bytes, text: str) -> str:
+    """HMAC-SHA256 of a note's text (UTF-8) under :func:`note_digest_key`, truncated to 128
+    bits: enough to tell two texts apart, nothing without the key."""
+    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
 
 
 def _private_dir(path: Path) -> None:
@@ -65,14 +101,14 @@ class Journal:
                 raise ConfigError(f"{path.parent.parent}: holds an earlier run; pass --resume "
                                   "to continue it, or choose another --out")
             good: list[str] = []
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            for _, line in jsonl_lines(path, errors="replace"):  # "\n" only, never splitlines()
                 try:
                     e = json.loads(line)
                 except json.JSONDecodeError:
                     break  # torn write: everything after it is gone
-                good.append(line)
+                good.append(line.rstrip("\r\n") + "\n")
                 j.entries[e["key"]] = e
-            atomic_write_text(path, "".join(g + "\n" for g in good))  # 0600 (mkstemp)
+            atomic_write_text(path, "".join(good))  # 0600 (mkstemp)
         else:
             _private_dir(path.parent)
         return j
@@ -118,7 +154,11 @@ def _load_parts(parts_dir: Path, names: set[str]) -> dict[str, dict[str, Any]]:
         if not f.is_file():
             raise ConfigError(f"{parts_dir.parent.parent}: run state is incomplete (a part file "
                               "is missing); start over in another --out")
-        for line in f.read_text(encoding="utf-8").splitlines():
+        # "\n" only: a note's U+2028, U+2029 or U+0085 is raw inside a record (ensure_ascii=False),
+        # and str.splitlines() cut the record there (issue 54: one such note aborted the run)
+        for _, line in jsonl_lines(f):
+            if not line.strip():
+                continue
             rec = json.loads(line)
             out.setdefault(name, {})[rec["key"]] = rec
     return out
