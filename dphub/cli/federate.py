@@ -11,12 +11,16 @@ import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from dphub.cli.options import apply_threads, threads_option
 from dphub.errors import ConfigError
+from dphub.federate.terms import TERMS_FILE, FederationTerms  # light: no Flower, no torch
+
+if TYPE_CHECKING:
+    from dphub.federate.server import FederationConfig
 
 federate_app = typer.Typer(
     help="Train one DP model across sites without sharing notes (Flower; docs/federated.md).",
@@ -133,7 +137,27 @@ def serve(
         options=_options(base_model, warm_start, accountant, batch_size, lr, max_length,
                          stride, rule_features, noise, delta))
     write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates)
-    typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub"}))
+    terms = _write_terms(app_dir, cfg, root_certificates)
+    typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub",
+                           "federation": str(app_dir / TERMS_FILE),
+                           "federation_id": terms.federation_id()}))
+
+
+def _write_terms(app_dir: Path, cfg: FederationConfig,
+                 root_certificates: Path | None) -> FederationTerms:
+    """The federation's terms (``APP_DIR/federation.json``): what each site agrees to with
+    ``join --federation`` (the frozen base's digest needs the base model here too)."""
+    from dphub.federate.site import recipe_frozen_digest
+    from dphub.io import file_sha256
+
+    terms = FederationTerms(
+        rounds=cfg.rounds, local_steps=cfg.local_steps,
+        target_epsilon=float(cfg.target_epsilon), aggregation=cfg.aggregation,
+        options=dict(cfg.options), frozen_digest=recipe_frozen_digest(cfg.options),
+        server_ca_sha256=(file_sha256(Path(root_certificates))
+                          if root_certificates is not None else None))
+    terms.write(app_dir / TERMS_FILE)
+    return terms
 
 
 def _flower_command(name: str) -> str:
@@ -176,6 +200,11 @@ def join(
         "site accepts."),
     unit: str | None = typer.Option(None, "--unit", show_default="patient",
                                     help="The only privacy unit this site trains at."),
+    federation: Path = typer.Option(
+        ..., "--federation", help="The federation this site agrees to: the terms file "
+        "`dphub federate serve` writes (APP_DIR/federation.json; rounds, local steps, "
+        "epsilon, the recipe with its delta, unit and base, the server's CA). Any run or "
+        "round that differs is refused."),
     app_hash: str | None = typer.Option(
         None, "--app-hash", show_default="none: any dphub app without code",
         help="Accept only the app bundle with this SHA-256 (agreed "
@@ -194,7 +223,8 @@ def join(
     flags = {"max_epsilon": max_epsilon, "min_noise": min_noise, "delta": delta, "unit": unit}
     policy = replace(policy, **{k: v for k, v in flags.items() if v is not None})
     plan = plan_join(data, state, server, port=port, root_certificates=root_certificates,
-                     insecure=insecure, policy=policy, app_hash=app_hash)
+                     insecure=insecure, policy=policy, federation=federation,
+                     app_hash=app_hash)
     supernode = _flower_command("flower-supernode")
     if plan.insecure:
         typer.echo("warning: --insecure: no TLS and no node authentication (loopback only)",
@@ -203,6 +233,10 @@ def join(
         typer.echo(f"new node key: register it at the SuperLink before this site can join: "
                    f"flwr supernode register {plan.key.with_suffix('.pub')}", err=True)
     typer.echo(f"site policy: {json.dumps(policy.to_dict(), sort_keys=True)}", err=True)
+    assert plan.terms is not None
+    typer.echo(f"federation: {plan.terms.federation_id()} ({plan.terms.rounds} rounds x "
+               f"{plan.terms.local_steps} local steps, epsilon {plan.terms.target_epsilon:g})",
+               err=True)
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(supernode).parent), env.get("PATH", "")])
     run_join(plan, supernode, env=env)

@@ -33,7 +33,15 @@ import tomli_w
 
 from dphub.errors import ConfigError, InputError
 from dphub.federate.server import FederationConfig
-from dphub.federate.site import SitePolicy, hold_state_dir
+from dphub.federate.site import (
+    NODE_KEY,
+    SitePolicy,
+    check_state_present,
+    hold_state_dir,
+    init_state,
+    options_for,
+)
+from dphub.federate.terms import FederationTerms
 from dphub.io import atomic_write_bytes, atomic_write_text
 
 CONNECTION = "dphub"
@@ -81,7 +89,6 @@ def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
 
 # ---------------------------------------------------------------------- the site: `join`
 
-NODE_KEY = "node_key"
 SUPERNODE_LOG_NOTE = ("the SuperNode never holds the notes' path: dphub's ClientApp runs in "
                       "this process")
 
@@ -163,6 +170,7 @@ class JoinPlan:
     key: Path | None = None
     key_created: bool = False
     app_hash: str | None = None
+    terms: FederationTerms | None = None
 
     @property
     def insecure(self) -> bool:
@@ -171,11 +179,13 @@ class JoinPlan:
 
 def plan_join(data: Path, state: Path, server: str, *, port: int,
               root_certificates: Path | None, insecure: bool, policy: SitePolicy,
-              app_hash: str | None = None) -> JoinPlan:
+              federation: Path, app_hash: str | None = None) -> JoinPlan:
     """Validate `join`'s options, lock the state directory, make the node key if needed.
 
     TLS and a node key are the default; ``insecure`` (neither) is allowed only towards a
-    loopback SuperLink, so it can only be a test on one machine.
+    loopback SuperLink, so it can only be a test on one machine. ``federation``: the terms
+    the site agrees to (``serve`` writes them), checked here against the site's policy and
+    CA certificate; every order is compared with them.
     """
     data, state = Path(data), Path(state)
     if not data.is_file():
@@ -195,15 +205,35 @@ def plan_join(data: Path, state: Path, server: str, *, port: int,
                           "for a test on this machine")
     elif not Path(root_certificates).is_file():
         raise ConfigError(f"--root-certificates {root_certificates}: no such file")
+    terms = _agreed_terms(federation, data, state, policy,
+                          None if insecure else Path(root_certificates))
     check_port_free(port)
     if state.exists() and not state.is_dir():
         raise ConfigError(f"--state {state}: not a directory")
     hold_state_dir(state)
+    check_state_present(state)  # a key without its accountant: refused, never restarted
     key, created = (None, False) if insecure else ensure_node_key(state)
+    if created:
+        assert key is not None
+        init_state(state, node_key_id(key), data)
     return JoinPlan(data=data.resolve(), state=state.resolve(), server=server, port=port,
                     policy=policy, root_certificates=(None if insecure else
                                                       Path(root_certificates).resolve()),
-                    key=key, key_created=created, app_hash=app_hash)
+                    key=key, key_created=created, app_hash=app_hash, terms=terms)
+
+
+def _agreed_terms(federation: Path, data: Path, state: Path, policy: SitePolicy,
+                  root_certificates: Path | None) -> FederationTerms:
+    """The federation's terms, refused at once when the site's policy or CA rule them out."""
+    terms = FederationTerms.load(federation)
+    terms.check_server_ca(root_certificates)
+    opts = options_for(terms.options, data=data, out=state / "unused")
+    opts.validate()
+    policy.check_options(opts)
+    if not terms.target_epsilon <= policy.max_epsilon:
+        raise ConfigError(f"--federation: epsilon {terms.target_epsilon:g} over all rounds; "
+                          f"this site's policy is at most {policy.max_epsilon:g}")
+    return terms
 
 
 def supernode_argv(plan: JoinPlan, exe: str) -> list[str]:
@@ -239,7 +269,7 @@ def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = Non
     from dphub.federate import apps, site_runner  # optional dependency: Flower
 
     site_id = node_key_id(plan.key) if plan.key is not None else None
-    apps.use_local_site(plan.data, plan.state, plan.policy, site_id=site_id)
+    apps.use_local_site(plan.data, plan.state, plan.policy, site_id=site_id, terms=plan.terms)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
