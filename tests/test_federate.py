@@ -273,13 +273,15 @@ def test_deployment_superlink_and_three_sites_as_processes(sites: list[Path],
     try:
         start([str(bindir / "flower-superlink"), "--insecure", "--port", str(link),
                "--disable-runtime-dependency-installation"], "superlink.log")
-        for i, data in enumerate(sites):
-            start([str(bindir / "dphub"), "federate", "join", str(data), "--server",
-                   f"127.0.0.1:{link}", "--state", str(tmp_path / f"site-{i}"), "--port",
-                   str(_free_port()), "--insecure"], f"site-{i}.log")
+        # serve publishes the federation's terms; each site agrees to them (--federation)
         assert cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
                          str(out), "--min-sites", "3", "--control", f"127.0.0.1:{link}",
                          "--state-dir", str(tmp_path / "server"), *opts]) == 0
+        for i, data in enumerate(sites):
+            start([str(bindir / "dphub"), "federate", "join", str(data), "--server",
+                   f"127.0.0.1:{link}", "--state", str(tmp_path / f"site-{i}"), "--port",
+                   str(_free_port()), "--insecure", "--federation",
+                   str(tmp_path / "app" / "federation.json")], f"site-{i}.log")
         run_env = {**env, "FLWR_HOME": str(tmp_path / "app" / "flwr-home")}
         deadline = time.monotonic() + 480
         while True:  # the SuperLink needs a moment before it takes runs

@@ -175,7 +175,7 @@ def test_the_agreed_run_trains_and_a_stranger_run_then_spends_nothing(
         tmp_path: Path) -> None:
     state = tmp_path / "st"
     client.use_local_site(notes_file, state, SitePolicy(), terms=terms)
-    from dphub.federate.site import prepare_model, options_for, trainable_state
+    from dphub.federate.site import options_for, prepare_model, trainable_state
 
     _, model = prepare_model(options_for(opts, data=notes_file, out=tmp_path / "x"))
     reply = _train(client, _message(terms, arrays=trainable_state(model)), _run_config(terms))
