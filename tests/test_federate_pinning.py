@@ -532,3 +532,62 @@ def test_join_refuses_a_key_without_its_state(notes_file: Path, tmp_path: Path,
     err = capsys.readouterr().err
     assert rc == 2 and "node key but not its accountant" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ join after a killed join
+
+
+FAKE_SUPERNODE = """#!/bin/sh
+# a SuperNode the SuperLink refuses: first as Flower 1.42 prints it, then for another reason
+n=$(cat "$0.count" 2>/dev/null || echo 0); echo $((n + 1)) > "$0.count"
+if [ "$n" = 0 ]; then
+  echo "Failed to initialize the connection to the SuperLink."
+  echo "[code: 2004] Failed to activate SuperNode."
+else
+  echo "Failed to initialize the connection to the SuperLink: unreachable"
+fi
+exit 1
+"""
+
+
+@pytest.mark.parametrize("killed_before", [False, True])
+def test_join_says_why_its_supernode_stopped(killed_before: bool, notes_file: Path,
+                                             tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The finding: after a killed `join` the SuperLink refuses the same key until it drops the
+    old connection (about 90 s), and `join` blamed the key. Now a `join` that finds the last
+    one killed (its running mark left behind) retries a refused activation; one that does not
+    says the key may be unregistered, and any other stop says so."""
+    pytest.importorskip("flwr")
+    from dphub.federate import deploy
+
+    fake = tmp_path / "flower-supernode"
+    fake.write_text(FAKE_SUPERNODE)
+    fake.chmod(0o755)
+    state = tmp_path / "st"
+    state.mkdir()
+    if killed_before:
+        (state / deploy.RUNNING_MARK).touch()
+    plan = deploy.JoinPlan(data=notes_file, state=state, server="127.0.0.1:1",
+                           port=_free_port(), policy=SitePolicy())
+    said: list[str] = []
+    monkeypatch.setattr(deploy, "RETRY_S", 0.1)
+    with pytest.raises(ConfigError) as e:
+        deploy.run_join(plan, str(fake), still_online_wait=60, echo=said.append)
+    starts = int((tmp_path / "flower-supernode.count").read_text())
+    if killed_before:
+        assert starts == 2 and "last join here was killed" in said[0]
+        assert "wrong certificate or an unreachable server" in e.value.message
+    else:
+        assert starts == 1 and not said
+        assert "node key registered" in e.value.message
+        assert e.value.message.startswith("the SuperNode stopped")
+    assert not (state / deploy.RUNNING_MARK).exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

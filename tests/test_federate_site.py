@@ -648,8 +648,23 @@ def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) 
         again = _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join2.log",
                       *tls)
         procs.wait_for("join2.log", "SuperNode ID")
-        os.killpg(again.pid, signal.SIGTERM)
-        assert again.wait(timeout=60) == 0
+        # issue 53: the site killed outright (join and its SuperNode, as an OOM kill or a
+        # power cut would): the SuperLink still counts it online; a new join waits for the
+        # SuperLink to drop it and joins, instead of blaming the key
+        children = [int(p) for p in (Path("/proc") / str(again.pid) / "task" /
+                                     str(again.pid) / "children").read_text().split()]
+        for pid in [*children, again.pid]:
+            os.kill(pid, signal.SIGKILL)
+        again.wait(timeout=30)
+        third = _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join3.log",
+                      *tls)
+        procs.wait_for("join3.log", "SuperNode ID", timeout=300)
+        log = procs.log("join3.log")
+        assert "error:" not in log and "node key registered" not in log, log[-2000:]
+        assert third.poll() is None
+        os.killpg(third.pid, signal.SIGTERM)
+        assert third.wait(timeout=60) == 0
+        assert not (tmp_path / "st" / ".join-running").exists()  # a clean stop
     assert not _ours(str(tmp_path))
 
 

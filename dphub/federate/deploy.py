@@ -25,7 +25,11 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,18 +263,36 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = None) -> None:
+#: written while `join` runs its SuperNode, removed when it stops: found at start, the last
+#: `join` was killed (SIGKILL), and the SuperLink may still count its SuperNode online
+RUNNING_MARK = ".join-running"
+#: how long a `join` after a killed one retries a refused activation: the SuperLink drops a
+#: silent SuperNode after two missed heartbeats (Flower 1.42: 2 x 30 s, so about 60-90 s)
+STILL_ONLINE_WAIT_S = 150.0
+RETRY_S = 10.0
+_ACTIVATION_REFUSED = b"Failed to activate SuperNode"
+
+
+def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = None,
+             still_online_wait: float = STILL_ONLINE_WAIT_S,
+             echo: Callable[[str], None] | None = None) -> None:
     """Run the site until stopped: the SuperNode as a child, dphub's ClientApp here.
 
     SIGTERM or SIGINT stop both (the SuperNode's process group is terminated and waited for,
     so nothing is left running); a SuperNode that exits on its own (refused key, bad
-    certificate) ends `join` with one line.
+    certificate) ends `join` with one line that says which. After a killed `join` the
+    SuperLink refuses the same key until it drops the old connection: `join` then retries
+    for up to ``still_online_wait`` seconds instead of blaming the key.
     """
     from dphub.federate import apps, site_runner  # optional dependency: Flower
 
     site_id = node_key_id(plan.key) if plan.key is not None else None
     apps.use_local_site(plan.data, plan.state, plan.policy, site_id=site_id, terms=plan.terms)
     stop = threading.Event()
+    mark = plan.state / RUNNING_MARK
+    killed_before = mark.exists()
+    deadline = time.monotonic() + still_online_wait
+    say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
@@ -279,11 +301,32 @@ def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = Non
     child: subprocess.Popen[bytes] | None = None
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        child = subprocess.Popen(supernode_argv(plan, supernode), env=env,
-                                 start_new_session=True, preexec_fn=_die_with_parent)
-        running = child
-        site_runner.serve_tasks(f"127.0.0.1:{plan.port}", stop, app_hash=plan.app_hash,
-                                alive=lambda: running.poll() is None)
+        while True:
+            child, pump, tail = _start_supernode(plan, supernode, env)
+            mark.touch(mode=0o600)
+            try:
+                site_runner.serve_tasks(f"127.0.0.1:{plan.port}", stop,
+                                        app_hash=plan.app_hash,
+                                        alive=lambda c=child: c.poll() is None)
+                break
+            except ConfigError:
+                pump.join(timeout=10)
+                refused = any(_ACTIVATION_REFUSED in line for line in tail)
+                if not refused:
+                    raise ConfigError("the SuperNode stopped (see its log above: a wrong "
+                                      "certificate or an unreachable server)") from None
+                if killed_before and time.monotonic() < deadline:
+                    say("the SuperLink refused this site's SuperNode: the last join here "
+                        "was killed and the SuperLink has not dropped its connection yet "
+                        f"(it does within about 90 s); retrying in {RETRY_S:g} s")
+                    _stop_group(child)
+                    child = None
+                    stop.wait(RETRY_S)
+                    continue
+                key = plan.key.with_suffix(".pub") if plan.key is not None else "its key"
+                raise ConfigError("the SuperNode stopped: the SuperLink refused to activate "
+                                  "it: is this site's node key registered? (flwr supernode "
+                                  f"register {key})") from None
     except _Stopped:
         pass
     finally:
@@ -291,6 +334,29 @@ def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = Non
             signal.signal(s, h)
         if child is not None:
             _stop_group(child)
+        mark.unlink(missing_ok=True)  # a clean stop: the SuperNode deactivated itself
+
+
+def _start_supernode(plan: JoinPlan, supernode: str, env: dict[str, str] | None
+                     ) -> tuple[subprocess.Popen[bytes], threading.Thread, deque[bytes]]:
+    """The SuperNode, its output copied to ours line by line (the last lines kept: why it
+    stopped). It never holds a note or the notes' path."""
+    child = subprocess.Popen(supernode_argv(plan, supernode), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=_die_with_parent)
+    tail: deque[bytes] = deque(maxlen=50)
+
+    def copy() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            tail.append(line)
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.buffer.write(line)
+                sys.stderr.buffer.flush()
+
+    pump = threading.Thread(target=copy, daemon=True)
+    pump.start()
+    return child, pump, tail
 
 
 def _stop_group(child: subprocess.Popen[bytes]) -> None:
