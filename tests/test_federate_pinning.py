@@ -151,6 +151,7 @@ def test_a_run_config_of_another_federation_is_refused_before_a_step(
     reply = _train(client, _message(terms), _run_config(terms, **change))
     assert _category(reply) == "federation"
     assert reply.error.reason == client.SITE_ERRORS["federation"]
+    assert client._error_category(reply) == "refused: federation"  # what the server logs
     assert not (state / STATE_FILE).exists() and not client._SITES
 
 

@@ -170,6 +170,10 @@ def _error_category(reply: Message) -> str:
     """What the server logs of a site's error: a short category, never the site's free text
     (which could name paths or note ids)."""
     reason = str(reply.error.reason or "")
+    if reply.error.code == SITE_REFUSED:  # one of dphub's fixed sentences: its category
+        known = [k for k, v in SITE_ERRORS.items() if v == reason]
+        if known:
+            return f"refused: {known[0]}"
     if reply.error.code == SITE_REFUSED and re.fullmatch(r"[a-z][a-z -]{0,39}", reason):
         return f"refused: {reason}"
     return "refused" if reply.error.code == SITE_REFUSED else f"Flower error {reply.error.code}"
