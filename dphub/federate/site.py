@@ -7,19 +7,25 @@ are:
 * the step loop is :class:`dphub.train.loop.TrainLoop` itself (Poisson sampling of patients from
   the mechanism's OS-seeded randomness, per-patient clipping, Opacus noise), so a federated step
   is exactly a ``dphub train`` step;
-* ONE accountant per site over every local step of every round: its history (σ, q, steps) is
-  persisted in the site's state file (atomically, 0600) after each round and restored before the
-  next, so a restarted site continues its accounting instead of starting from zero;
-* σ is planned once, for ``rounds × local_steps`` steps at the site's target ε, and kept in the
-  state file; a site never takes a step that would take its ε past the target (it trains fewer
-  steps in its last round, then answers "budget spent");
+* ONE accountant per site over every local step of every round of every federation: each
+  federation's history (σ, q, steps) is persisted in the site's state file (atomically, 0600)
+  after each round and restored before the next, so a restarted site continues its accounting
+  instead of starting from zero; a key without its state file, or a state file older than the
+  site's privacy ledger, is refused (a lost accountant, never a fresh start);
+* σ is planned per federation (keyed by its id, :mod:`dphub.federate.terms`), once, for its
+  ``rounds × local_steps`` steps at its target ε; the site's ε over ALL its federations is the
+  composition of every plan's history, bounded by its policy: a new federation adds, it never
+  restarts. A site never takes a step that would take a federation's ε past its target or the
+  site's total past its policy (it trains fewer steps, then answers "budget spent"); absurd
+  orders (above the caps of :mod:`dphub.federate.terms`) are refused before any plan;
 * only the parameters trained under DP travel (the head, the CRF, the rule projection: the
   frozen public base never leaves), and the site refuses a round whose frozen base differs from
   its own (same digest on every site);
 * the site owns its guarantee (:class:`SitePolicy`): the server's target ε, σ, δ and unit are
-  requests, and a round asking for more than the site's policy is refused before the accountant
-  is touched;
-* one process per state directory (a file lock: :func:`hold_state_dir` for ``join``'s life,
+  requests, and a round asking for more than the site's policy (δ capped at
+  ``min(1e-5, 1/(10 N))`` by default) is refused before the accountant is touched; a pinned
+  site (``join --federation``) refuses any order of another federation before anything;
+* one process per state directory (``flock`` on the directory itself: :func:`hold_state_dir` for ``join``'s life,
   :func:`locked_state_dir` around each round elsewhere): two processes on one accountant
   would each count only their own steps.
 """
