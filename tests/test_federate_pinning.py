@@ -592,3 +592,43 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(("args", "what"), [
+    (["--rounds", "1000000"], "rounds"), (["--local-steps", "10000000"], "local steps"),
+    (["--rounds", "200", "--local-steps", "200"], "10000"),
+])
+def test_serve_refuses_absurd_federations_before_writing(args: list[str], what: str,
+                                                         tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("flwr")
+    rc = cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
+                   str(tmp_path / "m"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and what in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "app").exists()
+
+
+def test_serve_writes_the_terms_sites_join(tiny_base_model: Path, opts: dict, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("flwr")
+    ca = tmp_path / "ca.crt"
+    ca.write_text("ca")
+    assert cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
+                     str(tmp_path / "m"), "--base-model", str(tiny_base_model),
+                     "--warm-start", "none", "--accountant", "rdp", "--rounds", "3",
+                     "--local-steps", "4", "--target-epsilon", "5", "--root-certificates",
+                     str(ca)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    terms = FederationTerms.load(tmp_path / "app" / "federation.json")
+    assert out["federation_id"] == terms.federation_id()
+    assert (terms.rounds, terms.local_steps, terms.target_epsilon) == (3, 4, 5.0)
+    from dphub.io import file_sha256
+
+    assert terms.server_ca_sha256 == file_sha256(ca)
+    assert terms.frozen_digest == recipe_frozen_digest(terms.options)
+    # the run config serve wrote is exactly these terms
+    import tomllib
+
+    project = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
+    terms.check_run_config(project["tool"]["flwr"]["app"]["config"])

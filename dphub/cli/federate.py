@@ -17,7 +17,11 @@ import typer
 
 from dphub.cli.options import apply_threads, threads_option
 from dphub.errors import ConfigError
-from dphub.federate.terms import TERMS_FILE, FederationTerms  # light: no Flower, no torch
+from dphub.federate.terms import (  # light: no Flower, no torch
+    TERMS_FILE,
+    FederationTerms,
+    size_problem,
+)
 
 if TYPE_CHECKING:
     from dphub.federate.server import FederationConfig
@@ -126,7 +130,7 @@ def serve(
     """Write the Flower app directory of this federation (then `flwr run` it; see
     docs/federated.md for the SuperLink command)."""
     _need_flwr()
-    from dphub.federate.deploy import write_app_dir  # heavy: the training stack
+    from dphub.federate.deploy import split_address, write_app_dir  # heavy: the training stack
     from dphub.federate.server import FederationConfig
 
     cfg = FederationConfig(
@@ -136,27 +140,33 @@ def serve(
         state_dir=(state_dir or out.with_name(out.name + ".federation")).resolve(),
         options=_options(base_model, warm_start, accountant, batch_size, lr, max_length,
                          stride, rule_features, noise, delta))
+    cfg.validate()  # every option, then the terms (caps, the base's digest), then files
+    if root_certificates is not None and not Path(root_certificates).is_file():
+        raise ConfigError(f"{root_certificates}: no such certificate file")
+    split_address(control, "--control")
+    terms = _terms(cfg, root_certificates)
     write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates)
-    terms = _write_terms(app_dir, cfg, root_certificates)
+    terms.write(app_dir / TERMS_FILE)
     typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub",
                            "federation": str(app_dir / TERMS_FILE),
                            "federation_id": terms.federation_id()}))
 
 
-def _write_terms(app_dir: Path, cfg: FederationConfig,
-                 root_certificates: Path | None) -> FederationTerms:
-    """The federation's terms (``APP_DIR/federation.json``): what each site agrees to with
-    ``join --federation`` (the frozen base's digest needs the base model here too)."""
+def _terms(cfg: FederationConfig, root_certificates: Path | None) -> FederationTerms:
+    """The federation's terms (written to ``APP_DIR/federation.json``): what each site agrees
+    to with ``join --federation`` (the frozen base's digest needs the base model here too)."""
     from dphub.federate.site import recipe_frozen_digest
     from dphub.io import file_sha256
 
+    problem = size_problem(cfg.rounds, cfg.local_steps, cfg.target_epsilon)
+    if problem is not None:  # before the base model is built
+        raise ConfigError(f"federation: {problem}")
     terms = FederationTerms(
         rounds=cfg.rounds, local_steps=cfg.local_steps,
         target_epsilon=float(cfg.target_epsilon), aggregation=cfg.aggregation,
         options=dict(cfg.options), frozen_digest=recipe_frozen_digest(cfg.options),
         server_ca_sha256=(file_sha256(Path(root_certificates))
                           if root_certificates is not None else None))
-    terms.write(app_dir / TERMS_FILE)
     return terms
 
 
