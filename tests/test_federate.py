@@ -18,7 +18,7 @@ from federate_fixtures import OPTIONS, one_thread  # noqa: F401 (an autouse fixt
 from dphub import card, formats, synth
 from dphub.cli.main import main as cli_main
 from dphub.federate.server import FederationConfig, FederationServer
-from dphub.federate.site import STATE_FILE, RoundOrder, Site, SiteState
+from dphub.federate.site import STATE_FILE, RoundOrder, Site, SiteAccounts, SiteState
 from dphub.hub.validate import validate_card
 from dphub.privacy import accounting
 from dphub.privacy.federation import federation_problems, site_epsilon
@@ -52,6 +52,14 @@ def _order(rnd: int, digest: str, rounds: int = ROUNDS) -> RoundOrder:
                       frozen_digest=digest)
 
 
+def _plan(path: Path) -> SiteState:
+    """The one federation's plan of a site's state file."""
+    acc = SiteAccounts.load(path)
+    assert acc is not None
+    [st] = acc.plans.values()
+    return st
+
+
 # ------------------------------------------------------------------ the site, without Flower
 
 
@@ -69,7 +77,7 @@ def test_site_accountant_spans_rounds_and_restarts(sites: list[Path], tiny_base_
     again = Site(sites[0], state, _options(tiny_base_model))
     w2, rep2 = again.train_round(_order(2, again.frozen_digest), w1)
     assert rep2["steps"] == 2 * LOCAL  # the sum of its local steps over both rounds
-    st = SiteState.load(state / STATE_FILE)
+    st = _plan(state / STATE_FILE)
     assert st is not None and st.steps == 2 * LOCAL and st.rounds == [1, 2]
     assert rep2["epsilon"] == pytest.approx(
         accounting.epsilon_for("rdp", st.sample_rate, st.noise_multiplier, 2 * LOCAL, st.delta),
@@ -195,7 +203,7 @@ def test_simulate_three_sites_two_rounds_one_drops(sites: list[Path], tiny_base_
     # local steps and its ε the recomputation for all of them (a per-round accountant would
     # record LOCAL for every site)
     for i, rounds in enumerate([[1, 2], [1, 2], [1]]):
-        st = SiteState.load(tmp_path / "state" / f"site-{i}" / STATE_FILE)
+        st = _plan(tmp_path / "state" / f"site-{i}" / STATE_FILE)
         assert st is not None and st.steps == LOCAL * len(rounds) and st.rounds == rounds
     assert sorted(r["steps"] for r in fed["site_accounting"]) == [LOCAL, 2 * LOCAL, 2 * LOCAL]
     for row in fed["site_accounting"]:
@@ -265,13 +273,15 @@ def test_deployment_superlink_and_three_sites_as_processes(sites: list[Path],
     try:
         start([str(bindir / "flower-superlink"), "--insecure", "--port", str(link),
                "--disable-runtime-dependency-installation"], "superlink.log")
-        for i, data in enumerate(sites):
-            start([str(bindir / "dphub"), "federate", "join", str(data), "--server",
-                   f"127.0.0.1:{link}", "--state", str(tmp_path / f"site-{i}"), "--port",
-                   str(_free_port()), "--insecure"], f"site-{i}.log")
+        # serve publishes the federation's terms; each site agrees to them (--federation)
         assert cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
                          str(out), "--min-sites", "3", "--control", f"127.0.0.1:{link}",
                          "--state-dir", str(tmp_path / "server"), *opts]) == 0
+        for i, data in enumerate(sites):
+            start([str(bindir / "dphub"), "federate", "join", str(data), "--server",
+                   f"127.0.0.1:{link}", "--state", str(tmp_path / f"site-{i}"), "--port",
+                   str(_free_port()), "--insecure", "--federation",
+                   str(tmp_path / "app" / "federation.json")], f"site-{i}.log")
         run_env = {**env, "FLWR_HOME": str(tmp_path / "app" / "flwr-home")}
         deadline = time.monotonic() + 480
         while True:  # the SuperLink needs a moment before it takes runs
@@ -297,5 +307,5 @@ def test_deployment_superlink_and_three_sites_as_processes(sites: list[Path],
     fed = card.load_card(out).meta["differential_privacy"]["federation"]
     assert [r["steps"] for r in fed["site_accounting"]] == [ROUNDS * LOCAL] * 3
     for i in range(3):
-        st = SiteState.load(tmp_path / f"site-{i}" / STATE_FILE)
+        st = _plan(tmp_path / f"site-{i}" / STATE_FILE)
         assert st is not None and st.steps == ROUNDS * LOCAL and st.rounds == [1, 2]

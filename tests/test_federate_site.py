@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +35,12 @@ from dphub.federate.site import (
     PolicyRefused,
     RoundOrder,
     Site,
+    SiteAccounts,
     SitePolicy,
     hold_state_dir,
+    init_state,
 )
+from dphub.federate.terms import FederationTerms
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -179,7 +183,7 @@ def test_second_process_on_a_state_directory_is_refused(notes_file: Path,
         holder.kill()
         holder.wait()
     hold_state_dir(state)  # a killed holder releases it (the OS's lock)
-    assert (state / ".lock").stat().st_mode & 0o077 == 0
+    assert state.stat().st_mode & 0o077 == 0
 
 
 
@@ -196,9 +200,11 @@ def test_state_of_another_node_key_is_refused(notes_file: Path, tiny_base_model:
     assert created and ensure_node_key(state) == (key, False)
     assert key.stat().st_mode & 0o077 == 0
     opts = {**OPTIONS, "base_model": str(tiny_base_model)}
+    init_state(state, node_key_id(key), notes_file)  # as join does with a new key
     site = Site(notes_file, state, opts, site_id=node_key_id(key))
     st = site.state(_order(1, site.frozen_digest))
-    assert st is not None and st.site_id == node_key_id(key)
+    acc = site.accounts()
+    assert st is not None and acc is not None and acc.site_id == node_key_id(key)
     other = Site(notes_file, state, opts, site_id="0" * 16)
     with pytest.raises(ConfigError, match="another site id"):
         other.state(_order(1, other.frozen_digest))
@@ -307,7 +313,11 @@ def test_join_options_are_checked_before_any_work(notes_file: Path, tmp_path: Pa
     busy = taken.getsockname()[1]
     ca = tmp_path / "ca.crt"
     ca.write_text("x")
-    base = ["federate", "join", str(notes_file), "--state", str(tmp_path / "st")]
+    terms = tmp_path / "federation.json"
+    FederationTerms(rounds=2, local_steps=2, target_epsilon=4.0, aggregation="mean",
+                    options={"warm_start": "none"}, frozen_digest="a" * 64).write(terms)
+    base = ["federate", "join", str(notes_file), "--state", str(tmp_path / "st"),
+            "--federation", str(terms)]
     cases = [
         (["--server", "10.1.2.3:8000", "--insecure"], "loopback"),
         (["--server", "example.org:8000", "--insecure"], "loopback"),
@@ -338,7 +348,8 @@ def test_join_options_are_checked_before_any_work(notes_file: Path, tmp_path: Pa
         taken.close()
     assert not (tmp_path / "st" / "node_key").exists()  # nothing made for a refused join
     missing = cli_main(["federate", "join", str(tmp_path / "none.jsonl"), "--state",
-                        str(tmp_path / "st2"), "--server", "127.0.0.1:8000", "--insecure"])
+                        str(tmp_path / "st2"), "--server", "127.0.0.1:8000", "--insecure",
+                        "--federation", str(terms)])
     assert missing == 2 and not (tmp_path / "st2").exists()
 
 
@@ -417,6 +428,15 @@ def _procs(tmp: Path) -> Iterator[Procs]:
         yield procs
     finally:
         procs.stop()
+
+
+def _insecure_terms(tmp: Path, **change: object) -> Path:
+    """Federation terms for a loopback test federation (no server CA)."""
+    values: dict = dict(rounds=1, local_steps=2, target_epsilon=4.0, aggregation="mean",
+                        options={"warm_start": "none"}, frozen_digest="a" * 64)
+    path = tmp / "federation.json"
+    FederationTerms(**{**values, **change}).write(path)
+    return path
 
 
 def _join(procs: Procs, notes: Path, state: Path, server: str, port: int, log: str,
@@ -513,7 +533,9 @@ def test_server_app_reading_notes_is_refused_and_join_stops_cleanly(notes_file: 
         procs.start([str(BIN / "flower-superlink"), "--insecure", "--port", str(link),
                      "--disable-runtime-dependency-installation"], "superlink.log")
         port = _free_port()
-        site = _join(procs, notes_file, tmp_path / "st", server, port, "join.log", "--insecure")
+        fed = _insecure_terms(tmp_path)
+        site = _join(procs, notes_file, tmp_path / "st", server, port, "join.log", "--insecure",
+                     "--federation", str(fed))
         procs.wait_for("join.log", "SuperNode ID")
         assert "loopback only" in procs.log("join.log")
         # a second process on the same state directory, and one on the same port
@@ -521,8 +543,8 @@ def test_server_app_reading_notes_is_refused_and_join_stops_cleanly(notes_file: 
                                (tmp_path / "st-b", port, f"--port {port} is in use")):
             r = subprocess.run([str(BIN / "dphub"), "federate", "join", str(notes_file),
                                 "--server", server, "--state", str(state), "--port", str(p),
-                                "--insecure"], env=procs.env, capture_output=True, text=True,
-                               timeout=300)
+                                "--insecure", "--federation", str(fed)], env=procs.env,
+                               capture_output=True, text=True, timeout=300)
             assert r.returncode == 2 and what in r.stderr, r.stderr
             assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
         # the malicious app
@@ -607,7 +629,10 @@ def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) 
                               cert=tmp_path / "server.pem", key=tmp_path / "server.key")
         assert "--enable-supernode-auth" in argv and "--insecure" not in argv
         procs.start([str(BIN / argv[0]), *argv[1:]], "superlink.log")
-        tls = ["--root-certificates", str(tmp_path / "ca.crt")]
+        from dphub.io import file_sha256
+
+        fed = _insecure_terms(tmp_path, server_ca_sha256=file_sha256(tmp_path / "ca.crt"))
+        tls = ["--root-certificates", str(tmp_path / "ca.crt"), "--federation", str(fed)]
         site = _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join.log", *tls)
         assert site.wait(timeout=300) == 2
         log = procs.log("join.log")
@@ -623,44 +648,81 @@ def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) 
         again = _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join2.log",
                       *tls)
         procs.wait_for("join2.log", "SuperNode ID")
-        os.killpg(again.pid, signal.SIGTERM)
-        assert again.wait(timeout=60) == 0
+        # issue 53: the site killed outright (join and its SuperNode, as an OOM kill or a
+        # power cut would): the SuperLink still counts it online; a new join waits for the
+        # SuperLink to drop it and joins, instead of blaming the key
+        children = [int(p) for p in (Path("/proc") / str(again.pid) / "task" /
+                                     str(again.pid) / "children").read_text().split()]
+        for pid in [*children, again.pid]:
+            os.kill(pid, signal.SIGKILL)
+        again.wait(timeout=30)
+        third = _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join3.log",
+                      *tls)
+        procs.wait_for("join3.log", "SuperNode ID", timeout=300)
+        log = procs.log("join3.log")
+        assert "error:" not in log and "node key registered" not in log, log[-2000:]
+        assert third.poll() is None
+        os.killpg(third.pid, signal.SIGTERM)
+        assert third.wait(timeout=60) == 0
+        assert not (tmp_path / "st" / ".join-running").exists()  # a clean stop
     assert not _ours(str(tmp_path))
 
 
 @pytest.mark.slow
-def test_deployed_round_asking_more_than_the_policy_is_refused(tiny_base_model: Path,
+def test_deployed_run_config_of_another_federation_is_refused(tiny_base_model: Path,
                                                                notes_file: Path,
                                                                tmp_path: Path) -> None:
-    """dphub's own app, submitted with a target ε above the site's policy: the site refuses the
-    round (the server reads the category `policy`) and its accountant is never created."""
+    """The finding (issue 53), end to end: the site pins the bundle (`--app-hash`) and agrees
+    to the federation `serve` published (ε 4); `flwr run --run-config` replaces the
+    federation block (ε 50, 40 rounds) under the same bundle hash. The site refuses every
+    round (the server reads the category `federation`) and its accountant plans nothing."""
     _flwr()
+    import hashlib
+
+    import tomli_w
+
     link = _free_port()
     server = f"127.0.0.1:{link}"
     with _procs(tmp_path) as procs:
         procs.start([str(BIN / "flower-superlink"), "--insecure", "--port", str(link),
                      "--disable-runtime-dependency-installation"], "superlink.log")
-        _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join.log",
-              "--insecure", "--max-epsilon", "4")
-        assert cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
+        app = tmp_path / "app"
+        assert cli_main(["federate", "serve", "--app-dir", str(app), "--out",
                          str(tmp_path / "m"), "--min-sites", "1", "--control", server,
                          "--state-dir", str(tmp_path / "server"), "--base-model",
                          str(tiny_base_model), "--warm-start", "none", "--accountant", "rdp",
                          "--batch-size", "2", "--max-length", "48", "--stride", "8",
                          "--no-rule-features", "--rounds", "1", "--local-steps", "2",
-                         "--target-epsilon", "50"]) == 0
-        env = {**procs.env, "FLWR_HOME": str(tmp_path / "app" / "flwr-home")}
+                         "--target-epsilon", "4"]) == 0
+        # the bundle flwr builds from the app directory: the hash the site pins
+        from flwr.cli.build import build_fab_from_disk
+
+        fab = build_fab_from_disk(app)
+        pin = hashlib.sha256(fab).hexdigest()
+        _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join.log",
+              "--insecure", "--max-epsilon", "50", "--federation", str(app / "federation.json"),
+              "--app-hash", pin)
+        fed = json.loads(tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"][
+            "app"]["config"]["federation"])
+        override = tmp_path / "override.toml"
+        override.write_text(tomli_w.dumps({"federation": json.dumps(
+            {**fed, "target_epsilon": 50.0, "rounds": 40}, sort_keys=True)}))
+        env = {**procs.env, "FLWR_HOME": str(app / "flwr-home")}
         t0 = time.monotonic()
         while True:
-            r = subprocess.run([str(BIN / "flwr"), "run", str(tmp_path / "app"), "dphub"],
-                               env=env, capture_output=True, text=True, timeout=120)
+            r = subprocess.run([str(BIN / "flwr"), "run", str(app), "dphub", "--run-config",
+                                str(override)], env=env, capture_output=True, text=True,
+                               timeout=120)
             if "Successfully started run" in r.stdout or time.monotonic() - t0 > 120:
                 break
             time.sleep(3)
         assert "Successfully started run" in r.stdout, r.stdout[-1000:]
-        procs.wait_for("join.log", "round refused (policy)", timeout=400)
-        assert "epsilon 50 over all rounds" in procs.log("join.log")
-        assert not (tmp_path / "st" / STATE_FILE).exists()  # the accountant never started
+        procs.wait_for("join.log", "round refused (federation)", timeout=400)
+        log = procs.log("join.log")
+        assert "refused the server's app" not in log  # the bundle passed its pin
+        assert "target_epsilon" in log and "rounds" in log
+        acc = SiteAccounts.load(tmp_path / "st" / STATE_FILE)
+        assert acc is None or not acc.plans  # the accountant planned nothing
         server_state = tmp_path / "server" / "server_state.json"
         while not server_state.exists():  # the server's round 1: no site's accounting in it
             assert time.monotonic() - t0 < 400

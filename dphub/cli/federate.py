@@ -11,12 +11,20 @@ import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from dphub.cli.options import apply_threads, threads_option
 from dphub.errors import ConfigError
+from dphub.federate.terms import (  # light: no Flower, no torch
+    TERMS_FILE,
+    FederationTerms,
+    size_problem,
+)
+
+if TYPE_CHECKING:
+    from dphub.federate.server import FederationConfig
 
 federate_app = typer.Typer(
     help="Train one DP model across sites without sharing notes (Flower; docs/federated.md).",
@@ -122,7 +130,7 @@ def serve(
     """Write the Flower app directory of this federation (then `flwr run` it; see
     docs/federated.md for the SuperLink command)."""
     _need_flwr()
-    from dphub.federate.deploy import write_app_dir  # heavy: the training stack
+    from dphub.federate.deploy import split_address, write_app_dir  # heavy: the training stack
     from dphub.federate.server import FederationConfig
 
     cfg = FederationConfig(
@@ -132,8 +140,34 @@ def serve(
         state_dir=(state_dir or out.with_name(out.name + ".federation")).resolve(),
         options=_options(base_model, warm_start, accountant, batch_size, lr, max_length,
                          stride, rule_features, noise, delta))
+    cfg.validate()  # every option, then the terms (caps, the base's digest), then files
+    if root_certificates is not None and not Path(root_certificates).is_file():
+        raise ConfigError(f"{root_certificates}: no such certificate file")
+    split_address(control, "--control")
+    terms = _terms(cfg, root_certificates)
     write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates)
-    typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub"}))
+    terms.write(app_dir / TERMS_FILE)
+    typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub",
+                           "federation": str(app_dir / TERMS_FILE),
+                           "federation_id": terms.federation_id()}))
+
+
+def _terms(cfg: FederationConfig, root_certificates: Path | None) -> FederationTerms:
+    """The federation's terms (written to ``APP_DIR/federation.json``): what each site agrees
+    to with ``join --federation`` (the frozen base's digest needs the base model here too)."""
+    from dphub.federate.site import recipe_frozen_digest
+    from dphub.io import file_sha256
+
+    problem = size_problem(cfg.rounds, cfg.local_steps, cfg.target_epsilon)
+    if problem is not None:  # before the base model is built
+        raise ConfigError(f"federation: {problem}")
+    terms = FederationTerms(
+        rounds=cfg.rounds, local_steps=cfg.local_steps,
+        target_epsilon=float(cfg.target_epsilon), aggregation=cfg.aggregation,
+        options=dict(cfg.options), frozen_digest=recipe_frozen_digest(cfg.options),
+        server_ca_sha256=(file_sha256(Path(root_certificates))
+                          if root_certificates is not None else None))
+    return terms
 
 
 def _flower_command(name: str) -> str:
@@ -176,6 +210,11 @@ def join(
         "site accepts."),
     unit: str | None = typer.Option(None, "--unit", show_default="patient",
                                     help="The only privacy unit this site trains at."),
+    federation: Path = typer.Option(
+        ..., "--federation", help="The federation this site agrees to: the terms file "
+        "`dphub federate serve` writes (APP_DIR/federation.json; rounds, local steps, "
+        "epsilon, the recipe with its delta, unit and base, the server's CA). Any run or "
+        "round that differs is refused."),
     app_hash: str | None = typer.Option(
         None, "--app-hash", show_default="none: any dphub app without code",
         help="Accept only the app bundle with this SHA-256 (agreed "
@@ -194,7 +233,8 @@ def join(
     flags = {"max_epsilon": max_epsilon, "min_noise": min_noise, "delta": delta, "unit": unit}
     policy = replace(policy, **{k: v for k, v in flags.items() if v is not None})
     plan = plan_join(data, state, server, port=port, root_certificates=root_certificates,
-                     insecure=insecure, policy=policy, app_hash=app_hash)
+                     insecure=insecure, policy=policy, federation=federation,
+                     app_hash=app_hash)
     supernode = _flower_command("flower-supernode")
     if plan.insecure:
         typer.echo("warning: --insecure: no TLS and no node authentication (loopback only)",
@@ -203,6 +243,10 @@ def join(
         typer.echo(f"new node key: register it at the SuperLink before this site can join: "
                    f"flwr supernode register {plan.key.with_suffix('.pub')}", err=True)
     typer.echo(f"site policy: {json.dumps(policy.to_dict(), sort_keys=True)}", err=True)
+    assert plan.terms is not None
+    typer.echo(f"federation: {plan.terms.federation_id()} ({plan.terms.rounds} rounds x "
+               f"{plan.terms.local_steps} local steps, epsilon {plan.terms.target_epsilon:g})",
+               err=True)
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(supernode).parent), env.get("PATH", "")])
     run_join(plan, supernode, env=env)

@@ -33,6 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 from dphub.errors import ConfigError, DphubError, InputError, PrivacyError
 from dphub.federate.server import FederationConfig, FederationServer
 from dphub.federate.site import PolicyRefused, RoundOrder, Site, SitePolicy
+from dphub.federate.terms import FederationRefused, FederationTerms
 
 log = logging.getLogger(__name__)
 
@@ -46,26 +47,29 @@ SITE_REFUSED = 4270
 SITE_ERRORS = {
     "policy": "policy: the round asks for more than this site's privacy policy allows",
     "app": "app: this site runs only dphub's installed federation ClientApp",
+    "federation": "federation: the run is not the federation this site agreed to",
     "privacy": "privacy: the site's accounting refused the round",
     "data": "data: the site's notes could not be used",
     "config": "config: the round's recipe or base does not match this site",
     "internal": "internal: the site failed (details in the site's own log)",
 }
 
-_SITES: dict[tuple[str, str], Site] = {}
+_SITES: dict[tuple[str, str, str], Site] = {}
 _LOCAL: dict[str, Any] = {}
 
 
 def use_local_site(data: Path, state: Path, policy: SitePolicy, *,
-                   site_id: str | None = None) -> None:
-    """This process is one deployed site (``dphub federate join``): its notes, state, policy
-    and the site id bound to its node key."""
+                   site_id: str | None = None, terms: FederationTerms | None = None) -> None:
+    """This process is one deployed site (``dphub federate join``): its notes, state, policy,
+    the site id bound to its node key and the federation it agreed to (``--federation``)."""
     _LOCAL.update(data=str(Path(data).resolve()), state=str(Path(state).resolve()),
-                  policy=policy, site_id=site_id)
+                  policy=policy, site_id=site_id, terms=terms)
 
 
 def error_category(e: BaseException) -> str:
     """The category a site sends for an error (its text stays in the site's log)."""
+    if isinstance(e, FederationRefused):
+        return "federation"
     if isinstance(e, PolicyRefused):
         return "policy"
     if isinstance(e, PrivacyError):
@@ -108,21 +112,29 @@ client_app = ClientApp()
 @client_app.train()
 def site_train(msg: Message, context: Context) -> Message:
     """One round at one site: DP-SGD from the global weights, reply with the new weights."""
-    cfg = msg.content["config"]
     try:
+        cfg = msg.content["config"]
         data, state, pid = _site_paths(context)
-        if _dropped(pid, int(cfg["round"])):
+        order = RoundOrder.from_config(cfg)  # an absurd order is refused before anything
+        if _dropped(pid, order.round):
             raise ConfigError("site dropped out (test)")
-        options = json.loads(str(cfg["options"]))
-        key = (data, state)
+        try:
+            options = json.loads(str(cfg["options"]))
+            if not isinstance(options, dict):
+                raise ValueError
+        except (KeyError, ValueError):
+            raise ConfigError("the round's recipe is not a table of options") from None
+        terms: FederationTerms | None = _LOCAL.get("terms")
+        if terms is not None:  # the run pinned whole: its config and its order, before a step
+            terms.check_run_config(dict(context.run_config or {}))
+            terms.check_order(rounds=order.rounds, local_steps=order.local_steps,
+                              target_epsilon=order.target_epsilon,
+                              frozen_digest=order.frozen_digest, options=options)
+        key = (data, state, json.dumps(options, sort_keys=True))
         if key not in _SITES:
             _SITES[key] = Site(Path(data), Path(state), options, _LOCAL.get("policy"),
-                               site_id=_LOCAL.get("site_id"))
+                               site_id=_LOCAL.get("site_id"), terms=terms)
         site = _SITES[key]
-        order = RoundOrder(round=int(cfg["round"]), rounds=int(cfg["rounds"]),
-                           local_steps=int(cfg["local_steps"]),
-                           target_epsilon=float(cfg["target_epsilon"]),
-                           frozen_digest=str(cfg["frozen_digest"]))
         weights, report = site.train_round(order, msg.content["arrays"].to_torch_state_dict())
     except Exception as e:  # noqa: BLE001 - the server gets a category, the site the details
         category = error_category(e)
@@ -158,6 +170,10 @@ def _error_category(reply: Message) -> str:
     """What the server logs of a site's error: a short category, never the site's free text
     (which could name paths or note ids)."""
     reason = str(reply.error.reason or "")
+    if reply.error.code == SITE_REFUSED:  # one of dphub's fixed sentences: its category
+        known = [k for k, v in SITE_ERRORS.items() if v == reason]
+        if known:
+            return f"refused: {known[0]}"
     if reply.error.code == SITE_REFUSED and re.fullmatch(r"[a-z][a-z -]{0,39}", reason):
         return f"refused: {reason}"
     return "refused" if reply.error.code == SITE_REFUSED else f"Flower error {reply.error.code}"

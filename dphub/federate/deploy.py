@@ -25,7 +25,11 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +37,15 @@ import tomli_w
 
 from dphub.errors import ConfigError, InputError
 from dphub.federate.server import FederationConfig
-from dphub.federate.site import SitePolicy, hold_state_dir
+from dphub.federate.site import (
+    NODE_KEY,
+    SitePolicy,
+    check_state_present,
+    hold_state_dir,
+    init_state,
+    options_for,
+)
+from dphub.federate.terms import FederationTerms
 from dphub.io import atomic_write_bytes, atomic_write_text
 
 CONNECTION = "dphub"
@@ -81,7 +93,6 @@ def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
 
 # ---------------------------------------------------------------------- the site: `join`
 
-NODE_KEY = "node_key"
 SUPERNODE_LOG_NOTE = ("the SuperNode never holds the notes' path: dphub's ClientApp runs in "
                       "this process")
 
@@ -163,6 +174,7 @@ class JoinPlan:
     key: Path | None = None
     key_created: bool = False
     app_hash: str | None = None
+    terms: FederationTerms | None = None
 
     @property
     def insecure(self) -> bool:
@@ -171,11 +183,13 @@ class JoinPlan:
 
 def plan_join(data: Path, state: Path, server: str, *, port: int,
               root_certificates: Path | None, insecure: bool, policy: SitePolicy,
-              app_hash: str | None = None) -> JoinPlan:
+              federation: Path, app_hash: str | None = None) -> JoinPlan:
     """Validate `join`'s options, lock the state directory, make the node key if needed.
 
     TLS and a node key are the default; ``insecure`` (neither) is allowed only towards a
-    loopback SuperLink, so it can only be a test on one machine.
+    loopback SuperLink, so it can only be a test on one machine. ``federation``: the terms
+    the site agrees to (``serve`` writes them), checked here against the site's policy and
+    CA certificate; every order is compared with them.
     """
     data, state = Path(data), Path(state)
     if not data.is_file():
@@ -195,15 +209,35 @@ def plan_join(data: Path, state: Path, server: str, *, port: int,
                           "for a test on this machine")
     elif not Path(root_certificates).is_file():
         raise ConfigError(f"--root-certificates {root_certificates}: no such file")
+    terms = _agreed_terms(federation, data, state, policy,
+                          None if insecure else Path(root_certificates))
     check_port_free(port)
     if state.exists() and not state.is_dir():
         raise ConfigError(f"--state {state}: not a directory")
     hold_state_dir(state)
+    check_state_present(state)  # a key without its accountant: refused, never restarted
     key, created = (None, False) if insecure else ensure_node_key(state)
+    if created:
+        assert key is not None
+        init_state(state, node_key_id(key), data)
     return JoinPlan(data=data.resolve(), state=state.resolve(), server=server, port=port,
                     policy=policy, root_certificates=(None if insecure else
                                                       Path(root_certificates).resolve()),
-                    key=key, key_created=created, app_hash=app_hash)
+                    key=key, key_created=created, app_hash=app_hash, terms=terms)
+
+
+def _agreed_terms(federation: Path, data: Path, state: Path, policy: SitePolicy,
+                  root_certificates: Path | None) -> FederationTerms:
+    """The federation's terms, refused at once when the site's policy or CA rule them out."""
+    terms = FederationTerms.load(federation)
+    terms.check_server_ca(root_certificates)
+    opts = options_for(terms.options, data=data, out=state / "unused")
+    opts.validate()
+    policy.check_options(opts)
+    if not terms.target_epsilon <= policy.max_epsilon:
+        raise ConfigError(f"--federation: epsilon {terms.target_epsilon:g} over all rounds; "
+                          f"this site's policy is at most {policy.max_epsilon:g}")
+    return terms
 
 
 def supernode_argv(plan: JoinPlan, exe: str) -> list[str]:
@@ -229,18 +263,36 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = None) -> None:
+#: written while `join` runs its SuperNode, removed when it stops: found at start, the last
+#: `join` was killed (SIGKILL), and the SuperLink may still count its SuperNode online
+RUNNING_MARK = ".join-running"
+#: how long a `join` after a killed one retries a refused activation: the SuperLink drops a
+#: silent SuperNode after two missed heartbeats (Flower 1.42: 2 x 30 s, so about 60-90 s)
+STILL_ONLINE_WAIT_S = 150.0
+RETRY_S = 10.0
+_ACTIVATION_REFUSED = b"Failed to activate SuperNode"
+
+
+def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = None,
+             still_online_wait: float = STILL_ONLINE_WAIT_S,
+             echo: Callable[[str], None] | None = None) -> None:
     """Run the site until stopped: the SuperNode as a child, dphub's ClientApp here.
 
     SIGTERM or SIGINT stop both (the SuperNode's process group is terminated and waited for,
     so nothing is left running); a SuperNode that exits on its own (refused key, bad
-    certificate) ends `join` with one line.
+    certificate) ends `join` with one line that says which. After a killed `join` the
+    SuperLink refuses the same key until it drops the old connection: `join` then retries
+    for up to ``still_online_wait`` seconds instead of blaming the key.
     """
     from dphub.federate import apps, site_runner  # optional dependency: Flower
 
     site_id = node_key_id(plan.key) if plan.key is not None else None
-    apps.use_local_site(plan.data, plan.state, plan.policy, site_id=site_id)
+    apps.use_local_site(plan.data, plan.state, plan.policy, site_id=site_id, terms=plan.terms)
     stop = threading.Event()
+    mark = plan.state / RUNNING_MARK
+    killed_before = mark.exists()
+    deadline = time.monotonic() + still_online_wait
+    say = echo or (lambda line: print(line, file=sys.stderr, flush=True))
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
@@ -249,11 +301,32 @@ def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = Non
     child: subprocess.Popen[bytes] | None = None
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        child = subprocess.Popen(supernode_argv(plan, supernode), env=env,
-                                 start_new_session=True, preexec_fn=_die_with_parent)
-        running = child
-        site_runner.serve_tasks(f"127.0.0.1:{plan.port}", stop, app_hash=plan.app_hash,
-                                alive=lambda: running.poll() is None)
+        while True:
+            child, pump, tail = _start_supernode(plan, supernode, env)
+            mark.touch(mode=0o600)
+            try:
+                site_runner.serve_tasks(f"127.0.0.1:{plan.port}", stop,
+                                        app_hash=plan.app_hash,
+                                        alive=lambda c=child: c.poll() is None)
+                break
+            except ConfigError:
+                pump.join(timeout=10)
+                refused = any(_ACTIVATION_REFUSED in line for line in tail)
+                if not refused:
+                    raise ConfigError("the SuperNode stopped (see its log above: a wrong "
+                                      "certificate or an unreachable server)") from None
+                if killed_before and time.monotonic() < deadline:
+                    say("the SuperLink refused this site's SuperNode: the last join here "
+                        "was killed and the SuperLink has not dropped its connection yet "
+                        f"(it does within about 90 s); retrying in {RETRY_S:g} s")
+                    _stop_group(child)
+                    child = None
+                    stop.wait(RETRY_S)
+                    continue
+                key = plan.key.with_suffix(".pub") if plan.key is not None else "its key"
+                raise ConfigError("the SuperNode stopped: the SuperLink refused to activate "
+                                  "it: is this site's node key registered? (flwr supernode "
+                                  f"register {key})") from None
     except _Stopped:
         pass
     finally:
@@ -261,6 +334,29 @@ def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = Non
             signal.signal(s, h)
         if child is not None:
             _stop_group(child)
+        mark.unlink(missing_ok=True)  # a clean stop: the SuperNode deactivated itself
+
+
+def _start_supernode(plan: JoinPlan, supernode: str, env: dict[str, str] | None
+                     ) -> tuple[subprocess.Popen[bytes], threading.Thread, deque[bytes]]:
+    """The SuperNode, its output copied to ours line by line (the last lines kept: why it
+    stopped). It never holds a note or the notes' path."""
+    child = subprocess.Popen(supernode_argv(plan, supernode), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=_die_with_parent)
+    tail: deque[bytes] = deque(maxlen=50)
+
+    def copy() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            tail.append(line)
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.buffer.write(line)
+                sys.stderr.buffer.flush()
+
+    pump = threading.Thread(target=copy, daemon=True)
+    pump.start()
+    return child, pump, tail
 
 
 def _stop_group(child: subprocess.Popen[bytes]) -> None:

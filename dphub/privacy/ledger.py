@@ -230,13 +230,17 @@ def record_inherited(release: str, parent: str) -> None:
                            ancestry(ledger, [parent]), rec.history, (parent,)))
 
 
+def federated_release_id(site_id: str) -> str:
+    """The ledger record of a federated site's spend (one per site and federation)."""
+    return hashlib.sha256(f"federated-site:{site_id}".encode()).hexdigest()
+
+
 def record_federated_round(site_id: str, steps: GaussianSteps, *, epsilon: float,
                            delta: float, privacy_unit: str, patients: frozenset[str]) -> None:
     """Record (or update) a federated site's spend: one record per site, its one accountant over
     all its rounds so far (the server's model is post-processing of the sites' updates)."""
-    rid = hashlib.sha256(f"federated-site:{site_id}".encode()).hexdigest()
-    record_release(Release(rid, "federated_round", epsilon, delta, privacy_unit, patients,
-                           (steps,)))
+    record_release(Release(federated_release_id(site_id), "federated_round", epsilon, delta,
+                           privacy_unit, patients, (steps,)))
 
 
 @dataclass(frozen=True)
