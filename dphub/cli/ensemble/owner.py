@@ -20,6 +20,7 @@ from dphub.cli.ensemble._common import (
     ENSEMBLE_OPT,
     FORMAT_OPT,
     RESUME_OPT,
+    _used,
     ensemble_app,
 )
 from dphub.cli.options import FLOAT, apply_threads, positive_float, threads_option
@@ -189,6 +190,7 @@ def distill_cmd(
     gold = read_labelled(labels) if labels is not None else []
     ensemble = build_ensemble(Manifest.load(manifest_path), aggregate_rule=aggregate,
                               batch_size=batch_size)
+    _used(manifest_path)
     with ProgressReporter() as reporter, disk_full_as_error(out):
         res = distill(ensemble, notes, opts, labelled=gold, rounds=rounds, batch_size=batch_size,
                       disjoint_teachers=disjoint_teacher,
