@@ -70,6 +70,8 @@ def test_a_quorum_the_models_cannot_reach_is_refused_everywhere(
     assert "can never reach 3 votes" in _one_error(capsys) and not out.exists()
     with pytest.raises(ConfigError, match="can never reach 3 votes"):
         dphub.load(two_models)
+    assert main(["ensemble", "list", "-e", str(two_models)]) == 0  # listed, with the warning
+    assert "warning: runs will refuse this manifest" in capsys.readouterr().err
     # the quorum the two models can reach is taken
     assert main(["ensemble", "deid", str(notes), "--out", str(out), "--aggregate",
                  "k-of-n:2+rules:default", "-e", str(two_models)]) == 0
@@ -85,6 +87,8 @@ def test_a_member_named_in_a_rule_must_exist(two_models: Path, notes: Path, tmp_
     assert main(["ensemble", "deid", str(notes), "--out", str(tmp_path / "o"), "--aggregate",
                  "k-of-n:2+site-c", "-e", str(two_models)]) == 2
     assert "did you mean site-" in _one_error(capsys)
+    assert main(["ensemble", "show", "site-c", "-e", str(two_models)]) == 2
+    assert "no member named 'site-c' in the ensemble (did you mean 'site-" in _one_error(capsys)
     # k larger than the ensemble: the count and the fix
     assert main(["ensemble", "aggregate", "k-of-n:4", "-e", str(two_models)]) == 2
     err = _one_error(capsys)

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import hashlib
 import os
 import re
@@ -240,9 +241,12 @@ class Manifest:
         for m in self.members:
             if m.name == name:
                 return m
+        names = [m.name for m in self.members]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         raise ConfigError(
-            f"no member named {name!r} in the ensemble (members: "
-            f"{', '.join(m.name for m in self.members) or 'none'})"
+            f"no member named {name!r} in the ensemble"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f" (members: {', '.join(names) or 'none'})"
         )
 
     def add(self, entry: MemberEntry) -> None:

@@ -106,6 +106,21 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
     Console().print(t)
     for m in manifest.members:
         _describe(m, manifest_path)
+    _rule_fits(manifest)
+
+
+def _rule_fits(manifest: Any) -> None:
+    """Warn when the stored rule no longer fits the members (a hand edit): every run would
+    refuse it, and the listing is where the user looks first."""
+    from dphub.ensemble.aggregation import parse_rule
+    from dphub.errors import ConfigError
+
+    if not manifest.members:
+        return
+    try:
+        parse_rule(manifest.aggregate).check([m.name for m in manifest.members])
+    except ConfigError as e:
+        typer.echo(f"warning: runs will refuse this manifest: {e.message}", err=True)
 
 
 @ensemble_app.command("show")
