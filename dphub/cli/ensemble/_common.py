@@ -22,7 +22,7 @@ ensemble_app = typer.Typer(
 
 ENSEMBLE_OPT = typer.Option(
     Path("dphub-ensemble.toml"), "--ensemble", "--manifest", "-e", envvar="DPHUB_ENSEMBLE",
-    show_default="$DPHUB_ENSEMBLE, else dphub-ensemble.toml in the working directory",
+    show_default="dphub-ensemble.toml in the working directory",
     help="The ensemble manifest (TOML); the command says which one it used.",
 )
 

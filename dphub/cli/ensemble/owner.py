@@ -190,7 +190,6 @@ def distill_cmd(
     gold = read_labelled(labels) if labels is not None else []
     ensemble = build_ensemble(Manifest.load(manifest_path), aggregate_rule=aggregate,
                               batch_size=batch_size)
-    _used(manifest_path)
     with ProgressReporter() as reporter, disk_full_as_error(out):
         res = distill(ensemble, notes, opts, labelled=gold, rounds=rounds, batch_size=batch_size,
                       disjoint_teachers=disjoint_teacher,
@@ -198,6 +197,7 @@ def distill_cmd(
                       on_progress=reporter.train_callback(),
                       on_plan=_plan_check(opts, allow_above_policy, "--train-batch-size"))
     _report_owner(res)
+    _used(manifest_path)
 
 
 @ensemble_app.command("distill-public")
