@@ -71,9 +71,12 @@ def test_members_named_in_the_rule_count_alone() -> None:
         (8, 12, ("site1", "site2")), (13, 18, ("site2", "owner")), (33, 35, ("rules",))]
     # without the alone names, the rules' span needs a second vote (Smith has site2's)
     assert [(m.start, m.end) for m in aggregate(spans, "k-of-n:2")] == [(8, 12), (13, 18)]
-    # K = 3 among the sites: they never agree, the alone members still hide what they flag
-    out3 = aggregate(spans, "k-of-n:3+rules+owner")
-    assert [(m.start, m.end) for m in out3] == [(13, 18), (33, 35)]
+    # K = 3 among two sites: they could never agree, so the sites would count for nothing and
+    # the result would silently be the rules' and the owner's alone (issue 56): refused, with
+    # the quorum they can reach
+    with pytest.raises(ConfigError, match=r"the 2 members that do not count alone \(site1, "
+                       r"site2\) can never reach 3 votes.*use k-of-n:2\+rules\+owner"):
+        aggregate(spans, "k-of-n:3+rules+owner")
 
 
 @pytest.mark.parametrize("text", ["any+rules", "k-of-n:1+rules", "k-of-n:2+", "k-of-n:2++a",
@@ -88,8 +91,13 @@ def test_alone_names_must_be_members() -> None:
     b = FixedMember("b", {"n1": [_sp(22, 32, "DATE")]})
     with pytest.raises(ConfigError, match="no member named c"):
         Ensemble([Slot(a), Slot(b)], "k-of-n:2+c")
-    (res,) = Ensemble([Slot(a), Slot(b)], "k-of-n:2+b").deid([Note("n1", TEXT)])
-    assert [(s.start, s.end) for s in res.spans] == [(22, 32)]
+    # a alone could never reach K = 2 beside b counting alone: refused (issue 56), not run
+    with pytest.raises(ConfigError, match=r"the 1 member that does not count alone \(a\)"):
+        Ensemble([Slot(a), Slot(b)], "k-of-n:2+b")
+    c = FixedMember("c", {"n1": [_sp(8, 12, "NAME")]})
+    (res,) = Ensemble([Slot(a), Slot(b), Slot(c)], "k-of-n:2+b").deid([Note("n1", TEXT)])
+    assert [(s.start, s.end, s.voters) for s in res.merged] == [(8, 12, ("a", "c")),
+                                                                (22, 32, ("b",))]
 
 
 def test_thresholds_drop_low_scoring_member_spans() -> None:
@@ -163,7 +171,10 @@ def test_properties_union_covers_members_and_k_of_n_is_a_subset(
         for c in strict_chars:
             votes = sum(any(s.start <= c < s.end for s in ss) for ss in spans.values())
             assert votes >= k
-        if k >= 2:  # m0 counts alone: exactly the characters it or k others flag
+        if k >= 2 and 0 < len(spans) - 1 < k:  # the others could never agree: refused
+            with pytest.raises(ConfigError, match="can never reach"):
+                aggregate(spans, AggregateRule(k, ("m0",)))
+        elif k >= 2:  # m0 counts alone: exactly the characters it or k others flag
             weighted = aggregate(spans, AggregateRule(k, ("m0",)))
             chars = {c for m in weighted for c in range(m.start, m.end)}
             m0 = {c for s in spans["m0"] for c in range(s.start, s.end)}

@@ -25,6 +25,7 @@ comma-joined in ``source`` (the contract :mod:`dphub.render` reads).
 
 from __future__ import annotations
 
+import difflib
 import heapq
 import re
 from collections.abc import Mapping, Sequence
@@ -73,16 +74,42 @@ class AggregateRule:
         return cls(k, tuple(alone))
 
     def check(self, names: Sequence[str]) -> None:
-        """The rule fits an ensemble of these members (K of them exist; named ones are members)."""
+        """The rule fits an ensemble of these members, or a :class:`ConfigError` names the fix.
+
+        Refused (issue 56): K larger than the ensemble; a named member that is not in it (with
+        the closest names); and a quorum the members that do not count alone can never reach
+        (``k-of-n:3+rules:default`` over two models): their votes could then never hide a
+        character the named members had not hidden already, so the run silently equalled the
+        named members alone (recall 75.2 where the owner's model alone had 94.2).
+        """
+        rule = str(self)
         if self.k > len(names):
             raise ConfigError(
-                f"aggregate rule k-of-n:{self.k} needs at least {self.k} members; "
-                f"the ensemble has {len(names)}"
+                f"aggregate rule {rule} needs at least {self.k} members; the ensemble has "
+                f"{len(names)} ({_listed(names)}): use k-of-n:{max(1, len(names))}"
+                f"{''.join('+' + a for a in self.alone)} or fewer, or add members "
+                "(`dphub ensemble add`)"
             )
         unknown = [a for a in self.alone if a not in names]
         if unknown:
-            raise ConfigError(f"aggregate rule {self}: no member named {', '.join(unknown)} "
-                              "(see `dphub ensemble list`)")
+            hints = []
+            for a in unknown:
+                close = difflib.get_close_matches(a, list(names), n=1, cutoff=0.5)
+                hints.append(f"{a} (did you mean {close[0]}?)" if close else a)
+            raise ConfigError(f"aggregate rule {rule}: no member named {', '.join(hints)}; the "
+                              f"members are {_listed(names)} (see `dphub ensemble list`)")
+        voters = [n for n in names if n not in self.alone]
+        if self.alone and voters and len(voters) < self.k:
+            n = len(voters)
+            fix = (f"k-of-n:{n}{''.join('+' + a for a in self.alone)}" if n >= 2 else
+                   "any (one vote then hides a character, as the named members' do)")
+            raise ConfigError(
+                f"aggregate rule {rule}: the {n} member{'s' if n != 1 else ''} that "
+                f"{'do' if n != 1 else 'does'} not count alone ({_listed(voters)}) can never "
+                f"reach {self.k} votes, so "
+                f"{'they' if n != 1 else 'it'} would never hide anything and the result would "
+                f"be {'+'.join(self.alone)}'s alone; use {fix}, or add members"
+            )
 
     def weight(self, name: str) -> int:
         """Votes one flag of member ``name`` is worth: K for a member that counts alone, else 1."""
@@ -122,6 +149,12 @@ class MergedSpan:
             "score": round(self.score, 6),
             "voters": list(self.voters),
         }
+
+
+def _listed(names: Sequence[str], most: int = 8) -> str:
+    """Member names for a message, at most ``most`` of them."""
+    shown = list(names[:most]) + ([f"... {len(names) - most} more"] if len(names) > most else [])
+    return ", ".join(shown) or "none"
 
 
 def _score(s: Span) -> float:

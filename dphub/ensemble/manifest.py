@@ -5,7 +5,10 @@ revision (commit sha) that was pulled, and a directory member records the SHA-25
 (``sha256:...``), checked again when the ensemble is loaded. Default file: ``dphub-ensemble.toml``
 in the working directory. Written atomically (:mod:`dphub.io`); edits go through
 :meth:`Manifest.editing`, which holds a lock file (``.<manifest>.lock``, removed after) around
-read-modify-write, so concurrent ``dphub ensemble add`` commands never lose each other's members. Example::
+read-modify-write, so concurrent ``dphub ensemble add`` commands never lose each other's members.
+An edit that changes the file keeps the previous version in ``<manifest>.prev`` and reports what
+it changed (:func:`describe_changes`); :meth:`Manifest.undo` (``dphub ensemble undo``) swaps the
+two back. Example::
 
     aggregate = "any"            # any | k-of-n:K | k-of-n:K+NAME+... (NAME's flags count alone)
                                  # | inverse[:LOW,HIGH[,NAMED[,SURE]]] (keep only known-safe words)
@@ -50,6 +53,8 @@ read-modify-write, so concurrent ``dphub ensemble add`` commands never lose each
 from __future__ import annotations
 
 import contextlib
+import copy
+import difflib
 import hashlib
 import os
 import re
@@ -137,6 +142,8 @@ class Manifest:
     path: Path | None = None
     #: encoder runtime of model members (:mod:`dphub.runtime`); None: the default
     runtime: str | None = None
+    #: after an edit (:meth:`editing`): what it changed, one line each (:func:`describe_changes`)
+    changes: list[str] = field(default_factory=list, repr=False, compare=False)
 
     # ------------------------------------------------------------------ file
     @classmethod
@@ -174,23 +181,58 @@ class Manifest:
 
         Why: two ``ensemble add`` commands that each load, append and save lose one member (six
         parallel adds kept 1-4). The lock serialises the whole read-modify-write; nothing is
-        saved when the block raises.
+        saved when the block raises. An edit that changes the file first keeps the file as it
+        was in :func:`previous_path` (``<manifest>.prev``; ``dphub ensemble undo`` swaps the
+        two back), and leaves what it changed in :attr:`changes` (issue 56: ``calibrate`` and
+        ``aggregate`` rewrote the manifest in place, and the same notes came out differently
+        with no trace of why).
         """
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         with _edit_lock(p.parent / f".{p.name}.lock", timeout, p):
             manifest = cls.load(p, missing_ok=missing_ok)
+            before = copy.deepcopy(manifest)
+            old_text = p.read_text(encoding="utf-8") if p.is_file() else None
             yield manifest
+            if old_text is not None and manifest.dumps() != old_text:
+                atomic_write_text(previous_path(p), old_text)
             manifest.save(p)
+            manifest.changes = describe_changes(before, manifest)
 
-    def save(self, path: Path | str | None = None) -> Path:
-        p = Path(path or self.path or DEFAULT_MANIFEST)
+    @classmethod
+    def undo(cls, path: Path | str, *, timeout: float = 60.0) -> tuple[Manifest, Manifest]:
+        """Swap the manifest and its previous version (``<manifest>.prev``); return (the
+        manifest as it was, as it is now). Undoing twice redoes: the version undone is kept."""
+        p = Path(path)
+        prev = previous_path(p)
+        with _edit_lock(p.parent / f".{p.name}.lock", timeout, p):
+            if not prev.is_file():
+                raise ConfigError(f"{p}: no previous version to go back to ({prev.name} not "
+                                  "found; every `dphub ensemble` edit keeps one)")
+            restored = cls.load(prev)  # a broken backup is refused before anything is written
+            current = cls.load(p, missing_ok=True)
+            old_text = p.read_text(encoding="utf-8") if p.is_file() else None
+            new_text = prev.read_text(encoding="utf-8")
+            if old_text is not None:
+                atomic_write_text(prev, old_text)
+            else:
+                prev.unlink()
+            atomic_write_text(p, new_text)
+            restored.path = p
+            return current, restored
+
+    def dumps(self) -> str:
+        """The manifest's TOML text, as :meth:`save` writes it."""
         data: dict[str, Any] = {"aggregate": self.aggregate}
         if self.runtime is not None:
             data["runtime"] = self.runtime
         data["members"] = [m.to_dict() for m in self.members]
         header = "# dphub ensemble manifest: members, pinned revisions, thresholds\n"
-        atomic_write_text(p, header + tomli_w.dumps(data))
+        return header + tomli_w.dumps(data)
+
+    def save(self, path: Path | str | None = None) -> Path:
+        p = Path(path or self.path or DEFAULT_MANIFEST)
+        atomic_write_text(p, self.dumps())
         self.path = p
         return p
 
@@ -199,9 +241,12 @@ class Manifest:
         for m in self.members:
             if m.name == name:
                 return m
+        names = [m.name for m in self.members]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         raise ConfigError(
-            f"no member named {name!r} in the ensemble (members: "
-            f"{', '.join(m.name for m in self.members) or 'none'})"
+            f"no member named {name!r} in the ensemble"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f" (members: {', '.join(names) or 'none'})"
         )
 
     def add(self, entry: MemberEntry) -> None:
@@ -211,9 +256,52 @@ class Manifest:
         self.members.append(entry)
 
     def remove(self, name: str) -> MemberEntry:
+        """Remove a member; refused when the aggregation rule would no longer fit the members
+        left (it names the member, or its quorum needs it): the rule's error says the fix."""
         entry = self.get(name)
+        rest = [m.name for m in self.members if m is not entry]
+        if rest:
+            try:
+                parse_rule(self.aggregate).check(rest)
+            except ConfigError as e:
+                raise ConfigError(f"removing {name!r} breaks the aggregation rule; change it "
+                                  f"first (`dphub ensemble aggregate RULE`): {e.message}"
+                                  ) from None
         self.members.remove(entry)
         return entry
+
+
+def previous_path(path: Path | str) -> Path:
+    """Where an edit keeps the manifest as it was: ``<manifest>.prev`` beside it."""
+    p = Path(path)
+    return p.with_name(p.name + ".prev")
+
+
+def describe_changes(before: Manifest, after: Manifest) -> list[str]:
+    """What changed between two versions of a manifest, one line each (``before -> after``):
+    the rule, the runtime, members added or removed, each member's pin and thresholds."""
+    def shown(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} {shown(x)}" for k, x in sorted(v.items())) + "}"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    out: list[str] = []
+    if before.aggregate != after.aggregate:
+        out.append(f"aggregate: {before.aggregate} -> {after.aggregate}")
+    if before.runtime != after.runtime:
+        out.append(f"runtime: {shown(before.runtime)} -> {shown(after.runtime)}")
+    old = {m.name: m for m in before.members}
+    new = {m.name: m for m in after.members}
+    out += [f"member removed: {n}" for n in old if n not in new]
+    out += [f"member added: {n} ({new[n].kind})" for n in new if n not in old]
+    for n in (n for n in new if n in old):
+        a, b = old[n].to_dict(), new[n].to_dict()
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                out.append(f"{n}: {key} {shown(a.get(key))} -> {shown(b.get(key))}")
+    return out
 
 
 # ---------------------------------------------------------------------------- resolving specs

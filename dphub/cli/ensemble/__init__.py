@@ -9,7 +9,8 @@ One module per subcommand group; importing them, in this order, registers their 
 :data:`ensemble_app` (the order ``dphub ensemble --help`` lists them in):
 
 - :mod:`._common`: the sub-app, the options several groups share, output helpers;
-- :mod:`.manifest`: ``add``, ``remove``, ``list``, ``show``, ``runtime`` (the manifest);
+- :mod:`.manifest`: ``add``, ``remove``, ``list``, ``show``, ``runtime``, ``aggregate``, ``undo``
+  (the manifest);
 - :mod:`.deid`: ``deid`` and the top-level ``dphub deid`` (directory runs, local or Ray);
 - :mod:`.evaluate`: ``calibrate`` and ``evaluate`` (measured on labelled notes);
 - :mod:`.owner`: ``distill`` and ``train`` (the owner's own models).

@@ -9,6 +9,7 @@ The commands themselves live in :mod:`.manifest`, :mod:`.deid`, :mod:`.evaluate`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -20,8 +21,29 @@ ensemble_app = typer.Typer(
 )
 
 ENSEMBLE_OPT = typer.Option(
-    Path("dphub-ensemble.toml"), "--ensemble", "-e", help="The ensemble manifest (TOML)."
+    Path("dphub-ensemble.toml"), "--ensemble", "--manifest", "-e", envvar="DPHUB_ENSEMBLE",
+    show_default="dphub-ensemble.toml in the working directory",
+    help="The ensemble manifest (TOML); the command says which one it used.",
 )
+
+
+def _used(manifest_path: Path) -> None:
+    """Say which manifest a command read (issue 56: it was found through the working
+    directory, silently); on stderr, so JSON on stdout stays JSON."""
+    typer.echo(f"manifest: {manifest_path.expanduser().resolve()}", err=True)
+
+
+def _changes(manifest: Any, manifest_path: Path) -> None:
+    """Print what an edit changed in the manifest (before -> after) and how to undo it."""
+    from dphub.ensemble.manifest import previous_path
+
+    if not manifest.changes:
+        typer.echo(f"{manifest_path}: nothing changed")
+        return
+    for line in manifest.changes:
+        typer.echo(f"  {line}")
+    typer.echo(f"previous version kept in {previous_path(manifest_path)}; undo with "
+               f"`dphub ensemble undo -e {manifest_path}`")
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:

@@ -99,7 +99,7 @@ def _preflight(input_path: Path, mode: str, key_file: Path | None,
 def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
          batch_size: int, workers: int | None, resume: bool, audit_text: bool,
          fmt: str | None, engine: Any = None, patient_id_from: str | None = None,
-         render_options: dict[str, Any] | None = None) -> int:
+         render_options: dict[str, Any] | None = None, manifest: Path | None = None) -> int:
     from dphub.runner import run_deid
 
     if workers is not None and engine is None:  # with Ray: threads per actor, set there
@@ -125,6 +125,8 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
                           chunk_progress=reporter.count_callback("deid-chunks", "chunks",
                                                                  restart=True))
     msg = f"{report.done} note(s) de-identified into {out}"
+    if manifest is not None:  # issue 56: which manifest, not only "the one in this directory"
+        msg += f" with the ensemble of {manifest.expanduser().resolve()}"
     if report.already_complete:
         msg = f"the run in {out} is already complete ({report.skipped} note(s)); nothing to do"
     elif report.skipped:
@@ -261,7 +263,8 @@ def deid_cmd(
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
                 workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
                 engine=run_engine, patient_id_from=patient_id_from,
-                render_options=render_options)
+                render_options=render_options,
+                manifest=manifest_path if manifest_path.is_file() else None)
 
 
 def deid_top_cmd(

@@ -21,8 +21,10 @@ from dphub.cli.ensemble._common import (
     INT8_OPT,
     RUNTIME_OPT,
     SAFE_WORDS_OPT,
+    _changes,
     _fmt,
     _say,
+    _used,
     ensemble_app,
 )
 from dphub.cli.options import FLOAT, apply_threads, finite_float, threads_option
@@ -114,6 +116,9 @@ def calibrate_cmd(
             if aggregate:
                 current.aggregate = aggregate
         typer.echo(f"thresholds stored in {manifest_path}")
+        _changes(current, manifest_path)
+    else:
+        _used(manifest_path)
 
 
 def _echo_scores(res: Any, target_recall: float) -> Any:
@@ -157,6 +162,9 @@ def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdo
         with Manifest.editing(manifest_path) as current:
             current.aggregate = res.rule
         typer.echo(f"aggregate stored in {manifest_path}")
+        _changes(current, manifest_path)
+    else:
+        _used(manifest_path)
 
 
 @ensemble_app.command("evaluate")
@@ -191,6 +199,8 @@ def evaluate_cmd(
     with ProgressReporter() as reporter:
         rows = evaluate_ensemble(ensemble, notes,
                                  progress=reporter.count_callback("evaluate", "notes"))
+    if owner_model is None or manifest_path.is_file():
+        _used(manifest_path)
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
         return

@@ -1,4 +1,5 @@
-"""``dphub ensemble add | remove | list | show | runtime``: edits and views of the manifest.
+"""``dphub ensemble add | remove | list | show | runtime | aggregate | undo``: edits and views of
+the manifest.
 
 Each edit runs under the manifest's lock (:meth:`dphub.ensemble.manifest.Manifest.editing`);
 nothing here runs the ensemble: ``add`` and ``runtime`` load model members only to ready them
@@ -15,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dphub.cli.ensemble._common import ENSEMBLE_OPT, _fmt, _say, ensemble_app
+from dphub.cli.ensemble._common import ENSEMBLE_OPT, _changes, _fmt, _say, _used, ensemble_app
 from dphub.cli.options import FLOAT, positive_float, unit_interval
 
 
@@ -78,6 +79,7 @@ def remove_cmd(
     with Manifest.editing(manifest_path) as manifest:
         manifest.remove(name)
     typer.echo(f"removed {name} from {manifest_path}")
+    _changes(manifest, manifest_path)
 
 
 @ensemble_app.command("list")
@@ -104,6 +106,21 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
     Console().print(t)
     for m in manifest.members:
         _describe(m, manifest_path)
+    _rule_fits(manifest)
+
+
+def _rule_fits(manifest: Any) -> None:
+    """Warn when the stored rule no longer fits the members (a hand edit): every run would
+    refuse it, and the listing is where the user looks first."""
+    from dphub.ensemble.aggregation import parse_rule
+    from dphub.errors import ConfigError
+
+    if not manifest.members:
+        return
+    try:
+        parse_rule(manifest.aggregate).check([m.name for m in manifest.members])
+    except ConfigError as e:
+        typer.echo(f"warning: runs will refuse this manifest: {e.message}", err=True)
 
 
 @ensemble_app.command("show")
@@ -120,6 +137,7 @@ def show_cmd(name: str | None = typer.Argument(None, metavar="NAME", show_defaul
         typer.echo(json.dumps({"aggregate": manifest.aggregate,
                                **({"runtime": manifest.runtime} if manifest.runtime else {}),
                                "members": [m.to_dict() for m in manifest.members]}, indent=2))
+    _used(manifest_path)
 
 
 @ensemble_app.command("runtime")
@@ -133,6 +151,7 @@ def runtime_cmd(runtime: str | None = typer.Argument(
 
     if runtime is None:
         typer.echo(Manifest.load(manifest_path).runtime or DEFAULT_RUNTIME)
+        _used(manifest_path)
         return
     from dphub.ensemble.core import prepare_runtime
 
@@ -144,6 +163,7 @@ def runtime_cmd(runtime: str | None = typer.Argument(
         manifest.runtime = runtime
     typer.echo(f"runtime {runtime} stored in {manifest_path}"
                + (f" ({n} encoder{'s' if n != 1 else ''} ready)" if n else ""))
+    _changes(manifest, manifest_path)
 
 
 @ensemble_app.command("aggregate")
@@ -158,9 +178,25 @@ def aggregate_cmd(rule: str | None = typer.Argument(
 
     if rule is None:
         typer.echo(Manifest.load(manifest_path).aggregate)
+        _used(manifest_path)
         return
     parsed = parse_rule(rule)
     with Manifest.editing(manifest_path) as manifest:
         parsed.check([m.name for m in manifest.members])
         manifest.aggregate = str(parsed)
     typer.echo(f"aggregate {parsed} stored in {manifest_path}")
+    _changes(manifest, manifest_path)
+
+
+@ensemble_app.command("undo")
+def undo_cmd(manifest_path: Path = ENSEMBLE_OPT) -> None:
+    """Put back the manifest as it was before the last edit (add, remove, runtime, aggregate,
+    calibrate); undo again to redo."""
+    from dphub.ensemble.manifest import Manifest, describe_changes, previous_path
+
+    before, after = Manifest.undo(manifest_path)
+    typer.echo(f"{manifest_path} restored from its previous version")
+    for line in describe_changes(before, after) or ["(the two versions mean the same)"]:
+        typer.echo(f"  {line}")
+    typer.echo(f"the version undone is kept in {previous_path(manifest_path)} (undo again to "
+               "redo)")

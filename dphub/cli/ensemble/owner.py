@@ -20,6 +20,7 @@ from dphub.cli.ensemble._common import (
     ENSEMBLE_OPT,
     FORMAT_OPT,
     RESUME_OPT,
+    _used,
     ensemble_app,
 )
 from dphub.cli.options import FLOAT, apply_threads, positive_float, threads_option
@@ -196,6 +197,7 @@ def distill_cmd(
                       on_progress=reporter.train_callback(),
                       on_plan=_plan_check(opts, allow_above_policy, "--train-batch-size"))
     _report_owner(res)
+    _used(manifest_path)
 
 
 @ensemble_app.command("distill-public")
