@@ -410,10 +410,12 @@ def test_cli_distill_checks_the_composed_epsilon_against_the_policy(
     assert main(args) == 2
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
-    assert lines[0].endswith(f"projected ε = {e1:.4g} for this run; with the ε {e1:.4g} of 1 "
-                             f"composed teacher(s), the card claims ε = {2 * e1:.4g}"), lines[0]
-    assert lines[-1].startswith(f"error: projected ε = {2 * e1:.4g} (this run {e1:.4g} + "
-                                f"composed teachers {e1:.4g}) exceeds the maximum 10")
+    assert lines[0].endswith(f"projected ε = {e1:.4g} for this run; composed with 1 "
+                             f"teacher(s) claiming ε {e1:.4g}, the card claims ε = "
+                             f"{2 * e1:.4g}"), lines[0]
+    assert lines[-1].startswith(f"error: projected ε = {2 * e1:.4g} (this run {e1:.4g} "
+                                f"composed with composed teachers claiming ε {e1:.4g}) "
+                                "exceeds the maximum 10")
     for way in ("--noise ", "--target-epsilon ", "--disjoint-teacher NAME",
                 "--allow-above-policy"):
         assert way in lines[-1], way

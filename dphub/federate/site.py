@@ -47,8 +47,8 @@ from dphub import card
 from dphub.errors import ConfigError, PrivacyError
 from dphub.io import atomic_write_text, file_sha256
 from dphub.privacy import accounting
-from dphub.privacy.composition import GaussianSteps
-from dphub.privacy.ledger import patient_digests, record_federated_round
+from dphub.privacy.composition import GaussianSteps, Part
+from dphub.privacy.ledger import footprint, record_federated_round, site_round_problem
 from dphub.privacy.units import PRIVACY_UNITS, UnitDataset
 from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
 from dphub.train.encoder_cache import FrozenEncoderCache
@@ -354,7 +354,7 @@ class Site:
             [e.unit for e in examples], max_examples_per_unit=self.opts.max_examples_per_unit,
             features=[e.features for e in examples] if self.opts.rule_features else None,
         )
-        self.patients = patient_digests(notes)  # issue 38: the privacy ledger's record
+        self.patients = footprint(notes)  # issues 38, 53: the ledger record (patients, notes)
         self.model = model
         self.names = trainable_names(model)
         self.frozen_digest = frozen_digest(model)
@@ -450,6 +450,12 @@ class Site:
         st = self.state(order)
         assert st is not None
         self.policy.check_state(st)  # a restored accountant too (the policy may be stricter now)
+        why = site_round_problem(  # issue 53: with what the ledger records on these patients
+            st.site_id, GaussianSteps(st.accountant, st.sample_rate, st.noise_multiplier,
+                                      st.steps), Part(st.target_epsilon, st.delta),
+            self.patients, self.policy.max_epsilon)
+        if why:
+            raise PolicyRefused(why)
         take = self._steps_this_round(st, order.local_steps)
         if take == 0:
             return None, self.report(st, trained=0)
