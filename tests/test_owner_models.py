@@ -420,13 +420,17 @@ def test_cli_distill_checks_the_composed_epsilon_against_the_policy(
                 "--allow-above-policy"):
         assert way in lines[-1], way
     assert "reached the first step" not in err and not (tmp_path / "s2").exists()
-    # the advice works: more noise, or the teacher declared disjoint, or the flag
+    # the advice works: more noise, or the flag
     sigma = re.search(r"--noise ([0-9.]+) or more", lines[-1]).group(1)
-    for extra in (["--noise", sigma], ["--disjoint-teacher", "s1"],
-                  ["--allow-above-policy"]):
+    for extra in (["--noise", sigma], ["--allow-above-policy"]):
         assert main([*args, *extra]) == 2
         err = capsys.readouterr().err
         assert err.endswith("error: reached the first step\n"), (extra, err)
+    # issue 53: s1 was trained on these very notes, and the privacy ledger says so: declaring
+    # it disjoint is refused (a teacher the ledger does not know is taken as declared)
+    assert main([*args, "--disjoint-teacher", "s1"]) == 2
+    err = capsys.readouterr().err
+    assert "--disjoint-teacher" in err and "the privacy ledger records that this member" in err
     assert not (tmp_path / "s2").exists()
 
 

@@ -71,6 +71,7 @@ from dphub.privacy.statement import RULES_NOT_COVERED
 from dphub.rules.engine import RuleMember
 from dphub.train import TrainOptions, TrainResult, train
 from dphub.train.checkpoints import checkpoint_dir_for
+from dphub.train.lineage import refuse_false_disjoint
 from dphub.train.output import check_output_dir
 from dphub.train.plan import PrivacyPlan
 from dphub.train.results import ProgressFn
@@ -251,6 +252,7 @@ def distill(
             raise ConfigError(CALIBRATED_DP_REFUSAL)
         _check_dp_teacher(ensemble, rounds)
         teachers = teacher_lineage(ensemble, opts.privacy_unit, disjoint=disjoint_teachers)
+        refuse_false_disjoint(teachers, [*notes, *labelled])  # issue 53: the ledger knows
         opts = _run_budget(opts, teachers)
     elif disjoint_teachers:
         raise ConfigError("--disjoint-teacher applies to DP students (--dp): a local model "

@@ -51,6 +51,28 @@ def settle_lineage(opts: TrainOptions, src: ModelSource, fp: L.Footprint) -> Non
             )
 
 
+def refuse_false_disjoint(teachers: Sequence[Mapping[str, Any]], notes: Sequence[Note]) -> None:
+    """Refuse a teacher declared disjoint (``composed: false``) that the ledger records was
+    trained on some of these patients or notes (what :func:`settle_lineage` does for an
+    ``--init-from`` parent). A teacher found by its weights digest (``revision``, a directory
+    member's pin); one the ledger does not know is taken as declared."""
+    declared = [t for t in teachers if not t.get("composed")]
+    if not declared or not notes:
+        return
+    ledger = L.load_ledger()
+    known = [t for t in declared if ledger.find(str(t.get("revision"))) is not None]
+    if not known:
+        return
+    fp = L.footprint(notes)
+    for t in known:
+        anc = L.ancestry_footprint(ledger, [str(t["revision"])])
+        if anc.patients & fp.patients or anc.notes & fp.notes:
+            raise ConfigError(
+                f"--disjoint-teacher {t.get('repo')}: the privacy ledger records that this member "
+                "(or one it descends from) was trained on some of these patients or notes, so "
+                "its epsilon composes with this run's; drop the declaration")
+
+
 def _patient_part(part: Part, unit: str, fp: L.Footprint | None) -> Part | None:
     """``part`` (this run's) per patient: as is at patient level, by group privacy over the
     notes of the busiest patient at note level, none at sequence level (see
