@@ -28,7 +28,7 @@ from dphub.cli.main import main
 from dphub.errors import ConfigError, PrivacyError
 from dphub.notes import Note
 from dphub.privacy import ledger as L
-from dphub.privacy.composition import GaussianSteps, history_epsilon
+from dphub.privacy.composition import GaussianSteps, Part, history_epsilon
 from dphub.privacy.policy import Policy
 
 
@@ -285,7 +285,7 @@ def test_finer_units_are_never_summed_as_patient_epsilon(tmp_path: Path) -> None
     assert s.total.delta == pytest.approx(1e-6 + 3 * 2.718281828 ** 2 * 1e-6)
     # one note per patient: note level is patient level (exact composition keeps working)
     assert L.Release("c", "train", 1.0, 1e-6, "note", pats, group_size=1).patient_part() \
-        == L.Part(1.0, 1e-6)
+        == Part(1.0, 1e-6)
     # δ of the group beyond 1: no bound; sequence level: no bound
     assert L.Release("d", "train", 9.0, 1e-5, "note", pats, group_size=5).patient_part() is None
     assert L.Release("e", "train", 1.0, 1e-6, "sequence", pats, group_size=None
@@ -368,9 +368,9 @@ def test_a_disjoint_teacher_parent_counts_in_the_total(corpora, tiny_base_model:
     assert child is not None and child.composes_parents is False
 
 
-def test_init_from_plan_line_names_the_parents_claim(corpora, tiny_base_model: Path,
-                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_init_from_plan_line_names_the_parents_claim(
+        corpora, tiny_base_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     common = ["--base-model", str(tiny_base_model), "--warm-start", "none", "--epochs", "1",
               "--batch-size", "2", "--noise", "1.0", "--accountant", "rdp"]
@@ -460,3 +460,30 @@ def test_a_federated_site_reset_keeps_its_spend_and_its_policy_reads_the_ledger(
     again.train_round(order, weights)
     recs = L.load_ledger().releases
     assert len(recs) == 2 and max(r.epsilon for r in recs) == pytest.approx(spent, rel=1e-9)
+
+
+def test_a_dp_students_composed_teacher_counts_once(tiny_base_model: Path,
+                                                    tmp_path: Path) -> None:
+    """A DP student composes its teacher (trained here on the same notes) in its claim: the
+    ledger's figure is that claim, not the claim plus the teacher again."""
+    from dphub.ensemble.core import Ensemble, Slot
+    from dphub.ensemble.members import ModelMember
+    from dphub.owner.distill import distill, local_options
+    from dphub.rules.engine import RuleMember, RuleOptions
+
+    notes = synth.generate(8, kind="nursing", seed=5, patients=3)
+    teacher = tmp_path / "teacher"
+    T.train(_opts(_write(notes, tmp_path / "n.jsonl"), tiny_base_model, teacher, noise=3.0))
+    dp = load_card(teacher).dp
+    ens = Ensemble([Slot(RuleMember("rules:default", RuleOptions()), None, 0.0),
+                    Slot(ModelMember.load(teacher, "t"), None, dp["epsilon"],
+                         dp["privacy_unit"], None, None, dp["delta"])])
+    opts = local_options(T.TrainOptions(out=tmp_path / "s", base_model=str(tiny_base_model),
+                                        warm_start="none", noise=3.0, accountant="rdp",
+                                        epochs=1.0, max_length=64, stride=16, batch_size=2),
+                         dp=True)
+    res = distill(ens, notes, opts)
+    student = L.load_ledger().find(load_card(tmp_path / "s").dp["weights_sha256"])
+    assert student is not None and student.parents == (dp["weights_sha256"],)
+    spend = L.load_ledger().spend(L.footprint(notes))
+    assert spend.total is not None and spend.total.epsilon == pytest.approx(res.epsilon)

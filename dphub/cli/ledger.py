@@ -67,7 +67,7 @@ def _total_line(spend: Spend) -> str:
     if spend.unbounded:
         units = "/".join(sorted({r.privacy_unit for r in spend.unbounded}))
         lines.append(f"  spent per patient: NOT BOUNDED ({len(spend.unbounded)} {units}-level "
-                     "release(s) of unknown group size bound no patient's loss)")
+                     "release(s): group size unknown, or too large for group privacy)")
         if spend.total is not None:
             lines.append(f"  the patient-level releases alone: ε = {spend.total.epsilon:.4g}, "
                          f"δ = {spend.total.delta:.2g}")

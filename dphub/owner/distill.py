@@ -457,7 +457,9 @@ def _amend_dp_card(out: Path, teachers: Sequence[dict[str, Any]], *,
         write_card(out, {**card.meta, "differential_privacy": dp})
     # the ledger recorded the student's run as a plain training: it is this distillation
     amend_release(str(dp["weights_sha256"]), kind="distill", epsilon=float(dp["epsilon"]),
-                  delta=float(dp["delta"]), composed=dp.get("composition") is not None)
+                  delta=float(dp["delta"]), composed=dp.get("composition") is not None,
+                  composes=[str(t["revision"]) for t in teachers if t.get("composed")
+                            and re.fullmatch(r"[0-9a-f]{64}", str(t["revision"]))])
     return dp
 
 

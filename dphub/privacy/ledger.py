@@ -413,16 +413,22 @@ def record_release(release: Release) -> None:
 
 
 def amend_release(release: str, *, kind: str, epsilon: float, delta: float,
-                  composed: bool) -> None:
+                  composed: bool, composes: Sequence[str] = ()) -> None:
     """Re-record a release under its final kind and claim (a distillation amends the card of
     the student its training recorded); ``composed``: the claim is a composition, so its
-    Gaussian history alone no longer describes it. Nothing recorded: nothing to amend."""
+    Gaussian history alone no longer describes it; ``composes``: the weights digests of the
+    releases the claim now includes (a DP student's composed teachers), so they count once.
+    Nothing recorded: nothing to amend."""
     with _locked() as path:
         rec = _read(path).find(release)
         if rec is None:
             return
+        if composes and not rec.composes_parents:
+            raise ConfigError("internal: a release with a parent it does not compose cannot "
+                              "compose teachers")
+        parents = tuple(dict.fromkeys([*rec.parents, *composes]))
         _add(path, replace(rec, kind=kind, epsilon=max(epsilon, rec.epsilon), delta=delta,
-                           history=() if composed else rec.history))
+                           history=() if composed else rec.history, parents=parents))
 
 
 def record_inherited(release: str, parent: str) -> None:
@@ -543,7 +549,8 @@ def policy_problem(spend: Spend, max_epsilon: float) -> str | None:
     if spend.unbounded:
         units = "/".join(sorted({r.privacy_unit for r in spend.unbounded}))
         return (f"its patients' ε over the {n} release(s) the privacy ledger links to them is "
-                f"not bounded (a {units}-level release of unknown group size)")
+                f"not bounded (a {units}-level release: group size unknown, or too large for "
+                "group privacy)")
     if spend.total is not None and spend.total.epsilon > max_epsilon:
         return (f"its patients have lost ε = {spend.total.epsilon:.4g} over the {n} release(s) "
                 f"the privacy ledger links to them ({spend.total.method} composition), above "
@@ -609,5 +616,6 @@ def ancestry(ledger: Ledger, parents: Sequence[str]) -> frozenset[str]:
 __all__ = ["KINDS", "DatasetSpend", "Footprint", "Ledger", "Overlap", "Release", "Spend",
            "all_datasets", "amend_release", "ancestry", "ancestry_footprint", "dataset_digest",
            "dataset_spend", "footprint", "ledger_dir", "ledger_key", "load_ledger",
-           "note_digests", "patient_digests", "policy_problem", "release_spend", "record_federated_round", "record_inherited",
-           "record_release", "record_surrogates", "site_round_problem"]
+           "note_digests", "note_text_key", "patient_digests", "policy_problem",
+           "record_federated_round", "record_inherited", "record_release", "record_surrogates",
+           "release_spend", "site_round_problem"]

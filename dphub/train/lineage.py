@@ -201,8 +201,9 @@ def above_ledger(opts: TrainOptions, plan: PrivacyPlan, policy: Policy, *,
         fine = sorted({r.privacy_unit for r in prior.unbounded} or {opts.privacy_unit})
         return PrivacyError(
             f"no patient-level ε holds for these patients: the privacy ledger links {n} earlier "
-            f"release(s) to them, and a {'/'.join(fine)}-level release of unknown group size "
-            f"bounds no patient's loss, so {where} ({policy.describe()}) cannot be met{anyway}")
+            f"release(s) to them, and a {'/'.join(fine)}-level release (group size unknown, or "
+            f"too large for group privacy) bounds no patient's loss, so {where} "
+            f"({policy.describe()}) cannot be met{anyway}")
     if total.epsilon <= policy.max_epsilon:
         return None
     return PrivacyError(
