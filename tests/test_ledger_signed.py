@@ -322,6 +322,25 @@ def test_a_missing_key_with_records_is_an_error_not_a_new_ledger(tmp_path: Path)
         L.footprint([Note("n1", "x", "p1")])
     assert not (L.ledger_dir() / L.KEY_FILE).exists()
     assert (L.ledger_dir() / L.LEDGER_FILE).read_bytes() == before
+    data = _write([Note("n1", "x", "p1")], tmp_path / "d.jsonl")
+    assert main(["ledger", "show", str(data)]) == 2  # one line, no new key
+    assert not (L.ledger_dir() / L.KEY_FILE).exists()
+
+
+def test_a_format_1_ledger_is_read_and_kept(tmp_path: Path) -> None:
+    """Records written before note digests existed are read (linked by patients only) and
+    kept when a release is added."""
+    pats = L.patient_digests([Note("n1", "x", "p1")])
+    old = {"format": 1, "releases": [{
+        "release": "a" * 64, "kind": "train", "epsilon": 2.0, "delta": 1e-5,
+        "privacy_unit": "patient", "history": [], "parents": [], "dataset": "d",
+        "patients": sorted(pats), "created": 1.0}]}
+    (L.ledger_dir() / L.LEDGER_FILE).write_text(json.dumps(old))
+    L.record_release(L.Release("b" * 64, "train", 3.0, 1e-5, "patient", pats))
+    book = L.load_ledger()
+    assert [r.release[0] for r in book.releases] == ["a", "b"]
+    spend = book.spend(L.footprint([Note("n1", "x", "p1")]))
+    assert spend.total is not None and spend.total.epsilon == pytest.approx(5.0)
 
 
 def test_a_reset_federated_site_adds_a_record(tmp_path: Path) -> None:
