@@ -558,8 +558,9 @@ def test_gradient_canaries_never_reach_the_model(
     # a noise-free run fails its audit and writes nothing: force the verdict to compare weights
     monkeypatch.setattr(A, "judge", lambda *a: "passed")
     monkeypatch.setattr(card_audit, "judge", lambda *a: "passed")  # the card's check of it
-    res = A.run_audit(_opts(corpus, tiny_base_model, tmp_path / "audited", **kw),
-                      A.AuditOptions(canaries=2000))
+    # the same patients twice: their ledger total is above the default policy (issue 53)
+    res = A.run_audit(_opts(corpus, tiny_base_model, tmp_path / "audited",
+                            allow_above_policy=True, **kw), A.AuditOptions(canaries=2000))
     assert res.block["correct"] == res.block["guesses"]  # every canary was in the sum
     assert res.block["guesses"] + res.block["abstained"] == 2000
     a = load_file(tmp_path / "plain" / "model.safetensors")

@@ -189,7 +189,13 @@ def test_train_warns_when_epsilon_is_above_the_hub_policy(
     assert "training anyway (--allow-above-policy)" in err
     assert "dphub publish` will refuse" in err
 
-    # within the policy: no warning
+    # issue 53: the same patients already lost more than the policy (the privacy ledger
+    # records the run above): a run within it alone is refused too, before the first step
+    assert main(["train", "--noise", "3", "--epochs", "1", "--out", "quiet", "--force"]) == 2
+    assert "for these patients (this run composed with 1 earlier release" in \
+        capsys.readouterr().err
+    # within the policy, on patients the ledger has no release of: no warning
+    monkeypatch.setenv("DPHUB_HOME", str(tmp_path / "another-home"))
     assert main(["train", "--noise", "3", "--epochs", "1", "--out", "quiet", "--force"]) == 0
     assert "warning" not in capsys.readouterr().err
 

@@ -96,9 +96,17 @@ def publish_cmd(
     tag: str | None = typer.Option(
         None, "--tag", show_default="none", help="Also tag this revision (e.g. v1)."
     ),
+    allow_above_policy: bool = typer.Option(
+        False, "--allow-above-policy",
+        help="Publish even when the model's patients have lost more than the hub policy's "
+        "maximum over every release the privacy ledger records (`dphub ledger show`); the "
+        "card's own ε is still held to the policy.",
+    ),
 ) -> None:
     """Check a model directory against the publish gate and push it as a new revision."""
-    from dphub.hub.ops import publish
+    from dphub.hub.common import default_hub
+    from dphub.hub.ops import ledger_problem, publish
+    from dphub.hub.policy import load_hub_policy
 
     if model_dir is None:
         model_dir = config.last_trained_model()
@@ -108,7 +116,13 @@ def publish_cmd(
         repo = config.get(config.load_project_config(), "hub", "repo")
         if not repo:
             raise ConfigError("no --repo given and no [hub] repo in dphub.toml")
-    sha, s = publish(model_dir, repo, hub=resolve_hub(hub), message=message, tag=tag)
+    hub = resolve_hub(hub)
+    sha, s = publish(model_dir, repo, hub=hub, message=message, tag=tag,
+                     allow_above_policy=allow_above_policy)
+    spent = None if s.public or not allow_above_policy else ledger_problem(
+        model_dir, load_hub_policy(hub or default_hub()))
+    if spent:
+        typer.echo(f"warning: {spent}; published anyway (--allow-above-policy)", err=True)
     what = ("public synthetic data only, epsilon=0" if s.public
             else f"epsilon={s.epsilon:.3g}, delta={s.delta:g}, unit={s.unit}")
     typer.echo(f"published {repo}@{sha} ({what})" + (f" tagged {tag}" if tag else ""))

@@ -1,14 +1,20 @@
 """`dphub ledger show`: what the releases made here spent on a dataset's patients.
 
 Thin: read the notes (when a DATA path is given), ask :mod:`dphub.privacy.ledger`, print. Prints
-digests (keyed, local), kinds, ε, δ and counts of patients; never a patient id or note text.
+digests (keyed, local), kinds, ε, δ, units and counts of patients and notes; never a patient id
+or note text. The last line of each dataset is the figure a privacy officer signs: ε per patient
+composed over every linked release, or NOT BOUNDED and why.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from dphub.privacy.ledger import Spend
 
 ledger_app = typer.Typer(
     name="ledger",
@@ -32,25 +38,50 @@ def show(
 
     book = L.load_ledger()
     if data is not None:
-        spends = [L.dataset_spend(book, L.patient_digests(formats.read(data, format)))]
+        spends = [L.dataset_spend(book, L.footprint(list(formats.read(data, format))))]
     else:
         spends = L.all_datasets(book)
     if not spends:
         typer.echo(f"no release recorded in {L.ledger_dir()}")
         return
     for s in spends:
-        typer.echo(f"dataset {s.dataset[:12]} ({s.patients} patients)")
+        notes = f", {len(s.footprint.notes)} notes" if s.footprint.notes else ""
+        typer.echo(f"dataset {s.dataset[:12]} ({s.patients} patients{notes})")
         for rec, shared in s.releases:
-            parents = f", from {','.join(p[:12] for p in rec.parents)}" if rec.parents else ""
+            parents = ""
+            if rec.parents:
+                how = "from" if rec.composes_parents else "from (declared disjoint, not composed)"
+                parents = f", {how} {','.join(p[:12] for p in rec.parents)}"
+            group = f" (≤ {rec.group_size} per patient)" if (
+                rec.privacy_unit not in (L.PATIENT_UNIT,) and rec.group_size) else ""
             typer.echo(f"  {rec.release[:12]}  {rec.kind:<15} ε = {rec.epsilon:.4g}, "
-                       f"δ = {rec.delta:.2g}, unit {rec.privacy_unit}, {shared} of these "
-                       f"patients{parents}")
-        if s.total is None:
-            typer.echo("  no release used these patients")
-        else:
-            typer.echo(f"  spent: ε = {s.total.epsilon:.4g}, δ = {s.total.delta:.2g} "
-                       f"({s.total.method} composition; basic sum ε = "
-                       f"{s.total.basic_epsilon:.4g})")
+                       f"δ = {rec.delta:.2g}, unit {rec.privacy_unit}{group}, "
+                       f"{shared.describe(s.footprint)}{parents}")
+        typer.echo(_total_line(s.spend))
+
+
+def _total_line(spend: Spend) -> str:
+    """The figure: the patient-level composition, or why there is none, and what it leaves
+    out (DP surrogates' metric ε)."""
+    lines = []
+    if spend.unbounded:
+        units = "/".join(sorted({r.privacy_unit for r in spend.unbounded}))
+        lines.append(f"  spent per patient: NOT BOUNDED ({len(spend.unbounded)} {units}-level "
+                     "release(s): group size unknown, or too large for group privacy)")
+        if spend.total is not None:
+            lines.append(f"  the patient-level releases alone: ε = {spend.total.epsilon:.4g}, "
+                         f"δ = {spend.total.delta:.2g}")
+    elif spend.total is not None:
+        t = spend.total
+        lines.append(f"  spent: ε = {t.epsilon:.4g}, δ = {t.delta:.2g} per patient "
+                     f"({t.method} composition of {len(spend.parts)} release(s); basic sum "
+                     f"ε = {t.basic_epsilon:.4g})")
+    elif not spend.metric:
+        lines.append("  no release used these patients")
+    if spend.metric:
+        lines.append(f"  not composed: {len(spend.metric)} DP surrogate release(s), ε per day, "
+                     "year or km (docs/surrogates.md)")
+    return "\n".join(lines)
 
 
 def register(app: typer.Typer) -> None:

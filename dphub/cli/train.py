@@ -463,8 +463,9 @@ def plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
         units = _UNIT_PLURAL.get(opts.privacy_unit, "units")
         what = ("teacher(s)" if all(t.get("role") == "teacher" for t in composed)
                 else "release(s) (the --init-from model, teachers)")
-        total = (f" for this run; with the ε {eps - run_eps:.4g} of {len(composed)} composed "
-                 f"{what}, the card claims ε = {eps:.4g}") if composed else ""
+        claims = sum(float(t["epsilon"]) for t in composed)
+        total = (f" for this run; composed with {len(composed)} {what} claiming ε {claims:.4g}, "
+                 f"the card claims ε = {eps:.4g}") if composed else ""
         typer.echo(
             f"privacy plan: {plan.num_units} {units}, q = {plan.sample_rate:.4g}, "
             f"σ = {plan.noise_multiplier:.3g}, {plan.steps} steps, δ = {plan.delta:.2g}: "
@@ -483,19 +484,41 @@ def plan_check(opts: Any, cfg: dict[str, Any], *, allow: bool,
         if unit_why:  # a warning: a note- or sequence-level model may be meant for local use
             typer.echo(f"warning: {unit_why} of the hub {hub} ({policy.describe()}): "
                        "`dphub publish` to that hub will refuse this model", err=True)
-        if eps <= policy.max_epsilon:
-            return
-        if allow:
+        if eps > policy.max_epsilon and allow:
             typer.echo(f"warning: projected ε = {eps:.4g} exceeds the maximum "
                        f"{policy.max_epsilon:g} of the policy of the hub {hub}; training anyway "
                        "(--allow-above-policy): `dphub publish` will refuse this model", err=True)
-            return
-        err = above_policy(opts, plan, policy, teachers=teachers,
-                           where=f"the policy of the hub {hub}", batch_flag=batch_flag)
-        if err is not None:  # the library's refusal: one function, the same message
-            raise err
+        elif eps > policy.max_epsilon:
+            err = above_policy(opts, plan, policy, teachers=teachers,
+                               where=f"the policy of the hub {hub}", batch_flag=batch_flag)
+            if err is not None:  # the library's refusal: one function, the same message
+                raise err
+        _ledger_check(opts, plan, policy, hub, teachers=teachers, allow=allow)
 
     return check
+
+
+def _ledger_check(opts: Any, plan: Any, policy: Any, hub: str, *, teachers: Any,
+                  allow: bool) -> None:
+    """The patients' ledger total (:func:`dphub.train.lineage.above_ledger`): refuse above the
+    hub's policy (a warning with ``allow``); say what the ledger lists but cannot compose (DP
+    surrogates: ε per day, year or km)."""
+    from dphub.train.lineage import above_ledger, prior_spend
+
+    entries = [*plan.lineage, *({**t, "role": "teacher"} for t in teachers)]
+    prior = prior_spend(plan, entries)
+    if prior is not None and prior.metric:
+        typer.echo(f"warning: the privacy ledger also records {len(prior.metric)} DP surrogate "
+                   "release(s) of these patients (ε per day, year or km): not composed into "
+                   "ε per patient; `dphub ledger show DATA` lists them", err=True)
+    err = above_ledger(opts, plan, policy, teachers=teachers,
+                       where=f"the policy of the hub {hub}")
+    if err is None:
+        return
+    if not allow:
+        raise err
+    typer.echo(f"warning: {err.message.split('; nothing was trained')[0]}; training anyway "
+               "(--allow-above-policy)", err=True)
 
 
 def _warn_above_policy(epsilon: float, unit: str, cfg: dict[str, Any]) -> None:

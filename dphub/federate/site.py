@@ -60,12 +60,13 @@ from dphub.federate.terms import (
 )
 from dphub.io import atomic_write_text, file_sha256
 from dphub.privacy import accounting
-from dphub.privacy.composition import GaussianSteps, history_epsilon
+from dphub.privacy.composition import GaussianSteps, Part, history_epsilon
 from dphub.privacy.ledger import (
     federated_release_id,
+    footprint,
     load_ledger,
-    patient_digests,
     record_federated_round,
+    site_round_problem,
 )
 from dphub.privacy.units import PRIVACY_UNITS, UnitDataset
 from dphub.train.data import check_patient_ids, encode_notes, load_training_notes
@@ -507,7 +508,7 @@ class Site:
             features=[e.features for e in examples] if self.opts.rule_features else None,
         )
         self._check_delta()
-        self.patients = patient_digests(notes)  # issue 38: the privacy ledger's record
+        self.patients = footprint(notes)  # issues 38, 53: the ledger record (patients, notes)
         self.model = model
         self.names = trainable_names(model)
         self.frozen_digest = frozen_digest(model)
@@ -699,6 +700,11 @@ class Site:
         acc = self.accounts()
         assert acc is not None
         self.policy.check_state(st, len(self.dataset))  # restored too (the policy may be stricter)
+        why = site_round_problem(  # issue 53: with what the ledger records on these patients
+            f"{acc.site_id}:{st.federation}", st.gaussian(), Part(st.target_epsilon, st.delta),
+            self.patients, self.policy.max_epsilon)
+        if why:
+            raise PolicyRefused(why)
         take = self._steps_this_round(acc, st, order.local_steps)
         if take == 0:
             return None, self.report(acc, st, trained=0)

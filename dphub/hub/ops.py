@@ -28,6 +28,7 @@ from dphub.hub.policy import (
     policy_hint,
     policy_violation,
 )
+from dphub.io import file_sha256
 from dphub.registry import Entry, Registry
 from dphub.repo_ids import check_repo_id, parse_repo_spec
 
@@ -56,13 +57,28 @@ def open_hub(hub: str | None = None, *, api: Any = None) -> Backend:
     return LocalHub(hub)
 
 
+def ledger_problem(model_dir: str | Path, policy: Policy) -> str | None:
+    """Why the patients of a model released here break ``policy`` over every release the
+    privacy ledger links to them (None: within it, or the model was not recorded here)."""
+    from dphub.privacy.ledger import policy_problem, release_spend
+
+    weights = Path(model_dir) / "model.safetensors"
+    try:
+        found = release_spend(file_sha256(weights))
+    except OSError:
+        return None  # the gate has already refused a directory without its weights
+    return None if found is None else policy_problem(found[1], policy.max_epsilon)
+
+
 def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
             message: str | None = None, tag: str | None = None,
-            api: Any = None) -> tuple[str, CardSummary]:
+            api: Any = None, allow_above_policy: bool = False) -> tuple[str, CardSummary]:
     """Gate, then the hub's ε policy, then commit ``model_dir`` as a new revision of ``repo_id``.
 
     Returns (sha, summary). The policy refusal is one line naming what exceeds it and how a hub
-    owner changes it (:mod:`dphub.hub.policy`).
+    owner changes it (:mod:`dphub.hub.policy`). The policy also applies to what the model's
+    patients lost over every release recorded in the privacy ledger (:func:`ledger_problem`):
+    refused unless ``allow_above_policy`` (which never lifts the card's own check).
     """
     check_repo_id(repo_id)
     summary = check_publishable(model_dir)
@@ -72,6 +88,11 @@ def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
     if why:
         raise PublishRefused(f"refusing to publish {model_dir}: {why} (hub policy: "
                              f"{policy.describe()}); {policy_hint(hub)}")
+    spent = None if summary.public else ledger_problem(model_dir, policy)
+    if spent and not allow_above_policy:
+        raise PublishRefused(f"refusing to publish {model_dir}: {spent} (hub policy: "
+                             f"{policy.describe()}); `dphub ledger show` lists them; pass "
+                             "--allow-above-policy to publish anyway")
     backend = open_hub(hub, api=api)
     # the repo id, never the local directory's name (which may name a patient, a ward, a user)
     msg = message or (

@@ -71,6 +71,7 @@ from dphub.privacy.statement import RULES_NOT_COVERED
 from dphub.rules.engine import RuleMember
 from dphub.train import TrainOptions, TrainResult, train
 from dphub.train.checkpoints import checkpoint_dir_for
+from dphub.train.lineage import refuse_false_disjoint
 from dphub.train.output import check_output_dir
 from dphub.train.plan import PrivacyPlan
 from dphub.train.results import ProgressFn
@@ -251,6 +252,7 @@ def distill(
             raise ConfigError(CALIBRATED_DP_REFUSAL)
         _check_dp_teacher(ensemble, rounds)
         teachers = teacher_lineage(ensemble, opts.privacy_unit, disjoint=disjoint_teachers)
+        refuse_false_disjoint(teachers, [*notes, *labelled])  # issue 53: the ledger knows
         opts = _run_budget(opts, teachers)
     elif disjoint_teachers:
         raise ConfigError("--disjoint-teacher applies to DP students (--dp): a local model "
@@ -455,7 +457,9 @@ def _amend_dp_card(out: Path, teachers: Sequence[dict[str, Any]], *,
         write_card(out, {**card.meta, "differential_privacy": dp})
     # the ledger recorded the student's run as a plain training: it is this distillation
     amend_release(str(dp["weights_sha256"]), kind="distill", epsilon=float(dp["epsilon"]),
-                  delta=float(dp["delta"]), composed=dp.get("composition") is not None)
+                  delta=float(dp["delta"]), composed=dp.get("composition") is not None,
+                  composes=[str(t["revision"]) for t in teachers if t.get("composed")
+                            and re.fullmatch(r"[0-9a-f]{64}", str(t["revision"]))])
     return dp
 
 

@@ -308,6 +308,9 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
             if it.note is None:
                 entries.append({"key": it.key, "index": it.index, "status": "failed",
                                 "error": it.error})
+        if renderer.mechanisms and readable:  # recorded before any output of them exists
+            _record_surrogates(renderer.mechanisms, dst, [it.note for it in readable
+                                                          if it.note is not None])
         part = f"{uuid.uuid4().hex}.jsonl"
         for it, res in zip(readable, results, strict=True):
             note = it.note
@@ -393,6 +396,21 @@ def _identity(dst: Path, params: dict[str, Any] | None) -> tuple[dict[str, Any],
                           "its note digests need that user's key; resume it as them, or start "
                           "over in another --out")
     return ident, key
+
+
+#: the metric unit of each DP surrogate mechanism's ε (docs/surrogates.md)
+_SURROGATE_UNITS = (("dates", "interval band unit"), ("ages", "year"), ("places", "km"))
+
+
+def _record_surrogates(mechanisms: dict[str, Any], dst: Path, notes: list[Note]) -> None:
+    """Record the DP surrogates of these notes in the privacy ledger (issue 53: every DP release
+    made here), one record per mechanism and run (``dst``; a resume adds to it)."""
+    from dphub.privacy.ledger import footprint, record_surrogates
+
+    mechs = [(name, float(m["epsilon"]), unit) for name, unit in _SURROGATE_UNITS
+             if isinstance(m := mechanisms.get(name), dict) and "epsilon" in m]
+    if mechs:
+        record_surrogates(str(dst.resolve()), mechs, footprint(notes))
 
 
 def _write_output(dst: Path, renderer: Renderer, wrote: list[bool], it: WorkItem, note: Note,

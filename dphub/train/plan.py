@@ -34,6 +34,9 @@ class PrivacyPlan:
     #: the card lineage the run starts with (an ``--init-from`` parent): its composed entries
     #: are part of the claim the plan check projects
     lineage: tuple[Mapping[str, Any], ...] = field(default=())
+    #: the run's :class:`dphub.privacy.ledger.Footprint` (None: no DP, nothing looked up): the
+    #: plan check adds what the privacy ledger records on these patients and notes
+    footprint: Any = None
 
     @property
     def expected_batch(self) -> float:

@@ -16,7 +16,7 @@ import torch
 from dphub import checkpoint
 from dphub.errors import ConfigError, InputError, PrivacyError
 from dphub.notes import Note
-from dphub.privacy.ledger import patient_digests
+from dphub.privacy.ledger import Footprint, footprint
 from dphub.privacy.units import UnitDataset
 from dphub.train.checkpoints import (
     LEGACY_CHECKPOINT_FILE,
@@ -73,8 +73,8 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     check_patient_ids(train_notes, opts.privacy_unit)
     src = initial_model(opts, on_progress)
     # the privacy ledger: keyed digests of the real corpus's patients (never the canaries')
-    patients = frozenset() if opts.no_dp else patient_digests(notes)
-    settle_lineage(opts, src, patients)
+    fp = Footprint(frozenset()) if opts.no_dp else footprint(notes)
+    settle_lineage(opts, src, fp)
     model = _source_model(opts, src)
     from transformers import AutoTokenizer
 
@@ -89,6 +89,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
     dataset = _unit_dataset(examples, opts)
     plan = plan_privacy(opts, len(dataset))
     plan.lineage = tuple(src.lineage)  # the plan check projects the composed claim
+    plan.footprint = None if opts.no_dp else fp  # ... and the patients' ledger total
     log.info(
         "%d units, %d windows used (%d left out by max_examples_per_unit), q = %.4g, %d steps, "
         "sigma = %s", len(dataset), dataset.num_windows, dataset.dropped_windows,
@@ -141,7 +142,7 @@ def train(opts: TrainOptions, *, on_progress: ProgressFn | None = None,
                                weights_sha256=sha),
     )
     if not opts.no_dp:
-        record_run(opts, src, plan, notes, meta, patients=patients)
+        record_run(opts, src, plan, notes, meta, patients=fp)
     _write_run_log(ckpt_dir, loop, plan, dataset, t0)
     with contextlib.suppress(OSError):
         shutil.rmtree(ckpt_dir)

@@ -10,9 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dphub.card import LINEAGE_INIT_FROM, SYNTH_DATASET, is_public_model, load_card
+from dphub.card import (
+    LINEAGE_INIT_FROM,
+    SYNTH_DATASET,
+    is_public_model,
+    join_problems,
+    load_card,
+    meta_problems,
+)
 from dphub.encoders import encoder_digest, resolve_base_model
 from dphub.errors import ConfigError, DphubError, ModelError, PrivacyError
+from dphub.io import file_sha256
 from dphub.privacy.composition import run_history
 from dphub.registry import Registry, resolve_model
 from dphub.tagger import TaggerModel
@@ -185,6 +193,7 @@ def _from_pulled_model(opts: TrainOptions) -> ModelSource:
             f"--init-from {opts.init_from}: the source model is not private (its card says "
             "private: false); fine-tuning it cannot produce a private model"
         )
+    sha = _checked_parent(opts, src, meta)
     repo, rev = _source_repo_revision(str(opts.init_from), src, p.is_dir())
     # one entry: the parent's claim already composes its own lineage. Composed unless the
     # trainer declares its patients disjoint (the ledger checks that in dphub.train.lineage)
@@ -197,14 +206,34 @@ def _from_pulled_model(opts: TrainOptions) -> ModelSource:
         "role": LINEAGE_INIT_FROM,
         "composed": not opts.disjoint_teacher,
     }
-    sha = dp.get("weights_sha256")
-    if isinstance(sha, str):
-        entry["weights_sha256"] = sha
+    entry["weights_sha256"] = sha
     history = run_history(dp)
     if history and dp.get("composition") is None:  # one plain DP-SGD run: exact composition
         entry["accounting"] = history[0].to_json()
-    return ModelSource(model, base_id, src, pretraining, [entry], recorded_base_digest(src),
-                       sha if isinstance(sha, str) else None)
+    return ModelSource(model, base_id, src, pretraining, [entry], recorded_base_digest(src), sha)
+
+
+def _checked_parent(opts: TrainOptions, src: Path, meta: dict[str, Any]) -> str:
+    """The SHA-256 of the ``--init-from`` model's weights, once its card is known to describe
+    them: the card validates (its ε recomputed from its own accounting, as ``card validate``
+    does) and binds these weights. Why: the child's claim composes the parent's card claim, and
+    the ledger finds the parent by its weights; a card edited down, or naming other weights,
+    would make the child under-claim or the ledger take the parent for one trained elsewhere."""
+    problems = meta_problems(meta, require_private=True)
+    if problems:
+        raise PrivacyError(f"--init-from {opts.init_from}: its card does not validate "
+                           f"({join_problems(problems)}); the composed claim would rest on it")
+    weights = src / "model.safetensors"
+    try:
+        actual = file_sha256(weights)
+    except OSError as e:
+        raise ConfigError(f"--init-from {opts.init_from}: cannot read its weights "
+                          f"({e.strerror or type(e).__name__})") from None
+    if meta["differential_privacy"].get("weights_sha256") != actual:
+        raise PrivacyError(f"--init-from {opts.init_from}: its card's weights_sha256 is not the "
+                           "SHA-256 of its model.safetensors: the card does not describe these "
+                           "weights")
+    return actual
 
 
 def _source_repo_revision(spec: str, src: Path, is_dir: bool) -> tuple[str, str]:
