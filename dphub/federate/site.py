@@ -700,9 +700,14 @@ class Site:
         acc = self.accounts()
         assert acc is not None
         self.policy.check_state(st, len(self.dataset))  # restored too (the policy may be stricter)
+        full = max(st.planned_steps, st.steps)
         why = site_round_problem(  # issue 53: with what the ledger records on these patients
-            f"{acc.site_id}:{st.federation}", st.gaussian(), Part(st.target_epsilon, st.delta),
-            self.patients, self.policy.max_epsilon)
+            f"{acc.site_id}:{st.federation}", st.gaussian(),
+            # the site's one accountant over all its federations, this plan's steps in full;
+            # the ledger adds the releases made elsewhere on these patients
+            Part(acc.total_epsilon(st.delta, st, full), st.delta, tuple(acc.history(st, full))),
+            self.patients, self.policy.max_epsilon,
+            composed=[f"{acc.site_id}:{k}" for k in acc.plans if k != st.federation])
         if why:
             raise PolicyRefused(why)
         take = self._steps_this_round(acc, st, order.local_steps)

@@ -490,15 +490,24 @@ def record_federated_round(site_id: str, steps: GaussianSteps, *, epsilon: float
 
 
 def site_round_problem(site_id: str, so_far: GaussianSteps, target: Part,
-                       patients: Footprint | frozenset[str], max_epsilon: float) -> str | None:
+                       patients: Footprint | frozenset[str], max_epsilon: float,
+                       composed: Sequence[str] = ()) -> str | None:
     """Why a federated site's run, at its ``target`` over all rounds, would take its patients
     beyond ``max_epsilon`` once composed with every other release the ledger links to them (its
     own earlier runs included: a reset state starts a new accountant, not a new budget); None:
     within it, or nothing else recorded. ``so_far``: the site accountant's steps until now
-    (the record they match is this run's own, inside ``target``)."""
+    (the record they match is this run's own, inside ``target``). ``composed``: the record
+    keys (``SITE:FEDERATION``) of the site's other federations that ``target`` already composes
+    exactly (the site's one accountant over all its federations): their records are not
+    counted twice."""
     fp = _as_footprint(patients)
     ledger = load_ledger()
     own = []
+    for key in composed:
+        run = 0
+        while (rec := ledger.find(_site_record_id(key, run))) is not None:
+            own.append(rec.release)
+            run += 1
     run = 0
     while (rec := ledger.find(_site_record_id(site_id, run))) is not None:
         h = rec.history[0] if len(rec.history) == 1 else None
@@ -506,7 +515,7 @@ def site_round_problem(site_id: str, so_far: GaussianSteps, target: Part,
                 and h.accountant == so_far.accountant
                 and math.isclose(h.sample_rate, so_far.sample_rate, rel_tol=1e-9)
                 and math.isclose(h.noise_multiplier, so_far.noise_multiplier, rel_tol=1e-9)):
-            own = [rec.release]
+            own.append(rec.release)
         run += 1
     spend = ledger.spend(fp, exclude=own)
     if not (spend.parts or spend.unbounded):
