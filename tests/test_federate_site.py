@@ -587,26 +587,54 @@ def _certificates(d: Path) -> None:
         pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
 
 
-@pytest.mark.slow
-def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) -> None:
-    """The documented SuperLink (TLS, node authentication): a site whose node key is not
-    registered is refused and `join` ends with one line; once registered, the same site joins."""
-    _flwr()
-    from dphub.federate.deploy import superlink_argv
+def start_superlink(procs: Procs, tmp: Path) -> tuple[str, Path]:
+    """`dphub federate superlink` as docs/federated.md runs it, on 127.0.0.1 with the test CA
+    (:func:`_certificates`); returns its address and server directory once the gate answers."""
+    import ssl
 
-    _certificates(tmp_path)
-    link = _free_port()
-    server = f"127.0.0.1:{link}"
-    home = tmp_path / "flwr-home"
+    import httpx
+
+    _certificates(tmp)
+    address = f"127.0.0.1:{_free_port()}"
+    server_dir = tmp / "server"
+    procs.start([str(BIN / "dphub"), "federate", "superlink", "--dir", str(server_dir),
+                 "--address", address, "--ssl-certfile", str(tmp / "server.pem"),
+                 "--ssl-keyfile", str(tmp / "server.key")], "superlink.log")
+    ctx = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
+    t0 = time.monotonic()
+    while True:
+        try:
+            if httpx.get(f"https://{address}/health", verify=ctx, timeout=5).status_code == 200:
+                return address, server_dir
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() - t0 < 180, procs.log("superlink.log")[-3000:]
+        time.sleep(1)
+
+
+def operator_home(tmp: Path, address: str, server_dir: Path) -> Path:
+    """The operator's flwr-home: what `dphub federate serve --server-dir` writes (without an
+    app's training settings: only the connection and the operator's token)."""
+    from dphub.federate.deploy import CONNECTION, write_operator_credentials
+    from dphub.federate.superlink import read_operator_token
+
+    home = tmp / "operator-home"
     home.mkdir()
     (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "tls"\n[superlink.tls]\naddress = "{server}"\n'
-        f'root-certificates = "{tmp_path / "ca.crt"}"\n')
+        f'[superlink]\ndefault = "{CONNECTION}"\n[superlink.{CONNECTION}]\n'
+        f'address = "{address}"\nroot-certificates = "{tmp / "ca.crt"}"\n')
+    write_operator_credentials(home, address, read_operator_token(server_dir))
+    return home
+
+
+@pytest.mark.slow
+def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) -> None:
+    """The documented server (`dphub federate superlink`: TLS, node authentication): a site
+    whose node key is not registered is refused and `join` ends with one line; once the
+    operator registers it, the same site joins."""
+    _flwr()
     with _procs(tmp_path) as procs:
-        argv = superlink_argv(host="127.0.0.1", port=link, ca=tmp_path / "ca.crt",
-                              cert=tmp_path / "server.pem", key=tmp_path / "server.key")
-        assert "--enable-supernode-auth" in argv and "--insecure" not in argv
-        procs.start([str(BIN / argv[0]), *argv[1:]], "superlink.log")
+        server, server_dir = start_superlink(procs, tmp_path)
         tls = ["--root-certificates", str(tmp_path / "ca.crt")]
         site = _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join.log", *tls)
         assert site.wait(timeout=300) == 2
@@ -616,8 +644,10 @@ def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) 
         assert "Traceback" not in log
         assert "No SuperNode found with the given public key" in procs.log("superlink.log")
         # the operator registers the site's key: the same site now joins
+        home = operator_home(tmp_path, server, server_dir)
         r = subprocess.run([str(BIN / "flwr"), "supernode", "register",
-                            str(tmp_path / "st" / "node_key.pub"), "tls"], env=procs.env,
+                            str(tmp_path / "st" / "node_key.pub"), "dphub"],
+                           env={**procs.env, "FLWR_HOME": str(home)},
                            capture_output=True, text=True, timeout=120)
         assert "registered successfully" in r.stdout, r.stdout + r.stderr
         again = _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join2.log",

@@ -117,13 +117,21 @@ def serve(
     root_certificates: Path | None = typer.Option(
         None, "--root-certificates", show_default="insecure", help="CA certificate of the SuperLink (TLS); without it "
         "the app talks to the SuperLink insecurely (localhost only)."),
+    server_dir: Path | None = typer.Option(
+        None, "--server-dir", show_default="none: no operator token",
+        help="The directory of `dphub federate superlink --dir`: its operator token goes "
+        "into APP_DIR/flwr-home (0600, never into the app bundle), so flwr may use the "
+        "SuperLink's Control API."),
     force: bool = FORCE,
 ) -> None:
-    """Write the Flower app directory of this federation (then `flwr run` it; see
-    docs/federated.md for the SuperLink command)."""
+    """Write the Flower app directory of this federation (then `flwr run` it; the SuperLink:
+    `dphub federate superlink`, docs/federated.md)."""
     _need_flwr()
     from dphub.federate.deploy import write_app_dir  # heavy: the training stack
     from dphub.federate.server import FederationConfig
+    from dphub.federate.superlink import read_operator_token
+
+    token = read_operator_token(server_dir) if server_dir is not None else None
 
     cfg = FederationConfig(
         out=out.resolve(), rounds=rounds, local_steps=local_steps,
@@ -132,8 +140,39 @@ def serve(
         state_dir=(state_dir or out.with_name(out.name + ".federation")).resolve(),
         options=_options(base_model, warm_start, accountant, batch_size, lr, max_length,
                          stride, rule_features, noise, delta))
-    write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates)
+    write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates,
+                  operator_token=token)
     typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub"}))
+
+
+def superlink(
+    server_dir: Path = typer.Option(..., "--dir", help="The server's private directory "
+                                    "(0700): the operator's token, the SuperExec secret, the "
+                                    "loopback certificate. Keep it like the TLS key."),
+    address: str = typer.Option("0.0.0.0:8000", "--address", help="The public address, "
+                                "HOST:PORT, that sites and the operator's flwr reach."),
+    certfile: Path = typer.Option(..., "--ssl-certfile", help="The server's TLS "
+                                  "certificate (signed by the CA the sites trust)."),
+    keyfile: Path = typer.Option(..., "--ssl-keyfile", help="The server's TLS key."),
+    app_hash: str | None = typer.Option(
+        None, "--app-hash", show_default="none: any dphub app without code",
+        help="Run only the app bundle with this SHA-256."),
+) -> None:
+    """Run the server: Flower's SuperLink on loopback behind a gate that serves SuperNodes
+    and, with the operator's token, flwr; only dphub's installed ServerApp runs, until
+    stopped."""
+    _need_flwr()
+    from dphub.federate.superlink import plan_superlink, run_superlink
+
+    plan = plan_superlink(server_dir, address=address, certfile=certfile, keyfile=keyfile,
+                          app_hash=app_hash)
+    exe = _flower_command("flower-superlink")
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(exe).parent), env.get("PATH", "")])
+    typer.echo(f"superlink: gate on {address} (Fleet API; Control API with the operator "
+               f"token in {plan.server_dir}); Flower's SuperLink on {plan.internal}", err=True)
+    run_superlink(plan, exe, env=env)
+    typer.echo("stopped", err=True)
 
 
 def _flower_command(name: str) -> str:
@@ -213,5 +252,6 @@ def register(app: typer.Typer) -> None:
     """Add ``federate`` to the root app."""
     federate_app.command("simulate")(simulate)
     federate_app.command("serve")(serve)
+    federate_app.command("superlink")(superlink)
     federate_app.command("join")(join)
     app.add_typer(federate_app, name="federate")

@@ -37,6 +37,7 @@ from dphub.federate.site import SitePolicy, hold_state_dir
 from dphub.io import atomic_write_bytes, atomic_write_text
 
 CONNECTION = "dphub"
+FLWR_HOME = "flwr-home"
 
 
 def _is_host_port(address: str) -> bool:
@@ -45,8 +46,14 @@ def _is_host_port(address: str) -> bool:
 
 
 def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
-                  root_certificates: Path | None) -> None:
-    """Write ``pyproject.toml`` (the Flower app) and ``flwr-home/config.toml`` (the connection)."""
+                  root_certificates: Path | None, operator_token: str | None = None) -> None:
+    """Write ``pyproject.toml`` (the Flower app) and ``flwr-home/config.toml`` (the connection).
+
+    With ``operator_token`` (``dphub federate serve --server-dir``), ``flwr-home`` also gets
+    the operator's credential store (0600): Flower's CLI then sends the token as a bearer
+    token, which the gate of ``dphub federate superlink`` asks of every Control API call.
+    ``flwr-home`` is kept out of the app bundle (``fab-exclude``): the token never travels.
+    """
     cfg.validate()  # every option before anything is written
     if root_certificates is not None and not Path(root_certificates).is_file():
         raise ConfigError(f"{root_certificates}: no such certificate file")
@@ -64,6 +71,8 @@ def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
                     "dependencies": []},
         "tool": {"flwr": {"app": {
             "publisher": "dphub",
+            # the operator's flwr-home (connection, credentials) never goes into the bundle
+            "fab-exclude": [f"{FLWR_HOME}/**"],
             "components": {"serverapp": "dphub.federate.apps:server_app",
                            "clientapp": "dphub.federate.apps:client_app"},
             "config": {"federation": cfg.to_json()},
@@ -76,7 +85,35 @@ def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
         conn["insecure"] = True
     flwr_config = {"superlink": {"default": CONNECTION, CONNECTION: conn}}
     atomic_write_text(app_dir / "pyproject.toml", tomli_w.dumps(project))
-    atomic_write_text(app_dir / "flwr-home" / "config.toml", tomli_w.dumps(flwr_config))
+    atomic_write_text(app_dir / FLWR_HOME / "config.toml", tomli_w.dumps(flwr_config))
+    if operator_token is not None:
+        write_operator_credentials(app_dir / FLWR_HOME, control, operator_token)
+
+
+def write_operator_credentials(flwr_home: Path, address: str, token: str) -> None:
+    """The operator's token in Flower's own credential store (``credentials.yaml``, 0600).
+
+    Flower's CLI sends a stored OIDC access token as ``Authorization: Bearer``; the token is
+    stored under that type so that the unmodified ``flwr`` sends it. Flower's SuperLink (no
+    account plugin in the open-source release) ignores it; the gate checks it.
+    """
+    # optional dependency: Flower (dphub[federate])
+    from flwr.cli.constant import (
+        ACCESS_TOKEN_STORE_KEY,
+        AUTHN_TYPE_STORE_KEY,
+        REFRESH_TOKEN_STORE_KEY,
+    )
+    from flwr.common.constant import AuthnType
+    from flwr.supercore.credential_store import FileCredentialStore
+
+    path = Path(flwr_home) / "credentials.yaml"
+    path.unlink(missing_ok=True)  # a fresh store: only this connection's entries
+    store = FileCredentialStore(path)
+    store.set(AUTHN_TYPE_STORE_KEY % address, AuthnType.OIDC.encode())
+    store.set(ACCESS_TOKEN_STORE_KEY % address, token.encode())
+    # never sent (the gate has no refresh route); Flower's CLI wants a pair
+    store.set(REFRESH_TOKEN_STORE_KEY % address, b"none")
+    os.chmod(path, 0o600)
 
 
 # ---------------------------------------------------------------------- the site: `join`
@@ -273,12 +310,3 @@ def _stop_group(child: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
         child.wait()
-
-
-def superlink_argv(*, host: str, port: int, ca: Path, cert: Path, key: Path) -> list[str]:
-    """``flower-superlink`` as docs/federated.md runs it: TLS, only registered SuperNodes
-    (``flwr supernode register``), no dependency installation (every machine runs its
-    installed dphub)."""
-    return ["flower-superlink", "--host", host, "--port", str(port), "--enable-supernode-auth",
-            "--disable-runtime-dependency-installation", "--ssl-ca-certfile", str(ca),
-            "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
