@@ -425,6 +425,35 @@ def _join(procs: Procs, notes: Path, state: Path, server: str, port: int, log: s
                         "--state", str(state), "--port", str(port), *extra], log)
 
 
+def _acquire_status(address: str, secret: bytes | None = None) -> int:
+    """The HTTP status of one AcquireTask on a local Runtime API (as a task poller asks)."""
+    import httpx
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import (
+        RuntimeVersionHttpInterceptor,
+        SuperExecAuthHttpInterceptor,
+    )
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    interceptors: list = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    if secret is not None:
+        interceptors.append(SuperExecAuthHttpInterceptor(
+            master_secret=secret, protected_methods={"/flwr.proto.Runtime/AcquireTask"}))
+    # no retry invoker: Flower's answers a 401 with SIGINT to its own process
+    client = RuntimeHttpClient.from_server_address(server_address=address, insecure=True,
+                                                   root_certificates=None,
+                                                   interceptors=interceptors)
+    try:
+        # a type no site serves: a served request takes no real task away from the site
+        client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.MODEL.value]))
+        return 200
+    except httpx.HTTPStatusError as e:
+        return e.response.status_code
+    finally:
+        client.close()
+
+
 EVIL_APP = '''"""A server app that reads the site's notes and sends them back."""
 import os
 from pathlib import Path
@@ -516,6 +545,12 @@ def test_server_app_reading_notes_is_refused_and_join_stops_cleanly(notes_file: 
         site = _join(procs, notes_file, tmp_path / "st", server, port, "join.log", "--insecure")
         procs.wait_for("join.log", "SuperNode ID")
         assert "loopback only" in procs.log("join.log")
+        # another local user polls the site's task API: refused without the site's secret
+        # (0600 in its state directory); with it, the same request is served
+        assert _acquire_status(f"127.0.0.1:{port}") == 401
+        secret = tmp_path / "st" / "superexec_secret"
+        assert secret.stat().st_mode & 0o077 == 0
+        assert _acquire_status(f"127.0.0.1:{port}", secret.read_bytes()) == 200
         # a second process on the same state directory, and one on the same port
         for state, p, what in ((tmp_path / "st", _free_port(), "in use by another dphub"),
                                (tmp_path / "st-b", port, f"--port {port} is in use")):

@@ -34,7 +34,7 @@ import tomli_w
 from dphub.errors import ConfigError, InputError
 from dphub.federate.server import FederationConfig
 from dphub.federate.site import SitePolicy, hold_state_dir
-from dphub.io import atomic_write_bytes, atomic_write_text
+from dphub.io import atomic_write_bytes, atomic_write_text, private_key
 
 CONNECTION = "dphub"
 FLWR_HOME = "flwr-home"
@@ -119,6 +119,8 @@ def write_operator_credentials(flwr_home: Path, address: str, token: str) -> Non
 # ---------------------------------------------------------------------- the site: `join`
 
 NODE_KEY = "node_key"
+#: the shared secret of the SuperNode's local Runtime API (``--superexec-auth-secret-file``)
+TASK_SECRET = "superexec_secret"
 SUPERNODE_LOG_NOTE = ("the SuperNode never holds the notes' path: dphub's ClientApp runs in "
                       "this process")
 
@@ -200,6 +202,7 @@ class JoinPlan:
     key: Path | None = None
     key_created: bool = False
     app_hash: str | None = None
+    secret: Path | None = None
 
     @property
     def insecure(self) -> bool:
@@ -240,15 +243,35 @@ def plan_join(data: Path, state: Path, server: str, *, port: int,
     return JoinPlan(data=data.resolve(), state=state.resolve(), server=server, port=port,
                     policy=policy, root_certificates=(None if insecure else
                                                       Path(root_certificates).resolve()),
-                    key=key, key_created=created, app_hash=app_hash)
+                    key=key, key_created=created, app_hash=app_hash,
+                    secret=task_secret(state))
+
+
+def task_secret(state: Path) -> Path:
+    """The secret that the SuperNode's local Runtime API asks of whoever takes a task
+    (``STATE/superexec_secret``, 0600, made on first use).
+
+    The SuperNode's task API is a loopback port any local user can reach: without it, another
+    user of the site's machine could poll the site's tasks and answer them (issue 53). With
+    ``--superexec-auth-secret-file``, Flower hands a task (and so its token) only to a
+    request signed with the secret, which only the site's user can read.
+    """
+    path = Path(state) / TASK_SECRET
+    try:
+        private_key(path, 32)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return path.resolve()
 
 
 def supernode_argv(plan: JoinPlan, exe: str) -> list[str]:
     """``flower-supernode`` as a site runs it: process isolation (no app process of Flower's),
-    its Runtime API on loopback only (no dependency installation: its default), TLS and the
-    node key."""
+    its Runtime API on loopback only (no dependency installation: its default) behind the
+    site's task secret, TLS and the node key."""
     argv = [exe, "--superlink", plan.server, "--isolation", "process",
             "--host", "127.0.0.1", "--port", str(plan.port)]
+    if plan.secret is not None:
+        argv += ["--superexec-auth-secret-file", str(plan.secret)]
     if plan.insecure:
         return [*argv, "--insecure"]
     assert plan.key is not None and plan.root_certificates is not None
@@ -290,7 +313,8 @@ def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = Non
                                  start_new_session=True, preexec_fn=_die_with_parent)
         running = child
         site_runner.serve_tasks(f"127.0.0.1:{plan.port}", stop, app_hash=plan.app_hash,
-                                alive=lambda: running.poll() is None)
+                                alive=lambda: running.poll() is None,
+                                secret=plan.secret.read_bytes() if plan.secret else None)
     except _Stopped:
         pass
     finally:
