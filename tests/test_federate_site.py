@@ -733,3 +733,58 @@ def test_deployed_round_asking_more_than_the_policy_is_refused(tiny_base_model: 
         assert json.loads(server_state.read_text())["sites"] == {}
         assert not (tmp_path / "m" / "README.md").exists()
     assert not _ours(str(tmp_path))
+
+
+@contextlib.contextmanager
+def _http_server(ssl_dir: Path | None) -> Iterator[int]:
+    """A local HTTP server answering /health, with TLS on ``ssl_dir``'s server certificate."""
+    import http.server
+    import ssl
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    httpd.handle_error = lambda *a: None  # a refused handshake is the point here
+    if ssl_dir is not None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(ssl_dir / "server.pem", ssl_dir / "server.key")
+        httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield httpd.server_address[1]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_join_towards_the_wrong_protocol_is_one_line(notes_file: Path, tmp_path: Path) -> None:
+    """`--insecure` towards a TLS SuperLink, TLS towards a plain one, a certificate another CA
+    signed: `join` ends at once with one line (Flower's SuperNode retried them silently,
+    forever), and nothing is made in the state directory."""
+    _flwr()
+    _certificates(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    _certificates(other)  # another CA and its server certificate
+    tls = ["--root-certificates", str(tmp_path / "ca.crt")]
+    cases = [(tmp_path, ["--insecure"], "speaks TLS"),
+             (None, tls, "does not speak TLS"),
+             (other, tls, "certificate is not valid")]
+    for ssl_dir, extra, what in cases:
+        with _http_server(ssl_dir) as port:
+            r = subprocess.run([str(BIN / "dphub"), "federate", "join", str(notes_file),
+                                "--server", f"127.0.0.1:{port}", "--state",
+                                str(tmp_path / "st"), "--port", str(_free_port()), *extra],
+                               capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (what, r.stderr[-2000:])
+        assert what in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "st" / "node_key").exists()

@@ -24,6 +24,7 @@ import ipaddress
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -159,6 +160,55 @@ def check_port_free(port: int) -> None:
                               "(one per site)") from None
 
 
+def _ssl_error(e: BaseException) -> ssl.SSLError | None:
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def probe_superlink(server: str, root_certificates: Path | None) -> None:
+    """One request to the SuperLink's ``/health`` before the SuperNode starts: a server that
+    speaks TLS to an ``--insecure`` site (or plain HTTP to a TLS one, or a certificate the CA
+    did not sign) is one line now, where Flower's SuperNode would retry it silently forever.
+
+    A server that does not answer at all is not an error: the site may start first, and its
+    SuperNode waits for it.
+    """
+    import httpx  # comes with Flower (dphub[federate])
+
+    host, port = split_address(server)
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if root_certificates is None:
+        url, verify = f"http://{netloc}/health", False
+    else:
+        url = f"https://{netloc}/health"
+        try:
+            verify = ssl.create_default_context(cafile=str(root_certificates))
+        except (ssl.SSLError, ValueError):
+            raise ConfigError(f"--root-certificates {root_certificates}: not a PEM "
+                              "certificate") from None
+    try:
+        httpx.get(url, verify=verify, timeout=5.0)
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        if root_certificates is None:
+            raise ConfigError(f"--insecure: the SuperLink at {server} speaks TLS; give "
+                              "--root-certificates CA.crt (the CA of its certificate)") from None
+        raise ConfigError(f"the SuperLink at {server} broke off the TLS connection") from None
+    except httpx.HTTPError as e:
+        err = _ssl_error(e)
+        if err is None:
+            return  # not reachable yet: the SuperNode waits for it
+        if isinstance(err, ssl.SSLCertVerificationError):
+            raise ConfigError(f"the SuperLink at {server}: its certificate is not valid for "
+                              f"--root-certificates {root_certificates} ("
+                              f"{err.verify_message})") from None
+        raise ConfigError(f"the SuperLink at {server} does not speak TLS (--root-certificates "
+                          "given): check the address") from None
+
+
 def ensure_node_key(state_dir: Path) -> tuple[Path, bool]:
     """The site's node key (EC P-384, OpenSSH format, 0600) in its state directory.
 
@@ -236,6 +286,7 @@ def plan_join(data: Path, state: Path, server: str, *, port: int,
     elif not Path(root_certificates).is_file():
         raise ConfigError(f"--root-certificates {root_certificates}: no such file")
     check_port_free(port)
+    probe_superlink(server, None if insecure else Path(root_certificates))
     if state.exists() and not state.is_dir():
         raise ConfigError(f"--state {state}: not a directory")
     hold_state_dir(state)
