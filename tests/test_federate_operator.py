@@ -247,3 +247,43 @@ def test_operator_token_never_travels_in_the_app_bundle(tmp_path: Path) -> None:
         assert not [n for n in names if n.startswith("flwr-home")], names
         assert all(token.encode() not in z.read(n) for n in names)
     check_fab(fab, hashlib.sha256(fab).hexdigest())  # still dphub's app, as sites check it
+
+
+def test_superlink_and_serve_options_are_checked_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """One `error:` line, exit 2, nothing started and no server directory made."""
+    pytest.importorskip("flwr")
+    import socket
+
+    from test_federate_site import _certificates
+
+    _certificates(tmp_path)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    sd = tmp_path / "server"
+    tls = ["--ssl-certfile", str(tmp_path / "server.pem"), "--ssl-keyfile",
+           str(tmp_path / "server.key")]
+    cases = [
+        (["--address", "127.0.0.1", *tls], "HOST:PORT"),
+        (["--address", f"127.0.0.1:{busy}", *tls], "cannot listen"),
+        (["--address", "192.0.2.1:8000", *tls], "cannot listen"),  # not this machine's
+        (["--address", "127.0.0.1:8000", "--ssl-certfile", str(tmp_path / "no.pem"),
+          "--ssl-keyfile", str(tmp_path / "server.key")], "no such file"),
+        (["--address", "127.0.0.1:8000", *tls, "--app-hash", "abc"], "64 hex"),
+    ]
+    try:
+        for extra, what in cases:
+            assert cli_main(["federate", "superlink", "--dir", str(sd), *extra]) == 2, extra
+            err = capsys.readouterr().err
+            assert what in err and "Traceback" not in err, (extra, err)
+            assert len(err.strip().splitlines()) == 1, err
+    finally:
+        taken.close()
+    assert not sd.exists()
+    rc = cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
+                   str(tmp_path / "m"), "--server-dir", str(sd)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "operator_token" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "app").exists()

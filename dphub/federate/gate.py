@@ -51,7 +51,7 @@ FLEET_ROUTES = frozenset({
 })
 _CONTROL_NAME = re.compile(r"[a-z][a-z-]{0,63}")
 #: a forwarded request's body, at most (Flower's own FAB limit is 10 MB; messages are weights)
-MAX_BODY = 256 << 20
+MAX_BODY = 64 << 20
 _HOP = frozenset({"host", "authorization", "content-length", "connection", "keep-alive",
                   "proxy-authenticate", "proxy-authorization", "te", "trailer",
                   "transfer-encoding", "upgrade", "cookie"})
