@@ -23,7 +23,6 @@ it like the server's TLS key.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import ipaddress
 import logging
@@ -184,8 +183,7 @@ class _Stopped(Exception):
     """SIGTERM/SIGINT reached `superlink`."""
 
 
-def run_superlink(plan: SuperLinkPlan, exe: str, *, env: dict[str, str] | None = None,
-                  ready: threading.Event | None = None) -> None:
+def run_superlink(plan: SuperLinkPlan, exe: str, *, env: dict[str, str] | None = None) -> None:
     """Run the SuperLink (a child), its ServerApp tasks (a thread) and the gate (here) until
     SIGTERM/SIGINT; a SuperLink that exits on its own ends the command with one line."""
     import uvicorn  # comes with Flower (dphub[federate])
@@ -216,8 +214,6 @@ def run_superlink(plan: SuperLinkPlan, exe: str, *, env: dict[str, str] | None =
 
     runner = threading.Thread(target=tasks, name="dphub-serverapp-tasks", daemon=True)
     runner.start()
-    if ready is not None:
-        ready.set()
 
     def on_signal(signum: int, frame: object) -> None:
         raise _Stopped
@@ -233,8 +229,6 @@ def run_superlink(plan: SuperLinkPlan, exe: str, *, env: dict[str, str] | None =
         for s, h in old.items():
             signal.signal(s, h)
         stop.set()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
         _stop_group(child)
         runner.join(timeout=10)
     if failed:
