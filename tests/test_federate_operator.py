@@ -47,6 +47,17 @@ def _flwr(env: dict[str, str], home: Path, *args: str) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=120)
 
 
+def _wait_count(procs, log: str, text: str, n: int, timeout: float = 120) -> None:
+    t0 = time.monotonic()
+    while procs.log(log).count(text) < n:
+        assert time.monotonic() - t0 < timeout, procs.log(log)[-3000:]
+        time.sleep(1)
+
+
+def _refusals(procs) -> list[str]:
+    return [line for line in procs.log("superlink.log").splitlines() if "refused run" in line]
+
+
 def _nodes(env: dict[str, str], home: Path) -> list[dict]:
     r = _flwr(env, home, "supernode", "list", "dphub", "--format", "json")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -55,12 +66,14 @@ def _nodes(env: dict[str, str], home: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_stranger_at_the_port_is_not_the_operator(notes_file_op: Path, tiny_base_model: Path,
-                                                  tmp_path: Path) -> None:
+                                                  tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
     """The deployment as docs/federated.md runs it, attacked from outside with the CA
     certificate and the address: no node registered, no site removed, no run listed, read or
     submitted, no code run on the server; the operator (its token) does all of it."""
     pytest.importorskip("flwr")
-    from dphub.federate.deploy import ensure_node_key
+    from dphub.federate.deploy import ensure_node_key, write_app_dir
+    from dphub.federate.server import FederationConfig
 
     ca = tmp_path / "ca.crt"
     with _procs(tmp_path) as procs:
@@ -73,6 +86,8 @@ def test_stranger_at_the_port_is_not_the_operator(notes_file_op: Path, tiny_base
                          str(tmp_path / "m"), "--control", address, "--root-certificates",
                          str(ca), "--server-dir", str(server_dir), "--min-sites", "1",
                          "--base-model", str(tiny_base_model), "--rounds", "1"]) == 0
+        pinned = (server_dir / "app_hash").read_text().strip()
+        assert json.loads(capsys.readouterr().out)["app_hash"] == pinned
         operator = app / "flwr-home"
         assert (operator / "credentials.yaml").stat().st_mode & 0o077 == 0
         # an honest site: the operator registers its key, it joins
@@ -138,8 +153,28 @@ def test_stranger_at_the_port_is_not_the_operator(notes_file_op: Path, tiny_base
         assert not (tmp_path / "evil-out.json").exists()  # its ServerApp never ran
         assert not (tmp_path / "evil-ran").exists()
         assert "Traceback" not in procs.log("superlink.log")
-        # a local process without the SuperExec secret cannot take a ServerApp task from
-        # the loopback SuperLink either
+        # the operator's own app with its config overridden at submission: refused too
+        r = _flwr(procs.env, operator, "run", str(app), "dphub", "--run-config",
+                  'federation="{}"')
+        assert "Successfully started run" in r.stdout, r.stdout + r.stderr
+        _wait_count(procs, "superlink.log", "refused run", 2)
+        assert "overrides the app's config" in _refusals(procs)[1]
+        # a local user of the server machine, at the loopback SuperLink itself (no gate, no
+        # token): dphub's app with a config of their own is not the bundle `serve` pinned
+        log = procs.log("superlink.log")
+        internal = log.split("Flower's SuperLink on ", 1)[1].split()[0]
+        local = _home(tmp_path / "local-home", "dphub", internal,
+                      server_dir / "loopback-ca.crt")
+        other = tmp_path / "other-app"
+        write_app_dir(other, FederationConfig(out=tmp_path / "m2", options={}, min_sites=1,
+                                              rounds=1), control=internal,
+                      root_certificates=server_dir / "loopback-ca.crt")
+        r = _flwr(procs.env, local, "run", str(other), "dphub")
+        assert "Successfully started run" in r.stdout, r.stdout + r.stderr
+        _wait_count(procs, "superlink.log", "refused run", 3)
+        assert "is not the pinned" in _refusals(procs)[2]
+        assert not (tmp_path / "m2").exists() and not (tmp_path / "m").exists()
+        # nor can a local process take a ServerApp task without the SuperExec secret
         _no_task_without_secret(procs.log("superlink.log"), server_dir)
         os.killpg(site.pid, signal.SIGTERM)
         assert site.wait(timeout=60) == 0
@@ -287,3 +322,23 @@ def test_superlink_and_serve_options_are_checked_before_any_work(
     err = capsys.readouterr().err
     assert rc == 2 and "operator_token" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "app").exists()
+
+
+def test_server_pin_follows_serve_and_a_damaged_pin_refuses_every_run(tmp_path: Path) -> None:
+    pytest.importorskip("flwr")
+    from dphub.federate.superlink import APP_HASH, SuperLinkPlan, pin_app, pinned_app
+
+    d = tmp_path / "server"
+    d.mkdir()
+    plan = SuperLinkPlan(server_dir=d, host="127.0.0.1", port=1, certfile=d, keyfile=d,
+                         app_hash=None, token="t", secret_file=d, loopback=(d, d, d),
+                         internal_port=2)
+    assert pinned_app(plan) is None  # no serve --server-dir yet: any dphub bundle
+    pin_app(d, "a" * 64)
+    assert pinned_app(plan) == "a" * 64
+    pin_app(d, "b" * 64)  # serve again: the new bundle, without a restart
+    assert pinned_app(plan) == "b" * 64
+    (d / APP_HASH).write_text("not a hash")
+    assert pinned_app(plan) == "0" * 64  # matches no bundle
+    plan.app_hash = "c" * 64  # --app-hash wins
+    assert pinned_app(plan) == "c" * 64

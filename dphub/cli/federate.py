@@ -127,9 +127,9 @@ def serve(
     """Write the Flower app directory of this federation (then `flwr run` it; the SuperLink:
     `dphub federate superlink`, docs/federated.md)."""
     _need_flwr()
-    from dphub.federate.deploy import write_app_dir  # heavy: the training stack
+    from dphub.federate.deploy import app_bundle_hash, write_app_dir  # heavy: training stack
     from dphub.federate.server import FederationConfig
-    from dphub.federate.superlink import read_operator_token
+    from dphub.federate.superlink import pin_app, read_operator_token
 
     token = read_operator_token(server_dir) if server_dir is not None else None
 
@@ -142,7 +142,11 @@ def serve(
                          stride, rule_features, noise, delta))
     write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates,
                   operator_token=token)
-    typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub"}))
+    digest = app_bundle_hash(app_dir)
+    if server_dir is not None:
+        pin_app(server_dir, digest)
+    typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub",
+                           "app_hash": digest}))
 
 
 def superlink(
@@ -156,7 +160,8 @@ def superlink(
     keyfile: Path = typer.Option(..., "--ssl-keyfile", help="The server's TLS key."),
     app_hash: str | None = typer.Option(
         None, "--app-hash", show_default="none: any dphub app without code",
-        help="Run only the app bundle with this SHA-256."),
+        help="Run only the app bundle with this SHA-256 (default: the one `dphub federate "
+        "serve --server-dir` wrote last)."),
 ) -> None:
     """Run the server: Flower's SuperLink on loopback behind a gate that serves SuperNodes
     and, with the operator's token, flwr; only dphub's installed ServerApp runs, until

@@ -91,6 +91,15 @@ def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
         write_operator_credentials(app_dir / FLWR_HOME, control, operator_token)
 
 
+def app_bundle_hash(app_dir: Path) -> str:
+    """The SHA-256 of the bundle ``flwr run APP_DIR`` builds (Flower's own builder: the
+    bundle is deterministic, its dates fixed), for ``--app-hash`` at the sites and the pin at
+    the server."""
+    from flwr.cli.build import build_fab_from_disk  # optional dependency: Flower
+
+    return hashlib.sha256(build_fab_from_disk(Path(app_dir))).hexdigest()
+
+
 def write_operator_credentials(flwr_home: Path, address: str, token: str) -> None:
     """The operator's token in Flower's own credential store (``credentials.yaml``, 0600).
 

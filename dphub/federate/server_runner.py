@@ -107,9 +107,10 @@ def run_server_task(address: str, token: str, ca: bytes, *, app_hash: str | None
 
 
 def serve_server_tasks(address: str, stop: threading.Event, *, secret: bytes, ca: bytes,
-                       app_hash: str | None = None, alive: Callable[[], bool] = lambda: True,
-                       poll: float = 1.0) -> None:
-    """Take the SuperLink's ServerApp tasks, one at a time, until ``stop`` is set."""
+                       app_hash: Callable[[], str | None] = lambda: None,
+                       alive: Callable[[], bool] = lambda: True, poll: float = 1.0) -> None:
+    """Take the SuperLink's ServerApp tasks, one at a time, until ``stop`` is set; each run's
+    bundle must have the hash ``app_hash()`` gives at that moment (when it gives one)."""
     client = _poll_client(address, secret, ca)
     try:
         while not stop.is_set():
@@ -122,7 +123,7 @@ def serve_server_tasks(address: str, stop: threading.Event, *, secret: bytes, ca
                 stop.wait(poll)
                 continue
             if res.HasField("task") and res.token:
-                outcome = run_server_task(address, res.token, ca, app_hash=app_hash)
+                outcome = run_server_task(address, res.token, ca, app_hash=app_hash())
                 log.info("server: run done (%s)", outcome)
                 continue
             stop.wait(poll)

@@ -45,6 +45,8 @@ SUPEREXEC_SECRET = "superexec_secret"
 LOOPBACK_CA = "loopback-ca.crt"
 LOOPBACK_CERT = "loopback.pem"
 LOOPBACK_KEY = "loopback.key"
+#: the SHA-256 of the app bundle `serve --server-dir` wrote: the only bundle the server runs
+APP_HASH = "app_hash"
 _TOKEN_BYTES = 32
 
 
@@ -64,6 +66,28 @@ def read_operator_token(server_dir: Path) -> str:
         raise ConfigError(f"--server-dir {server_dir}: no {OPERATOR_TOKEN} (start "
                           "`dphub federate superlink --dir` there first)")
     return operator_token(server_dir)
+
+
+def is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def pin_app(server_dir: Path, app_hash: str) -> None:
+    """`serve --server-dir`: from now on the server runs only this bundle (``DIR/app_hash``)."""
+    atomic_write_bytes(Path(server_dir) / APP_HASH, app_hash.encode("ascii") + b"\n")
+
+
+def pinned_app(plan: SuperLinkPlan) -> str | None:
+    """The bundle hash the server runs now: ``--app-hash``, else the one ``serve --server-dir``
+    pinned last (read at each run, so a re-run of ``serve`` takes effect without a restart)."""
+    if plan.app_hash is not None:
+        return plan.app_hash
+    try:
+        text = (plan.server_dir / APP_HASH).read_text("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    # a file that is not a hash pins nothing dphub wrote: refuse every run rather than none
+    return text if is_sha256(text) else "0" * 64
 
 
 def _private_dir(path: Path) -> Path:
@@ -146,8 +170,7 @@ def plan_superlink(server_dir: Path, *, address: str, certfile: Path, keyfile: P
     for what, p in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
         if not Path(p).is_file():
             raise ConfigError(f"{what} {p}: no such file")
-    if app_hash is not None and (len(app_hash) != 64
-                                 or any(c not in "0123456789abcdef" for c in app_hash)):
+    if app_hash is not None and not is_sha256(app_hash):
         raise ConfigError("--app-hash: expected the app bundle's SHA-256 (64 hex digits)")
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -205,7 +228,7 @@ def run_superlink(plan: SuperLinkPlan, exe: str, *, env: dict[str, str] | None =
     def tasks() -> None:
         try:
             server_runner.serve_server_tasks(plan.internal, stop, secret=secret, ca=ca_pem,
-                                             app_hash=plan.app_hash,
+                                             app_hash=lambda: pinned_app(plan),
                                              alive=lambda: child.poll() is None)
         except ConfigError as e:
             failed.append(e.message)
