@@ -174,6 +174,12 @@ def test_stranger_at_the_port_is_not_the_operator(notes_file_op: Path, tiny_base
         _wait_count(procs, "superlink.log", "refused run", 3)
         assert "is not the pinned" in _refusals(procs)[2]
         assert not (tmp_path / "m2").exists() and not (tmp_path / "m").exists()
+        # the operator lists the runs and reads one's log through the gate
+        r = _flwr(procs.env, operator, "ls", "dphub", "--format", "json")
+        runs = json.loads(r.stdout)["runs"]
+        assert len(runs) == 3, r.stdout
+        r = _flwr(procs.env, operator, "log", str(runs[0]["run-id"]), "dphub", "--show")
+        assert r.returncode == 0 and "operator's token" not in r.stdout + r.stderr, r.stderr
         # nor can a local process take a ServerApp task without the SuperExec secret
         _no_task_without_secret(procs.log("superlink.log"), server_dir)
         os.killpg(site.pid, signal.SIGTERM)
