@@ -112,8 +112,9 @@ def serve(
     state_dir: Path | None = typer.Option(None, "--state-dir", show_default="OUT.federation",
                                           help="The server's last round "
                                           "(a killed server resumes from it)."),
-    control: str = typer.Option("127.0.0.1:8000", "--control", help="The SuperLink's HTTP "
-                                "API address, HOST:PORT (flwr run talks to it)."),
+    control: str = typer.Option("127.0.0.1:8000", "--control", help="The server's address "
+                                "as flwr reaches it, HOST:PORT (`dphub federate superlink "
+                                "--address`, the name its certificate carries)."),
     root_certificates: Path | None = typer.Option(
         None, "--root-certificates", show_default="insecure", help="CA certificate of the SuperLink (TLS); without it "
         "the app talks to the SuperLink insecurely (localhost only)."),
