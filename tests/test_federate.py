@@ -6,7 +6,6 @@ training; most of the time is Ray starting Flower's simulation engine (two runs 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 from pathlib import Path
@@ -245,64 +244,52 @@ def _free_port() -> int:
 def test_deployment_superlink_and_three_sites_as_processes(sites: list[Path],
                                                            tiny_base_model: Path,
                                                            tmp_path: Path) -> None:
-    """Flower's deployment on localhost: a SuperLink, three `dphub federate join` SuperNodes
-    and `flwr run` of the app directory `dphub federate serve` writes, all separate processes;
-    the ServerApp writes the same kind of model directory. Each round's ClientApp is a fresh
-    process there, so the sites' accountants can only span the rounds through their state
-    files."""
+    """Flower's deployment on localhost as docs/federated.md runs it: `dphub federate
+    superlink` (TLS, node keys, the gate), three `dphub federate join` sites whose keys the
+    operator registered, and `flwr run` of the app directory `dphub federate serve
+    --server-dir` writes, all separate processes; the server's ServerApp (dphub's installed
+    one) writes the same kind of model directory. Each round's ClientApp is a fresh process
+    there, so the sites' accountants can only span the rounds through their state files."""
     pytest.importorskip("flwr")
-    import os
-    import signal
     import subprocess
     import sys
     import time
 
+    from test_federate_site import _procs, start_superlink
+
+    from dphub.federate.deploy import ensure_node_key, node_key_id
+    from dphub.federate.site import init_state
+
     bindir = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
-           "FLWR_HOME": str(tmp_path / "flwr-home"), "TOKENIZERS_PARALLELISM": "false"}
-    link = _free_port()
-    procs: list[subprocess.Popen] = []
-
-    def start(argv: list[str], log: str) -> None:
-        with open(tmp_path / log, "wb") as fh:
-            procs.append(subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-
     out = tmp_path / "m"
     opts = _cli_options(tiny_base_model)
-    try:
-        start([str(bindir / "flower-superlink"), "--insecure", "--port", str(link),
-               "--disable-runtime-dependency-installation"], "superlink.log")
-        # serve publishes the federation's terms; each site agrees to them (--federation)
+    ca = str(tmp_path / "ca.crt")
+    with _procs(tmp_path) as procs:
+        server, server_dir = start_superlink(procs, tmp_path)
         assert cli_main(["federate", "serve", "--app-dir", str(tmp_path / "app"), "--out",
-                         str(out), "--min-sites", "3", "--control", f"127.0.0.1:{link}",
-                         "--state-dir", str(tmp_path / "server"), *opts]) == 0
+                         str(out), "--min-sites", "3", "--control", server,
+                         "--root-certificates", ca, "--server-dir", str(server_dir),
+                         "--state-dir", str(tmp_path / "server-state"), *opts]) == 0
+        run_env = {**procs.env, "FLWR_HOME": str(tmp_path / "app" / "flwr-home")}
         for i, data in enumerate(sites):
-            start([str(bindir / "dphub"), "federate", "join", str(data), "--server",
-                   f"127.0.0.1:{link}", "--state", str(tmp_path / f"site-{i}"), "--port",
-                   str(_free_port()), "--insecure", "--federation",
-                   str(tmp_path / "app" / "federation.json")], f"site-{i}.log")
-        run_env = {**env, "FLWR_HOME": str(tmp_path / "app" / "flwr-home")}
+            # the site's key (as `join` makes it), registered by the operator, then `join`
+            key, _ = ensure_node_key(tmp_path / f"site-{i}")
+            init_state(tmp_path / f"site-{i}", node_key_id(key), data)  # as join does
+            r = subprocess.run([str(bindir / "flwr"), "supernode", "register",
+                                str(key.with_suffix(".pub")), "dphub"], env=run_env,
+                               capture_output=True, text=True, timeout=120)
+            assert "registered successfully" in r.stdout, r.stdout + r.stderr
+            procs.start([str(bindir / "dphub"), "federate", "join", str(data), "--server",
+                         server, "--state", str(tmp_path / f"site-{i}"), "--port",
+                         str(_free_port()), "--root-certificates", ca, "--federation",
+                         str(tmp_path / "app" / "federation.json")], f"site-{i}.log")
+        r = subprocess.run([str(bindir / "flwr"), "run", str(tmp_path / "app"), "dphub"],
+                           env=run_env, capture_output=True, text=True, timeout=120)
+        assert "Successfully started run" in r.stdout, r.stdout[-500:] + r.stderr[-500:]
         deadline = time.monotonic() + 480
-        while True:  # the SuperLink needs a moment before it takes runs
-            r = subprocess.run([str(bindir / "flwr"), "run", str(tmp_path / "app"), "dphub"],
-                               env=run_env, capture_output=True, text=True)
-            if "Successfully started run" in r.stdout or time.monotonic() > deadline:
-                break
-            time.sleep(3)
-        assert "Successfully started run" in r.stdout, r.stdout[-500:]
         while not (out / "README.md").exists() and time.monotonic() < deadline:
             time.sleep(2)
-        assert (out / "README.md").exists(), (tmp_path / "superlink.log").read_text()[-2000:]
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        assert (out / "README.md").exists(), procs.log("superlink.log")[-3000:]
     validate_card(out)
     fed = card.load_card(out).meta["differential_privacy"]["federation"]
     assert [r["steps"] for r in fed["site_accounting"]] == [ROUNDS * LOCAL] * 3

@@ -445,6 +445,35 @@ def _join(procs: Procs, notes: Path, state: Path, server: str, port: int, log: s
                         "--state", str(state), "--port", str(port), *extra], log)
 
 
+def _acquire_status(address: str, secret: bytes | None = None) -> int:
+    """The HTTP status of one AcquireTask on a local Runtime API (as a task poller asks)."""
+    import httpx
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import (
+        RuntimeVersionHttpInterceptor,
+        SuperExecAuthHttpInterceptor,
+    )
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    interceptors: list = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    if secret is not None:
+        interceptors.append(SuperExecAuthHttpInterceptor(
+            master_secret=secret, protected_methods={"/flwr.proto.Runtime/AcquireTask"}))
+    # no retry invoker: Flower's answers a 401 with SIGINT to its own process
+    client = RuntimeHttpClient.from_server_address(server_address=address, insecure=True,
+                                                   root_certificates=None,
+                                                   interceptors=interceptors)
+    try:
+        # a type no site serves: a served request takes no real task away from the site
+        client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.MODEL.value]))
+        return 200
+    except httpx.HTTPStatusError as e:
+        return e.response.status_code
+    finally:
+        client.close()
+
+
 EVIL_APP = '''"""A server app that reads the site's notes and sends them back."""
 import os
 from pathlib import Path
@@ -538,6 +567,12 @@ def test_server_app_reading_notes_is_refused_and_join_stops_cleanly(notes_file: 
                      "--federation", str(fed))
         procs.wait_for("join.log", "SuperNode ID")
         assert "loopback only" in procs.log("join.log")
+        # another local user polls the site's task API: refused without the site's secret
+        # (0600 in its state directory); with it, the same request is served
+        assert _acquire_status(f"127.0.0.1:{port}") == 401
+        secret = tmp_path / "st" / "superexec_secret"
+        assert secret.stat().st_mode & 0o077 == 0
+        assert _acquire_status(f"127.0.0.1:{port}", secret.read_bytes()) == 200
         # a second process on the same state directory, and one on the same port
         for state, p, what in ((tmp_path / "st", _free_port(), "in use by another dphub"),
                                (tmp_path / "st-b", port, f"--port {port} is in use")):
@@ -609,26 +644,54 @@ def _certificates(d: Path) -> None:
         pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
 
 
-@pytest.mark.slow
-def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) -> None:
-    """The documented SuperLink (TLS, node authentication): a site whose node key is not
-    registered is refused and `join` ends with one line; once registered, the same site joins."""
-    _flwr()
-    from dphub.federate.deploy import superlink_argv
+def start_superlink(procs: Procs, tmp: Path) -> tuple[str, Path]:
+    """`dphub federate superlink` as docs/federated.md runs it, on 127.0.0.1 with the test CA
+    (:func:`_certificates`); returns its address and server directory once the gate answers."""
+    import ssl
 
-    _certificates(tmp_path)
-    link = _free_port()
-    server = f"127.0.0.1:{link}"
-    home = tmp_path / "flwr-home"
+    import httpx
+
+    _certificates(tmp)
+    address = f"127.0.0.1:{_free_port()}"
+    server_dir = tmp / "server"
+    procs.start([str(BIN / "dphub"), "federate", "superlink", "--dir", str(server_dir),
+                 "--address", address, "--ssl-certfile", str(tmp / "server.pem"),
+                 "--ssl-keyfile", str(tmp / "server.key")], "superlink.log")
+    ctx = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
+    t0 = time.monotonic()
+    while True:
+        try:
+            if httpx.get(f"https://{address}/health", verify=ctx, timeout=5).status_code == 200:
+                return address, server_dir
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() - t0 < 180, procs.log("superlink.log")[-3000:]
+        time.sleep(1)
+
+
+def operator_home(tmp: Path, address: str, server_dir: Path) -> Path:
+    """The operator's flwr-home: what `dphub federate serve --server-dir` writes (without an
+    app's training settings: only the connection and the operator's token)."""
+    from dphub.federate.deploy import CONNECTION, write_operator_credentials
+    from dphub.federate.superlink import read_operator_token
+
+    home = tmp / "operator-home"
     home.mkdir()
     (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "tls"\n[superlink.tls]\naddress = "{server}"\n'
-        f'root-certificates = "{tmp_path / "ca.crt"}"\n')
+        f'[superlink]\ndefault = "{CONNECTION}"\n[superlink.{CONNECTION}]\n'
+        f'address = "{address}"\nroot-certificates = "{tmp / "ca.crt"}"\n')
+    write_operator_credentials(home, address, read_operator_token(server_dir))
+    return home
+
+
+@pytest.mark.slow
+def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) -> None:
+    """The documented server (`dphub federate superlink`: TLS, node authentication): a site
+    whose node key is not registered is refused and `join` ends with one line; once the
+    operator registers it, the same site joins."""
+    _flwr()
     with _procs(tmp_path) as procs:
-        argv = superlink_argv(host="127.0.0.1", port=link, ca=tmp_path / "ca.crt",
-                              cert=tmp_path / "server.pem", key=tmp_path / "server.key")
-        assert "--enable-supernode-auth" in argv and "--insecure" not in argv
-        procs.start([str(BIN / argv[0]), *argv[1:]], "superlink.log")
+        server, server_dir = start_superlink(procs, tmp_path)
         from dphub.io import file_sha256
 
         fed = _insecure_terms(tmp_path, server_ca_sha256=file_sha256(tmp_path / "ca.crt"))
@@ -641,8 +704,10 @@ def test_unauthenticated_supernode_is_refused(notes_file: Path, tmp_path: Path) 
         assert "Traceback" not in log
         assert "No SuperNode found with the given public key" in procs.log("superlink.log")
         # the operator registers the site's key: the same site now joins
+        home = operator_home(tmp_path, server, server_dir)
         r = subprocess.run([str(BIN / "flwr"), "supernode", "register",
-                            str(tmp_path / "st" / "node_key.pub"), "tls"], env=procs.env,
+                            str(tmp_path / "st" / "node_key.pub"), "dphub"],
+                           env={**procs.env, "FLWR_HOME": str(home)},
                            capture_output=True, text=True, timeout=120)
         assert "registered successfully" in r.stdout, r.stdout + r.stderr
         again = _join(procs, notes_file, tmp_path / "st", server, _free_port(), "join2.log",
@@ -730,3 +795,59 @@ def test_deployed_run_config_of_another_federation_is_refused(tiny_base_model: P
         assert json.loads(server_state.read_text())["sites"] == {}
         assert not (tmp_path / "m" / "README.md").exists()
     assert not _ours(str(tmp_path))
+
+
+@contextlib.contextmanager
+def _http_server(ssl_dir: Path | None) -> Iterator[int]:
+    """A local HTTP server answering /health, with TLS on ``ssl_dir``'s server certificate."""
+    import http.server
+    import ssl
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    httpd.handle_error = lambda *a: None  # a refused handshake is the point here
+    if ssl_dir is not None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(ssl_dir / "server.pem", ssl_dir / "server.key")
+        httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield httpd.server_address[1]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_join_towards_the_wrong_protocol_is_one_line(notes_file: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """`--insecure` towards a TLS SuperLink, TLS towards a plain one, a certificate another CA
+    signed: `join` ends at once with one line (Flower's SuperNode retried them silently,
+    forever), and nothing is made in the state directory."""
+    _flwr()
+    _certificates(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    _certificates(other)  # another CA and its server certificate
+    tls = ["--root-certificates", str(tmp_path / "ca.crt")]
+    cases = [(tmp_path, ["--insecure"], "speaks TLS"),
+             (None, tls, "does not speak TLS"),
+             (other, tls, "certificate is not valid")]
+    for ssl_dir, extra, what in cases:
+        with _http_server(ssl_dir) as port:
+            rc = cli_main(["federate", "join", str(notes_file), "--server",
+                           f"127.0.0.1:{port}", "--state", str(tmp_path / "st"), "--port",
+                           str(_free_port()), *extra])
+        err = capsys.readouterr().err
+        assert rc == 2, (what, err[-2000:])
+        assert what in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "st" / "node_key").exists()

@@ -120,18 +120,31 @@ def serve(
     state_dir: Path | None = typer.Option(None, "--state-dir", show_default="OUT.federation",
                                           help="The server's last round "
                                           "(a killed server resumes from it)."),
-    control: str = typer.Option("127.0.0.1:8000", "--control", help="The SuperLink's HTTP "
-                                "API address, HOST:PORT (flwr run talks to it)."),
+    control: str = typer.Option("127.0.0.1:8000", "--control", help="The server's address "
+                                "as flwr reaches it, HOST:PORT (`dphub federate superlink "
+                                "--address`, the name its certificate carries)."),
     root_certificates: Path | None = typer.Option(
         None, "--root-certificates", show_default="insecure", help="CA certificate of the SuperLink (TLS); without it "
         "the app talks to the SuperLink insecurely (localhost only)."),
+    server_dir: Path | None = typer.Option(
+        None, "--server-dir", show_default="none: no operator token",
+        help="The directory of `dphub federate superlink --dir`: its operator token goes "
+        "into APP_DIR/flwr-home (0600, never into the app bundle), so flwr may use the "
+        "SuperLink's Control API."),
     force: bool = FORCE,
 ) -> None:
-    """Write the Flower app directory of this federation (then `flwr run` it; see
-    docs/federated.md for the SuperLink command)."""
+    """Write the Flower app directory of this federation (then `flwr run` it; the SuperLink:
+    `dphub federate superlink`, docs/federated.md)."""
     _need_flwr()
-    from dphub.federate.deploy import split_address, write_app_dir  # heavy: the training stack
+    from dphub.federate.deploy import (  # heavy: the training stack
+        app_bundle_hash,
+        split_address,
+        write_app_dir,
+    )
     from dphub.federate.server import FederationConfig
+    from dphub.federate.superlink import pin_app, read_operator_token
+
+    token = read_operator_token(server_dir) if server_dir is not None else None
 
     cfg = FederationConfig(
         out=out.resolve(), rounds=rounds, local_steps=local_steps,
@@ -145,10 +158,14 @@ def serve(
         raise ConfigError(f"{root_certificates}: no such certificate file")
     split_address(control, "--control")
     terms = _terms(cfg, root_certificates)
-    write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates)
+    write_app_dir(app_dir, cfg, control=control, root_certificates=root_certificates,
+                  operator_token=token)
     terms.write(app_dir / TERMS_FILE)
+    digest = app_bundle_hash(app_dir)  # after every file of the bundle is written
+    if server_dir is not None:
+        pin_app(server_dir, digest)
     typer.echo(json.dumps({"app_dir": str(app_dir), "run": f"flwr run {app_dir} dphub",
-                           "federation": str(app_dir / TERMS_FILE),
+                           "app_hash": digest, "federation": str(app_dir / TERMS_FILE),
                            "federation_id": terms.federation_id()}))
 
 
@@ -168,6 +185,37 @@ def _terms(cfg: FederationConfig, root_certificates: Path | None) -> FederationT
         server_ca_sha256=(file_sha256(Path(root_certificates))
                           if root_certificates is not None else None))
     return terms
+
+
+def superlink(
+    server_dir: Path = typer.Option(..., "--dir", help="The server's private directory "
+                                    "(0700): the operator's token, the SuperExec secret, the "
+                                    "loopback certificate. Keep it like the TLS key."),
+    address: str = typer.Option("0.0.0.0:8000", "--address", help="The public address, "
+                                "HOST:PORT, that sites and the operator's flwr reach."),
+    certfile: Path = typer.Option(..., "--ssl-certfile", help="The server's TLS "
+                                  "certificate (signed by the CA the sites trust)."),
+    keyfile: Path = typer.Option(..., "--ssl-keyfile", help="The server's TLS key."),
+    app_hash: str | None = typer.Option(
+        None, "--app-hash", show_default="none: any dphub app without code",
+        help="Run only the app bundle with this SHA-256 (default: the one `dphub federate "
+        "serve --server-dir` wrote last)."),
+) -> None:
+    """Run the server: Flower's SuperLink on loopback behind a gate that serves SuperNodes
+    and, with the operator's token, flwr; only dphub's installed ServerApp runs, until
+    stopped."""
+    _need_flwr()
+    from dphub.federate.superlink import plan_superlink, run_superlink
+
+    plan = plan_superlink(server_dir, address=address, certfile=certfile, keyfile=keyfile,
+                          app_hash=app_hash)
+    exe = _flower_command("flower-superlink")
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(exe).parent), env.get("PATH", "")])
+    typer.echo(f"superlink: gate on {address} (Fleet API; Control API with the operator "
+               f"token in {plan.server_dir}); Flower's SuperLink on {plan.internal}", err=True)
+    run_superlink(plan, exe, env=env)
+    typer.echo("stopped", err=True)
 
 
 def _flower_command(name: str) -> str:
@@ -257,5 +305,6 @@ def register(app: typer.Typer) -> None:
     """Add ``federate`` to the root app."""
     federate_app.command("simulate")(simulate)
     federate_app.command("serve")(serve)
+    federate_app.command("superlink")(superlink)
     federate_app.command("join")(join)
     app.add_typer(federate_app, name="federate")

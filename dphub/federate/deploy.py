@@ -24,6 +24,7 @@ import ipaddress
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -46,9 +47,10 @@ from dphub.federate.site import (
     options_for,
 )
 from dphub.federate.terms import FederationTerms
-from dphub.io import atomic_write_bytes, atomic_write_text
+from dphub.io import atomic_write_bytes, atomic_write_text, private_key
 
 CONNECTION = "dphub"
+FLWR_HOME = "flwr-home"
 
 
 def _is_host_port(address: str) -> bool:
@@ -57,8 +59,14 @@ def _is_host_port(address: str) -> bool:
 
 
 def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
-                  root_certificates: Path | None) -> None:
-    """Write ``pyproject.toml`` (the Flower app) and ``flwr-home/config.toml`` (the connection)."""
+                  root_certificates: Path | None, operator_token: str | None = None) -> None:
+    """Write ``pyproject.toml`` (the Flower app) and ``flwr-home/config.toml`` (the connection).
+
+    With ``operator_token`` (``dphub federate serve --server-dir``), ``flwr-home`` also gets
+    the operator's credential store (0600): Flower's CLI then sends the token as a bearer
+    token, which the gate of ``dphub federate superlink`` asks of every Control API call.
+    ``flwr-home`` is kept out of the app bundle (``fab-exclude``): the token never travels.
+    """
     cfg.validate()  # every option before anything is written
     if root_certificates is not None and not Path(root_certificates).is_file():
         raise ConfigError(f"{root_certificates}: no such certificate file")
@@ -76,6 +84,8 @@ def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
                     "dependencies": []},
         "tool": {"flwr": {"app": {
             "publisher": "dphub",
+            # the operator's flwr-home (connection, credentials) never goes into the bundle
+            "fab-exclude": [f"{FLWR_HOME}/**"],
             "components": {"serverapp": "dphub.federate.apps:server_app",
                            "clientapp": "dphub.federate.apps:client_app"},
             "config": {"federation": cfg.to_json()},
@@ -88,11 +98,50 @@ def write_app_dir(app_dir: Path, cfg: FederationConfig, *, control: str,
         conn["insecure"] = True
     flwr_config = {"superlink": {"default": CONNECTION, CONNECTION: conn}}
     atomic_write_text(app_dir / "pyproject.toml", tomli_w.dumps(project))
-    atomic_write_text(app_dir / "flwr-home" / "config.toml", tomli_w.dumps(flwr_config))
+    atomic_write_text(app_dir / FLWR_HOME / "config.toml", tomli_w.dumps(flwr_config))
+    if operator_token is not None:
+        write_operator_credentials(app_dir / FLWR_HOME, control, operator_token)
+
+
+def app_bundle_hash(app_dir: Path) -> str:
+    """The SHA-256 of the bundle ``flwr run APP_DIR`` builds (Flower's own builder: the
+    bundle is deterministic, its dates fixed), for ``--app-hash`` at the sites and the pin at
+    the server."""
+    from flwr.cli.build import build_fab_from_disk  # optional dependency: Flower
+
+    return hashlib.sha256(build_fab_from_disk(Path(app_dir))).hexdigest()
+
+
+def write_operator_credentials(flwr_home: Path, address: str, token: str) -> None:
+    """The operator's token in Flower's own credential store (``credentials.yaml``, 0600).
+
+    Flower's CLI sends a stored OIDC access token as ``Authorization: Bearer``; the token is
+    stored under that type so that the unmodified ``flwr`` sends it. Flower's SuperLink (no
+    account plugin in the open-source release) ignores it; the gate checks it.
+    """
+    # optional dependency: Flower (dphub[federate])
+    from flwr.cli.constant import (
+        ACCESS_TOKEN_STORE_KEY,
+        AUTHN_TYPE_STORE_KEY,
+        REFRESH_TOKEN_STORE_KEY,
+    )
+    from flwr.common.constant import AuthnType
+    from flwr.supercore.credential_store import FileCredentialStore
+
+    path = Path(flwr_home) / "credentials.yaml"
+    path.unlink(missing_ok=True)  # a fresh store: only this connection's entries
+    store = FileCredentialStore(path)
+    store.set(AUTHN_TYPE_STORE_KEY % address, AuthnType.OIDC.encode())
+    store.set(ACCESS_TOKEN_STORE_KEY % address, token.encode())
+    # never sent (the gate has no refresh route); Flower's CLI wants a pair
+    store.set(REFRESH_TOKEN_STORE_KEY % address, b"none")
+    os.chmod(path, 0o600)
 
 
 # ---------------------------------------------------------------------- the site: `join`
 
+#: the shared secret of the SuperNode's local Runtime API (``--superexec-auth-secret-file``)
+TASK_SECRET = "superexec_secret"
 SUPERNODE_LOG_NOTE = ("the SuperNode never holds the notes' path: dphub's ClientApp runs in "
                       "this process")
 
@@ -129,6 +178,55 @@ def check_port_free(port: int) -> None:
         except OSError:
             raise ConfigError(f"--port {port} is in use on this machine: choose another "
                               "(one per site)") from None
+
+
+def _ssl_error(e: BaseException) -> ssl.SSLError | None:
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def probe_superlink(server: str, root_certificates: Path | None) -> None:
+    """One request to the SuperLink's ``/health`` before the SuperNode starts: a server that
+    speaks TLS to an ``--insecure`` site (or plain HTTP to a TLS one, or a certificate the CA
+    did not sign) is one line now, where Flower's SuperNode would retry it silently forever.
+
+    A server that does not answer at all is not an error: the site may start first, and its
+    SuperNode waits for it.
+    """
+    import httpx  # comes with Flower (dphub[federate])
+
+    host, port = split_address(server)
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if root_certificates is None:
+        url, verify = f"http://{netloc}/health", False
+    else:
+        url = f"https://{netloc}/health"
+        try:
+            verify = ssl.create_default_context(cafile=str(root_certificates))
+        except (ssl.SSLError, ValueError):
+            raise ConfigError(f"--root-certificates {root_certificates}: not a PEM "
+                              "certificate") from None
+    try:
+        httpx.get(url, verify=verify, timeout=5.0)
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        if root_certificates is None:
+            raise ConfigError(f"--insecure: the SuperLink at {server} speaks TLS; give "
+                              "--root-certificates CA.crt (the CA of its certificate)") from None
+        raise ConfigError(f"the SuperLink at {server} broke off the TLS connection") from None
+    except httpx.HTTPError as e:
+        err = _ssl_error(e)
+        if err is None:
+            return  # not reachable yet: the SuperNode waits for it
+        if isinstance(err, ssl.SSLCertVerificationError):
+            raise ConfigError(f"the SuperLink at {server}: its certificate is not valid for "
+                              f"--root-certificates {root_certificates} ("
+                              f"{err.verify_message})") from None
+        raise ConfigError(f"the SuperLink at {server} does not speak TLS (--root-certificates "
+                          "given): check the address") from None
 
 
 def ensure_node_key(state_dir: Path) -> tuple[Path, bool]:
@@ -175,6 +273,7 @@ class JoinPlan:
     key_created: bool = False
     app_hash: str | None = None
     terms: FederationTerms | None = None
+    secret: Path | None = None
 
     @property
     def insecure(self) -> bool:
@@ -212,6 +311,7 @@ def plan_join(data: Path, state: Path, server: str, *, port: int,
     terms = _agreed_terms(federation, data, state, policy,
                           None if insecure else Path(root_certificates))
     check_port_free(port)
+    probe_superlink(server, None if insecure else Path(root_certificates))
     if state.exists() and not state.is_dir():
         raise ConfigError(f"--state {state}: not a directory")
     hold_state_dir(state)
@@ -223,7 +323,8 @@ def plan_join(data: Path, state: Path, server: str, *, port: int,
     return JoinPlan(data=data.resolve(), state=state.resolve(), server=server, port=port,
                     policy=policy, root_certificates=(None if insecure else
                                                       Path(root_certificates).resolve()),
-                    key=key, key_created=created, app_hash=app_hash, terms=terms)
+                    key=key, key_created=created, app_hash=app_hash, terms=terms,
+                    secret=task_secret(state))
 
 
 def _agreed_terms(federation: Path, data: Path, state: Path, policy: SitePolicy,
@@ -240,12 +341,31 @@ def _agreed_terms(federation: Path, data: Path, state: Path, policy: SitePolicy,
     return terms
 
 
+def task_secret(state: Path) -> Path:
+    """The secret that the SuperNode's local Runtime API asks of whoever takes a task
+    (``STATE/superexec_secret``, 0600, made on first use).
+
+    The SuperNode's task API is a loopback port any local user can reach: without it, another
+    user of the site's machine could poll the site's tasks and answer them (issue 53). With
+    ``--superexec-auth-secret-file``, Flower hands a task (and so its token) only to a
+    request signed with the secret, which only the site's user can read.
+    """
+    path = Path(state) / TASK_SECRET
+    try:
+        private_key(path, 32)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return path.resolve()
+
+
 def supernode_argv(plan: JoinPlan, exe: str) -> list[str]:
     """``flower-supernode`` as a site runs it: process isolation (no app process of Flower's),
-    its Runtime API on loopback only (no dependency installation: its default), TLS and the
-    node key."""
+    its Runtime API on loopback only (no dependency installation: its default) behind the
+    site's task secret, TLS and the node key."""
     argv = [exe, "--superlink", plan.server, "--isolation", "process",
             "--host", "127.0.0.1", "--port", str(plan.port)]
+    if plan.secret is not None:
+        argv += ["--superexec-auth-secret-file", str(plan.secret)]
     if plan.insecure:
         return [*argv, "--insecure"]
     assert plan.key is not None and plan.root_certificates is not None
@@ -307,7 +427,9 @@ def run_join(plan: JoinPlan, supernode: str, *, env: dict[str, str] | None = Non
             try:
                 site_runner.serve_tasks(f"127.0.0.1:{plan.port}", stop,
                                         app_hash=plan.app_hash,
-                                        alive=lambda c=child: c.poll() is None)
+                                        alive=lambda c=child: c.poll() is None,
+                                        secret=(plan.secret.read_bytes() if plan.secret
+                                                else None))
                 break
             except ConfigError:
                 pump.join(timeout=10)
@@ -369,12 +491,3 @@ def _stop_group(child: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
         child.wait()
-
-
-def superlink_argv(*, host: str, port: int, ca: Path, cert: Path, key: Path) -> list[str]:
-    """``flower-superlink`` as docs/federated.md runs it: TLS, only registered SuperNodes
-    (``flwr supernode register``), no dependency installation (every machine runs its
-    installed dphub)."""
-    return ["flower-superlink", "--host", host, "--port", str(port), "--enable-supernode-auth",
-            "--disable-runtime-dependency-installation", "--ssl-ca-certfile", str(ca),
-            "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]

@@ -31,7 +31,11 @@ from flwr.common.constant import SubStatus
 from flwr.proto.runtime_pb2 import AcquireTaskRequest  # Flower's Runtime API messages
 from flwr.supercore.constant import TaskType
 from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+from flwr.supercore.interceptors import (
+    RuntimeTokenHttpInterceptor,
+    RuntimeVersionHttpInterceptor,
+    SuperExecAuthHttpInterceptor,
+)
 from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
@@ -91,8 +95,16 @@ def check_fab(content: bytes, fab_hash: str, pin: str | None = None) -> None:
         raise AppRefused("the app bundle names another ClientApp or ServerApp than dphub's")
 
 
-def _client(address: str, token: str | None = None) -> RuntimeHttpClient:
+#: the Runtime API call that hands out a task: signed with the site's secret
+ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
+
+
+def _client(address: str, token: str | None = None,
+            secret: bytes | None = None) -> RuntimeHttpClient:
     interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    if secret is not None:
+        interceptors.append(SuperExecAuthHttpInterceptor(master_secret=secret,
+                                                         protected_methods={ACQUIRE}))
     retry = make_simple_http_retry_invoker()
     if token is not None:
         interceptors = [RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
@@ -144,9 +156,11 @@ def run_task(address: str, token: str, *, app_hash: str | None = None) -> str:
 
 
 def serve_tasks(address: str, stop: threading.Event, *, app_hash: str | None = None,
-                alive: Callable[[], bool] = lambda: True, poll: float = 1.0) -> None:
-    """Take the SuperNode's ClientApp tasks until ``stop`` is set or the SuperNode is gone."""
-    client = _client(address)
+                alive: Callable[[], bool] = lambda: True, poll: float = 1.0,
+                secret: bytes | None = None) -> None:
+    """Take the SuperNode's ClientApp tasks until ``stop`` is set or the SuperNode is gone
+    (asking for them signed with the site's task ``secret``, :func:`deploy.task_secret`)."""
+    client = _client(address, secret=secret)
     try:
         while not stop.is_set():
             if not alive():

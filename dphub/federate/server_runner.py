@@ -1,0 +1,131 @@
+"""The server runs dphub's installed ServerApp and nothing a run submits (issue 53).
+
+Flower 1.42's SuperLink normally starts ``flower-superexec``, which starts ``flwr-serverapp``,
+which installs the submitted app bundle (FAB) and imports the ServerApp it names: whoever can
+submit a run executes Python on the server machine as the SuperLink's user (its TLS key, its
+database). ``dphub federate superlink`` therefore starts the SuperLink with ``--isolation
+process`` (Flower starts no app process) and ``--superexec-auth-secret-file`` (only a holder of
+the secret may take a ServerApp task from its Runtime API), and takes the ServerApp tasks itself,
+here, as :mod:`dphub.federate.site_runner` does for a site: it pulls the run and its bundle
+through Flower's Runtime API client, checks the bundle (:func:`site_runner.check_fab`: dphub's
+components, no file that could be code, the pinned hash if the operator set one), refuses a run
+that overrides the bundle's config, never installs or imports anything from it, and calls the
+installed :data:`dphub.federate.apps.server_app`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from flwr.common.config import get_fused_config_from_fab
+from flwr.common.constant import SubStatus
+from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
+from flwr.proto.runtime_pb2 import (  # Flower's Runtime API messages
+    AcquireTaskRequest,
+    PullTaskInputRequest,
+    PushTaskOutputRequest,
+)
+from flwr.supercore.constant import TaskType
+from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
+from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.runtime import RuntimeHttpClient
+from flwr.supercore.task_identity import TaskIdentity
+from flwr.superlink.grid import HttpGrid
+
+from dphub.errors import ConfigError
+from dphub.federate import apps
+from dphub.federate.site_runner import AppRefused, check_fab
+
+log = logging.getLogger(__name__)
+
+ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
+
+
+def _poll_client(address: str, secret: bytes, ca: bytes) -> RuntimeHttpClient:
+    """The Runtime API client that asks for ServerApp tasks, signing with the shared secret."""
+    retry = make_simple_http_retry_invoker()
+    retry.max_tries = 1  # the polling loop retries itself (and notices a dead SuperLink)
+    return RuntimeHttpClient.from_server_address(
+        server_address=address, insecure=False, root_certificates=ca,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec"),
+                      SuperExecAuthHttpInterceptor(master_secret=secret,
+                                                   protected_methods={ACQUIRE})],
+        retry_invoker=retry)
+
+
+def run_server_task(address: str, token: str, ca: bytes, *, app_hash: str | None = None) -> str:
+    """One ServerApp task: check its bundle and run config, run dphub's installed ServerApp.
+
+    Returns what happened (``completed``, ``refused: ...``, ``failed``) for the server's log.
+    """
+    grid = HttpGrid(runtime_api_address=address, insecure=False, root_certificates=ca,
+                    token=token)
+    # Flower's own flwr-serverapp talks to the Runtime API through the grid's client too
+    client = grid._runtime_client  # noqa: SLF001
+    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    heartbeat.start()
+    context = None
+    status, details, outcome = SubStatus.FAILED, "refused", "failed"
+    try:
+        res = client.PullTaskInput(PullTaskInputRequest())
+        TaskIdentity.task_id = res.task_id
+        TaskIdentity.run_id = res.run.run_id
+        TaskIdentity.node_id = res.context.node_id
+        context = context_from_proto(res.context)
+        run = run_from_proto(res.run)
+        fab = fab_from_proto(res.fab)
+        grid.set_run(run)
+        try:
+            check_fab(fab.content, fab.hash_str, app_hash)
+            if run.override_config:
+                raise AppRefused("the run overrides the app's config (flwr run --run-config): "
+                                 "the server runs the app's own config only")
+        except AppRefused as e:
+            log.warning("server: refused run %s: %s", run.run_id, e.message)
+            details = "refused: this SuperLink runs only dphub's installed ServerApp"
+            return "refused: " + e.message
+        context.run_config = get_fused_config_from_fab(fab.content, run)
+        apps.server_app(grid=grid, context=context)
+        status, details, outcome = SubStatus.COMPLETED, "", "completed"
+    except Exception as e:  # noqa: BLE001 - the ServerApp's or Flower's; its text may be long
+        log.error("server: the run failed (%s)", type(e).__name__)
+        details = f"ServerApp failed ({type(e).__name__})"
+    finally:
+        heartbeat.stop()
+        grid._retry_invoker.max_tries = 1  # noqa: SLF001 - as flwr-serverapp's exit handler
+        try:
+            client.PushTaskOutput(PushTaskOutputRequest(
+                context=context_to_proto(context) if context is not None else None,
+                sub_status=status, details=details))
+        except Exception as e:  # noqa: BLE001
+            log.error("server: could not report the run's end (%s)", type(e).__name__)
+        grid.close()
+    return outcome
+
+
+def serve_server_tasks(address: str, stop: threading.Event, *, secret: bytes, ca: bytes,
+                       app_hash: Callable[[], str | None] = lambda: None,
+                       alive: Callable[[], bool] = lambda: True, poll: float = 1.0) -> None:
+    """Take the SuperLink's ServerApp tasks, one at a time, until ``stop`` is set; each run's
+    bundle must have the hash ``app_hash()`` gives at that moment (when it gives one)."""
+    client = _poll_client(address, secret, ca)
+    try:
+        while not stop.is_set():
+            if not alive():
+                raise ConfigError("the SuperLink stopped (see its log above)")
+            try:
+                res = client.AcquireTask(AcquireTaskRequest(
+                    supported_task_types=[TaskType.SERVER_APP.value]))
+            except Exception:  # noqa: BLE001 - the SuperLink is starting or stopping
+                stop.wait(poll)
+                continue
+            if res.HasField("task") and res.token:
+                outcome = run_server_task(address, res.token, ca, app_hash=app_hash())
+                log.info("server: run done (%s)", outcome)
+                continue
+            stop.wait(poll)
+    finally:
+        client.close()
