@@ -837,8 +837,14 @@ def test_join_towards_the_wrong_protocol_is_one_line(notes_file: Path, tmp_path:
     other = tmp_path / "other"
     other.mkdir()
     _certificates(other)  # another CA and its server certificate
-    tls = ["--root-certificates", str(tmp_path / "ca.crt")]
-    cases = [(tmp_path, ["--insecure"], "speaks TLS"),
+    from dphub.io import file_sha256
+
+    plain_terms = _insecure_terms(tmp_path)
+    tls_dir = tmp_path / "tls-terms"
+    tls_dir.mkdir()
+    tls_terms = _insecure_terms(tls_dir, server_ca_sha256=file_sha256(tmp_path / "ca.crt"))
+    tls = ["--root-certificates", str(tmp_path / "ca.crt"), "--federation", str(tls_terms)]
+    cases = [(tmp_path, ["--insecure", "--federation", str(plain_terms)], "speaks TLS"),
              (None, tls, "does not speak TLS"),
              (other, tls, "certificate is not valid")]
     for ssl_dir, extra, what in cases:
