@@ -296,6 +296,31 @@ def test_resume_refuses_broken_weights_with_one_line(
     assert "\n" not in e.value.message and "--state-dir" in e.value.message
 
 
+@pytest.mark.parametrize("what", ["not json", "a list", "round 0", "round past the rounds",
+                                  "round a string", "sites a list", "nodes a list",
+                                  "node a string"])
+def test_resume_refuses_a_broken_state_with_one_line(
+        what: str, round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    g, honest = round1
+    server = _resumable(tiny_base_model, tmp_path, g)
+    server.aggregate(1, [(w, r, 10 + i) for i, (w, r) in enumerate(honest)])
+    path = tmp_path / "state" / SERVER_STATE
+    raw = json.loads(path.read_text())
+    if what == "not json":
+        path.write_text("{not json")
+    else:
+        edit = {"a list": lambda: [raw], "round 0": lambda: {**raw, "round": 0},
+                "round past the rounds": lambda: {**raw, "round": ROUNDS + 1},
+                "round a string": lambda: {**raw, "round": "1"},
+                "sites a list": lambda: {**raw, "sites": []},
+                "nodes a list": lambda: {**raw, "nodes": [10]},
+                "node a string": lambda: {**raw, "nodes": {"a" * 16: "10"}}}[what]
+        path.write_text(json.dumps(edit()))
+    with pytest.raises(ConfigError) as e:
+        _resume(tiny_base_model, tmp_path)
+    assert "\n" not in e.value.message and "--state-dir" in e.value.message
+
+
 def test_resume_takes_weights_within_reach(round1: tuple[dict, list], tiny_base_model: Path,
                                           tmp_path: Path) -> None:
     g, honest = round1

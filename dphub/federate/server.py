@@ -176,21 +176,32 @@ class FederationServer:
         d = self._state_dir()
         if d is None or not (d / SERVER_STATE).exists():
             return
-        raw = json.loads((d / SERVER_STATE).read_text(encoding="utf-8"))
+        again = "delete this --state-dir to start the federation again"
+        try:
+            raw = json.loads((d / SERVER_STATE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{d}: the server's state cannot be read ({type(e).__name__}); "
+                              f"{again}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{d}: the server's state is not a record; {again}")
         if raw.get("fingerprint") != self._fingerprint():
             raise ConfigError(f"{d}: holds the state of another federation (options differ); "
                               "choose another --state-dir or delete it")
-        self.round = int(raw["round"])
+        rnd, sites = raw.get("round"), raw.get("sites")
+        if (isinstance(rnd, bool) or not isinstance(rnd, int)
+                or not 1 <= rnd <= self.cfg.rounds or not isinstance(sites, dict)
+                or not all(isinstance(r, dict) for r in sites.values())):
+            raise ConfigError(f"{d}: the server's state has no valid round or sites; {again}")
+        self.round = rnd
         self.weights = self._load_weights(d / SERVER_WEIGHTS, self.round)
         nodes = raw.get("nodes", {})
         if not (isinstance(nodes, dict) and all(
                 isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                 for k, v in nodes.items())):
-            raise ConfigError(f"{d}: the recorded site bindings are invalid; delete this "
-                              "--state-dir to start the federation again")
+            raise ConfigError(f"{d}: the recorded site bindings are invalid; {again}")
         self.nodes = dict(nodes)
         self._resumed_nodes = bool(self.nodes)
-        self.sites = raw["sites"]
+        self.sites = sites
         for row in self.sites.values():  # a state written before reports were checked
             try:
                 # the site's policy is kept as the checked object, not the report's JSON string
