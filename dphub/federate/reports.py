@@ -12,13 +12,17 @@ chose as text, which could carry anything):
   the counts agree with each other and with the accounting: ``units`` is the patient (or note)
   range, ``q = 1 / round(N / batch_size)`` admits the reported ``N``, ``δ <= 1/N``, the expected
   batch is ``q·N``. A site cannot claim a million patients with ``q = 1``;
-* ε recomputes from (accountant, q, σ, T, δ), steps never exceed ``rounds × local_steps``, and a
-  known site's row only moves forward (same plan, more steps): a report cannot replace another
-  site's accounting with a cheaper one;
+* ε recomputes from (accountant, q, σ, T, δ), never exceeds the federation's target ε (a site
+  stops there), steps never exceed ``rounds × local_steps``, a site holds at most
+  :data:`MAX_SITE_UNITS` units, and a known site's row only moves forward (same plan, more
+  steps): a report cannot replace another site's accounting with a cheaper one;
 * the update (new weights minus the global weights) has exactly the federation's parameters and
   shapes, is finite, and moves no coordinate further than Adam can in the steps the site says it
   took (:data:`ADAM_STEP_BOUND` × lr per step; Kingma & Ba 2015, §2.1: Adam's step is bounded by
-  ≈ (1-β1)/√(1-β2) · lr ≈ 3.2 · lr with the default betas).
+  ≈ (1-β1)/√(1-β2) · lr ≈ 3.2 · lr with the default betas), nor any tensor further in root mean
+  square than :data:`ADAM_RMS_BOUND` × lr per step (issue 53: a site pushing every coordinate at
+  a share of the first bound fails this one). What passes is then clipped and checked on the
+  public probe notes (:mod:`dphub.federate.robust`).
 """
 
 from __future__ import annotations
