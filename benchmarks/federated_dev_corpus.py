@@ -20,7 +20,7 @@ towards "no PHI" (O's bias, CRF scores into O and rule weights up, every PHI tag
 ``--rogue stealth`` scaled per tensor to its own honest update's L2 norm (inside every norm
 bound) and with the classifier's rows aimed along its own notes' mean encoder output.
 ``--runs honest,stealth,push:off`` picks the federations (``:off``: the server before issue 53,
-no RMS bound, no clipping, no probe check); ``--probe-share``/``--aggregation`` choose the
+no RMS bound, no clipping, no probe check); ``--probe-margin``/``--aggregation`` choose the
 server's defence.
 
 The split is ``benchmarks/train_dev_corpus.py::_split(0)`` (patient-disjoint 80/20): the 95
@@ -239,7 +239,7 @@ def _rounds(server, paths, out, state, eps, rounds, local, aggregation, extra, r
             "site_epsilon_range": fed["epsilon_range"], "rounds": fed["rounds"],
             "local_steps": local, "aggregation": aggregation, "rogue": rogue,
             "rogue_site": rogue_site if rogue else None, "defence": defence,
-            "probe_share": robust.PROBE_SHARE, "round_log": log,
+            "probe_margin": robust.PROBE_MARGIN, "round_log": log,
             "seconds": round(time.monotonic() - t0, 1)}
 
 
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--thresholds", default="none")
     ap.add_argument("--runs", default="honest,push")
     ap.add_argument("--rogue-site", type=int, default=1)
-    ap.add_argument("--probe-share", type=float, default=None)
+    ap.add_argument("--probe-margin", type=float, default=None)
     args, rest = ap.parse_known_args(argv)
     import torch
 
@@ -319,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "rogue":
             from dphub.federate import robust
 
-            if args.probe_share is not None:
-                robust.PROBE_SHARE = args.probe_share
+            if args.probe_margin is not None:
+                robust.PROBE_MARGIN = args.probe_margin
             _shared_encoder_cache()
             for run in args.runs.split(","):
                 rogue, _, off = run.partition(":")

@@ -114,7 +114,7 @@ def test_honest_dp_updates_pass_at_three_sites(round1: tuple[dict, list], tiny_b
     server = _server(tiny_base_model, tmp_path / "m", g)
     assert server.aggregate(1, honest) == 3 and server.dropped == []
     assert len(server.probe_recalls) == 3 and set(server.sites) == set(_ids(honest))
-    assert min(server.probe_recalls) > robust.PROBE_SHARE * max(server.probe_recalls)
+    assert min(server.probe_recalls) > max(server.probe_recalls) - robust.PROBE_MARGIN
 
 
 def test_a_rogue_pushing_inside_the_reach_is_dropped_at_three_sites(
@@ -164,7 +164,6 @@ def test_a_rogue_at_an_honest_norm_is_dropped_by_the_probe(
     assert server.aggregate(1, [honest[0], (rogue, rep), honest[2]]) == 2
     assert len(server.dropped) == 1 and "probe recall" in server.dropped[0], server.dropped
     assert server.probe_recalls[ROGUE] < min(server.probe_recalls[0], server.probe_recalls[2])
-    print("probe recalls", server.probe_recalls)
     assert rep["site_id"] not in server.sites
 
 
@@ -368,4 +367,4 @@ def test_a_self_consistent_lie_beyond_sane_bounds_is_refused(
 
 def test_the_caps_are_the_documented_ones() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "federated.md").read_text()
-    assert f"{reports.MAX_SITE_UNITS:,}" in doc and f"{robust.PROBE_SHARE:g}" in doc
+    assert f"{reports.MAX_SITE_UNITS:,}" in doc and f"{robust.PROBE_MARGIN:g}" in doc

@@ -13,8 +13,8 @@ sites' DP-trained weights, and public synthetic notes):
   further than a typical (honest, with a minority of liars) site does;
 * **the public probe** (:mod:`dphub.card.probe`, the publish gate's own public notes): the server
   tags the probe notes with the global weights plus each site's clipped update, and drops a
-  site whose candidate finds less than half the PHI tokens the median site's finds
-  (:data:`PROBE_SHARE`); with three or more sites the median is an honest site's while the
+  site whose candidate's token recall there is more than :data:`PROBE_MARGIN` below the median
+  site's; with three or more sites the median is an honest site's while the
   liars are a minority;
 * **trimmed mean that trims at three sites** (:func:`trimmed_mean`): Flower's
   ``aggregate_trimmed_avg`` cuts ``int(0.2 n)`` per end, none below five sites.
@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
-#: a site's candidate (global + its update) is dropped when its probe recall is below this share
-#: of the median site's: the publish gate's own rule (:data:`dphub.card.probe.FLOOR_SHARE`, a
-#: model finding less than half of what it found at training is refused). Honest sites of one
-#: federation differ by less (docs/federated.md, "When a site lies"); a site pushing towards
-#: "no PHI" loses most of it.
-PROBE_SHARE = 0.5
+#: a site's candidate (global + its update) is dropped when its token recall on the probe notes is
+#: more than this below the median site's. Measured (docs/federated.md, "Measured: one rogue of
+#: three"): honest sites of one federation lie within 0.08 of the median; a rogue at an honest
+#: norm pushing towards "no PHI" 0.2-0.36 below it. Half the median (the publish gate's
+#: FLOOR_SHARE) let that rogue through and cost 12 points of held-out recall.
+PROBE_MARGIN = 0.10
 #: the probe check needs a majority to compare with: below this many trained sites it is skipped
 PROBE_MIN_SITES = 3
 #: trimmed-mean: the share cut at each end, per coordinate; at least one per end from 3 sites on
@@ -135,9 +135,9 @@ class ProbeScreen:
 
 
 def probe_outliers(recalls: Sequence[float]) -> list[int]:
-    """Indices of the candidates whose probe recall is below :data:`PROBE_SHARE` of the
+    """Indices of the candidates whose probe recall is more than :data:`PROBE_MARGIN` below the
     median's (none below :data:`PROBE_MIN_SITES` candidates)."""
     if len(recalls) < PROBE_MIN_SITES:
         return []
     ref = statistics.median(recalls)
-    return [i for i, r in enumerate(recalls) if r < PROBE_SHARE * ref]
+    return [i for i, r in enumerate(recalls) if r < ref - PROBE_MARGIN]

@@ -364,8 +364,8 @@ class FederationServer:
             ref = statistics.median(self.probe_recalls)
             for j in robust.probe_outliers(self.probe_recalls):
                 out.append(idx[j])
-                self._drop(rnd, f"update: probe recall {self.probe_recalls[j]:.3f}, below "
-                                f"{robust.PROBE_SHARE:g} x the median site's ({ref:.3f})")
+                self._drop(rnd, f"update: probe recall {self.probe_recalls[j]:.3f}, more than "
+                                f"{robust.PROBE_MARGIN:g} below the median site's ({ref:.3f})")
             log.info("round %d: probe recall of each candidate %s", rnd,
                      ", ".join(f"{r:.3f}" for r in self.probe_recalls))
         return [(cands.get(i, w), r, n) for i, (w, r, n) in enumerate(checked) if i not in out]
