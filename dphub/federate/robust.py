@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 #: a site's candidate (global + its update) is dropped when its token recall on the probe notes is
-#: more than this below the median site's. Measured (docs/federated.md, "Measured: one rogue of
-#: three"): honest sites of one federation lie within 0.08 of the median; a rogue at an honest
-#: norm pushing towards "no PHI" 0.2-0.36 below it. Half the median (the publish gate's
-#: FLOOR_SHARE) let that rogue through and cost 12 points of held-out recall.
+#: more than this below the median site's. Measured (docs/federated.md, "One rogue of three",
+#: a synthetic corpus): honest sites of one federation lie at most 0.064 below the median; a
+#: rogue at an honest norm pushing towards "no PHI" 0.12-0.33 below it. Half the median (the
+#: publish gate's FLOOR_SHARE) let that rogue through and cost 12 points of held-out recall.
 PROBE_MARGIN = 0.10
 #: the probe check needs a majority to compare with: below this many trained sites it is skipped
 PROBE_MIN_SITES = 3
