@@ -23,7 +23,7 @@ from federate_fixtures import OPTIONS, one_thread  # noqa: F401 (an autouse fixt
 
 from dphub import formats, synth
 from dphub.cli.main import main as cli_main
-from dphub.federate import reports
+from dphub.federate import reports, robust
 from dphub.federate.server import SERVER_STATE, FederationConfig, FederationServer
 from dphub.federate.simulate import site_overlap
 from dphub.federate.site import RoundOrder, Site
@@ -149,10 +149,14 @@ def test_an_update_within_adams_reach_is_kept(round1: tuple[dict, list], tiny_ba
             reach = reports.update_bound(k, lr=OPTIONS["lr"], rule_lr_scale=30.0,
                                          steps=rep["trained"])
             assert float((w[k] - g[k]).abs().max()) < reach / 2
+            rms = float((w[k] - g[k]).double().pow(2).mean().sqrt())
+            assert rms < reports.rms_update_bound(k, lr=OPTIONS["lr"], rule_lr_scale=30.0,
+                                                  steps=rep["trained"]) / 2
     w, rep = honest[1]
     name = next(iter(g))
     bound = reports.update_bound(name, lr=OPTIONS["lr"], rule_lr_scale=30.0, steps=LOCAL)
-    inside = _with(w, **{name: g[name] + bound * 0.99})
+    inside = _with(w, **{name: w[name].clone()})
+    inside[name].view(-1)[0] = g[name].view(-1)[0] + bound * 0.99  # one coordinate at the reach
     server = _server(tiny_base_model, tmp_path / "m", g)
     assert server.aggregate(1, [honest[0], (inside, rep)]) == 2 and server.dropped == []
 
@@ -274,15 +278,16 @@ def test_a_state_with_a_bad_row_is_refused_on_resume(round1: tuple[dict, list],
         FederationServer(_cfg(tiny_base_model, tmp_path / "m", state_dir=tmp_path / "state"))
 
 
-def test_robust_aggregates_are_flowers(round1: tuple[dict, list], tiny_base_model: Path,
-                                       tmp_path: Path) -> None:
-    pytest.importorskip("flwr")
+def test_robust_aggregates_of_two_sites_are_their_mean(round1: tuple[dict, list],
+                                                      tiny_base_model: Path,
+                                                      tmp_path: Path) -> None:
     g, honest = round1
+    clipped, _ = robust.clip_to_median(robust.updates([w for w, _ in honest], g))
     for agg in ("median", "trimmed-mean"):
         server = _server(tiny_base_model, tmp_path / agg, g, aggregation=agg)
         assert server.aggregate(1, honest) == 2
-        for k, v in server.weights.items():  # two sites: both are their mean
-            mean = (honest[0][0][k].double() + honest[1][0][k].double()) / 2
+        for k, v in server.weights.items():  # two sites: both are their (clipped) mean
+            mean = g[k].double() + (clipped[0][k] + clipped[1][k]) / 2
             assert torch.allclose(v.double(), mean, atol=1e-6)
 
 

@@ -60,7 +60,9 @@ ROUNDS = typer.Option(3, "--rounds", min=1, help="Federated rounds.")
 LOCAL = typer.Option(8, "--local-steps", min=1, help="DP-SGD steps per site per round.")
 AGG = typer.Option("mean", "--aggregation", help="mean; coarse-batch (weights by the lower "
                    "bound of each site's coarse expected batch); median or trimmed-mean "
-                   "(Flower's robust aggregates, against a lying site).")
+                   "(coordinate-wise, against a lying site; trimmed-mean cuts one site per "
+                   "end from 3 sites on). Every aggregation clips updates to the median norm "
+                   "and drops a site far below the others on the public probe notes.")
 BASE = typer.Option(None, "--base-model", show_default="embedded all-MiniLM-L6-v2", help="Public base model (the same on every site).")
 WARM = typer.Option("synth", "--warm-start", help="synth or none (as dphub train).")
 ACC = typer.Option("prv", "--accountant", help="prv or rdp.")

@@ -12,13 +12,17 @@ chose as text, which could carry anything):
   the counts agree with each other and with the accounting: ``units`` is the patient (or note)
   range, ``q = 1 / round(N / batch_size)`` admits the reported ``N``, ``δ <= 1/N``, the expected
   batch is ``q·N``. A site cannot claim a million patients with ``q = 1``;
-* ε recomputes from (accountant, q, σ, T, δ), steps never exceed ``rounds × local_steps``, and a
-  known site's row only moves forward (same plan, more steps): a report cannot replace another
-  site's accounting with a cheaper one;
+* ε recomputes from (accountant, q, σ, T, δ), never exceeds the federation's target ε (a site
+  stops there), steps never exceed ``rounds × local_steps``, a site holds at most
+  :data:`MAX_SITE_UNITS` units, and a known site's row only moves forward (same plan, more
+  steps): a report cannot replace another site's accounting with a cheaper one;
 * the update (new weights minus the global weights) has exactly the federation's parameters and
   shapes, is finite, and moves no coordinate further than Adam can in the steps the site says it
   took (:data:`ADAM_STEP_BOUND` × lr per step; Kingma & Ba 2015, §2.1: Adam's step is bounded by
-  ≈ (1-β1)/√(1-β2) · lr ≈ 3.2 · lr with the default betas).
+  ≈ (1-β1)/√(1-β2) · lr ≈ 3.2 · lr with the default betas), nor any tensor further in root mean
+  square than :data:`ADAM_RMS_BOUND` × lr per step (issue 53: a site pushing every coordinate at
+  a share of the first bound fails this one). What passes is then clipped and checked on the
+  public probe notes (:mod:`dphub.federate.robust`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,14 @@ from dphub.privacy.federation import site_epsilon
 #: Adam moves a coordinate by at most ≈ 3.2 × lr per step (default betas); 10 leaves margin for
 #: bias correction's first steps, and still bounds what one site can do to the average.
 ADAM_STEP_BOUND = 10.0
+#: ... and moves a whole tensor, in root mean square over its coordinates, by about lr per step
+#: at most (its bias-corrected step m/sqrt(v) is exactly ±1 on the first step and about 1 in
+#: magnitude or less after, for gradients of steady size; noisy DP gradients give less). 2 leaves
+#: margin and is far below what a site pushing every coordinate towards a target sends.
+ADAM_RMS_BOUND = 2.0
+#: the most privacy units (patients) one site may report: a larger site is outside what this
+#: server accepts (a lie of "1000000-1999999" patients, consistent with its own q, is refused)
+MAX_SITE_UNITS = 999_999
 
 #: The fields a report carries (``dphub.federate.site.Site.report``).
 REPORT_SCHEMA: dict[str, Any] = {
@@ -100,8 +112,11 @@ def _range(r: str) -> tuple[int, int]:
 
 def check_report(rep: Mapping[str, Any], *, privacy_unit: str, accountant: str,
                  label_schema: str, batch_size: int, max_steps: int,
-                 local_steps: int) -> dict[str, Any]:
-    """The report as a plain dict once every check passes (raises :class:`Rejected`)."""
+                 local_steps: int, target_epsilon: float | None = None) -> dict[str, Any]:
+    """The report as a plain dict once every check passes (raises :class:`Rejected`).
+
+    ``target_epsilon``: the federation's; a site never spends past it (it stops), so a report
+    above it is a lie that would reach the card."""
     rep = dict(rep)
     _schema_error(_REPORT, rep, "report")
     for k in ("sample_rate", "noise_multiplier", "delta", "epsilon"):
@@ -124,6 +139,8 @@ def check_report(rep: Mapping[str, Any], *, privacy_unit: str, accountant: str,
     for r in counts:
         _range(r)
     lo, hi = _range(rep["units"])
+    if hi > MAX_SITE_UNITS:
+        raise Rejected(f"report: units above the server's cap ({MAX_SITE_UNITS} per site)")
     unit_count = {"patient": "patients", "note": "notes", "sequence": "sequences"}[privacy_unit]
     if dataset[unit_count] != rep["units"]:
         raise Rejected(f"report: units disagree with dataset.{unit_count}")
@@ -150,6 +167,9 @@ def check_report(rep: Mapping[str, Any], *, privacy_unit: str, accountant: str,
     if not math.isfinite(eps) or accounting.below(float(rep["epsilon"]), eps,
                                                   accounting.CLAIM_RTOL):
         raise Rejected("report: epsilon below its own accounting")
+    if target_epsilon is not None and accounting.below(
+            target_epsilon, float(rep["epsilon"]), accounting.CLAIM_RTOL):
+        raise Rejected("report: epsilon above the federation's target")
     return rep
 
 
@@ -172,6 +192,12 @@ def update_bound(name: str, *, lr: float, rule_lr_scale: float, steps: int) -> f
     """How far ``steps`` Adam steps can move one coordinate of parameter ``name``."""
     rate = lr * rule_lr_scale if name.startswith("rule_proj.") else lr
     return ADAM_STEP_BOUND * rate * max(1, steps)
+
+
+def rms_update_bound(name: str, *, lr: float, rule_lr_scale: float, steps: int) -> float:
+    """How far ``steps`` Adam steps can move parameter ``name`` in root mean square."""
+    rate = lr * rule_lr_scale if name.startswith("rule_proj.") else lr
+    return ADAM_RMS_BOUND * rate * max(1, steps)
 
 
 def check_update(weights: Mapping[str, Any] | None, global_weights: Mapping[str, torch.Tensor],
@@ -197,3 +223,9 @@ def check_update(weights: Mapping[str, Any] | None, global_weights: Mapping[str,
         if not change <= bound:
             raise Rejected(f"update: {name} moved {change:.3g}, out of bounds "
                            f"(at most {bound:.3g} in {steps} step(s))")
+        rms = float((w.to(torch.float64) - old.to(torch.float64)).pow(2).mean().sqrt()) \
+            if w.numel() else 0.0
+        rms_bound = rms_update_bound(name, lr=lr, rule_lr_scale=rule_lr_scale, steps=steps)
+        if not rms <= rms_bound:
+            raise Rejected(f"update: {name} moved {rms:.3g} in root mean square, out of bounds "
+                           f"(at most {rms_bound:.3g} in {steps} step(s))")

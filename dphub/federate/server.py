@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import torch
 
 from dphub import card
 from dphub.errors import ConfigError
-from dphub.federate import reports
+from dphub.federate import reports, robust
 from dphub.federate.site import (
     SitePolicy,
     frozen_digest,
@@ -39,11 +40,12 @@ from dphub.train.plan import PrivacyPlan
 
 log = logging.getLogger(__name__)
 
-#: mean and coarse-batch average the (bounded) updates; median and trimmed-mean are Flower's
-#: robust aggregates (coordinate-wise), for federations that expect a lying site
+#: mean and coarse-batch average the (bounded, clipped, probe-checked) updates; median and
+#: trimmed-mean are coordinate-wise robust aggregates (trimmed-mean cuts at least one site per
+#: end from 3 sites on: :mod:`dphub.federate.robust`)
 AGGREGATIONS = ("mean", "coarse-batch", "median", "trimmed-mean")
-#: trimmed-mean: the share cut at each end, per coordinate (Flower's FedTrimmedAvg default)
-TRIM_PROPORTION = 0.2
+#: trimmed-mean: the share cut at each end, per coordinate (at least one from 3 sites on)
+TRIM_PROPORTION = robust.TRIM_PROPORTION
 #: the report fields the server keeps per site (its card's accounting row and coarse counts)
 SITE_ROW = ("accountant", "sample_rate", "noise_multiplier", "steps", "delta", "epsilon",
             "privacy_unit", "units", "expected_batch", "dataset", "budget_spent", "exact_units")
@@ -135,11 +137,17 @@ class FederationServer:
     round: int = 0
     sites: dict[str, dict[str, Any]] = field(default_factory=dict)
     bytes_per_round: list[int] = field(default_factory=list)
-    #: site id -> the Flower node that first reported it (this server process; a resumed
-    #: server rebinds, and a known site's row still only continues its own accounting)
+    #: site id -> the Flower node that first reported it, checkpointed: a resumed server keeps
+    #: the bindings (a node cannot add a second id after a restart). Only when none of a
+    #: resumed round's nodes is a known one (Flower numbered the nodes afresh: the simulation,
+    #: a SuperLink without a database) are they rebuilt from that round
     nodes: dict[str, int] = field(default_factory=dict)
     #: why replies of the last round were dropped (field names and numbers only)
     dropped: list[str] = field(default_factory=list)
+    #: the last round's probe recall per contributing candidate (site order of the replies) and
+    #: the largest norm scale-down applied (public numbers, logged)
+    probe_recalls: list[float] = field(default_factory=list)
+    clipped: float = 1.0
 
     def __post_init__(self) -> None:
         self.cfg.validate()
@@ -148,6 +156,9 @@ class FederationServer:
         self.src, self.model = prepare_model(self.opts)
         self.frozen_digest = frozen_digest(self.model)
         self.weights = trainable_state(self.model)
+        self.initial = {k: v.clone() for k, v in self.weights.items()}
+        self._probe: robust.ProbeScreen | None = None
+        self._resumed_nodes = False
         self._resume()
 
     # ------------------------------------------------------------------ resume
@@ -165,15 +176,32 @@ class FederationServer:
         d = self._state_dir()
         if d is None or not (d / SERVER_STATE).exists():
             return
-        raw = json.loads((d / SERVER_STATE).read_text(encoding="utf-8"))
+        again = "delete this --state-dir to start the federation again"
+        try:
+            raw = json.loads((d / SERVER_STATE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{d}: the server's state cannot be read ({type(e).__name__}); "
+                              f"{again}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{d}: the server's state is not a record; {again}")
         if raw.get("fingerprint") != self._fingerprint():
             raise ConfigError(f"{d}: holds the state of another federation (options differ); "
                               "choose another --state-dir or delete it")
-        from safetensors.torch import load_file
-
-        self.weights = load_file(str(d / SERVER_WEIGHTS))
-        self.round = int(raw["round"])
-        self.sites = raw["sites"]
+        rnd, sites = raw.get("round"), raw.get("sites")
+        if (isinstance(rnd, bool) or not isinstance(rnd, int)
+                or not 1 <= rnd <= self.cfg.rounds or not isinstance(sites, dict)
+                or not all(isinstance(r, dict) for r in sites.values())):
+            raise ConfigError(f"{d}: the server's state has no valid round or sites; {again}")
+        self.round = rnd
+        self.weights = self._load_weights(d / SERVER_WEIGHTS, self.round)
+        nodes = raw.get("nodes", {})
+        if not (isinstance(nodes, dict) and all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                for k, v in nodes.items())):
+            raise ConfigError(f"{d}: the recorded site bindings are invalid; {again}")
+        self.nodes = dict(nodes)
+        self._resumed_nodes = bool(self.nodes)
+        self.sites = sites
         for row in self.sites.values():  # a state written before reports were checked
             try:
                 # the site's policy is kept as the checked object, not the report's JSON string
@@ -186,12 +214,51 @@ class FederationServer:
                                      label_schema=self.opts.label_schema,
                                      batch_size=self.opts.batch_size,
                                      max_steps=self.cfg.rounds * self.cfg.local_steps,
-                                     local_steps=self.cfg.local_steps)
+                                     local_steps=self.cfg.local_steps,
+                                     target_epsilon=self.cfg.target_epsilon)
             except reports.Rejected as e:
                 raise ConfigError(f"{d}: a site's recorded report is invalid ({e.message}); "
                                   "delete this --state-dir to start the federation again") from None
         self.bytes_per_round = raw.get("bytes_per_round", [])
         log.info("server: resumed after round %d", self.round)
+
+    def _load_weights(self, path: Path, rounds: int) -> dict[str, torch.Tensor]:
+        """The checkpointed global weights, refused (one line) unless they are this
+        federation's parameters, finite, and no larger than ``rounds`` rounds of Adam steps
+        can have made them from the initial weights."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        where = f"{path.parent}: the checkpointed weights"
+        try:
+            weights = load_file(str(path))
+        except (OSError, SafetensorError, ValueError) as e:
+            raise ConfigError(f"{where} cannot be read ({type(e).__name__}); delete this "
+                              "--state-dir to start the federation again") from None
+        if set(weights) != set(self.initial):
+            raise ConfigError(f"{where} are not this federation's parameters; delete this "
+                              "--state-dir to start the federation again")
+        steps = max(1, rounds) * self.cfg.local_steps
+        for name, init in self.initial.items():
+            w = weights[name]
+            if tuple(w.shape) != tuple(init.shape) or not w.is_floating_point():
+                raise ConfigError(f"{where}: {name} is mis-shaped; delete this --state-dir "
+                                  "to start the federation again")
+            if not bool(torch.isfinite(w).all()):
+                raise ConfigError(f"{where}: {name} is not finite; delete this --state-dir "
+                                  "to start the federation again")
+            # the head's initial weights may be drawn afresh in each process (no warm start), so
+            # the bound is on the size: at most the initial's largest plus the rounds' reach
+            bound = reports.update_bound(name, lr=self.opts.lr,
+                                         rule_lr_scale=self.opts.rule_lr_scale, steps=steps)
+            bound += float(init.abs().max()) if init.numel() else 0.0
+            size = float(w.to(torch.float64).abs().max()) if w.numel() else 0.0
+            if not size <= bound:
+                raise ConfigError(f"{where}: {name} is larger than {rounds} round(s) can make "
+                                  f"it ({size:.3g} > {bound:.3g}); delete this --state-dir to "
+                                  "start the federation again")
+            weights[name] = w.to(init.dtype)
+        return weights
 
     def checkpoint(self) -> None:
         d = self._state_dir()
@@ -204,7 +271,7 @@ class FederationServer:
                                                      for k, v in self.weights.items()}))
         atomic_write_text(d / SERVER_STATE, json.dumps({
             "fingerprint": self._fingerprint(), "round": self.round, "sites": self.sites,
-            "bytes_per_round": self.bytes_per_round}, indent=2) + "\n")
+            "nodes": self.nodes, "bytes_per_round": self.bytes_per_round}, indent=2) + "\n")
 
     # ------------------------------------------------------------------ rounds
 
@@ -220,23 +287,29 @@ class FederationServer:
         A reply is ``(weights, report)`` or ``(weights, report, node_id)`` (the Flower node it
         came from). Every reply is checked before it touches the server's state
         (:mod:`dphub.federate.reports`); one that fails is dropped from this round with a
-        logged reason (``self.dropped``), never the federation.
+        logged reason (``self.dropped``), never the federation. The updates that pass are
+        clipped to the median norm and checked on the public probe notes
+        (:mod:`dphub.federate.robust`) before they are combined.
         """
-        self.dropped = []
+        self.dropped, self.probe_recalls, self.clipped = [], [], 1.0
         ids = Counter(str(r[1].get("site_id")) if isinstance(r[1], Mapping) else None
                       for r in replies)
-        accepted: list[tuple[dict[str, torch.Tensor] | None, dict[str, Any], int | None]] = []
+        self._renumbered([r[2] for r in replies if len(r) > 2 and r[2] is not None])
+        seen: set[int] = set()
+        checked: list[tuple[dict[str, torch.Tensor] | None, dict[str, Any], int | None]] = []
         for reply in replies:
             weights, rep = reply[0], reply[1]
             node = reply[2] if len(reply) > 2 else None
             try:
                 if not isinstance(rep, Mapping):
                     raise reports.Rejected("report: not a record")
+                if node is not None and node in seen:
+                    raise reports.Rejected("a node replied twice in one round")
                 clean = reports.check_report(
                     rep, privacy_unit=self.opts.privacy_unit, accountant=self.opts.accountant,
                     label_schema=self.opts.label_schema, batch_size=self.opts.batch_size,
                     max_steps=self.cfg.rounds * self.cfg.local_steps,
-                    local_steps=self.cfg.local_steps)
+                    local_steps=self.cfg.local_steps, target_epsilon=self.cfg.target_epsilon)
                 sid = clean["site_id"]
                 self._check_identity(sid, node, ids[sid])
                 reports.check_continuity(clean, self.sites.get(sid))
@@ -244,14 +317,15 @@ class FederationServer:
                                      rule_lr_scale=self.opts.rule_lr_scale,
                                      steps=int(clean["trained"]))
             except reports.Rejected as e:
-                self.dropped.append(e.message)
-                log.warning("round %d: a site was dropped from the round (%s)", rnd, e.message)
+                self._drop(rnd, e.message)
                 continue
-            accepted.append((weights, clean, node))
-        for _, rep, node in accepted:
-            sid = rep["site_id"]
             if node is not None:
-                self.nodes[sid] = node
+                seen.add(node)
+                self.nodes[clean["site_id"]] = node  # its id is its node's from now on
+            checked.append((weights, clean, node))
+        accepted = self._screen(rnd, checked)
+        for _, rep, _ in accepted:
+            sid = rep["site_id"]
             self.sites[sid] = {k: rep[k] for k in SITE_ROW}
             policy = site_policy_row(rep.get("policy"))  # the site's own policy (issue 37)
             if policy is not None:
@@ -263,8 +337,56 @@ class FederationServer:
         self.checkpoint()
         return len(trained)
 
+    def _drop(self, rnd: int, message: str) -> None:
+        self.dropped.append(message)
+        log.warning("round %d: a site was dropped from the round (%s)", rnd, message)
+
+    def _screen(self, rnd: int, checked: list[tuple[Any, dict[str, Any], int | None]]
+                ) -> list[tuple[Any, dict[str, Any], int | None]]:
+        """The checked replies with their updates clipped to the median norm, less those whose
+        candidate model falls far below the median site's on the public probe notes."""
+        idx = [i for i, (w, _, _) in enumerate(checked) if w is not None]
+        if not idx:
+            return checked
+        deltas = robust.updates([checked[i][0] for i in idx], self.weights)
+        deltas, self.clipped = robust.clip_to_median(deltas)
+        if self.clipped < 1.0:
+            log.info("round %d: updates clipped to the median norm (largest scale-down %.3g)",
+                     rnd, self.clipped)
+        cands = {i: {n: (g.to(torch.float64) + d[n]).to(g.dtype)
+                     for n, g in self.weights.items()}
+                 for i, d in zip(idx, deltas, strict=True)}
+        out = []
+        if len(idx) >= robust.PROBE_MIN_SITES:
+            if self._probe is None:
+                self._probe = robust.ProbeScreen(self.model, self.src.tokenizer_dir)
+            self.probe_recalls = [self._probe.recall(cands[i]) for i in idx]
+            ref = statistics.median(self.probe_recalls)
+            for j in robust.probe_outliers(self.probe_recalls):
+                out.append(idx[j])
+                self._drop(rnd, f"update: probe recall {self.probe_recalls[j]:.3f}, more than "
+                                f"{robust.PROBE_MARGIN:g} below the median site's ({ref:.3f})")
+            log.info("round %d: probe recall of each candidate %s", rnd,
+                     ", ".join(f"{r:.3f}" for r in self.probe_recalls))
+        return [(cands.get(i, w), r, n) for i, (w, r, n) in enumerate(checked) if i not in out]
+
+    def _renumbered(self, present: list[int]) -> None:
+        """After a resume: when none of the first round's nodes is a known one, Flower has
+        numbered the nodes afresh (the simulation; a SuperLink without a database), so the
+        recorded bindings name nodes that no longer exist and are rebuilt from this round.
+        A known node keeps its id (and cannot add a second one) across restarts."""
+        if not self._resumed_nodes or not present:
+            return
+        self._resumed_nodes = False
+        if not set(present) & set(self.nodes.values()):
+            log.info("server: every node is new after the resume: site bindings rebuilt")
+            self.nodes = {}
+
     def _check_identity(self, sid: str, node: int | None, times: int) -> None:
-        """One site id, one accountant, one node: refuse a second reply with a known id."""
+        """One site id, one accountant, one node: a bound id answers only from its node (an
+        echo from another node is refused, the bound site kept), a node never adds a second
+        id, and an unbound id twice in one round is refused (the server cannot tell which
+        is the site's: both wait for a round without the echo)."""
         bound = self.nodes.get(sid)
         if node is not None:
             if bound is not None and bound != node:
@@ -276,18 +398,12 @@ class FederationServer:
 
     def _combine(self, trained: list[tuple[dict[str, torch.Tensor], dict[str, Any]]]
                  ) -> dict[str, torch.Tensor]:
-        """The new global weights from the accepted sites' (bounded) weights."""
+        """The new global weights from the accepted sites' (bounded, clipped) weights."""
         agg = self.cfg.aggregation
         if agg in ("median", "trimmed-mean"):
-            # Flower's robust aggregates (optional dependency: imported where used)
-            from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
-
-            names = list(self.weights)
-            arrays = [([w[n].to(torch.float64).numpy() for n in names], 1) for w, _ in trained]
-            out = (aggregate_median(arrays) if agg == "median"
-                   else aggregate_trimmed_avg(arrays, TRIM_PROPORTION))
-            return {n: torch.as_tensor(a).to(self.weights[n].dtype)
-                    for n, a in zip(names, out, strict=True)}
+            fn = robust.coordinate_median if agg == "median" else robust.trimmed_mean
+            return {n: fn(torch.stack([w[n].to(torch.float64) for w, _ in trained])).to(old.dtype)
+                    for n, old in self.weights.items()}
         if agg == "mean":
             weights = [1.0] * len(trained)
         else:  # coarse-batch: the lower bound of the site's coarse expected batch
