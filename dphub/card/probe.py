@@ -17,12 +17,13 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dphub.labels import category_of
 from dphub.notes import Note
 from dphub.scores import spans_from_scores
 from dphub.synth import generate
@@ -50,12 +51,22 @@ GATE_PROBE_KEYS = ("version", "notes", "recall", "floor")
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What the probe measured: token recall on the probe notes and the activations' size."""
+    """What the probe measured: token recall on the probe notes and the activations' size, and
+    (issue 53) the recall per HIPAA category and the share of non-PHI words left unflagged."""
 
     recall: float
     tokens: int
     max_abs_activation: float
     nonfinite: bool
+    #: category -> (PHI word tokens of that category a predicted span overlaps, all of them)
+    per_category: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: share of the probe notes' non-PHI word tokens no predicted span overlaps (1.0: none
+    #: flagged; a model that flags everything keeps none)
+    kept: float = 1.0
+
+    def category_recall(self) -> dict[str, float]:
+        """Recall per category (categories with no gold token are absent)."""
+        return {c: hit / total for c, (hit, total) in self.per_category.items() if total}
 
 
 def probe_notes() -> list[Note]:
@@ -85,6 +96,31 @@ def token_recall(notes: list[Note], predicted: list[list[Any]]) -> tuple[float, 
     return (hit / total if total else 0.0), total
 
 
+def category_counts(notes: list[Note], predicted: list[list[Any]]
+                    ) -> tuple[dict[str, tuple[int, int]], float]:
+    """(category -> (gold PHI word tokens a predicted span overlaps, all of them), share of the
+    non-PHI word tokens no predicted span overlaps).
+
+    Any predicted label counts: ``deid`` hides a flagged word whatever its label, so a model
+    whose schema lacks a category still protects it by flagging its words under another label.
+    """
+    counts: dict[str, list[int]] = {}
+    other = kept = 0
+    for note, pred in zip(notes, predicted, strict=True):
+        gold = sorted((s.start, s.end, category_of(s.label)) for s in note.spans)
+        for m in _WORD.finditer(note.text):
+            flagged = any(p.start < m.end() and m.start() < p.end for p in pred)
+            cats = {c for start, end, c in gold if start < m.end() and m.start() < end}
+            if not cats:
+                other += 1
+                kept += not flagged
+            for c in cats:
+                row = counts.setdefault(c, [0, 0])
+                row[0] += flagged
+                row[1] += 1
+    return {c: (h, t) for c, (h, t) in sorted(counts.items())}, (kept / other if other else 1.0)
+
+
 def run_probe(tagger: Tagger) -> ProbeResult:
     """Tag the probe notes with ``tagger`` (decoded tags, as ``deid`` does) while watching the
     encoder's output and the emissions."""
@@ -112,7 +148,9 @@ def run_probe(tagger: Tagger) -> ProbeResult:
             seen["nonfinite"] = True
     spans = [spans_from_scores(ts, None) for ts in scores]
     recall, tokens = token_recall(notes, spans)
-    return ProbeResult(recall, tokens, float(seen["max"]), bool(seen["nonfinite"]))
+    per_category, kept = category_counts(notes, spans)
+    return ProbeResult(recall, tokens, float(seen["max"]), bool(seen["nonfinite"]),
+                       per_category, kept)
 
 
 def floor_for(recall: float) -> float:

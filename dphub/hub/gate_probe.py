@@ -9,6 +9,12 @@ can still find nothing (issue 38: 1e30 in the head passed ``card validate``, ``p
 output decides what leaves a hospital unredacted: DP models, federated models, public students
 and public bases alike, so the probe applies to all of them.
 
+The floor is also set by public facts (issue 53, :mod:`dphub.card.probe_floor`): a model of a
+base and schema whose public warm start dphub has measured must reach, in every category of the
+probe notes, a share of that warm start's recall there, and leave unflagged a share of the
+non-PHI words it leaves; the card's own figures are never read for this. A poisoned or broken
+model can lower the floor its card states, not this one.
+
 A card written before the probe existed has no ``gate_probe`` block: publish refuses it (retrain
 with this dphub, which records the block), pull and ``card validate`` run the probe with the
 dphub-wide minimum floor, so a model published earlier stays usable if it still finds PHI.
@@ -21,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import DphubError
-from dphub.hub.gate_common import refuse
+from dphub.hub.gate_common import refuse, safe_name
 
 #: why publish refuses a card without the block
 MISSING_PROBE = (
@@ -53,7 +59,8 @@ def probe_problems(model_dir: Path, meta: dict[str, Any], *, require_block: bool
             return [MISSING_PROBE]
         floor = MIN_PROBE_FLOOR
     try:
-        result = run_probe(Tagger.load(model_dir))
+        tagger = Tagger.load(model_dir)
+        result = run_probe(tagger)
     except DphubError as e:
         return [f"the model cannot be run on dphub's probe notes ({e.message})"]
     except (RuntimeError, ValueError, OverflowError) as e:
@@ -70,7 +77,29 @@ def probe_problems(model_dir: Path, meta: dict[str, Any], *, require_block: bool
                 f"notes, below the floor of {floor:.0%} (the card's gate_probe.floor, at least "
                 f"{MIN_PROBE_FLOOR:.0%}): a model that misses the PHI of public synthetic notes "
                 "would leave patients' notes unredacted"]
-    return []
+    return public_floor_problems(tagger.model, meta, result)
+
+
+def public_floor_problems(model: Any, meta: dict[str, Any], result: Any) -> list[str]:
+    """The floors the model's public warm start sets (:mod:`dphub.card.probe_floor`), checked
+    on the probe figures just measured (``result``); empty when it passes or dphub has no
+    figures for a model of this kind."""
+    from dphub.card.probe_floor import floor_shortfalls, public_base
+
+    cfg = getattr(getattr(model, "encoder", None), "config", None)
+    base = public_base(meta.get("base_model") if isinstance(meta, dict) else None,
+                       getattr(model, "schema", None), getattr(model, "head", None),
+                       getattr(model, "rule_features", None) is not None,
+                       getattr(cfg, "hidden_size", None), getattr(cfg, "num_hidden_layers", None))
+    if base is None:
+        return []
+    short = floor_shortfalls(result.per_category, result.kept, base)
+    if not short:
+        return []
+    return [f"on dphub's public probe notes the model is far below the public warm start of its "
+            f"base ({safe_name(base.base_model)}, which finds PHI there with no patient seen): "
+            f"{'; '.join(short)}. A model that finds less PHI than public data alone gives is "
+            "broken or poisoned"]
 
 
 def check_probe(model_dir: Path, meta: dict[str, Any], *, require_block: bool) -> None:
