@@ -76,6 +76,16 @@ def _session_dphub_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_dphub_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A dphub home per module for module-scoped fixtures: two modules whose fixtures train on
+    the same synthetic notes (the same generator seeds) must not compose in one ledger, which
+    now recognises a dataset by its notes' content (issue 53)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPHUB_HOME", str(tmp_path_factory.mktemp("dphub-home")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _private_dphub_home(monkeypatch: pytest.MonkeyPatch,
                         tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -114,7 +114,9 @@ def test_honest_dp_updates_pass_at_three_sites(round1: tuple[dict, list], tiny_b
     server = _server(tiny_base_model, tmp_path / "m", g)
     assert server.aggregate(1, honest) == 3 and server.dropped == []
     assert len(server.probe_recalls) == 3 and set(server.sites) == set(_ids(honest))
-    assert min(server.probe_recalls) > max(server.probe_recalls) - robust.PROBE_MARGIN
+    # the rule: none is more than the margin below the median site's (tiny DP models spread)
+    median = sorted(server.probe_recalls)[1]
+    assert min(server.probe_recalls) > median - robust.PROBE_MARGIN
 
 
 def test_a_rogue_pushing_inside_the_reach_is_dropped_at_three_sites(

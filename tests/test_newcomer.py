@@ -183,6 +183,7 @@ def test_full_disk_during_deid_is_one_error_line_and_resumable(
                 _no_space()
             fh.write(text[len(text) // 2 :])
 
+    unpatched = dphub.runner.atomic_write_text
     monkeypatch.setattr(dphub.runner, "atomic_write_text", filling_disk)
     code = main(["deid", "notes", "--model", "rules:default", "--out", "out",
                  "--batch-size", "1"])
@@ -195,8 +196,9 @@ def test_full_disk_during_deid_is_one_error_line_and_resumable(
     assert len(written) == 2  # the third was never renamed into place ...
     assert not list((work / "out").rglob("*.tmp"))  # ... and its temp file is gone
     assert _tree(work / "notes") == before
-    monkeypatch.undo()  # space freed: --resume finishes the run
-    monkeypatch.chdir(work)
+    # space freed: --resume finishes the run (the same DPHUB_HOME: monkeypatch.undo() would
+    # also undo the per-test home, and the run's note digests need its key)
+    monkeypatch.setattr(dphub.runner, "atomic_write_text", unpatched)
     assert main(["deid", "notes", "--model", "rules:default", "--out", "out", "--resume"]) == 0
     assert len([p for p in (work / "out").iterdir() if p.suffix == ".txt"]) == 6
 

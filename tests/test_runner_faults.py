@@ -302,7 +302,8 @@ def test_parallel_ensemble_add_keeps_every_member(tmp_path: Path) -> None:
     assert [p.wait(timeout=120) for p in procs] == [0] * 6
     names = sorted(x["name"] for x in tomllib.loads(m.read_text())["members"])
     assert names == [f"r{i}" for i in range(6)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ens.toml"]  # no .ens.toml.lock left
+    # no .ens.toml.lock or temp file left; the previous manifest is kept for `ensemble undo`
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ens.toml", "ens.toml.prev"]
 
 
 def test_manifest_lock_is_removed_and_still_serialises_edits(tmp_path: Path) -> None:

@@ -311,11 +311,12 @@ def plan_join(data: Path, state: Path, server: str, *, port: int,
     terms = _agreed_terms(federation, data, state, policy,
                           None if insecure else Path(root_certificates))
     check_port_free(port)
-    probe_superlink(server, None if insecure else Path(root_certificates))
     if state.exists() and not state.is_dir():
         raise ConfigError(f"--state {state}: not a directory")
     hold_state_dir(state)
     check_state_present(state)  # a key without its accountant: refused, never restarted
+    # the local checks first, then the network: the SuperLink speaks our protocol, our CA
+    probe_superlink(server, None if insecure else Path(root_certificates))
     key, created = (None, False) if insecure else ensure_node_key(state)
     if created:
         assert key is not None
