@@ -29,6 +29,10 @@ from typing import Any
 
 import torch
 
+from dphub.card.probe import probe_notes, token_recall
+from dphub.scores import spans_from_scores
+from dphub.tagger import Tagger
+
 #: a site's candidate (global + its update) is dropped when its token recall on the probe notes is
 #: more than this below the median site's. Measured (docs/federated.md, "One rogue of three",
 #: a synthetic corpus): honest sites of one federation lie at most 0.064 below the median; a
@@ -95,10 +99,7 @@ class ProbeScreen:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer_dir: Path) -> None:
-        from transformers import AutoTokenizer
-
-        from dphub.card.probe import probe_notes
-        from dphub.tagger import Tagger
+        from transformers import AutoTokenizer  # heavy: loaded only when the server probes
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False)
         was_training = model.training
@@ -110,9 +111,6 @@ class ProbeScreen:
 
     def recall(self, weights: Mapping[str, torch.Tensor]) -> float:
         """Token recall on the probe notes of the model with these trainable weights."""
-        from dphub.card.probe import token_recall
-        from dphub.scores import spans_from_scores
-
         params = dict(self.model.named_parameters())
         saved = {n: params[n].detach().clone() for n in weights}
         was_training = self.model.training

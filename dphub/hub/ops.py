@@ -29,6 +29,7 @@ from dphub.hub.policy import (
     policy_violation,
 )
 from dphub.io import file_sha256
+from dphub.privacy.ledger import policy_problem, release_spend
 from dphub.registry import Entry, Registry
 from dphub.repo_ids import check_repo_id, parse_repo_spec
 
@@ -60,8 +61,6 @@ def open_hub(hub: str | None = None, *, api: Any = None) -> Backend:
 def ledger_problem(model_dir: str | Path, policy: Policy) -> str | None:
     """Why the patients of a model released here break ``policy`` over every release the
     privacy ledger links to them (None: within it, or the model was not recorded here)."""
-    from dphub.privacy.ledger import policy_problem, release_spend
-
     weights = Path(model_dir) / "model.safetensors"
     try:
         found = release_spend(file_sha256(weights))

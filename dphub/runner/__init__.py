@@ -75,6 +75,7 @@ from filelock import FileLock, Timeout
 from dphub.errors import ConfigError, DphubError, InputError
 from dphub.io import DiskFullError, atomic_open, atomic_write_text
 from dphub.notes import Note, Span
+from dphub.privacy.ledger import footprint, record_surrogates
 from dphub.runner.engine import Engine, deid_isolated, local_engine
 from dphub.runner.inputs import (
     MAX_NAME_BYTES,
@@ -405,8 +406,6 @@ _SURROGATE_UNITS = (("dates", "interval band unit"), ("ages", "year"), ("places"
 def _record_surrogates(mechanisms: dict[str, Any], dst: Path, notes: list[Note]) -> None:
     """Record the DP surrogates of these notes in the privacy ledger (issue 53: every DP release
     made here), one record per mechanism and run (``dst``; a resume adds to it)."""
-    from dphub.privacy.ledger import footprint, record_surrogates
-
     mechs = [(name, float(m["epsilon"]), unit) for name, unit in _SURROGATE_UNITS
              if isinstance(m := mechanisms.get(name), dict) and "epsilon" in m]
     if mechs:
