@@ -23,7 +23,6 @@ from flwr.common.config import get_fused_config_from_fab
 from flwr.common.constant import SubStatus
 from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
 from flwr.proto.runtime_pb2 import (  # Flower's Runtime API messages
-    AcquireTaskRequest,
     PullTaskInputRequest,
     PushTaskOutputRequest,
 )
@@ -35,9 +34,8 @@ from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.grid import HttpGrid
 
-from dphub.errors import ConfigError
 from dphub.federate import apps
-from dphub.federate.site_runner import AppRefused, check_fab
+from dphub.federate.site_runner import AppRefused, check_fab, poll_tasks
 
 log = logging.getLogger(__name__)
 
@@ -111,21 +109,7 @@ def serve_server_tasks(address: str, stop: threading.Event, *, secret: bytes, ca
                        alive: Callable[[], bool] = lambda: True, poll: float = 1.0) -> None:
     """Take the SuperLink's ServerApp tasks, one at a time, until ``stop`` is set; each run's
     bundle must have the hash ``app_hash()`` gives at that moment (when it gives one)."""
-    client = _poll_client(address, secret, ca)
-    try:
-        while not stop.is_set():
-            if not alive():
-                raise ConfigError("the SuperLink stopped (see its log above)")
-            try:
-                res = client.AcquireTask(AcquireTaskRequest(
-                    supported_task_types=[TaskType.SERVER_APP.value]))
-            except Exception:  # noqa: BLE001 - the SuperLink is starting or stopping
-                stop.wait(poll)
-                continue
-            if res.HasField("task") and res.token:
-                outcome = run_server_task(address, res.token, ca, app_hash=app_hash())
-                log.info("server: run done (%s)", outcome)
-                continue
-            stop.wait(poll)
-    finally:
-        client.close()
+    poll_tasks(_poll_client(address, secret, ca), TaskType.SERVER_APP.value,
+               lambda token: run_server_task(address, token, ca, app_hash=app_hash()), stop,
+               alive=alive, gone="the SuperLink stopped (see its log above)", poll=poll,
+               who="server")

@@ -155,28 +155,36 @@ def run_task(address: str, token: str, *, app_hash: str | None = None) -> str:
     return outcome
 
 
+def poll_tasks(client: Any, task_type: str, handle: Callable[[str], str], stop: threading.Event,
+               *, alive: Callable[[], bool], gone: str, poll: float, who: str) -> None:
+    """Take the tasks of ``task_type`` one at a time until ``stop`` is set (``join``'s ClientApp
+    tasks, the server's ServerApp tasks); ``handle(token)`` runs one and names its outcome. A
+    process that stopped (``alive()`` false) ends the loop with ``gone``; a refused poll (the
+    process starting or stopping) is retried after ``poll`` seconds."""
+    try:
+        while not stop.is_set():
+            if not alive():
+                raise ConfigError(gone)
+            try:
+                res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[task_type]))
+            except Exception:  # noqa: BLE001 - the process is starting or stopping
+                stop.wait(poll)
+                continue
+            if res.HasField("task") and res.token:
+                log.info("%s: task done (%s)", who, handle(res.token))
+                continue
+            stop.wait(poll)
+    finally:
+        client.close()
+
+
 def serve_tasks(address: str, stop: threading.Event, *, app_hash: str | None = None,
                 alive: Callable[[], bool] = lambda: True, poll: float = 1.0,
                 secret: bytes | None = None) -> None:
     """Take the SuperNode's ClientApp tasks until ``stop`` is set or the SuperNode is gone
     (asking for them signed with the site's task ``secret``, :func:`deploy.task_secret`)."""
-    client = _client(address, secret=secret)
-    try:
-        while not stop.is_set():
-            if not alive():
-                raise ConfigError("the SuperNode stopped (see its log above: an unregistered "
-                                  "key, a wrong certificate or an unreachable server)")
-            try:
-                res = client.AcquireTask(AcquireTaskRequest(
-                    supported_task_types=[TaskType.CLIENT_APP.value]))
-            except Exception:  # noqa: BLE001 - the SuperNode is starting or stopping
-                stop.wait(poll)
-                continue
-            if res.HasField("task") and res.token:
-                outcome = run_task(address, res.token, app_hash=app_hash)
-                log.info("site: task done (%s)", outcome)
-                continue
-            stop.wait(poll)
-    finally:
-        client.close()
+    poll_tasks(_client(address, secret=secret), TaskType.CLIENT_APP.value,
+               lambda token: run_task(address, token, app_hash=app_hash), stop, alive=alive,
+               gone="the SuperNode stopped (see its log above: an unregistered key, a wrong "
+                    "certificate or an unreachable server)", poll=poll, who="site")
 
