@@ -68,7 +68,13 @@ def review_cmd(
         return
     path = check_corrections_path(
         corrections or default_corrections_path(run_dir, review.run_id), run_dir, inputs)
+    from dphub.review.corrections import unwritable
     from dphub.review.server import bind_loopback, make_app, new_token, serve, url
+
+    why = unwritable(path)
+    if why is not None:  # the page says so too, at its top: reading works, correcting does not
+        typer.echo(f"warning: corrections cannot be saved to {path} ({why}): the page is "
+                   "read-only; give --corrections FILE where you can write", err=True)
 
     token = new_token()
     sock = bind_loopback(port)

@@ -101,6 +101,24 @@ def check_corrections_path(path: Path, run_dir: Path, inputs: Sequence[Path]) ->
     return p
 
 
+def unwritable(path: Path) -> str | None:
+    """Why corrections cannot be saved to ``path`` (None: they can), said on the page before
+    the reviewer starts, not after a review is lost.
+
+    A save writes a temp file beside ``path`` and renames it (and makes missing directories),
+    so what counts is the nearest existing directory above it, not the file's own mode.
+    """
+    p = Path(path)
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"no permission to write in {parent}"
+    return None
+
+
 def _int(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise InputError(f"{where}: offsets must be integers")

@@ -10,7 +10,8 @@ is off (request lines carry the token), and the save handler turns every error i
 message: the only file the server writes is the corrections file
 (:func:`dphub.review.corrections.save_corrections`).
 
-Issue 54: what the page sends is checked (:func:`dphub.review.units.check_payload`) and its
+Issue 54: a page whose corrections cannot be written (:func:`dphub.review.corrections.unwritable`)
+says so at its top and takes no correction, so no review is lost at the save. What the page sends is checked (:func:`dphub.review.units.check_payload`) and its
 UTF-16 offsets converted to code points before anything else; a save must name the revision of
 the corrections file its page was loaded with, so a second tab's stale save gets 409 instead of
 silently replacing the first one's corrections.
@@ -36,6 +37,7 @@ from dphub.review.corrections import (
     load_corrections,
     remove_stale_temps,
     save_corrections,
+    unwritable,
 )
 from dphub.review.page import render_page
 from dphub.review.run import Review
@@ -112,8 +114,12 @@ def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
             earlier = load_corrections(review, corrections_path)
         except DphubError as e:
             return _text(409, f"error: {e.message}")
+        why = unwritable(corrections_path)  # said at the top of the page, before any work
         html = render_page(review, save_url="/corrections", token=token, corrections=earlier,
-                           nonce=nonce, revision=revision)
+                           nonce=nonce, revision=revision,
+                           readonly=None if why is None else
+                           f"corrections cannot be saved to {corrections_path} ({why}); "
+                           "restart `dphub review` with --corrections FILE where you can write")
         csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
                "connect-src 'self'; img-src 'none'; base-uri 'none'; form-action 'none'; "
                "frame-ancestors 'none'")
@@ -127,6 +133,10 @@ def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
             body += chunk
             if len(body) > MAX_BODY:
                 return JSONResponse({"error": "corrections too large"}, 413, headers=_HEADERS)
+        why = unwritable(corrections_path)
+        if why is not None:
+            return JSONResponse({"error": f"corrections cannot be saved ({why})"}, 409,
+                                headers=_HEADERS)
         try:
             payload = json.loads(body)
             # the page's offsets are UTF-16 units: checked and converted here, at the boundary
