@@ -63,7 +63,8 @@ def corrections_revision(path: Path) -> str:
     """
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:32]
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no file (a file where a directory is
+        # expected: the page then says it cannot save)
         return NO_REVISION
 
 
