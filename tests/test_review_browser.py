@@ -343,19 +343,16 @@ def test_read_only_pages_say_so_before_any_work_in_chromium(tmp_path: Path) -> N
     sync_api = pytest.importorskip("playwright.sync_api")
     from review_fixtures import make_run
 
+    from dphub.review.page import render_page, write_page
+    from dphub.review.run import load_review
+
     run, notes, _ = make_run(tmp_path)
-    env = {**os.environ, "DPHUB_PROGRESS": "off"}
+    review = load_review(run, notes)
     html = tmp_path / "page.html"
-    subprocess.run([sys.executable, "-m", "dphub.cli.main", "review", str(run), "--notes",
-                    str(notes), "--html", str(html)], check=True, env=env, capture_output=True)
-    corr = tmp_path / "private" / "corrections.jsonl"
-    proc, url = _serve(run, notes, corr, Path(os.environ["DPHUB_HOME"]))
-    try:
-        saved_copy = tmp_path / "saved-copy.html"  # "Save page as" of the served page
-        saved_copy.write_bytes(urllib.request.urlopen(url, timeout=30).read())
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=60)
+    write_page(review, html)  # what `dphub review --html` writes
+    saved_copy = tmp_path / "saved-copy.html"  # "Save page as" of the page the server sends
+    saved_copy.write_text(render_page(review, save_url="/corrections", token="t" * 43,
+                                      nonce="n" * 22, revision="none"))
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         for path, says in ((html, "this is the self-contained file"),
