@@ -7,7 +7,10 @@ test_review_browser.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,3 +204,21 @@ def test_a_page_that_cannot_save_says_so_before_any_work(run, tmp_path: Path) ->
 def test_a_writable_place_is_not_read_only(tmp_path: Path) -> None:
     assert unwritable(tmp_path / "new" / "deeper" / "c.jsonl") is None
     assert unwritable(tmp_path / "c.jsonl") is None
+
+
+def test_the_server_warns_at_start_when_it_cannot_save(run, tmp_path: Path) -> None:
+    out, notes, _ = run
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    corr = blocker / "c.jsonl"
+    env = {**os.environ, "DPHUB_PROGRESS": "off"}
+    proc = subprocess.Popen([sys.executable, "-m", "dphub.cli.main", "review", str(out),
+                             "--notes", str(notes), "--corrections", str(corr)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = proc.stderr.readline()  # printed before the URL, before anyone opens the page
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    assert first.startswith(f"warning: corrections cannot be saved to {corr} ({blocker} is not "
+                            "a directory): the page is read-only")
