@@ -11,6 +11,7 @@ mapping; and the two Presidio behaviours that would drop a dphub span silently.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -256,3 +257,16 @@ def test_without_presidio_one_clear_import_error() -> None:
                          check=True, cwd=ROOT).stdout
     assert out.strip() == ("presidio_analyzer | dphub.integrations.presidio needs "
                            "presidio-analyzer: pip install 'dphub[presidio]'")
+
+
+def test_the_docs_presidio_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/api.md's "Presidio" section runs as written."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    section = text.split("## Presidio\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/api.md", "exec"), {})  # noqa: S102
+    out = capsys.readouterr().out
+    assert "Seen by Dr. <NAME> on <PHI>. Call <PHI>." in out
+    assert "dphub ensemble (any): PHONE flagged by rules:default" in out

@@ -11,6 +11,7 @@ options that would make the component set nothing.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,17 @@ def test_span_group_only_and_bad_options() -> None:
     with pytest.raises(ConfigError, match="needs at least 2 members"):
         spacy.blank("en").add_pipe("dphub", config={
             "members": ["rules:default"], "aggregate": "k-of-n:2+rules:defualt"})
+
+
+def test_the_docs_spacy_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/api.md's "spaCy" section runs as written."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    section = text.split("## spaCy\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/api.md", "exec"), {})  # noqa: S102
+    out = capsys.readouterr().out
+    assert out.splitlines()[:3] == ["Kowalczyk DOCTOR 0.6 ['rules:default']",
+                                    "03/04/2021 DATE 1.0 ['rules:default']",
+                                    "555-123-4567 PHONE 1.0 ['rules:default']"]
