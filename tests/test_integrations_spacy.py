@@ -193,6 +193,19 @@ def test_span_group_only_and_bad_options() -> None:
             "members": ["rules:default"], "aggregate": "k-of-n:2+rules:defualt"})
 
 
+
+def test_a_saved_pipeline_loads_the_ensemble_again(tmp_path: Path) -> None:
+    """``nlp.to_disk`` keeps the component's config (not the models): ``spacy.load`` rebuilds
+    the ensemble through the entry point from the same specs."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("dphub", config={"members": ["rules:default"], "spans_key": "phi"})
+    nlp.to_disk(tmp_path / "pipe")
+    again = spacy.load(tmp_path / "pipe")
+    assert again.pipe_names == ["dphub"]
+    assert again.get_pipe("dphub").spans_key == "phi"
+    doc = again("Call 555-123-4567.")
+    assert [(e.text, e.label_) for e in doc.ents] == [("555-123-4567", "PHONE")]
+
 def test_the_docs_spacy_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     """docs/api.md's "spaCy" section runs as written."""
