@@ -194,6 +194,19 @@ def test_label_mapping(label: str, text: str, entity: str) -> None:
     assert entity_of(label, text) == entity
 
 
+
+def test_every_name_a_span_can_get_is_a_supported_entity() -> None:
+    """With no ``entities`` Presidio asks each recognizer for every supported entity of the
+    registry and the recognizer keeps only those: a name missing from the list would be a span
+    dropped silently."""
+    from dphub.labels import CATEGORY_OF
+
+    rec = DphubRecognizer.from_members(["rules:default"], entity_map={"ZIP": "ZIP_CODE"})
+    texts = ["jo@x.org", "https://x.org", "www.x.org", "10.1.2.3", "555-0199", "x"]
+    names = {entity_of(label, t, rec.entity_map) for label in [*CATEGORY_OF, "UNKNOWN"]
+             for t in texts}
+    assert names <= set(rec.supported_entities) and "ZIP_CODE" in names
+
 class _Fixed(Deidentifier):
     """A Deidentifier that answers given spans (to test what Presidio does with scores)."""
 

@@ -129,8 +129,9 @@ class DphubRecognizer(EntityRecognizer):
                               "or use DphubRecognizer.from_manifest / from_members")
         self.deidentifier = deidentifier
         self.entity_map = {str(k).upper(): str(v) for k, v in (entity_map or {}).items()}
+        # the CONTACT shapes (e-mail, URL, IP) are among the subcategories' names
         entities = (set(ENTITY_OF_CATEGORY.values()) | set(ENTITY_OF_FINE.values())
-                    | {"EMAIL_ADDRESS", "URL", "IP_ADDRESS"} | set(self.entity_map.values()))
+                    | set(self.entity_map.values()))
         options: dict[str, Any] = {}
         if score_threshold is not None and _HAS_THRESHOLDS:
             options["score_thresholds"] = {"default": float(score_threshold)}
