@@ -819,7 +819,11 @@ def _signs(text: str, words: Sequence[re.Match[str]],
         listed = normalize_word(w) in names and not vocab.is_context(w)
         if cue_before or initial or cue_after or listed:
             out.add(i)
-        if cue_before or initial or cue_after:
+        # a site word in lower case is read as a lower-case context word is: a function word
+        # beside it (``on monday and``) is no sign of a name (:data:`WEAK_CUES`)
+        site = w.islower() and vocab.is_site(w)
+        if (initial or (cue_before and not (site and cue in WEAK_CUES))
+                or (cue_after and not (site and after in WEAK_CUES))):
             placed.add(i)
         # an initial is strong in a name's case (``E SMITH``, ``J. Smith``; ``w good`` is
         # shorthand); a cue after is none before a number (``PA 27-41``: a pressure)
