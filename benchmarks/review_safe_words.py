@@ -105,6 +105,37 @@ def _score(test, member_spans, vocab: SafeVocabulary, rule: InverseRule) -> dict
             "leaks": len(res.leaks)}
 
 
+def _hidden_shapes(test, member_spans, vocab: SafeVocabulary, rule: InverseRule) -> dict:
+    """The non-PHI words the baseline hides on the held-out notes, by shape: what a site word
+    can reach (lower-case letters, no name in the lists) and what it never may."""
+    from dphub.rules.lexicon import dictionaries
+    from dphub.safe_vocab import is_site_word, normalize_word
+
+    names = dictionaries().names
+    out = {"lower_case_words": 0, "lower_case_names_or_context_words": 0, "capitalised": 0,
+           "in_capitals": 0, "single_letters": 0, "with_digits": 0}
+    for note, by_member in zip(test, member_spans, strict=True):
+        table = word_table(note.text, by_member, vocab, models={})
+        kept = table.kept(rule.low, rule.high, rule.named, rule.sure)
+        for i in range(len(table.start)):
+            a, b = int(table.start[i]), int(table.end[i])
+            if kept[i] or any(g.start < b and a < g.end for g in note.spans):
+                continue
+            w = note.text[a:b]
+            if any(c.isdigit() for c in w):
+                out["with_digits"] += 1
+            elif len(w) == 1:
+                out["single_letters"] += 1
+            elif is_site_word(w):
+                bad = normalize_word(w) in names or vocab.is_context(w)
+                out["lower_case_names_or_context_words" if bad else "lower_case_words"] += 1
+            elif w.isupper():
+                out["in_capitals"] += 1
+            else:
+                out["capitalised"] += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, default=CORPUS)
@@ -142,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     base = _score(test, spans, base_vocab, rule)
     print(json.dumps({"setting": "no site words", "site_words": 0, **base,
                       "score_seconds": round(time.monotonic() - t0, 1)}), flush=True)
+    print(json.dumps({"hidden_non_phi_words_by_shape": _hidden_shapes(test, spans, base_vocab,
+                                                                       rule)}), flush=True)
     for setting in filter(None, a.settings.split(",")):
         parts = setting.split(":")
         n = len(review.notes) if parts[0] == "all" else int(parts[0])

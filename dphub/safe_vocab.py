@@ -276,7 +276,11 @@ def parse_site_file(data: bytes, where: str) -> dict[str, Any]:
 def site_words(data: bytes, where: str) -> set[str]:
     """The words of a site file that count: at least :data:`MIN_REJECTIONS` different sources
     (patients) and never labelled PHI at the site (their digest is not in ``refused``)."""
-    doc = parse_site_file(data, where)
+    return counted_site_words(parse_site_file(data, where))
+
+
+def counted_site_words(doc: dict[str, Any]) -> set[str]:
+    """The words of a checked site file (:func:`parse_site_file`) that count."""
     key = bytes.fromhex(doc["key"])
     refused = set(doc["refused"])
     return {w for w, recs in doc["words"].items()

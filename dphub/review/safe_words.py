@@ -51,10 +51,10 @@ from dphub.review.run import Review, ReviewNote
 from dphub.rules.lexicon import dictionaries
 from dphub.safe_vocab import (
     MAX_BYTES,
-    MIN_REJECTIONS,
     SITE_FORMAT,
     SITE_VERSION,
     SafeVocabulary,
+    counted_site_words,
     is_site_word,
     normalize_word,
     parse_site_file,
@@ -172,9 +172,8 @@ def summarize(doc: dict[str, Any] | None) -> SiteSummary:
         return SiteSummary(0, 0, 0)
     key = bytes.fromhex(doc["key"])
     refused = set(doc["refused"])
-    live = {w: recs for w, recs in doc["words"].items() if site_entry_key(key, w) not in refused}
-    counted = sum(1 for recs in live.values()
-                  if len({r["source"] for r in recs}) >= MIN_REJECTIONS)
+    live = [w for w in doc["words"] if site_entry_key(key, w) not in refused]
+    counted = len(counted_site_words(doc))
     return SiteSummary(counted, len(live) - counted, len(refused))
 
 
