@@ -337,3 +337,54 @@ def test_a_model_directory_holding_the_file_is_not_publishable(tmp_path: Path) -
     site_file(model / "site-safe-words.json", {"carevue": 2})
     with pytest.raises(DphubError, match="site-safe-words.json"):
         check_publishable(model)
+
+
+def test_a_rejected_span_gold_calls_phi_is_no_rejection(tmp_path: Path) -> None:
+    review, _ = _run(tmp_path)
+    for note in review.notes:  # the gold says the run's "carevue" spans are PHI
+        for s in note.spans:
+            if note.text[s["start"]:s["end"]] == "carevue":
+                s["gold"] = "tp"
+    path = tmp_path / "s.json"
+    _record(review, _reject_all(review, ["a", "b"]), path)
+    assert "carevue" not in read_site_file(path)["words"]
+    assert load(extra=[path]).site == {"monday"}
+
+
+def test_review_cli_checks_the_file_before_serving(tmp_path: Path, capsys,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("starlette")
+    review, notes = _run(tmp_path)
+    run = str(tmp_path / "run")
+    served = []
+    monkeypatch.setattr("dphub.review.server.serve", lambda app, sock: served.append(sock))
+    assert main(["review", run, "--notes", str(notes), "--safe-words",
+                 str(tmp_path / "run" / "s.json")]) == 2
+    assert "released" in capsys.readouterr().err
+    assert main(["review", run, "--notes", str(notes), "--safe-words", str(tmp_path / "s.json"),
+                 "--no-safe-words"]) == 2
+    assert not served
+    # no manifest: nothing recorded, and nothing said about it
+    manifest = tmp_path / "m" / "dphub-ensemble.toml"
+    assert main(["review", run, "--notes", str(notes), "-e", str(manifest)]) == 0
+    assert "site-local safe words" not in capsys.readouterr().err
+    # beside an existing manifest, said on stderr
+    assert main(["ensemble", "add", "rules:default", "-e", str(manifest)]) == 0
+    assert main(["review", run, "--notes", str(notes), "-e", str(manifest)]) == 0
+    assert str(manifest.parent.resolve() / "site-safe-words.json") in capsys.readouterr().err
+    assert main(["review", run, "--notes", str(notes), "-e", str(manifest),
+                 "--no-safe-words"]) == 0
+    assert "site-local safe words" not in capsys.readouterr().err
+    assert len(served) == 3
+    for sock in served:
+        sock.close()
+
+
+def test_a_symlink_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
+    review, notes = _run(tmp_path)
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    link = tmp_path / "s.json"
+    link.symlink_to(target)
+    with pytest.raises(ConfigError, match="regular file"):
+        check_safe_words_path(link, tmp_path / "run", [notes])

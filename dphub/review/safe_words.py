@@ -83,8 +83,9 @@ def check_safe_words_path(path: Path, run_dir: Path, inputs: Sequence[Path]) -> 
             raise ConfigError(f"{path}: would write into the input {inp}; choose another file")
     if p.suffix != ".json":
         raise ConfigError(f"{path}: site-local safe words are JSON; name the file *.json")
-    if p.exists() and (p.is_symlink() or not p.is_file()):
-        raise ConfigError(f"{path}: not a regular file")
+    if Path(path).expanduser().is_symlink() or (p.exists() and not p.is_file()):
+        raise ConfigError(f"{path}: not a regular file (a link is refused: the file would be "
+                          "written where it points)")
     return p
 
 
