@@ -94,7 +94,7 @@ from dphub.errors import ConfigError
 from dphub.labels import UNTYPED, category_of
 from dphub.notes import Note, Span
 from dphub.rules.lexicon import dictionaries
-from dphub.safe_vocab import SafeVocabulary, normalize_word
+from dphub.safe_vocab import SafeVocabulary, is_site_word, normalize_word
 from dphub.scores import LabelThresholds, TokenScores
 from dphub.textnorm import normalized_text
 
@@ -385,8 +385,10 @@ def word_table(
     ci = 0
     found = list(WORD_RE.finditer(text))
     shorthand = shorthand_letters(text)
+    signed, strong, placed = _signs(text, found, vocab)
     released = context_released(text, found, vocab) | shape_released(
-        text, found, vocab, measures, NAME_CUES_BEFORE, NAME_CUES_AFTER)
+        text, found, vocab, measures, NAME_CUES_BEFORE, NAME_CUES_AFTER) | site_released(
+        found, vocab, placed)
     for wi, m in enumerate(found):
         a, b = m.start(), m.end()
         while ci < len(cover) and cover[ci][1] <= a:
@@ -405,7 +407,6 @@ def word_table(
     cols = list(zip(*rows, strict=True)) if rows else [()] * 7
     blocked = np.zeros(len(found), dtype=bool)
     blocked[sorted(blocked_words(text, found, vocab))] = True
-    signed, strong = _signs(text, found, vocab)
     named = np.zeros(len(found), dtype=bool)
     named[sorted(signed)] = True
     strong_mask = np.zeros(len(found), dtype=bool)
@@ -425,6 +426,32 @@ def word_table(
                      np.array(cols[6], dtype=bool), bool(models), blocked, named, context,
                      lower, capitals, sure_refused(text, found, vocab, strong), strong_mask,
                      function)
+
+
+def site_released(words: Sequence[re.Match[str]], vocab: SafeVocabulary,
+                  placed: set[int]) -> set[int]:
+    """Indices of the words a site-local safe word vouches for (issue 54;
+    :attr:`dphub.safe_vocab.SafeVocabulary.site`): a vouched word then, released as a vocabulary
+    word is (no member flags it, every model's P below HIGH, not blocked) — but only when this
+    occurrence is written in lower-case letters as the file's word is
+    (:func:`dphub.safe_vocab.is_site_word`: never capitalised, a single letter, digits or a
+    shape), stands where no name stands (``placed``: every sign of :func:`name_signs` but the
+    lists: after a name cue or an initial, before a cue after a name, the other half of a name),
+    and the word is in neither the rule member's first-name and surname lists nor the
+    vocabulary's context words (names that are also words: ``smith``, ``rose``). The wider
+    census list of names-only-in-context (``monday``, a surname too) is left to the signs of
+    place, as the rule member itself reads it. A reviewer's "not PHI" then never lets back a
+    word written or placed as a name, nor one a model is sure of."""
+    if not vocab.site:
+        return set()
+    names = dictionaries().names
+    out: set[int] = set()
+    for i, m in enumerate(words):
+        w = m.group()
+        if (i not in placed and is_site_word(w) and w in vocab.site and w not in names
+                and not vocab.is_context(w)):
+            out.add(i)
+    return out
 
 
 def inverse_aggregate(
@@ -762,11 +789,13 @@ def _other_half(text: str, words: Sequence[re.Match[str]], i: int, j: int,
 
 
 def _signs(text: str, words: Sequence[re.Match[str]],
-           vocab: SafeVocabulary) -> tuple[set[int], set[int]]:
-    """(every sign of a name, the strong ones): :func:`name_signs`, :func:`strong_name_signs`."""
+           vocab: SafeVocabulary) -> tuple[set[int], set[int], set[int]]:
+    """(every sign of a name, the strong ones, the signs of its place: every sign but being in
+    the name lists): :func:`name_signs`, :func:`strong_name_signs`, :func:`site_released`."""
     names = dictionaries().all_names
     out: set[int] = set()
     strong: set[int] = set()
+    placed: set[int] = set()
     n = len(words)
     for i, m in enumerate(words):
         w = m.group()
@@ -775,6 +804,7 @@ def _signs(text: str, words: Sequence[re.Match[str]],
             before = text[text.rfind("\n", 0, m.start()) + 1:m.start()].rstrip()
             if before and before[-1] not in _SENTENCE_END:
                 out.add(i)
+                placed.add(i)
                 # strong inside a sentence, after a word or a comma (``patient Xyz``, ``Son,
                 # Ed``); after a sign (``BUN & Crea``, ``+Flatus``, ``~ Tmax``) it is weak
                 if letters and (before[-1].isalnum() or before[-1] in ",;"):
@@ -789,6 +819,12 @@ def _signs(text: str, words: Sequence[re.Match[str]],
         listed = normalize_word(w) in names and not vocab.is_context(w)
         if cue_before or initial or cue_after or listed:
             out.add(i)
+        # a site word in lower case is read as a lower-case context word is: a function word
+        # beside it (``on monday and``) is no sign of a name (:data:`WEAK_CUES`)
+        site = w.islower() and vocab.is_site(w)
+        if (initial or (cue_before and not (site and cue in WEAK_CUES))
+                or (cue_after and not (site and after in WEAK_CUES))):
+            placed.add(i)
         # an initial is strong in a name's case (``E SMITH``, ``J. Smith``; ``w good`` is
         # shorthand); a cue after is none before a number (``PA 27-41``: a pressure)
         named_case = w[:1].isupper() and words[i - 1].group().isupper() if i else False
@@ -807,7 +843,7 @@ def _signs(text: str, words: Sequence[re.Match[str]],
     # capitalised one with a strong sign (one step: a line in capitals is no chain of names)
     halves = {j for i in strong for j in (i - 1, i + 1)
               if 0 <= j < n and j not in strong and _other_half(text, words, i, j, vocab)}
-    return out | halves, strong | halves
+    return out | halves, strong | halves, placed | halves
 
 
 #: between a single capital and the lower-case word or number after it: spaces, or a colon, an

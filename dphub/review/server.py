@@ -23,6 +23,7 @@ import json
 import secrets
 import socket
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -34,6 +35,7 @@ from dphub.errors import DphubError
 from dphub.review.corrections import (
     StaleRevision,
     corrections_revision,
+    labelled_notes,
     load_corrections,
     remove_stale_temps,
     save_corrections,
@@ -41,7 +43,9 @@ from dphub.review.corrections import (
 )
 from dphub.review.page import render_page
 from dphub.review.run import Review
+from dphub.review.safe_words import record_safe_words
 from dphub.review.units import corrections_from_page
+from dphub.safe_vocab import load as load_safe_vocab
 
 LOOPBACK_HOSTS = frozenset(("127.0.0.1", "localhost", "[::1]", "::1"))
 #: the largest corrections request read (offsets and labels, never text)
@@ -102,9 +106,13 @@ _HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
             "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY"}
 
 
-def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
-    """The Starlette app: ``GET /`` the page, ``POST /corrections`` saves the labelled notes."""
+def make_app(review: Review, corrections_path: Path, token: str,
+             safe_words: Path | None = None) -> ASGIApp:
+    """The Starlette app: ``GET /`` the page, ``POST /corrections`` saves the labelled notes
+    (and, with ``safe_words``, records the rejected words there:
+    :func:`dphub.review.safe_words.record_safe_words`)."""
     texts = {n.key: n.text for n in review.notes}
+    vocab = load_safe_vocab() if safe_words is not None else None
     remove_stale_temps(corrections_path)  # a save killed mid-write left note text in a temp
 
     async def page(request: Request) -> Response:
@@ -154,8 +162,20 @@ def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
             return JSONResponse({"error": f"internal error ({type(e).__name__}); the "
                                  "corrections file is as it was or fully replaced, never half "
                                  "written"}, 500, headers=_HEADERS)
+        site: dict[str, Any] | None = None
+        if safe_words is not None:  # the corrections are saved: a failure here is told apart
+            try:
+                got = record_safe_words(review, labelled_notes(review, corrections), safe_words,
+                                        vocab=vocab)
+                site = {"counted": got.counted, "waiting": got.waiting}
+            except DphubError as e:  # names the file, never a word
+                site = {"error": e.message}
+            except Exception as e:  # noqa: BLE001 - a bug: never its message (note text)
+                site = {"error": f"internal error ({type(e).__name__}); the safe words file "
+                                 "is as it was or fully replaced"}
         return JSONResponse({"notes": n, "path": str(corrections_path),
-                             "revision": corrections_revision(corrections_path)},
+                             "revision": corrections_revision(corrections_path),
+                             "safe_words": site},
                             headers=_HEADERS)
 
     app = Starlette(routes=[Route("/", page, methods=["GET"]),

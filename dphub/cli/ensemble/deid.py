@@ -180,6 +180,23 @@ RAY_WORKERS_OPT = typer.Option(
 )
 
 
+def _site_words(ensemble: Any, manifest_path: Path, safe_words: list[Path]) -> None:
+    """Say how many site-local safe words apply (issue 54), or that the manifest's sibling file
+    exists and is not applied: it never applies unless named (numbers and paths only)."""
+    from dphub.review.safe_words import DEFAULT_NAME
+
+    vocab = ensemble.safe_vocab
+    if vocab is not None and vocab.site:
+        _say(f"site-local safe words: {len(vocab.site)} word(s) with two or more independent "
+             "rejections, released only in lower case, where no name stands and no model is "
+             "sure of PHI")
+    sibling = manifest_path.expanduser().resolve().parent / DEFAULT_NAME
+    given = {Path(p).expanduser().resolve() for p in safe_words}
+    if sibling.is_file() and sibling not in given:
+        _say(f"note: site-local safe words in {sibling} are not applied; add --safe-words "
+             f"{sibling} (with --aggregate inverse) to apply them")
+
+
 def _ray_engine(engine: str, address: str | None, ray_workers: int, threads: int | None,
                 recipe: Any) -> Any:
     """The runner's engine for ``--engine``: None for local, a Ray engine from the recipe."""
@@ -260,6 +277,7 @@ def deid_cmd(
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
                               batch_size=batch_size, int8=int8, runtime=runtime, progress=_say,
                               safe_words=safe_words)
+    _site_words(ensemble, manifest_path, safe_words)
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
                 workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
                 engine=run_engine, patient_id_from=patient_id_from,
