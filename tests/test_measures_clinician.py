@@ -22,6 +22,10 @@ def digits_released(text: str) -> list[str]:
     ("gas 169-33-7.38-20--4 noted", "169-33-7.38-20--4"),
     ("abg 7.47,35,124,2,26,98% on", "7.47,35,124,2,26,98%"),
     ("vbg 7.31/52/40 ok", "7.31/52/40"),
+    ("ABG-139/33/7.44/23/0 w", "139/33/7.44/23/0"),   # a gas's name glued by a dash
+    ("abg 7.46/33 ok", "7.46/33"),
+    ("cr 1.9/bun 38 ok", "1.9"),                      # a value before the next one's name
+    ("40%,TV500 IMV10", "TV500"),
     # ventilator modes with their settings
     ("vent AC/800/10/40% overnight", "800/10/40%"),
     ("on r-psv 13/peep 5", "13"),
@@ -73,6 +77,7 @@ def test_clinician_measurements_are_released(text: str, value: str) -> None:
     # a gas's shape with a date, a year, a phone or an ID in it
     "abg 7.40-12-10 x", "abg 7.38-33-1969 x", "gas 7.38-555-0143 x",
     "7.38-3-10 seen",
+    "abg 3/10 x", "abg-3/10/2026 x", "hct 3/jan", "cr 3/march", "abg-617-555-0143",
     # a ventilator's shape around a date
     "AC/11/17 placed", "on PSV 12/10 tolerating", "PSV 3/10/26", "psv 3/10/peep",
     # a change or a range that could be a day, a year

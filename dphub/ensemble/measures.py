@@ -140,7 +140,7 @@ _KEYWORDS = (r"bp|blood\s+pressure|[sdm]?[an]?bp|sbp|dbp|abp|nbp|nibp|art\s+line
              r"vte|mv|ve|pip|plateau|pplat|ipap|epap|cpap|etco2|uo|u/o|uop|urine\s+output|"
              r"i/o|intake|output|balance|los|gcs|rass|cam|braden|morse|"
              # issue 57: weaning indices and scores (``RSBI 64``, ``NIF -30``, ``CIWA 12``)
-             r"rsbi|nif|mip|ciwa|nihss|sofa|apache(?:\s+ii)?|"
+             r"rsbi|nif|mip|ciwa|nihss|sofa|apache(?:\s+ii)?|abgs?|vbgs?|"
              r"sr|sb|nsr|afib|af|paced|sinus\s+(?:rhythm|tach(?:ycardia)?|brady(?:cardia)?)")
 #: a few words between a keyword and its value (``HR in the 80s``, ``SBP low 90s``)
 _BETWEEN = (r"(?:\s*(?:of|was|is|are|were|=|:|~|>|<|>=|<=|approx\.?|about|around|at|in|the|"
@@ -155,10 +155,14 @@ _BETWEEN = (r"(?:\s*(?:of|was|is|are|were|=|:|~|>|<|>=|<=|approx\.?|about|around
 #: a keyword's value: numbers, ranges of numbers, decades, joined by ``/`` (``120/80``,
 #: ``100-120/50-60s``, an ABG ``7.35/40/90``)
 _KW_NUM = rf"{_VALUE_BODY}(?:'?s)?"
+#: month names (as :data:`_MONTHS`, which is defined with the guards below)
+_MONTHS_AHEAD = (r"jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec|january|february|march|"
+                 r"april|june|july|august|september|october|november|december")
 _KW_RANGE = rf"{_KW_NUM}(?:\s?(?:-|to)\s?{_KW_NUM})?"
 _AFTER_KEYWORD = re.compile(
     rf"(?<![\w])(?:{_KEYWORDS})(?:'?s)?{_BETWEEN}((?:(?<=[a-z2]-)|{_NOT_BEFORE}){_KW_RANGE}(?:/{_KW_RANGE}){{0,4}})"
-    rf"{_NOT_AFTER}", re.IGNORECASE)
+    # issue 57: or the next value's name after a slash (``cr 1.9/bun 38``), never a month's
+    rf"(?:{_NOT_AFTER}|(?=/(?!(?:{_MONTHS_AHEAD})\b)[a-z]{{2,}}\b))", re.IGNORECASE)
 #: an arterial or venous blood gas without its name: a pH and two to four more values
 #: or any chain of three to six numbers joined by ``/`` with a decimal in it (ventilator
 #: settings ``500/14/5/0.5``): a date has no decimal point
@@ -360,7 +364,7 @@ def _guard_words(text: str, start: int, end: int, *, term: bool = False) -> bool
 _GAS_VALUE = r"(?:-?\d{1,3}(?:\.\d{1,2})?%?)"
 _GAS_SEP = r"(?:--?|/|,[ \t]?)"
 _GAS_ANY = re.compile(
-    rf"(?<![\w.,/:#'+-])(?=[^\s]*?(?<![\d.])(?:7\.[0-7]\d|6\.[89]\d)(?![\d.]))"
+    rf"(?:(?<=[A-Za-z]-)|(?<![\w.,/:#'+-]))(?=[^\s]*?(?<![\d.])(?:7\.[0-7]\d|6\.[89]\d)(?![\d.]))"
     rf"{_GAS_VALUE}(?:{_GAS_SEP}{_GAS_VALUE}){{2,6}}(?![\w/:]|[.,-]\d)")
 #: an age below 90 (HIPAA's Safe Harbor names only ages over 89): a whole number of one or two
 #: digits before an age word (``74 YR OLD``, ``83 yo``, ``47yo``, ``78 y.o.``, ``47 y old``,
@@ -390,7 +394,7 @@ _ORIENTED = re.compile(r"(?<![\w/#-])ox[ \t]?[0-4](?![\w/]|[.-]\d)"
                        r"|(?<![\w.,/:#'+-])[1-3](?:st|nd|rd)(?=[ \t]+deg(?:ree)?s?\b)",
                        re.IGNORECASE)
 #: a term of letters and digits after another and a comma (``ac8,tv800``)
-_GLUED_AFTER_COMMA = re.compile(r"(?<=[^\W_]\d,)(?=[^\W_]*\d)(?=[^\W_]*[^\W\d_])[^\W_]+"
+_GLUED_AFTER_COMMA = re.compile(r"(?<=[^\W_][\d%],)(?=[^\W_]*\d)(?=[^\W_]*[^\W\d_])[^\W_]+"
                                 r"(?![\w/]|[.,:-]\d)")
 #: a clock time heading a line or an entry (``0730:``, ``1530 -``): hours and minutes; a year's
 #: shape is refused (:func:`_year`)
