@@ -737,7 +737,11 @@ def strong_name_signs(text: str, words: Sequence[re.Match[str]],
     lists, after an initial, beside a cue that is no common word (a title, kin, a role, a place
     name's part, a professional suffix, a phone: every cue but :data:`COMMON_CUES`), and a
     capitalised word joined to such a capitalised one by a hyphen, spaces or an initial's
-    stop (``Xyz-Smith MD``, ``Xyz Zorbak`` after ``patient``): the other half of a name.
+    stop (``Xyz-Smith MD``, ``Xyz Zorbak`` after ``patient``): the other half of a name;
+    issue 57: one in capitals beside such a capitalised one on a line that is not in capitals
+    (``Dr. Xavier ZORBAK``), the lower-case half of a name split by a space (``Jo hnson``) and
+    an unknown or capitalised word after ``works for`` / ``employed by`` / ``retired from``
+    (:func:`_split_and_employer`).
 
     On the dev corpus's 95 training patients every PHI word a DP model gave P < 0.0005 with a
     sign of a name had a strong one (docs/recall_first.md)."""
