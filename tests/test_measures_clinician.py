@@ -90,7 +90,8 @@ def test_clinician_measurements_are_released(text: str, value: str) -> None:
     # a device size after a room, a bed, an ID word
     "rm #8 ett", "bed #12 tube", "#8 today", "MRN #12 ett",
     # a bracket value that is a phone's, a date's
-    "(617) 555-0143", "plt (3/10)",
+    "(617) 555-0143", "plt (3/10)", "bp (617) 555-0143", "Ph (617) 555-0143",
+    "call hr (555) 123-4567", "k (617)555-0143",
     # decades of years and of ages over 89
     "in 1980s", "in her 100s", "pt in 90s",
     # a grade's shape in a phone, a sum
@@ -98,7 +99,7 @@ def test_clinician_measurements_are_released(text: str, value: str) -> None:
     # a volume by a rate's shape in an extension, a chain
     "call 555-1234x12", "400x10x30", "ext 900x10", "call 555 800x12",
     # a timestamp that is a year
-    "1994: CABG", "2015- MI",
+    "1994: CABG", "2015- MI", "0812-3345 x", "0812 - 3345 x", "call 555 - 1234", "id 4471 + 2290", "0812: 3345 x",
     # a dose's frequency after a month
     "Jan 25 qhs", "on 3/10 qhs",
     # ages of 90 and more; an age after a date, a room, an ID, a phone

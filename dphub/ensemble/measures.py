@@ -272,7 +272,9 @@ _GUARD_AFTER = re.compile(
 #: (``617- 555- 0143``), or followed by a group of digits as a phone's are (``617 555 0143``):
 #: part of a phone, date or code
 _CHAIN_BEFORE = re.compile(r"\d\s?[-/:.]\s?$")
-_CHAIN_AFTER = re.compile(r"\s?[-/:]\s?\d|[.,]\d|\s\d{3}[\s.-]\d|\s\d{4}(?!\d)")
+_CHAIN_AFTER = re.compile(r"\s?[-/:]\s?\d|[.,]\d|\s\d{3}[\s.-]\d|\s\d{4}(?!\d)"
+                          # issue 57: an area code in brackets before a phone's digits
+                          r"|\)\s?\d")
 #: two whole numbers that could be a month and a day
 _PAIR = re.compile(r"(?<![\d.])(?=(\d{1,2})'?s?\s?(?:/|-|to)\s?(\d{1,2})(?![\d.]))")
 _UNIT_NOW = re.compile(rf"\s?(?:{_DOSE}|{_VITAL})(?![a-z0-9])", re.IGNORECASE)
@@ -398,7 +400,8 @@ _GLUED_AFTER_COMMA = re.compile(r"(?<=[^\W_][\d%],)(?=[^\W_]*\d)(?=[^\W_]*[^\W\d
                                 r"(?![\w/]|[.,:-]\d)")
 #: a clock time heading a line or an entry (``0730:``, ``1530 -``): hours and minutes; a year's
 #: shape is refused (:func:`_year`)
-_STAMP = re.compile(r"(?:(?<=\n)|^)[ \t]*(?P<t>(?:[01]\d|2[0-3])[0-5]\d)(?=[ \t]*[:-])",
+_STAMP = re.compile(r"(?:(?<=\n)|^)[ \t]*(?P<t>(?:[01]\d|2[0-3])[0-5]\d)"
+                    r"(?=[ \t]*:(?![ \t]?\d)|[ \t]+-[ \t]+\D)",
                     re.MULTILINE)
 #: before a number: another number across a space, a dot, a bracket or a dash (a phone's groups)
 _GROUP_BEFORE = re.compile(r"\d[ \t.)-]{1,2}$")
@@ -544,6 +547,8 @@ def _ranges(text: str) -> list[tuple[int, int]]:
     for m in _BALANCE.finditer(text):
         if _guarded(text, m.start(1), m.end(1)):
             continue
+        if re.search(r"\d[ \t]*$", text[max(0, m.start(1) - 4):m.start(1)]):
+            continue  # ``555 - 1234``: a phone's or an ID's groups around a dash (issue 57)
         out.append((m.start(1), m.end(1)))
     for m in _PAIN.finditer(text):
         g = 1 if m.group(1) else 2
