@@ -74,7 +74,8 @@ SAFE_WORDS_OPT = typer.Option(
     [], "--safe-words", metavar="FILE",
     help="With --aggregate inverse: your own safe words (one word per line), added to the "
          "shipped vocabulary; each word added comes back whenever the models let it "
-         "(repeatable; docs/recall_first.md).",
+         "(repeatable; 'builtin:weekdays' adds weekday names where your guideline does not "
+         "count them as PHI; docs/recall_first.md).",
 )
 RUNTIME_OPT = typer.Option(
     None, "--runtime", show_default="the manifest's, else torch",
