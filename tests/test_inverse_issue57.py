@@ -103,3 +103,28 @@ def test_weekdays_stay_hidden_unless_the_guideline_says_otherwise(vocab: SafeVoc
     # abbreviations stay out: they are words, units and names as often
     assert not any(week.contains(a) for a in ("mon", "wed", "sat", "sun", "fri"))
     assert set(BUILTIN_LISTS) == {"builtin:weekdays"}
+
+
+@pytest.mark.parametrize("weekdays", [False, True])
+def test_cli_deid_follows_the_weekday_guideline(tmp_path: Path, weekdays: bool) -> None:
+    """``--safe-words builtin:weekdays`` through the CLI: the audit names the vocabulary used,
+    and the weekday comes back only with it."""
+    import json
+
+    from dphub.cli.main import main
+
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text("patient seen on monday and stable\n")
+    path = tmp_path / "m.toml"
+    assert main(["ensemble", "add", "rules:default", "-e", str(path)]) == 0
+    out = tmp_path / "out"
+    extra = ["--safe-words", "builtin:weekdays"] if weekdays else []
+    assert main(["ensemble", "deid", str(src), "--out", str(out), "--aggregate", "inverse",
+                 "--mode", "tag", "-e", str(path), *extra]) == 0
+    (audit,) = [json.loads(x) for x in (out / "audit.jsonl").read_text().splitlines()]
+    expected = load(extra=["builtin:weekdays"] if weekdays else []).digest
+    assert audit["safe_vocab_sha256"] == expected
+    written = (out / "a.txt").read_text()
+    assert ("monday" in written) is weekdays
+    assert "patient seen on" in written and "stable" in written
