@@ -76,9 +76,22 @@ MIN_REJECTIONS = 2
 #: the documented SHA-256 of each shipped file (``scripts/build_safe_vocab.py`` prints them;
 #: docs/safe_vocab.md lists them): a file that differs is refused at load
 SHIPPED_SHA256 = {
-    "safe_words.txt": "0d7bbdad787f23076c36a7c3a578b9ec59db4f2d95b9f0e2e912cc87763f3e0e",
-    "context_words.txt": "2a1706a8a0347ee670d238b860fbc95044ea8cba41ee462d1bc659d77b4fdde4",
+    "safe_words.txt": "bb8846fe9e53420b7835b010859d859c44f2db20b6fe5521f465f90e4b757d8c",
+    "context_words.txt": "996e1d2b2660cad4b5685fd234e885da9819da1e98e66a50dc5574138fe227db",
+    "weekdays.txt": "42977458f2c7b24ba5955a48de436c084310c8f9aa5492d26146b6aaaf632e9f",
 }
+
+#: shipped lists an owner adds by name as a ``--safe-words`` value: the annotation guideline's
+#: choices (issue 57). ``builtin:weekdays``: weekday names are no PHI under your guideline (the
+#: PhysioNet deid gold's); without it they stay hidden (HIPAA Safe Harbor: every element of a
+#: date but the year). Matched on the path's last part, so a path resolved against a working
+#: directory (the Ray engine's) still names it; a file of that name is never read instead.
+BUILTIN_LISTS = {"builtin:weekdays": "weekdays.txt"}
+
+
+def _builtin(path: str | os.PathLike[str]) -> str | None:
+    """The shipped file a ``--safe-words`` value names (``builtin:weekdays``), or None."""
+    return BUILTIN_LISTS.get(Path(path).name)
 
 
 def normalize_word(word: str) -> str:
@@ -202,7 +215,8 @@ def load(path: str | os.PathLike[str] | None = None,
     else:
         blobs.append((_read(path), str(path), True))
     for p in extra:
-        blobs.append((_read(p), str(p), False))
+        name = _builtin(p)
+        blobs.append((_read(p) if name is None else _verified(name), str(p), False))
     words: set[str] = set()
     site: set[str] = set()
     header: list[str] = []

@@ -615,11 +615,13 @@ def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocab
 
 
 #: words that head an institution's or a street's name: the words before them are its name
-#: ("University Hospital", "Good Samaritan Medical Center", "Grace Church", "Main Street")
+#: ("University Hospital", "Good Samaritan Medical Center", "Grace Church", "Main Street"), and
+#: a company's suffix ("Acme Corp", issue 57; not "inc": in a note it says "increased")
 INSTITUTION_HEADS = frozenset("""
 hospital hospitals hosp clinic clinics center centre ctr cntr church chapel cathedral infirmary
 institute college university univ school academy sanatorium hospice street avenue ave road
 boulevard blvd lane parkway highway terrace
+corp corporation incorporated llc ltd
 """.split())  # noqa: SIM905 - a readable word block
 #: words that end an institution's name going back: the name starts after them
 _NAME_STOPS = frozenset("""
@@ -762,7 +764,11 @@ def strong_name_signs(text: str, words: Sequence[re.Match[str]],
     lists, after an initial, beside a cue that is no common word (a title, kin, a role, a place
     name's part, a professional suffix, a phone: every cue but :data:`COMMON_CUES`), and a
     capitalised word joined to such a capitalised one by a hyphen, spaces or an initial's
-    stop (``Xyz-Smith MD``, ``Xyz Zorbak`` after ``patient``): the other half of a name.
+    stop (``Xyz-Smith MD``, ``Xyz Zorbak`` after ``patient``): the other half of a name;
+    issue 57: one in capitals beside such a capitalised one on a line that is not in capitals
+    (``Dr. Xavier ZORBAK``), the lower-case half of a name split by a space (``Jo hnson``) and
+    an unknown or capitalised word after ``works for`` / ``employed by`` / ``retired from``
+    (:func:`_split_and_employer`).
 
     On the dev corpus's 95 training patients every PHI word a DP model gave P < 0.0005 with a
     sign of a name had a strong one (docs/recall_first.md)."""
@@ -779,13 +785,61 @@ _NAME_JOIN = re.compile(r"[-\u2010\u2011]|[ \t]+|\.[ \t]+")
 def _other_half(text: str, words: Sequence[re.Match[str]], i: int, j: int,
                 vocab: SafeVocabulary) -> bool:
     """Whether word ``j``, beside word ``i``, is the other half of its name: both capitalised
-    as names are (not in capitals: in a line of capitals a capital says nothing), ``j`` a
-    word of letters outside the vocabulary, joined by :data:`_NAME_JOIN`."""
+    as names are, or one of them in capitals on a line that is not (``Dr. Xavier ZORBAK``,
+    ``JOHN Zorbak, MD``, issue 57: in a line of capitals a capital says nothing), ``j`` a word
+    of letters outside the vocabulary, joined by :data:`_NAME_JOIN`."""
     a, b = (j, i) if j < i else (i, j)
     wj, wi = words[j].group(), words[i].group()
-    return (wj.isalpha() and all(w[:1].isupper() and not w.isupper() for w in (wi, wj))
-            and not vocab.contains(wj)
-            and _NAME_JOIN.fullmatch(text, words[a].end(), words[b].start()) is not None)
+    if not (wj.isalpha() and not vocab.contains(wj)
+            and _NAME_JOIN.fullmatch(text, words[a].end(), words[b].start()) is not None):
+        return False
+    if all(w[:1].isupper() and not w.isupper() for w in (wi, wj)):
+        return True
+    shouting = [w for w in (wi, wj) if w.isupper() and len(w) > 1]
+    return (len(shouting) == 1 and all(w[:1].isupper() for w in (wi, wj))
+            and _mixed_line(text, words[a].start()))
+
+
+def _mixed_line(text: str, at: int) -> bool:
+    """Whether the line holding offset ``at`` has a lower-case letter (no line of capitals)."""
+    start = text.rfind("\n", 0, at) + 1
+    end = text.find("\n", at)
+    return any(c.islower() for c in text[start:end if end >= 0 else len(text)])
+
+
+#: a name broken by a space (issue 57, ``Jo hnson``): a capitalised word outside the vocabulary
+#: (or in the name lists), one space or tab, then a lower-case word of letters outside it
+_SPLIT_GAP = re.compile(r"[ \t]")
+#: the verbs and nouns of employment: the word after ``works for``, ``employed by``, ``retired
+#: from`` names an employer (issue 57: a company's name in lower case)
+_EMPLOYER_VERBS = frozenset("""
+work works worked working employed employee employer job retired retiring contractor
+""".split())  # noqa: SIM905 - a readable word block
+_EMPLOYER_LINKS = frozenset(("for", "at", "by", "with", "from"))
+
+
+def _split_and_employer(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary,
+                        strong: set[int]) -> set[int]:
+    """Strong signs of issue 57: the lower-case half of a name split by a space (``Jo
+    hnson``: the capitalised half outside the vocabulary or in the name lists, the lower-case
+    half outside the vocabulary; or the capitalised half with a strong sign: ``by Joh nson``)
+    and a word outside the vocabulary, or a capitalised one,
+    after ``works for`` / ``employed by`` / ``retired from`` (a company in lower case)."""
+    names = dictionaries().all_names
+    out: set[int] = set()
+    for i in range(1, len(words)):
+        w, prev = words[i].group(), words[i - 1].group()
+        pw = normalize_word(prev)
+        if (w.isalpha() and w.islower() and not vocab.contains(w)
+                and prev.isalpha() and prev[:1].isupper() and not prev.isupper()
+                and (not vocab.contains(prev) or pw in names or i - 1 in strong)
+                and _SPLIT_GAP.fullmatch(text, words[i - 1].end(), words[i].start())):
+            out.add(i)
+        if (i >= 2 and pw in _EMPLOYER_LINKS
+                and normalize_word(words[i - 2].group()) in _EMPLOYER_VERBS
+                and w.isalpha() and (not vocab.contains(w) or not w.islower())):
+            out.add(i)
+    return out
 
 
 def _signs(text: str, words: Sequence[re.Match[str]],
@@ -843,6 +897,7 @@ def _signs(text: str, words: Sequence[re.Match[str]],
     # capitalised one with a strong sign (one step: a line in capitals is no chain of names)
     halves = {j for i in strong for j in (i - 1, i + 1)
               if 0 <= j < n and j not in strong and _other_half(text, words, i, j, vocab)}
+    halves |= _split_and_employer(text, words, vocab, strong | halves)
     return out | halves, strong | halves, placed | halves
 
 

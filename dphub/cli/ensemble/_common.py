@@ -73,9 +73,10 @@ AGGREGATE_OPT = typer.Option(
 SAFE_WORDS_OPT = typer.Option(
     [], "--safe-words", metavar="FILE",
     help="With --aggregate inverse: your own safe words (one word per line), added to the "
-         "shipped vocabulary; each word added comes back whenever the models let it; or a "
-         "site-local safe words file that `dphub review` records (JSON: released only under "
-         "its guard) (repeatable; docs/recall_first.md, docs/review.md).",
+         "shipped vocabulary; each word added comes back whenever the models let it; "
+         "'builtin:weekdays' adds weekday names where your guideline does not count them as "
+         "PHI; or a site-local safe words file that `dphub review` records (JSON: released "
+         "only under its guard) (repeatable; docs/recall_first.md, docs/review.md).",
 )
 RUNTIME_OPT = typer.Option(
     None, "--runtime", show_default="the manifest's, else torch",
