@@ -31,7 +31,7 @@ from dphub.runner import run_deid
 from dphub.safe_vocab import SITE_FORMAT, SafeVocabulary, load, site_entry_key
 from dphub.scores import TokenScores
 
-#: ordinary words of the synthetic notes (the tests' vocabulary; "carevue", "monday", "smith",
+#: ordinary words of the synthetic notes (the tests' vocabulary; "zentrix", "monday", "smith",
 #: "zorbak" are not in it)
 WORDS = ("checked", "reviewed", "and", "seen", "by", "today", "pt", "stable", "on", "the",
          "note", "in", "was", "at", "patient")
@@ -63,30 +63,30 @@ def hidden(text: str, v: SafeVocabulary, members: dict[str, list[Span]] | None =
 
 # ---------------------------------------------------------------------------- the guard, applied
 def test_a_site_word_in_lower_case_comes_back() -> None:
-    text = "carevue checked on monday and reviewed"
-    assert hidden(text, vocab()) == ["carevue", "monday"]
-    assert hidden(text, vocab(["carevue", "monday"])) == []
+    text = "zentrix checked on monday and reviewed"
+    assert hidden(text, vocab()) == ["zentrix", "monday"]
+    assert hidden(text, vocab(["zentrix", "monday"])) == []
 
 
 def test_a_capitalised_site_word_stays_hidden() -> None:
-    v = vocab(["carevue", "monday"])
+    v = vocab(["zentrix", "monday"])
     # inside a sentence (a sign of a name) and at a line's start (no sign, but capitalised)
     assert hidden("checked on Monday and reviewed", v) == ["Monday"]
-    assert hidden("Carevue checked", v) == ["Carevue"]
+    assert hidden("Zentrix checked", v) == ["Zentrix"]
     assert hidden("CAREVUE CHECKED", v) == ["CAREVUE"]  # a vocabulary word in capitals comes back
 
 
 def test_a_name_in_the_lists_never_comes_back_even_in_lower_case() -> None:
     # a crafted or stale file: "smith" (a surname) and "rose" (a name that is also a word)
-    v = vocab(["smith", "rose", "carevue"])
-    assert hidden("smith checked and rose reviewed carevue", v) == ["smith", "rose"]
+    v = vocab(["smith", "rose", "zentrix"])
+    assert hidden("smith checked and rose reviewed zentrix", v) == ["smith", "rose"]
 
 
-@pytest.mark.parametrize("text", ["seen by carevue today", "checked by dr carevue",
-                                  "j carevue checked"])
+@pytest.mark.parametrize("text", ["seen by zentrix today", "checked by dr zentrix",
+                                  "j zentrix checked"])
 def test_a_site_word_where_a_name_stands_stays_hidden(text: str) -> None:
     # after a name cue ("by", "dr") or an initial: placed as a name is
-    assert "carevue" in " ".join(hidden(text, vocab(["carevue"])))
+    assert "zentrix" in " ".join(hidden(text, vocab(["zentrix"])))
 
 
 class _Tagger:
@@ -113,52 +113,52 @@ class _Tagger:
 
 def _model_hidden(text: str, p: float, site: Sequence[str]) -> list[str]:
     member = ModelMember.__new__(ModelMember)
-    member.name, member.tagger, member.batch_size = "model", _Tagger({"carevue": p}), 16
+    member.name, member.tagger, member.batch_size = "model", _Tagger({"zentrix": p}), 16
     ens = Ensemble([Slot(member, threshold=0.5)], RULE, safe_vocab=vocab(site))
     (res,) = ens.deid([Note("n", text)])
     return [text[s.start:s.end] for s in res.spans]
 
 
 def test_a_site_word_needs_every_model_unsure_below_high() -> None:
-    text = "carevue checked"
+    text = "zentrix checked"
     # P 0.1: between LOW (0.05) and HIGH (0.2): hidden as an unknown word, back as a site word
-    assert _model_hidden(text, 0.1, ()) == ["carevue"]
-    assert _model_hidden(text, 0.1, ["carevue"]) == []
+    assert _model_hidden(text, 0.1, ()) == ["zentrix"]
+    assert _model_hidden(text, 0.1, ["zentrix"]) == []
     # P 0.3: the model leans to PHI (at or above HIGH): hidden, site word or not
-    assert _model_hidden(text, 0.3, ["carevue"]) == ["carevue"]
+    assert _model_hidden(text, 0.3, ["zentrix"]) == ["zentrix"]
     # P 0.9: the model flags it: hidden
-    assert _model_hidden(text, 0.9, ["carevue"]) == ["carevue"]
+    assert _model_hidden(text, 0.9, ["zentrix"]) == ["zentrix"]
 
 
 def test_a_member_s_flag_wins_over_a_site_word() -> None:
-    text = "carevue checked"
+    text = "zentrix checked"
     flag = {"rules": [Span(0, 7, "NAME")]}
-    assert hidden(text, vocab(["carevue"]), flag) == ["carevue"]
+    assert hidden(text, vocab(["zentrix"]), flag) == ["zentrix"]
 
 
 def test_a_site_word_inside_an_institution_s_name_stays_hidden() -> None:
     # blocked words (a hospital's name) are hidden whatever vouches for them
-    assert "carevue" in " ".join(hidden("at carevue hospital today", vocab(["carevue"])))
+    assert "zentrix" in " ".join(hidden("at zentrix hospital today", vocab(["zentrix"])))
 
 
 # -------------------------------------------------------------------------- the file, as read
 def test_a_word_counts_only_with_two_independent_rejections(tmp_path: Path) -> None:
-    f = site_file(tmp_path / "s.json", {"carevue": 2, "monday": 1})
+    f = site_file(tmp_path / "s.json", {"zentrix": 2, "monday": 1})
     v = load(extra=[f])
-    assert v.site == {"carevue"}
-    assert not v.contains("carevue")  # never a vocabulary word: released only under the guard
+    assert v.site == {"zentrix"}
+    assert not v.contains("zentrix")  # never a vocabulary word: released only under the guard
     assert v.digest != load().digest  # a resume with another file is refused
 
 
 def test_a_word_once_labelled_phi_never_counts(tmp_path: Path) -> None:
-    f = site_file(tmp_path / "s.json", {"carevue": 3, "monday": 3}, refused=["monday"])
-    assert load(extra=[f]).site == {"carevue"}
+    f = site_file(tmp_path / "s.json", {"zentrix": 3, "monday": 3}, refused=["monday"])
+    assert load(extra=[f]).site == {"zentrix"}
 
 
-@pytest.mark.parametrize("word", ["Carevue", "abc123", "q", "x-ray", "care vue", "MONDAY"])
+@pytest.mark.parametrize("word", ["Zentrix", "abc123", "q", "x-ray", "care vue", "MONDAY"])
 def test_a_file_with_a_capital_digit_letter_or_shape_is_refused(tmp_path: Path,
                                                                word: str) -> None:
-    f = site_file(tmp_path / "s.json", {"carevue": 2, word: 2})
+    f = site_file(tmp_path / "s.json", {"zentrix": 2, word: 2})
     with pytest.raises(ConfigError, match="word 2") as e:
         load(extra=[f])
     assert word not in str(e.value)  # errors name the entry, never the word
@@ -167,7 +167,7 @@ def test_a_file_with_a_capital_digit_letter_or_shape_is_refused(tmp_path: Path,
 @pytest.mark.parametrize("doc", [
     {"format": "other"}, [], {"format": SITE_FORMAT, "version": 9},
     {"format": SITE_FORMAT, "version": 1, "key": "x", "words": {}, "refused": []},
-    {"format": SITE_FORMAT, "version": 1, "key": KEY, "words": {"carevue": [{"run": 1}]},
+    {"format": SITE_FORMAT, "version": 1, "key": KEY, "words": {"zentrix": [{"run": 1}]},
      "refused": []},
 ])
 def test_a_malformed_site_file_is_one_config_error(tmp_path: Path, doc) -> None:
@@ -179,9 +179,9 @@ def test_a_malformed_site_file_is_one_config_error(tmp_path: Path, doc) -> None:
 
 # -------------------------------------------------------------- recorded from a reviewed run
 NOTES = {  # id: (patient, text)
-    "a": ("p1", "carevue checked monday and smith reviewed"),
-    "b": ("p2", "carevue checked monday"),
-    "c": ("p1", "carevue checked and reviewed"),
+    "a": ("p1", "zentrix checked monday and smith reviewed"),
+    "b": ("p2", "zentrix checked monday"),
+    "c": ("p1", "zentrix checked and reviewed"),
     "d": ("p3", "pt stable on monday"),
 }
 
@@ -216,14 +216,14 @@ def test_rejections_from_two_patients_make_a_safe_word(tmp_path: Path) -> None:
     path = tmp_path / "site" / "site-safe-words.json"
     got = _record(review, _reject_all(review, ["a", "b"]), path)
     assert (got.counted, got.waiting) == (2, 0)
-    assert load(extra=[path]).site == {"carevue", "monday"}
+    assert load(extra=[path]).site == {"zentrix", "monday"}
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     raw = path.read_text()
     # only the words themselves: no name, no patient or note id, no other text of a note
     for secret in ("smith", "p1", "p2", "checked", '"a"', "reviewed"):
         assert secret not in raw
     doc = json.loads(raw)
-    recs = doc["words"]["carevue"]
+    recs = doc["words"]["zentrix"]
     assert len(recs) == 2 and {r["date"] for r in recs} and len({r["run"] for r in recs}) == 1
 
 
@@ -242,10 +242,10 @@ def test_saving_again_counts_once(tmp_path: Path) -> None:
     for _ in range(3):
         got = _record(review, payload, path)
     assert got.counted == 0
-    assert len(read_site_file(path)["words"]["carevue"]) == 1
+    assert len(read_site_file(path)["words"]["zentrix"]) == 1
     # withdrawing the rejection (the reviewer accepts the span again) withdraws the record
-    _record(review, _reject_all(review, ["a"], keep=["carevue"]), path)
-    assert "carevue" not in read_site_file(path)["words"]
+    _record(review, _reject_all(review, ["a"], keep=["zentrix"]), path)
+    assert "zentrix" not in read_site_file(path)["words"]
 
 
 def test_a_word_the_reviewer_kept_hidden_anywhere_is_refused_for_good(tmp_path: Path) -> None:
@@ -256,10 +256,10 @@ def test_a_word_the_reviewer_kept_hidden_anywhere_is_refused_for_good(tmp_path: 
     payload = _reject_all(review, ["a", "b", "d"], keep=["monday"])
     got = _record(review, payload, path)
     assert got.counted == 1 and got.refused >= 1
-    assert load(extra=[path]).site == {"carevue"}
+    assert load(extra=[path]).site == {"zentrix"}
     assert "monday" not in path.read_text()
     _record(review, _reject_all(review, ["a", "b"]), path)
-    assert load(extra=[path]).site == {"carevue"}
+    assert load(extra=[path]).site == {"zentrix"}
 
 
 def test_a_gold_miss_refuses_its_words(tmp_path: Path) -> None:
@@ -303,12 +303,12 @@ def test_the_page_s_save_records_and_deid_applies_them(tmp_path: Path, capsys) -
     r = client.post(f"/corrections?token={token}", json=payload)
     assert r.status_code == 200, r.text
     assert r.json()["safe_words"] == {"counted": 2, "waiting": 0}
-    assert load(extra=[site]).site == {"carevue", "monday"}
+    assert load(extra=[site]).site == {"zentrix", "monday"}
     # the next run: rules:default, the inverse rule, the site file next to the manifest
     manifest = tmp_path / "dphub-ensemble.toml"
     assert main(["ensemble", "add", "rules:default", "-e", str(manifest)]) == 0
     src = tmp_path / "new.jsonl"
-    text = "carevue data checked. Carevue data checked."
+    text = "zentrix data checked. Zentrix data checked."
     src.write_text(json.dumps({"id": "n", "text": text}) + "\n")
     capsys.readouterr()
     assert main(["ensemble", "deid", str(src), "--out", str(tmp_path / "o1"), "--aggregate",
@@ -323,8 +323,8 @@ def test_the_page_s_save_records_and_deid_applies_them(tmp_path: Path, capsys) -
         (rec,) = [json.loads(x) for x in (out / "audit.jsonl").read_text().splitlines()]
         return [text[s["start"]:s["end"]] for s in rec["spans"]]
 
-    assert "carevue" in kept(tmp_path / "o1")
-    assert "carevue" not in kept(tmp_path / "o2") and "Carevue" in kept(tmp_path / "o2")
+    assert "zentrix" in kept(tmp_path / "o1")
+    assert "zentrix" not in kept(tmp_path / "o2") and "Zentrix" in kept(tmp_path / "o2")
 
 
 def test_a_model_directory_holding_the_file_is_not_publishable(tmp_path: Path) -> None:
@@ -334,20 +334,20 @@ def test_a_model_directory_holding_the_file_is_not_publishable(tmp_path: Path) -
 
     model = make_model_dir(tmp_path / "model")
     check_publishable(model)
-    site_file(model / "site-safe-words.json", {"carevue": 2})
+    site_file(model / "site-safe-words.json", {"zentrix": 2})
     with pytest.raises(DphubError, match="site-safe-words.json"):
         check_publishable(model)
 
 
 def test_a_rejected_span_gold_calls_phi_is_no_rejection(tmp_path: Path) -> None:
     review, _ = _run(tmp_path)
-    for note in review.notes:  # the gold says the run's "carevue" spans are PHI
+    for note in review.notes:  # the gold says the run's "zentrix" spans are PHI
         for s in note.spans:
-            if note.text[s["start"]:s["end"]] == "carevue":
+            if note.text[s["start"]:s["end"]] == "zentrix":
                 s["gold"] = "tp"
     path = tmp_path / "s.json"
     _record(review, _reject_all(review, ["a", "b"]), path)
-    assert "carevue" not in read_site_file(path)["words"]
+    assert "zentrix" not in read_site_file(path)["words"]
     assert load(extra=[path]).site == {"monday"}
 
 
