@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError, FormatError, InputError
-from dphub.formats._base import FormatSpec, not_a_file_reason
+from dphub.formats._base import FormatSpec, lone_surrogate, not_a_file_reason
 from dphub.formats.brat import BRAT
 from dphub.formats.conll import CONLL
 from dphub.formats.i2b2 import I2B2
@@ -239,12 +239,26 @@ def write(
     return spec.write(_validated(notes), path, **options)
 
 
+def _check_unicode(note: Note) -> None:
+    """Refuse, before anything is written, a note no UTF-8 file can hold (a lone surrogate in its
+    text, id, patient id or metadata), naming where, never the text."""
+    for what, value in (("text", note.text), ("id", note.id), ("patient id", note.patient_id),
+                        ("metadata", note.metadata)):
+        at = lone_surrogate(value)
+        if at is not None:
+            place = f" at offset {at}" if at >= 0 and what == "text" else ""
+            raise InputError(
+                f"note {note.id!r}: its {what} holds a lone surrogate{place} (U+D800-U+DFFF, "
+                "not a Unicode character; no UTF-8 file can hold it): nothing was written")
+
+
 def _validated(notes: Iterable[Note]) -> Iterator[Note]:
     seen: set[str] = set()
     for note in notes:
         if note.id in seen:
             raise InputError(f"duplicate note id {note.id!r}: nothing was written")
         seen.add(note.id)
+        _check_unicode(note)
         try:
             spans = check_spans(note.spans, len(note.text), where=f"note {note.id}")
         except InputError as e:
