@@ -133,3 +133,31 @@ def test_the_hostile_corpus_under_the_inverse_rule_explains_every_word(tmp_path:
         hidden = [(s["start"], s["end"]) for s in rec["spans"]]
         assert unexplained(NOTES[rec["id"]], hidden, rec["kept"]) == [], rec["id"]
     assert Note  # the corpus' notes are read as notes (the import documents the type)
+
+
+def test_the_ray_engine_carries_the_reasons(tmp_path: Path) -> None:
+    # a run on Ray actors writes the same bytes: the reasons cross the process boundary
+    from dphub.ray_engine import _decode_results, _encode_results
+
+    ens = _ensemble()
+    res = ens.deid([Note("a", TEXT)])
+    (back,) = _decode_results(_encode_results(res))
+    assert back.why == res[0].why and back.merged == res[0].merged
+
+
+def test_the_review_page_shows_what_hid_each_span_and_the_kept_paths(tmp_path: Path) -> None:
+    from dphub.review.page import render_page
+    from dphub.review.run import load_review
+
+    src = tmp_path / "n.jsonl"
+    src.write_text(json.dumps({"id": "a", "text": TEXT}) + "\n")
+    assert run_deid(src, tmp_path / "o", _ensemble(), mode="tag").exit_code == 0
+    review = load_review(tmp_path / "o", src)
+    (note,) = review.notes
+    by = {TEXT[s["start"]:s["end"]]: s["hidden_by"] for s in note.spans}
+    assert by["Zorblat"] == ["rules"] and by["noted"] == [RULE_HIDER]
+    assert note.kept is not None and note.kept["vocabulary"] >= 10 and note.kept["sure"] == 1
+    assert note.to_dict()["kept"] == note.kept
+    page = render_page(review)
+    assert '"hidden_by": ["rules"]' in page or '"hidden_by":["rules"]' in page
+    assert "hidden by: " in page and "dataset.hiddenBy" in page and "kept by " in page
