@@ -16,6 +16,10 @@ The normalisation (:func:`normalize`):
 * reads vertical tab, form feed, NEL and ``\x1c``-``\x1e`` as a newline and ``\x1f`` as a
   space, one for one (tokenizers drop them as control characters, which glued the words on
   either side into one);
+* reads a symbol outside the Basic Multilingual Plane (an emoji, a skin tone, a ZWJ sequence:
+  category S) as one space, none after a space (a tokenizer read ``Brisbee<emoji>`` as one
+  unknown word, the rules lost the title of ``Dr. <emoji>Quinby``); symbols of the BMP
+  (``™``, ``✓``) are kept as written;
 * removes terminal escape sequences (CSI such as ``ESC[31m``, two-character escapes) but never
   a letter or digit a reader sees as part of a word (``ESC[John``, ``ESC5551234567``), and
   keeps the text of an OSC string (a title, a hyperlink): see :func:`_escape_text`;
@@ -303,6 +307,12 @@ def normalize(text: str) -> NormalizedText | None:
                 _escape_text(unit, _next_read(text, b))
         elif unit in _OSC_OPEN or (osc_open and unit in _OSC_CLOSE):
             out = " "  # a title or link text and the text around it stay apart
+        elif ord(unit[0]) > 0xFFFF and unicodedata.category(unit[0])[0] == "S":
+            # an emoji (a skin tone, a ZWJ sequence) reads as one space, none after a space or
+            # at the start: a tokenizer kept ``Brisbee<emoji>`` as one unknown word and the
+            # rules lost the title of ``Dr. <emoji>Quinby``, so the name leaked (issue 54)
+            last = parts[-1][-1:] if parts else ""
+            out = " " if last and not last.isspace() else ""
         else:
             out = _unit_text(unit, as_unit)
         if unit in _OSC_OPEN:

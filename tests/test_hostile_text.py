@@ -261,6 +261,7 @@ def test_ensemble_train_and_a_model_member_read_the_corpus(corpus: Path, tmp_pat
 
 # ---------------------------------------------------------------------------- what members read
 SEPARATORS = ["\x0b", "\x0c", "\x85", "\x1c", "\x1d", "\x1e", "\x1f"]
+EMOJI = ["\U0001F600", "\U0001F469\u200d\U0001F4BB", "\U0001F44D\U0001F3FD"]
 
 
 def test_line_separating_controls_keep_the_words_apart_for_members(tmp_path: Path) -> None:
@@ -276,6 +277,12 @@ def test_line_separating_controls_keep_the_words_apart_for_members(tmp_path: Pat
         assert tok.tokenize(normalized_text(f"Brisbee{sep}at"))[-1] == "at", repr(sep)
         assert len(normalized_text(f"a{sep}b")) == 3 and normalize(f"a{sep}b") is not None
     texts = {f"n{i}": f"seen then{sep}Dr. Quinby today" for i, sep in enumerate(SEPARATORS)}
+    # an emoji glued to a word: one unknown word for the tokenizer, a lost title for the rules
+    for i, e in enumerate(EMOJI):
+        assert "[UNK]" not in tok.tokenize(normalized_text(f"Quinby{e} at")), e
+        assert normalized_text(f"a{e}b") == "a b" and normalized_text(f"a {e}b") == "a b", e
+        texts[f"e{i}"] = f"then Dr. {e}Quinby{e} today"
+    assert normalized_text("BP\u2713 5\u2122") == "BP\u2713 5\u2122"  # BMP symbols as written
     src = tmp_path / "n.jsonl"
     src.write_text("".join(json.dumps({"id": k, "text": t}) + "\n" for k, t in texts.items()))
     assert main(["deid", str(src), "--model", "rules:default", "--out", str(tmp_path / "o"),
