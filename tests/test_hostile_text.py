@@ -290,3 +290,24 @@ def test_line_separating_controls_keep_the_words_apart_for_members(tmp_path: Pat
     pred = read_predictions(tmp_path / "o")
     for k, text in texts.items():
         assert any(text[s.start:s.end] == "Quinby" for s in pred[k]), (k, pred[k])
+
+
+def test_ensemble_evaluate_and_data_stats_read_the_corpus(corpus: Path, manifest: Path,
+                                                          capsys) -> None:
+    for fmt in ("n.jsonl", "brat"):
+        assert main(["ensemble", "evaluate", str(corpus / fmt), "--ensemble", str(manifest),
+                     "--aggregate", "inverse"]) == 0
+        assert main(["data", "stats", str(corpus / fmt)]) == 0
+        out = capsys.readouterr().out
+        assert "inverse" in out and str(len(NOTES)) in out
+
+
+def test_an_i2b2_file_holding_nul_is_one_error_line(tmp_path: Path, capsys) -> None:
+    # XML 1.0 cannot hold NUL even in CDATA: the reader names the file and line
+    bad = tmp_path / "p1-1.xml"
+    bad.write_bytes(b'<?xml version="1.0" encoding="UTF-8" ?>\n<deIdi2b2>\n<TEXT><![CDATA['
+                    b"Call Yolanda\x00 Brisbee]]></TEXT>\n<TAGS>\n</TAGS>\n</deIdi2b2>\n")
+    assert main(["data", "stats", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Yolanda" not in err, err
+    assert "p1-1.xml:3: not well-formed XML" in err

@@ -34,7 +34,10 @@ half-written output or a note written twice is a privacy and correctness problem
   here; :mod:`dphub.ray_engine` runs the same batches on Ray actors. Reading, rendering, writing
   and the journal stay in this process whatever the engine, so the bytes are the same.
 * ``OUT/audit.jsonl``: per note, in input order, the spans removed (offsets in code points,
-  label, score) and the members that voted; no text unless ``audit_text``; ``text_hmac``, a
+  label, score) and the members that voted; under the inverse rule also what hid each span
+  (``hidden_by``: members, ``inverse``) and how many words each release path kept (``kept``;
+  ``--mode spans`` lists each kept word's offsets and path: :mod:`dphub.ensemble.release_paths`);
+  no text unless ``audit_text``; ``text_hmac``, a
   digest of the note's text keyed by a per-user secret (``$DPHUB_HOME/review/note.key``,
   :func:`~dphub.runner.state.note_digest_key`), so ``dphub review`` can check that its
   ``--notes`` are the text the run read without the audit confirming any guess of a hidden
