@@ -140,7 +140,7 @@ def _written(out: Path, src: str, mode: str) -> dict[str, str]:
     if src == "n.jsonl" and mode != "brat":
         return {r["id"]: json.dumps(r.get("spans")) if mode == "spans" else r["text"]
                 for r in (json.loads(line) for _, line in jsonl_lines(out / src))}
-    suffix = {"spans": ".json", "brat": ".ann"}.get(mode, ".txt")
+    suffix = {"spans": ".jsonl", "brat": ".ann"}.get(mode, ".txt")
     return {p.relative_to(out).as_posix()[: -len(suffix)]: p.read_bytes().decode("utf-8")
             for p in out.rglob(f"*{suffix}") if ".dphub-run" not in p.parts}
 

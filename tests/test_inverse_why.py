@@ -161,3 +161,19 @@ def test_the_review_page_shows_what_hid_each_span_and_the_kept_paths(tmp_path: P
     page = render_page(review)
     assert '"hidden_by": ["rules"]' in page or '"hidden_by":["rules"]' in page
     assert "hidden by: " in page and "dataset.hiddenBy" in page and "kept by " in page
+
+
+def test_a_text_directory_run_writes_the_reasons_in_each_spans_file(tmp_path: Path) -> None:
+    from dphub.evaluate import read_predictions
+
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "out"
+    assert run_deid(src, out, _ensemble(), mode="spans").exit_code == 0
+    rec = json.loads((out / "a.jsonl").read_text(encoding="utf-8"))
+    hidden = [(s["start"], s["end"]) for s in rec["spans"]]
+    assert rec["kept"] and unexplained(TEXT, hidden, rec["kept"]) == []
+    assert all("hidden_by" in s for s in rec["spans"])
+    # evaluate reads the explained records as any spans output
+    assert [(s.start, s.end) for s in read_predictions(out)["a"]] == hidden
