@@ -311,3 +311,16 @@ def test_an_i2b2_file_holding_nul_is_one_error_line(tmp_path: Path, capsys) -> N
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "Yolanda" not in err, err
     assert "p1-1.xml:3: not well-formed XML" in err
+
+
+def test_the_python_api_reads_the_corpus_and_refuses_a_lone_surrogate() -> None:
+    from dphub.api import load
+
+    deid = load(members=["rules:default"])
+    for res in deid.deid(notes()):
+        assert all(0 <= s.start < s.end <= len(res.text) for s in res.spans)
+        assert "555-0134" not in res.render("tag")
+    # a str can hold "\ud800"; a tokenizer cannot (a TypeError deep inside a model member)
+    with pytest.raises(InputError, match="lone surrogate at offset 21") as e:
+        deid(LONE_SURROGATE)
+    assert "Yolanda" not in str(e.value)

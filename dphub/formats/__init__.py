@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError, FormatError, InputError
-from dphub.formats._base import FormatSpec, lone_surrogate, not_a_file_reason
+from dphub.formats._base import FormatSpec, not_a_file_reason
 from dphub.formats.brat import BRAT
 from dphub.formats.conll import CONLL
 from dphub.formats.i2b2 import I2B2
 from dphub.formats.jsonl import JSONL
 from dphub.formats.physionet import DEIDPL, PHYSIONET
 from dphub.formats.text import TEXT
-from dphub.notes import Note, check_spans
+from dphub.notes import Note, check_spans, lone_surrogate
 
 # Order matters for detection: the first format whose sniff() accepts a path wins.
 _SPECS: tuple[FormatSpec, ...] = (PHYSIONET, DEIDPL, BRAT, I2B2, JSONL, CONLL, TEXT)

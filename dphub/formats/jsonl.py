@@ -25,12 +25,11 @@ from dphub.formats._base import (
     FormatSpec,
     finish_spans,
     iter_lines,
-    lone_surrogate,
     make_span,
     parse_int,
 )
 from dphub.io import atomic_open
-from dphub.notes import Note, Span
+from dphub.notes import Note, Span, lone_surrogate
 
 
 def _ident(value: Any, *, what: str, where: str) -> str:
