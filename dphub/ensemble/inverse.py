@@ -88,6 +88,16 @@ import numpy as np
 from dphub.ensemble.aggregate import MergedSpan, aggregate
 from dphub.ensemble.measures import measurement_ranges, refused_numbers
 from dphub.ensemble.members import ModelMember
+from dphub.ensemble.release_paths import CODE as PATH_CODE
+from dphub.ensemble.release_paths import (
+    HIDDEN_CODE,
+    PATHS,
+    UNEXPLAINED,
+    UNEXPLAINED_CODE,
+    VOUCHES,
+    Explanation,
+    ReleasePath,
+)
 from dphub.ensemble.releases import shape_released
 from dphub.ensemble.words import LETTER_RUN, WORD_RE, joined_by_apostrophe
 from dphub.errors import ConfigError
@@ -205,6 +215,15 @@ class InverseRule:
         """One note's merged spans (:func:`inverse_aggregate`)."""
         return inverse_aggregate(text, member_spans, self, vocabulary, models=models)
 
+    def explain(self, text: str, member_spans: Mapping[str, Sequence[Span]], *,
+                vocabulary: SafeVocabulary,
+                models: Mapping[str, float | LabelThresholds | None]
+                ) -> tuple[list[MergedSpan], Explanation]:
+        """:meth:`merge`'s spans and why (each kept word's release path, the words the rule hid
+        that no member flagged): one word table serves both."""
+        table = word_table(text, member_spans, vocabulary, models=models)
+        return hidden_spans(text, table, self), explanation(table, self)
+
     def __str__(self) -> str:
         tail = "" if self.named is None and self.sure is None else \
             f",{self.high if self.named is None else self.named:g}"
@@ -297,6 +316,49 @@ class WordTable:
     #: no context word (:data:`FUNCTION_WORDS`): with SURE and a model member they come back
     #: whatever P
     function: np.ndarray | None = None
+    #: which source vouched for a vouched word (an index into
+    #: :data:`dphub.ensemble.release_paths.VOUCHES`; -1: none), so each kept word can name its
+    #: release path (:meth:`release_paths`)
+    vouch: np.ndarray | None = None
+
+    def release_paths(self, low: float, high: float, named: float | None = None,
+                      sure: float | None = None) -> np.ndarray:
+        """Per word, the code of the path that let it back (an index into
+        :data:`dphub.ensemble.release_paths.PATHS`), ``HIDDEN_CODE`` for a hidden word and
+        ``UNEXPLAINED_CODE`` for a kept word no path accounts for (a bug the audit shows).
+
+        The conditions are those of :meth:`kept`, one path at a time, in the order of ``PATHS``;
+        which words are kept is :meth:`kept`'s answer, so the two never disagree on that.
+        """
+        keep = self.kept(low, high, named, sure)
+        codes = np.where(keep, UNEXPLAINED_CODE, HIDDEN_CODE).astype(np.int8)
+        none = np.zeros_like(self.safe)
+        signs = none if self.named is None or not self.model else self.named
+        unknown = (self.letters & ~self.safe & ~signs) if self.model else none
+        other = unknown if self.lower is None else unknown & self.lower
+        capitals = none if self.capitals is None else unknown & self.capitals
+        context = none if self.context is None or not self.model else self.context & ~signs
+        strict = high if named is None else min(named, high)
+        bar = np.where(signs, strict, high)
+        ladder = sure is not None and self.model and self.refused is not None
+        if ladder and self.strong is not None:
+            bar = np.where(signs & ~self.strong, max(strict, min(low, high)), bar)
+        vouch = np.full(len(self.safe), -1, dtype=np.int8) if self.vouch is None else self.vouch
+        vouched = (self.safe | self.measure) & (self.p < bar)
+        candidates: list[tuple[ReleasePath, np.ndarray]] = [
+            (path, vouched & (vouch == k)) for k, path in enumerate(VOUCHES)]
+        candidates += [
+            (ReleasePath.CONTEXT_WORD, context & (self.p < strict)),
+            (ReleasePath.UNKNOWN_LOWER, other & (self.p < low)),
+            (ReleasePath.CAPITALS, capitals & (self.p < min(low, strict))),
+        ]
+        if ladder:
+            if self.function is not None:
+                candidates.append((ReleasePath.CLOSED_CLASS, self.function))
+            candidates.append((ReleasePath.SURE, ~self.refused & (self.p < sure)))
+        for path, mask in candidates:
+            codes[keep & (codes == UNEXPLAINED_CODE) & mask] = PATH_CODE[path]
+        return codes
 
     def kept(self, low: float, high: float, named: float | None = None,
              sure: float | None = None) -> np.ndarray:
@@ -386,9 +448,10 @@ def word_table(
     found = list(WORD_RE.finditer(text))
     shorthand = shorthand_letters(text)
     signed, strong, placed = _signs(text, found, vocab)
-    released = context_released(text, found, vocab) | shape_released(
-        text, found, vocab, measures, NAME_CUES_BEFORE, NAME_CUES_AFTER) | site_released(
-        found, vocab, placed)
+    by_context = context_released(text, found, vocab)
+    by_shape = shape_released(text, found, vocab, measures, NAME_CUES_BEFORE, NAME_CUES_AFTER)
+    by_site = site_released(found, vocab, placed)
+    vouch = np.full(len(found), -1, dtype=np.int8)  # which source vouched (release_paths.VOUCHES)
     for wi, m in enumerate(found):
         a, b = m.start(), m.end()
         while ci < len(cover) and cover[ci][1] <= a:
@@ -398,12 +461,22 @@ def word_table(
         word = m.group()
         if any(c.isdigit() for c in word):
             k = bisect.bisect_right(m_starts, a) - 1
-            rows.append((a, b, hit, p, False,
-                         k >= 0 and measures[k][0] <= a and b <= measures[k][1], False))
+            measure = k >= 0 and measures[k][0] <= a and b <= measures[k][1]
+            if measure:
+                vouch[wi] = PATH_CODE[ReleasePath.MEASUREMENT]
+            rows.append((a, b, hit, p, False, measure, False))
         else:
-            safe = (vocab.contains(word) or a in shorthand or wi in released
-                    or _clitic(text, found, wi, vocab) or _value_key(text, found, wi, measures))
-            rows.append((a, b, hit, p, safe, False, True))
+            source = (ReleasePath.VOCABULARY if vocab.contains(word)
+                      else ReleasePath.SHORTHAND if a in shorthand
+                      else ReleasePath.CONTEXT if wi in by_context
+                      else ReleasePath.SHAPE if wi in by_shape
+                      else ReleasePath.SITE_WORD if wi in by_site
+                      else ReleasePath.CLITIC if _clitic(text, found, wi, vocab)
+                      else ReleasePath.VALUE_KEY if _value_key(text, found, wi, measures)
+                      else None)
+            if source is not None:
+                vouch[wi] = PATH_CODE[source]
+            rows.append((a, b, hit, p, source is not None, False, True))
     cols = list(zip(*rows, strict=True)) if rows else [()] * 7
     blocked = np.zeros(len(found), dtype=bool)
     blocked[sorted(blocked_words(text, found, vocab))] = True
@@ -425,7 +498,7 @@ def word_table(
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
                      np.array(cols[6], dtype=bool), bool(models), blocked, named, context,
                      lower, capitals, sure_refused(text, found, vocab, strong), strong_mask,
-                     function)
+                     function, vouch)
 
 
 def site_released(words: Sequence[re.Match[str]], vocab: SafeVocabulary,
@@ -474,6 +547,18 @@ def hidden_spans(text: str, table: WordTable, rule: InverseRule) -> list[MergedS
     hidden = [MergedSpan(int(table.start[i]), int(table.end[i]), UNTYPED, float(table.p[i]), ())
               for i in np.flatnonzero(out)]
     return _join(text, sorted([*table.flags, *hidden], key=lambda s: (s.start, s.end)))
+
+
+def explanation(table: WordTable, rule: InverseRule) -> Explanation:
+    """Each kept word of ``table`` with its release path under ``rule``, and the words the
+    rule hid that no member flagged (:mod:`dphub.ensemble.release_paths`)."""
+    codes = table.release_paths(rule.low, rule.high, rule.named, rule.sure)
+    kept = tuple((int(table.start[i]), int(table.end[i]),
+                  UNEXPLAINED if codes[i] == UNEXPLAINED_CODE else PATHS[codes[i]].value)
+                 for i in np.flatnonzero(codes != HIDDEN_CODE))
+    hidden = tuple((int(table.start[i]), int(table.end[i]))
+                   for i in np.flatnonzero((codes == HIDDEN_CODE) & ~table.flagged))
+    return Explanation(kept, hidden)
 
 
 def _max_p(word_p: Sequence[tuple[int, int, float]], starts: Sequence[int], longest: int,

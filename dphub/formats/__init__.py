@@ -43,7 +43,7 @@ from dphub.formats.i2b2 import I2B2
 from dphub.formats.jsonl import JSONL
 from dphub.formats.physionet import DEIDPL, PHYSIONET
 from dphub.formats.text import TEXT
-from dphub.notes import Note, check_spans
+from dphub.notes import Note, check_spans, lone_surrogate
 
 # Order matters for detection: the first format whose sniff() accepts a path wins.
 _SPECS: tuple[FormatSpec, ...] = (PHYSIONET, DEIDPL, BRAT, I2B2, JSONL, CONLL, TEXT)
@@ -239,12 +239,26 @@ def write(
     return spec.write(_validated(notes), path, **options)
 
 
+def _check_unicode(note: Note) -> None:
+    """Refuse, before anything is written, a note no UTF-8 file can hold (a lone surrogate in its
+    text, id, patient id or metadata), naming where, never the text."""
+    for what, value in (("text", note.text), ("id", note.id), ("patient id", note.patient_id),
+                        ("metadata", note.metadata)):
+        at = lone_surrogate(value)
+        if at is not None:
+            place = f" at offset {at}" if at >= 0 and what == "text" else ""
+            raise InputError(
+                f"note {note.id!r}: its {what} holds a lone surrogate{place} (U+D800-U+DFFF, "
+                "not a Unicode character; no UTF-8 file can hold it): nothing was written")
+
+
 def _validated(notes: Iterable[Note]) -> Iterator[Note]:
     seen: set[str] = set()
     for note in notes:
         if note.id in seen:
             raise InputError(f"duplicate note id {note.id!r}: nothing was written")
         seen.add(note.id)
+        _check_unicode(note)
         try:
             spans = check_spans(note.spans, len(note.text), where=f"note {note.id}")
         except InputError as e:

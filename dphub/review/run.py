@@ -54,11 +54,16 @@ class ReviewNote:
     patient_id: str | None = None
     #: the text the run's output file holds for this note (None: not text, or not found)
     released: str | None = None
+    #: an inverse run's kept words per release path (``audit.jsonl``'s ``kept``; None otherwise)
+    kept: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "id": self.id, "text": self.text, "spans": self.spans,
-                "misses": self.misses, "doubt": self.doubt.to_dict(),
-                "released": self.released}
+        out = {"key": self.key, "id": self.id, "text": self.text, "spans": self.spans,
+               "misses": self.misses, "doubt": self.doubt.to_dict(),
+               "released": self.released}
+        if self.kept is not None:
+            out["kept"] = self.kept
+        return out
 
 
 @dataclass
@@ -190,9 +195,12 @@ def _span(d: Any, text_len: int, where: str, members: Sequence[str]) -> dict[str
     if not 0 <= start < end <= text_len:
         raise InputError(f"{where}: a span [{start}, {end}) outside the note's {text_len} "
                          "characters (were these the notes the run read?)")
-    return {"start": start, "end": end, "label": label, "category": category_of(label),
-            "voters": voters, "score": score, "inverse": not voters,
-            "disagree": span_disagrees(voters, members), "gold": None}
+    out = {"start": start, "end": end, "label": label, "category": category_of(label),
+           "voters": voters, "score": score, "inverse": not voters,
+           "disagree": span_disagrees(voters, members), "gold": None}
+    if isinstance(d.get("hidden_by"), list):  # an inverse run: members and/or the rule
+        out["hidden_by"] = [str(v) for v in d["hidden_by"]]
+    return out
 
 
 def _ranges(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -266,9 +274,13 @@ def load_review(run_dir: Path, notes_path: Path, *, gold_path: Path | None = Non
         for s in spans:  # the page marks spans whose score lies near a voter's threshold
             s["near"] = round(span_near(s["voters"], s["score"], thresholds), 3)
         items.append(item)
+        kept = rec.get("kept")
         notes.append(ReviewNote(item.key, note.id, note.text, spans,
                                 note_doubt(spans, members, thresholds),
-                                patient_id=note.patient_id))
+                                patient_id=note.patient_id,
+                                kept={str(k): int(v) for k, v in kept.items()
+                                      if isinstance(v, int) and not isinstance(v, bool)}
+                                if isinstance(kept, dict) else None))
     if audit:
         raise InputError(f"{len(audit)} audited note(s) are not in {notes_path} (first: "
                          f"{next(iter(audit))}); give the notes the run read")

@@ -79,8 +79,8 @@ def _iter_txt_dir(root: Path) -> Iterator[WorkItem]:
         except UnicodeDecodeError as e:
             yield WorkItem(rel, i, None, f"{rel}: not valid UTF-8 (byte {e.start})", stem)
             continue
-        if text.startswith("\ufeff"):
-            text = text[1:]
+        # a BOM is kept, as the text format and brat read it: offsets count the file's code
+        # points exactly, so spans of this run and a gold read from the same files agree
         try:  # the patient id of a .meta.json sidecar, as the text format reads it
             side = read_sidecar(f)
         except (DphubError, OSError, UnicodeDecodeError):
