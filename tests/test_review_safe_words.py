@@ -15,8 +15,9 @@ import pytest
 from dphub.cli.main import main
 from dphub.ensemble import Ensemble, FixedMember
 from dphub.ensemble.core import Slot
-from dphub.ensemble.inverse import InverseRule, inverse_aggregate
+from dphub.ensemble.inverse import InverseRule, inverse_aggregate, word_table
 from dphub.ensemble.members import ModelMember
+from dphub.ensemble.release_paths import PATHS, ReleasePath
 from dphub.errors import ConfigError, DphubError
 from dphub.notes import Note, Span
 from dphub.review.corrections import labelled_notes
@@ -388,3 +389,15 @@ def test_a_symlink_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
     link.symlink_to(target)
     with pytest.raises(ConfigError, match="regular file"):
         check_safe_words_path(link, tmp_path / "run", [notes])
+
+
+def test_a_site_word_release_names_its_path() -> None:
+    # issue 54 item 5: the audit says a reviewer's safe word released it, not the vocabulary
+    text = "zentrix checked and reviewed"
+    rule = InverseRule.parse(RULE)
+    table = word_table(text, {"m": []}, vocab(["zentrix"]))
+    codes = table.release_paths(rule.low, rule.high, rule.named, rule.sure)
+    assert PATHS[codes[0]] == ReleasePath.SITE_WORD
+    assert PATHS[codes[1]] == ReleasePath.VOCABULARY
+    codes = word_table(text, {"m": []}, vocab()).release_paths(rule.low, rule.high)
+    assert codes[0] < 0  # without the site file: hidden
