@@ -209,14 +209,15 @@ def superlink(
     _need_flwr()
     from dphub.federate.superlink import plan_superlink, run_superlink
 
+    exe = _flower_command("flower-superlink")
     plan = plan_superlink(server_dir, address=address, certfile=certfile, keyfile=keyfile,
                           app_hash=app_hash)
-    exe = _flower_command("flower-superlink")
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(exe).parent), env.get("PATH", "")])
     typer.echo(f"superlink: gate on {address} (Fleet API; Control API with the operator "
-               f"token in {plan.server_dir}); Flower's SuperLink on {plan.internal}", err=True)
-    run_superlink(plan, exe, env=env)
+               f"token in {plan.server_dir}); Flower's SuperLink on {plan.internal} (this "
+               "user only)", err=True)
+    run_superlink(plan, env=env)
     typer.echo("stopped", err=True)
 
 
