@@ -71,8 +71,12 @@ def round1(sites: list[Path], tiny_base_model: Path,
     return {k: v.clone() for k, v in server.weights.items()}, replies
 
 
-def _server(base: Path, out: Path, weights: dict, **kw) -> FederationServer:
-    server = FederationServer(_cfg(base, out, **kw))
+def _server(base: Path, out: Path, weights: dict, options_delta: float | None = None,
+            **kw) -> FederationServer:
+    cfg = _cfg(base, out, **kw)
+    if options_delta is not None:
+        cfg.options = {**cfg.options, "delta": options_delta}
+    server = FederationServer(cfg)
     server.weights = {k: v.clone() for k, v in weights.items()}  # the round's global weights
     return server
 
@@ -404,3 +408,60 @@ def test_kill_9_of_simulate_leaves_no_ray_process(sites: list[Path], tiny_base_m
         for p in seen.values():
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+# ------------------------------------------------------------------ issue 53: the δ cap
+
+
+def _lie(r: dict, **edits) -> dict:
+    """A self-consistent lie: the edited report with its ε recomputed (it passes the
+    "epsilon below its own accounting" check)."""
+    out = {**r, **edits}
+    out["epsilon"] = site_epsilon(out)
+    return out
+
+
+def test_a_report_above_the_federations_delta_cap_is_refused(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    """δ = 0.01 buys ε ≈ half for the same σ: a report whose δ is above min(1e-5, 1/(10 N))
+    (no δ in the recipe) is dropped like ε above target, whatever its own accounting says."""
+    g, honest = round1
+    (w0, r0), _ = honest
+    assert float(r0["delta"]) <= 1e-5
+    server = _server(tiny_base_model, tmp_path / "m", g)
+    for d in (0.01, 1e-3, 2e-5):
+        lie = _lie(r0, delta=d)
+        assert lie["epsilon"] < r0["epsilon"]  # what the lie buys
+        assert server.aggregate(1, [(w0, lie)]) == 0, d
+        assert "delta above the federation's cap" in server.dropped[0], (d, server.dropped)
+    # the neighbours: δ = 0, NaN, above 1, a string
+    for d in (0.0, math.nan, 1.5, "1e-5"):
+        assert server.aggregate(1, [(w0, {**r0, "delta": d})]) == 0, d
+    assert server.aggregate(1, [(w0, r0)]) == 1  # the honest report still passes
+
+
+def test_the_delta_cap_is_the_recipes_when_it_sets_one(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    g, honest = round1
+    (w0, r0), _ = honest
+    strict = _server(tiny_base_model, tmp_path / "a", g, options_delta=1e-6)
+    assert strict.aggregate(1, [(w0, r0)]) == 0  # the site's 1e-5 is above this recipe's δ
+    assert "delta above the federation's cap" in strict.dropped[0]
+    loose = _server(tiny_base_model, tmp_path / "b", g, options_delta=1e-4)
+    assert loose.aggregate(1, [(w0, _lie(r0, delta=1e-4))]) == 1  # what the terms allow
+    assert loose.aggregate(1, [(w0, _lie(r0, delta=2e-4))]) == 0
+
+
+def test_a_recorded_report_above_the_delta_cap_is_refused_on_resume(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    g, honest = round1
+    server = _server(tiny_base_model, tmp_path / "m", g, state_dir=tmp_path / "state")
+    server.aggregate(1, [honest[0]])
+    path = tmp_path / "state" / SERVER_STATE
+    raw = json.loads(path.read_text())
+    row = next(iter(raw["sites"].values()))
+    row.update(_lie({**row, "site_id": "0" * 16}, delta=1e-3))
+    row.pop("site_id")
+    path.write_text(json.dumps(raw))
+    with pytest.raises(Exception, match="delta above the federation's cap"):
+        FederationServer(_cfg(tiny_base_model, tmp_path / "m", state_dir=tmp_path / "state"))

@@ -215,7 +215,8 @@ class FederationServer:
                                      batch_size=self.opts.batch_size,
                                      max_steps=self.cfg.rounds * self.cfg.local_steps,
                                      local_steps=self.cfg.local_steps,
-                                     target_epsilon=self.cfg.target_epsilon)
+                                     target_epsilon=self.cfg.target_epsilon,
+                                     recipe_delta=self.opts.delta)
             except reports.Rejected as e:
                 raise ConfigError(f"{d}: a site's recorded report is invalid ({e.message}); "
                                   "delete this --state-dir to start the federation again") from None
@@ -309,7 +310,8 @@ class FederationServer:
                     rep, privacy_unit=self.opts.privacy_unit, accountant=self.opts.accountant,
                     label_schema=self.opts.label_schema, batch_size=self.opts.batch_size,
                     max_steps=self.cfg.rounds * self.cfg.local_steps,
-                    local_steps=self.cfg.local_steps, target_epsilon=self.cfg.target_epsilon)
+                    local_steps=self.cfg.local_steps, target_epsilon=self.cfg.target_epsilon,
+                    recipe_delta=self.opts.delta)
                 sid = clean["site_id"]
                 self._check_identity(sid, node, ids[sid])
                 reports.check_continuity(clean, self.sites.get(sid))
