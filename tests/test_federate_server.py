@@ -465,3 +465,77 @@ def test_a_recorded_report_above_the_delta_cap_is_refused_on_resume(
     path.write_text(json.dumps(raw))
     with pytest.raises(Exception, match="delta above the federation's cap"):
         FederationServer(_cfg(tiny_base_model, tmp_path / "m", state_dir=tmp_path / "state"))
+
+
+# ------------------------------------------------------------------ issue 53: the card's defences
+
+
+def test_the_card_states_the_servers_defences_and_its_drops(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    """The federated card says which defences the server ran (bounds, median clipping, the
+    probe check's margin, the trim) and how many replies it dropped per round; `card
+    validate` requires it on a card of dphub 0.2.0 or later and checks it agrees with the
+    block; an older card without it stays valid."""
+    from dphub import card
+    from dphub.federate.reports import ADAM_RMS_BOUND, ADAM_STEP_BOUND
+    from dphub.hub.validate import validate_card
+    from dphub.privacy.federation import federation_problems
+
+    g, honest = round1
+    (w0, r0), (w1, r1) = honest
+    server = _server(tiny_base_model, tmp_path / "m", g, aggregation="trimmed-mean")
+    assert server.aggregate(1, [(w0, r0), (w1, {**r1, "delta": 5.0})]) == 1
+    meta = server.write()
+    validate_card(tmp_path / "m")
+    dp = meta["differential_privacy"]
+    rob = dp["federation"]["robustness"]
+    assert rob == {"update_bounds": {"per_coordinate": ADAM_STEP_BOUND, "rms": ADAM_RMS_BOUND},
+                   "norm_clipping": "median",
+                   "probe_check": {"margin": robust.PROBE_MARGIN,
+                                   "min_sites": robust.PROBE_MIN_SITES},
+                   "trim": {"proportion": robust.TRIM_PROPORTION, "at_least_one_from_sites": 3},
+                   "dropped_per_round": [1]}
+    assert "delta" not in json.dumps(rob)  # counts and settings only, no reason text
+
+    def problems(edit) -> list[str]:
+        bad = copy.deepcopy(meta)
+        edit(bad["differential_privacy"])
+        return card.meta_problems(bad)
+
+    def without(release: str):
+        def edit(d: dict) -> None:
+            d["library_versions"]["dphub"] = release
+            del d["federation"]["robustness"]
+        return edit
+
+    assert any("robustness" in p for p in problems(without("0.2.0")))
+    assert any("robustness" in p for p in problems(without("1.0.0rc1")))
+    assert problems(without("0.1.0")) == []  # a card written before it existed
+    assert federation_problems({**dp, "federation": {**dp["federation"], "robustness": {
+        **rob, "dropped_per_round": [0, 1]}}})  # rounds disagree
+    assert problems(lambda d: d["federation"]["robustness"].pop("trim"))  # trimmed-mean
+    assert problems(lambda d: d["federation"].update(aggregation="mean"))  # trim without it
+    assert problems(lambda d: d["federation"]["robustness"].update(note="Mr Smith"))
+    assert problems(lambda d: d["federation"]["robustness"].update(dropped_per_round=[-1]))
+    assert problems(lambda d: d["federation"]["robustness"]["probe_check"].update(margin=2))
+
+
+def test_drops_per_round_survive_a_resume(round1: tuple[dict, list], tiny_base_model: Path,
+                                          tmp_path: Path) -> None:
+    g, honest = round1
+    (w0, r0), (w1, r1) = honest
+    server = _server(tiny_base_model, tmp_path / "m", g, state_dir=tmp_path / "state")
+    server.aggregate(1, [(w0, r0), (w1, {**r1, "delta": 5.0})])
+    again = FederationServer(_cfg(tiny_base_model, tmp_path / "m", state_dir=tmp_path / "state"))
+    assert again.dropped_per_round == [1]
+    path = tmp_path / "state" / SERVER_STATE
+    raw = json.loads(path.read_text())
+    for bad in ([-1], "1", [True], [0, 0, 0]):
+        path.write_text(json.dumps({**raw, "dropped_per_round": bad}))
+        with pytest.raises(Exception, match="recorded drops are invalid"):
+            FederationServer(_cfg(tiny_base_model, tmp_path / "m",
+                                  state_dir=tmp_path / "state"))
+    del raw["dropped_per_round"]  # a checkpoint written before this: not recorded
+    path.write_text(json.dumps(raw))
+    assert FederationServer(_cfg(tiny_base_model, tmp_path / "m", state_dir=tmp_path /
+                                 "state")).dropped_per_round == [None]
