@@ -539,3 +539,33 @@ def test_drops_per_round_survive_a_resume(round1: tuple[dict, list], tiny_base_m
     path.write_text(json.dumps(raw))
     assert FederationServer(_cfg(tiny_base_model, tmp_path / "m", state_dir=tmp_path /
                                  "state")).dropped_per_round == [None]
+
+
+def test_a_card_row_beyond_its_sites_own_policy_is_refused(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    """The card's neighbour of the report check: a row whose δ (or ε) its own recorded policy
+    would have refused, recomputed so its accounting agrees, no longer validates."""
+    from dphub.privacy.federation import federation_problems
+
+    g, honest = round1
+    server = _server(tiny_base_model, tmp_path / "m", g)
+    assert server.aggregate(1, [honest[0]]) == 1
+    dp = server.write()["differential_privacy"]
+    row = dp["federation"]["site_accounting"][0]
+    assert row["policy"]["delta"] is None and federation_problems(dp) == []
+
+    def lied(**edits) -> dict:
+        bad = copy.deepcopy(dp)
+        r = bad["federation"]["site_accounting"][0]
+        r.update(edits)
+        r["epsilon"] = site_epsilon(r)
+        bad["federation"]["epsilon_range"] = [r["epsilon"], r["epsilon"]]
+        bad["epsilon"], bad["delta"] = r["epsilon"], max(bad["delta"], r["delta"])
+        return bad
+
+    assert any("above the site's own policy (1e-05)" in p
+               for p in federation_problems(lied(delta=1e-3)))
+    assert federation_problems(lied(delta=row["delta"])) == []  # the recomputation alone: fine
+    many = lied(steps=ROUNDS * LOCAL, noise_multiplier=0.3)
+    assert float(many["epsilon"]) > row["policy"]["max_epsilon"]
+    assert any("epsilon: above the site's own policy" in p for p in federation_problems(many))

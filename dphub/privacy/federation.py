@@ -122,6 +122,18 @@ def federation_problems(dp: Mapping[str, Any]) -> list[str]:
                             f"{max_steps}")
         if str(site.get("privacy_unit", dp.get("privacy_unit"))) != dp.get("privacy_unit"):
             problems.append(f"{where}.privacy_unit: differs from the card's")
+        policy = site.get("policy")
+        if isinstance(policy, Mapping):
+            # the site's own policy refuses a δ above its cap (min(1e-5, 1/(10 N)) when it
+            # sets none) and an ε above its maximum: a row beyond its policy is not the site's
+            cap = float(policy["delta"]) if policy.get("delta") is not None else 1e-5
+            if float(site["delta"]) > cap * (1 + 1e-9):
+                problems.append(f"{where}.delta: {float(site['delta']):.3g} is above the "
+                                f"site's own policy ({cap:.3g})")
+            if accounting.below(float(policy["max_epsilon"]), float(site["epsilon"]),
+                                accounting.CLAIM_RTOL):
+                problems.append(f"{where}.epsilon: above the site's own policy "
+                                f"({float(policy['max_epsilon']):g})")
     if not recomputed:
         return problems
     worst = max(recomputed)
