@@ -418,3 +418,63 @@ def test_server_pin_follows_serve_and_a_damaged_pin_refuses_every_run(tmp_path: 
     assert pinned_app(plan) == "0" * 64  # matches no bundle
     plan.app_hash = "c" * 64  # --app-hash wins
     assert pinned_app(plan) == "c" * 64
+
+
+def test_flowers_superlink_is_handed_the_socket_never_a_port(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`unix_superlink` runs Flower's own entry point with uvicorn's host and port replaced by
+    the socket; a second HTTP server is refused; bad usage is one line."""
+    pytest.importorskip("flwr")
+    import uvicorn
+    from flwr.superlink import cli as flwr_cli
+
+    from dphub.federate import unix_superlink
+
+    seen: list[dict] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: seen.append(kw))
+
+    def fake_flower() -> None:  # what flwr.superlink.cli.flower_superlink does, in short
+        import sys
+
+        assert sys.argv[1:] == ["--host", "127.0.0.1", "--port", "9"]
+        uvicorn.run(app="app", host="127.0.0.1", port=9, ssl_keyfile="k", workers=1)
+        uvicorn.run(app="app", host="0.0.0.0", port=9)
+
+    monkeypatch.setattr(flwr_cli, "flower_superlink", fake_flower)
+    monkeypatch.setattr("sys.argv", ["x"])
+    with pytest.raises(RuntimeError, match="second HTTP server"):
+        unix_superlink.main(["--uds", "/d/s.sock", "--", "--host", "127.0.0.1", "--port", "9"])
+    assert seen == [{"app": "app", "uds": "/d/s.sock", "ssl_keyfile": "k", "workers": 1}]
+    with pytest.raises(SystemExit, match="usage"):
+        unix_superlink.main(["--host", "127.0.0.1"])
+
+
+def test_the_socket_directory_is_private_and_short(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("flwr")
+    import shutil
+    import tempfile
+
+    from dphub.errors import ConfigError
+    from dphub.federate.superlink import SOCKET_NAME, socket_dir
+
+    short = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(short))
+        d = socket_dir()
+        assert d.parent == short and d.stat().st_mode & 0o777 == 0o700
+        assert d.stat().st_uid == os.geteuid() and not (d / SOCKET_NAME).exists()
+    finally:
+        shutil.rmtree(short)
+    deep = tmp_path / ("x" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    d = socket_dir()  # a TMPDIR too long for a socket: the system's /tmp
+    try:
+        assert d.parent == Path("/tmp") and d.stat().st_mode & 0o777 == 0o700
+    finally:
+        d.rmdir()
+    assert list(deep.iterdir()) == []  # nothing left behind
+    monkeypatch.setattr(os, "fsencode", lambda p: b"x" * 200)
+    with pytest.raises(ConfigError, match="too long a path for a Unix socket"):
+        socket_dir()

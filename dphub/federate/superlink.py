@@ -149,13 +149,16 @@ SOCKET_NAME = "superlink.sock"
 def socket_dir() -> Path:
     """A fresh directory for the SuperLink's socket: made by this user, 0700 (``mkdtemp``,
     atomic in the sticky temp directory), so the kernel lets no other uid reach the socket."""
-    d = Path(tempfile.mkdtemp(prefix="dphub-superlink-"))
+    for parent in dict.fromkeys([tempfile.gettempdir(), "/tmp"]):  # noqa: S108 - mkdtemp
+        d = Path(tempfile.mkdtemp(prefix="dphub-superlink-", dir=parent))
+        if len(os.fsencode(d / SOCKET_NAME)) <= _MAX_SOCKET_PATH:
+            break
+        os.rmdir(d)  # a long TMPDIR: the system's /tmp instead
+    else:
+        raise ConfigError(f"{d}: too long a path for a Unix socket (set TMPDIR shorter)")
     st = d.stat()
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
         raise ConfigError(f"{d}: the SuperLink's socket directory is not private")
-    if len(os.fsencode(d / SOCKET_NAME)) > _MAX_SOCKET_PATH:
-        os.rmdir(d)
-        raise ConfigError(f"{d}: too long a path for a Unix socket (set TMPDIR shorter)")
     return d
 
 
