@@ -203,9 +203,9 @@ def superlink(
         help="Run only the app bundle with this SHA-256 (default: the one `dphub federate "
         "serve --server-dir` wrote last)."),
 ) -> None:
-    """Run the server: Flower's SuperLink on loopback behind a gate that serves SuperNodes
-    and, with the operator's token, flwr; only dphub's installed ServerApp runs, until
-    stopped."""
+    """Run the server: Flower's SuperLink on a Unix socket only this user can open, behind a
+    gate that serves SuperNodes and, with the operator's token, flwr; only dphub's installed
+    ServerApp runs, until stopped."""
     _need_flwr()
     from dphub.federate.superlink import plan_superlink, run_superlink
 
