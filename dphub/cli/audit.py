@@ -24,10 +24,11 @@ import typer
 
 from dphub import config as project
 from dphub.cli import train as T
-from dphub.cli.options import apply_threads, threads_option
+from dphub.cli.options import apply_threads, reads_notes, threads_option
 from dphub.errors import ConfigError
 
 
+@reads_notes
 def audit(
     data: Path | None = T.DATA_OPT,
     out: Path | None = T.OUT_OPT,

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from dphub.cli.options import reads_notes
+
 if TYPE_CHECKING:
     from dphub.privacy.ledger import Spend
 
@@ -25,6 +27,7 @@ ledger_app = typer.Typer(
 
 
 @ledger_app.command("show")
+@reads_notes
 def show(
     data: Path | None = typer.Argument(
         None, metavar="[DATA]", show_default="every dataset recorded",

@@ -15,7 +15,14 @@ import typer
 
 from dphub import config as project
 from dphub.cli.hub import HUB_DEFAULT, HUB_HELP, resolve_hub
-from dphub.cli.options import FLOAT, apply_threads, finite_float, positive_float, threads_option
+from dphub.cli.options import (
+    FLOAT,
+    apply_threads,
+    finite_float,
+    positive_float,
+    reads_notes,
+    threads_option,
+)
 from dphub.errors import ConfigError
 
 #: (section, key) in dphub.toml for each TrainOptions field that the project file may set.
@@ -305,6 +312,7 @@ ALLOW_ABOVE_POLICY_OPT = typer.Option(
 )
 
 
+@reads_notes
 def train(
     data: Path | None = DATA_OPT,
     out: Path | None = OUT_OPT,

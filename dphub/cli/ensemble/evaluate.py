@@ -27,11 +27,12 @@ from dphub.cli.ensemble._common import (
     _used,
     ensemble_app,
 )
-from dphub.cli.options import FLOAT, apply_threads, finite_float, threads_option
+from dphub.cli.options import FLOAT, apply_threads, finite_float, reads_notes, threads_option
 from dphub.errors import ConfigError, InputError
 
 
 @ensemble_app.command("calibrate")
+@reads_notes
 def calibrate_cmd(
     labelled: Path = typer.Argument(
         ..., metavar="LABELLED", help="The owner's labelled notes (any format)."
@@ -168,6 +169,7 @@ def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdo
 
 
 @ensemble_app.command("evaluate")
+@reads_notes
 def evaluate_cmd(
     labelled: Path = typer.Argument(..., metavar="LABELLED", help="Labelled notes (any format)."),
     owner_model: Path | None = typer.Option(

@@ -23,7 +23,7 @@ from dphub.cli.ensemble._common import (
     _used,
     ensemble_app,
 )
-from dphub.cli.options import FLOAT, apply_threads, positive_float, threads_option
+from dphub.cli.options import FLOAT, apply_threads, positive_float, reads_notes, threads_option
 
 # one declaration of each training option (dphub/cli/train.py)
 from dphub.cli.train import (
@@ -110,6 +110,7 @@ def _report_owner(res: Any) -> None:
 
 
 @ensemble_app.command("distill")
+@reads_notes
 def distill_cmd(
     notes_path: Path = typer.Argument(
         ..., metavar="NOTES", help="The owner's notes (any format; gold spans, if any, ignored)."
@@ -201,6 +202,7 @@ def distill_cmd(
 
 
 @ensemble_app.command("distill-public")
+@reads_notes
 def distill_public_cmd(
     teacher: str = typer.Argument(
         ..., metavar="TEACHER",
@@ -299,6 +301,7 @@ def _teacher_source(spec: str) -> tuple[Path, str, str | None]:
 
 
 @ensemble_app.command("train")
+@reads_notes
 def train_cmd(
     labelled: Path = typer.Argument(
         ..., metavar="LABELLED", help="The owner's labelled notes (any format)."
