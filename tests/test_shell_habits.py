@@ -242,3 +242,39 @@ def test_evaluate_gold_and_pred_swapped_says_so(tmp_path: Path, monkeypatch: pyt
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and needle in err, (gold, pred, err)
         assert "John" not in err
+
+
+# ---------------------------------------------------------------------------- train's output
+@pytest.mark.parametrize("command", ["train", "audit"])
+def test_an_existing_out_is_refused_before_anything_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "x").write_text("x")
+    (tmp_path / "d.jsonl").write_text(json.dumps({"id": "a", "text": NOTE, "spans": []}) + "\n")
+
+    def too_late(*args: object, **kwargs: object) -> None:
+        raise AssertionError("options built (torch imported) before the refusal")
+
+    monkeypatch.setattr("dphub.cli.train.build_options", too_late)
+    assert main([command, "d.jsonl", "--out", "model"]) == 2
+    assert "model: output directory exists and is not empty (use --force)" in \
+        capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    assert main([command, "d.jsonl", "--out", "afile"]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+
+
+def test_train_says_where_the_model_goes_when_dphub_toml_says_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dphub.toml").write_text('[data]\npath = "missing.jsonl"\n\n[output]\n'
+                                         'dir = "out/model"\n')
+    assert main(["train"]) == 2
+    err = capsys.readouterr().err
+    assert f"output: {tmp_path / 'out' / 'model'} (dphub.toml [output] dir" in err
+    assert main(["train", "--out", "elsewhere"]) == 2
+    assert "dphub.toml [output] dir" not in capsys.readouterr().err

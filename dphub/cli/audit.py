@@ -101,10 +101,11 @@ def audit(
     It is a LOWER bound, not a proof: a sanity check of the mechanism; the proven ε is the
     guarantee.
     """
-    apply_threads(threads)
     flags = {k: v for k, v in locals().items() if k not in (
         "method", "canaries", "canary_notes", "canary_kind", "canary_note_chars", "candidates",
         "confidence", "abstain", "threads", "allow_above_policy")}
+    T.early_output_check(out, project.load_project_config(), force=force)  # before torch
+    apply_threads(threads)
     from dphub import audit as auditing
 
     try:
