@@ -278,3 +278,21 @@ def test_train_says_where_the_model_goes_when_dphub_toml_says_it(
     assert f"output: {tmp_path / 'out' / 'model'} (dphub.toml [output] dir" in err
     assert main(["train", "--out", "elsewhere"]) == 2
     assert "dphub.toml [output] dir" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- one name: members
+def test_audit_names_the_members_as_the_cli_and_api_do_and_old_runs_still_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dphub.ensemble.aggregate import span_members
+    from dphub.review.doubt import note_doubt
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text(NOTE)
+    assert main(["deid", "in", "--model", "rules:default", "-o", "out"]) == 0
+    spans = json.loads((tmp_path / "out" / "audit.jsonl").read_text().splitlines()[0])["spans"]
+    assert spans and all(s["members"] == ["rules:default"] and "voters" not in s for s in spans)
+    assert span_members({"voters": ["a"]}) == ["a"] == span_members({"members": ["a"]})
+    old = note_doubt([{"voters": ["a"], "score": 0.5}], ["a", "b"], {})
+    assert old == note_doubt([{"members": ["a"], "score": 0.5}], ["a", "b"], {})

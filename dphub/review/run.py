@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dphub.ensemble.aggregate import span_members
 from dphub.ensemble.words import WORD_RE
 from dphub.errors import InputError
 from dphub.evaluate import evaluate_spans
@@ -173,7 +174,7 @@ def _audit(run_dir: Path) -> dict[str, dict[str, Any]]:
 def _span(d: Any, text_len: int, where: str, members: Sequence[str]) -> dict[str, Any]:
     try:
         start, end, label = int(d["start"]), int(d["end"]), str(d["label"])
-        voters = [str(v) for v in d.get("voters") or ()]
+        voters = span_members(d)
         score = None if d.get("score") is None else float(d["score"])
     except (KeyError, TypeError, ValueError):
         raise InputError(f"{where}: a span without start, end and label") from None
@@ -181,7 +182,7 @@ def _span(d: Any, text_len: int, where: str, members: Sequence[str]) -> dict[str
         raise InputError(f"{where}: a span [{start}, {end}) outside the note's {text_len} "
                          "characters (were these the notes the run read?)")
     return {"start": start, "end": end, "label": label, "category": category_of(label),
-            "voters": voters, "score": score, "inverse": not voters,
+            "members": voters, "score": score, "inverse": not voters,
             "disagree": span_disagrees(voters, members), "gold": None}
 
 
