@@ -36,7 +36,7 @@ def test_pull_refuses_on_the_card_before_downloading(model, hub_env, monkeypatch
         raise AssertionError("downloaded before refusing")
 
     monkeypatch.setattr(LocalHub, "download_verified", no_download)
-    with pytest.raises(PullRefused, match="exceeds --max-epsilon.*nothing was downloaded"):
+    with pytest.raises(PullRefused, match="exceeds --max-epsilon.*before any download"):
         ops.pull("acme/deid", max_epsilon=s.epsilon / 2)
     assert Registry().list() == []
 
@@ -102,3 +102,32 @@ def test_pull_of_a_local_directory_says_no_pull_is_needed(model, hub_env, capsys
     copy_model(model, hub_env["tmp"] / "models" / "site-a")
     assert main(["pull", "models/site-a"]) == 2
     assert "is a local model directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("eps", "shown"), [(7.9993, "8"), (8.0, "8"), (8.511264, "8.52"),
+                                            (0.12301, "0.124"), (1234.5, "1240"),
+                                            (1e-05, "0.00001"), (2.0000001, "2.01")])
+def test_epsilon_is_shown_with_3_significant_digits_rounded_up(eps, shown):
+    from dphub.privacy.statement import format_epsilon
+
+    assert format_epsilon(eps) == shown
+    assert float(shown) >= eps  # never below the guarantee
+
+
+def test_publish_search_pull_and_the_card_show_the_same_epsilon(model, hub_env, capsys):
+    """Issue 56: publish/search said 8 where the card said 7.999 for one model."""
+    from dphub.card import load_card
+    from dphub.privacy.statement import format_epsilon
+
+    shown = format_epsilon(load_card(model).epsilon)
+    assert main(["publish", str(model), "--repo", "acme/deid"]) == 0
+    assert f"epsilon={shown}," in capsys.readouterr().out
+    assert main(["search"]) == 0
+    assert f" {shown} " in capsys.readouterr().out
+    assert main(["pull", "acme/deid"]) == 0
+    assert f"epsilon={shown}," in capsys.readouterr().out
+    assert main(["card", "show", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert f"epsilon = {shown}" in out and f"{load_card(model).epsilon:.4g}" not in out
+    [rev] = ops.info("acme/deid")
+    assert f"epsilon={shown}," in (rev.message or "")

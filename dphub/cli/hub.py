@@ -43,6 +43,13 @@ def _fmt(v: float | str | None, spec: str = ".3g") -> str:
     return "—" if v is None else format(v, spec)
 
 
+def _eps(v: float | None) -> str:
+    """An ε as every command shows it (3 significant digits, rounded up)."""
+    from dphub.privacy.statement import format_epsilon
+
+    return "—" if v is None else format_epsilon(v)
+
+
 UNVERIFIED = "unverified"
 
 
@@ -61,7 +68,7 @@ def _table(rows: list[RepoRevision], title: str, *, reasons: bool = False) -> Ta
         s = r.summary
         rev = r.revision[:12] + (f" ({', '.join(r.tags)})" if r.tags else "")
         if s.verified:
-            eps, delta, unit = _fmt(s.epsilon), _fmt(s.delta), s.unit or "—"
+            eps, delta, unit = _eps(s.epsilon), _fmt(s.delta), s.unit or "—"
         else:
             eps = delta = unit = UNVERIFIED
         cells = [r.repo, rev, eps, delta, unit, s.base_model or "—", ",".join(s.labels) or "—",
@@ -133,7 +140,7 @@ def publish_cmd(
     if spent:
         typer.echo(f"warning: {spent}; published anyway (--allow-above-policy)", err=True)
     what = ("public synthetic data only, epsilon=0" if s.public
-            else f"epsilon={s.epsilon:.3g}, delta={s.delta:g}, unit={s.unit}")
+            else f"epsilon={_eps(s.epsilon)}, delta={s.delta:g}, unit={s.unit}")
     typer.echo(f"published {repo}@{sha} ({what})" + (f" tagged {tag}" if tag else ""))
 
 
@@ -167,7 +174,7 @@ def pull_cmd(
             raise HubError(f"{err.message}; {spec} is a local model directory: use it as it is "
                            f"(e.g. `dphub ensemble add {spec}`), no pull needed") from None
         raise
-    typer.echo(f"pulled {e.name}@{e.revision} (epsilon={_fmt(e.epsilon)}, delta={_fmt(e.delta)}, "
+    typer.echo(f"pulled {e.name}@{e.revision} (epsilon={_eps(e.epsilon)}, delta={_fmt(e.delta)}, "
                f"unit={e.unit}) -> {e.path}")
 
 
@@ -226,7 +233,7 @@ def list_cmd(
         for col in ("repo", "revision", "ε", "δ", "unit", "hub", "path"):
             t.add_column(col, overflow="fold")
         for e in Registry().list():
-            t.add_row(e.name, e.revision[:12], _fmt(e.epsilon), _fmt(e.delta), e.unit or "—",
+            t.add_row(e.name, e.revision[:12], _eps(e.epsilon), _fmt(e.delta), e.unit or "—",
                       e.hub, str(e.path))
         _console().print(t)
         return

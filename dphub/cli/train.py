@@ -372,6 +372,7 @@ def train(
     early_output_check(out, cfg, force=force)  # before torch is even imported
     from dphub import train as training
     from dphub.hub.bases import pull_base_model
+    from dphub.privacy.statement import format_epsilon
 
     apply_threads(threads)
     opts = build_options(flags, cfg, resume=resume, no_dp=no_dp, force=force)
@@ -396,9 +397,9 @@ def train(
         claim = float(dp.get("epsilon", result.epsilon))
         if dp.get("composition"):
             extra += (f"; composed with its --init-from model ({dp['composition']['method']}), "
-                      f"the card claims ε = {claim:.3f}, δ = {float(dp['delta']):.2g}")
+                      f"the card claims ε = {format_epsilon(claim)}, δ = {float(dp['delta']):.2g}")
         typer.echo(
-            f"wrote {result.out_dir}: ε = {result.epsilon:.3f}, δ = {result.delta:.2g}, "
+            f"wrote {result.out_dir}: ε = {format_epsilon(result.epsilon)}, δ = {result.delta:.2g}, "
             f"unit = {opts.privacy_unit}, {result.steps} steps, σ = {result.noise_multiplier:.3f}"
             f"{extra}"
         )

@@ -33,6 +33,7 @@ from dphub.hub.policy import (
 )
 from dphub.io import file_sha256
 from dphub.privacy.ledger import policy_problem, release_spend
+from dphub.privacy.statement import format_epsilon
 from dphub.registry import Entry, Registry
 from dphub.repo_ids import check_repo_id, parse_repo_spec
 
@@ -111,7 +112,7 @@ def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
     # the repo id, never the local directory's name (which may name a patient, a ward, a user)
     msg = message or (
         f"Publish {repo_id} (public synthetic data only, epsilon=0)" if summary.public
-        else f"Publish {repo_id} (epsilon={summary.epsilon:g}, "
+        else f"Publish {repo_id} (epsilon={format_epsilon(summary.epsilon)}, "
              f"delta={summary.delta:g}, unit={summary.unit})")
     sha = backend.publish(Path(model_dir), repo_id, msg, tag)
     return sha, summary
@@ -143,7 +144,7 @@ def check_policy(summary: CardSummary, *, max_epsilon: float | None = None,
               "[hub] max_epsilon / require_unit in dphub.toml)"
     eps = summary.epsilon
     if eps is not None and math.isfinite(eps) and eps > eff.max_epsilon:
-        raise GateViolation(f"epsilon {eps:.4g} exceeds --max-epsilon {eff.max_epsilon:g}"
+        raise GateViolation(f"epsilon {format_epsilon(eps)} exceeds --max-epsilon {eff.max_epsilon:g}"
                             + ("" if max_epsilon is not None else default))
     if eps is not None and math.isfinite(eps):
         raise GateViolation(f"privacy unit {summary.unit} is weaker than the required "
@@ -173,8 +174,8 @@ def pull(spec: str, *, hub: str | None = None, max_epsilon: float | None = None,
     claim = _claimed_refusal(backend, repo_id, sha, max_epsilon=max_epsilon,
                              require_unit=require_unit, policy=policy)
     if claim is not None:  # issue 56: refused from the card alone, before any download
-        raise PullRefused(f"refusing {where}: {claim} (its card says so; nothing was "
-                          "downloaded or registered)")
+        raise PullRefused(f"refusing {where}: {claim} (read from its card before any "
+                          "download); nothing was registered")
     stage = Path(tempfile.mkdtemp(prefix=".pull.", dir=reg.staging_dir()))
     try:
         files = stage / "files"

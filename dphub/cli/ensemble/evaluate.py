@@ -22,7 +22,7 @@ from dphub.cli.ensemble._common import (
     RUNTIME_OPT,
     SAFE_WORDS_OPT,
     _changes,
-    _fmt,
+    _eps,
     _say,
     _used,
     ensemble_app,
@@ -211,7 +211,7 @@ def evaluate_cmd(
                 "non-PHI kept"):
         t.add_column(col, justify="left" if col in ("member", "unit") else "right")
     for r in rows:
-        t.add_row(r["name"], _fmt(r["epsilon"]), r["unit"] or "-",
+        t.add_row(r["name"], _eps(r["epsilon"]), r["unit"] or "-",
                   *(f"{100 * r[k]:.1f}" for k in ("precision", "recall", "f1",
                                                   "phrase_recall_any", "phrase_recall_full",
                                                   "non_phi_tokens_kept")))
