@@ -217,8 +217,8 @@ def _claimed_refusal(backend: Backend, repo_id: str, sha: str, *, max_epsilon: f
     """
     try:
         summary = backend.card_summary(repo_id, sha)
-    except DphubError:
-        return None  # the download reports it, with the full checks
+    except (DphubError, AttributeError, TypeError, ValueError):
+        return None  # the download reports it, with the full checks (a server's odd card data)
     eps = summary.epsilon
     if summary.public or eps is None or not math.isfinite(eps):
         return None
