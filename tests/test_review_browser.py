@@ -69,8 +69,8 @@ def test_review_page_in_chromium(tmp_path: Path, tiny_base_model: Path) -> None:
                 got = page.eval_on_selector_all(
                     f'section.note[data-id="{nid}"] .phi[data-start]',
                     "els => els.map(e => [+e.dataset.start, +e.dataset.end, e.dataset.label,"
-                    " e.dataset.voters, e.textContent])")
-                assert got == [[s["start"], s["end"], s["label"], ",".join(s["voters"]),
+                    " e.dataset.members, e.textContent])")
+                assert got == [[s["start"], s["end"], s["label"], ",".join(s["members"]),
                                 TEXTS[nid][s["start"]:s["end"]]] for s in want[nid]]
             assert page.locator("section.note").first.get_attribute("data-id") == "y"
             # filter by category: only the note with a DATE stays

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from dphub.cli.options import reads_notes
 from dphub.errors import ConfigError
 
 
@@ -24,6 +25,7 @@ def _need_extra() -> None:
             from None
 
 
+@reads_notes
 def review_cmd(
     run_dir: Path = typer.Argument(..., metavar="DIR",
                                    help="The --out DIR of a finished `dphub ensemble deid`."),

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dphub.ensemble.aggregate import span_members
+
 #: the width of the band around a member's threshold in which a score counts as doubtful
 NEAR = 0.2
 
@@ -64,11 +66,11 @@ def span_near(voters: Sequence[str], score: float | None,
 
 def note_doubt(spans: Sequence[Mapping[str, Any]], members: Sequence[str],
                thresholds: Mapping[str, float]) -> Doubt:
-    """The doubt of one note from its audit spans (``voters``, ``score``, ``label``)."""
+    """The doubt of one note from its audit spans (``members``, ``score``, ``label``)."""
     disagree = inverse = 0
     near = 0.0
     for s in spans:
-        voters = list(s.get("voters") or ())
+        voters = span_members(s)
         if not voters:
             inverse += 1
             continue

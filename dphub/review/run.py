@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dphub.ensemble.aggregate import span_members
 from dphub.ensemble.words import WORD_RE
 from dphub.errors import DphubError, InputError
 from dphub.evaluate import evaluate_spans
@@ -188,7 +189,7 @@ def _audit(run_dir: Path) -> dict[str, dict[str, Any]]:
 def _span(d: Any, text_len: int, where: str, members: Sequence[str]) -> dict[str, Any]:
     try:
         start, end, label = int(d["start"]), int(d["end"]), str(d["label"])
-        voters = [str(v) for v in d.get("voters") or ()]
+        voters = span_members(d)
         score = None if d.get("score") is None else float(d["score"])
     except (KeyError, TypeError, ValueError):
         raise InputError(f"{where}: a span without start, end and label") from None
@@ -196,7 +197,7 @@ def _span(d: Any, text_len: int, where: str, members: Sequence[str]) -> dict[str
         raise InputError(f"{where}: a span [{start}, {end}) outside the note's {text_len} "
                          "characters (were these the notes the run read?)")
     out = {"start": start, "end": end, "label": label, "category": category_of(label),
-           "voters": voters, "score": score, "inverse": not voters,
+           "members": voters, "score": score, "inverse": not voters,
            "disagree": span_disagrees(voters, members), "gold": None}
     if isinstance(d.get("hidden_by"), list):  # an inverse run: members and/or the rule
         out["hidden_by"] = [str(v) for v in d["hidden_by"]]
@@ -272,7 +273,7 @@ def load_review(run_dir: Path, notes_path: Path, *, gold_path: Path | None = Non
         spans = sorted((_span(d, len(note.text), where, members) for d in rec["spans"]),
                        key=lambda s: (s["start"], s["end"]))
         for s in spans:  # the page marks spans whose score lies near a voter's threshold
-            s["near"] = round(span_near(s["voters"], s["score"], thresholds), 3)
+            s["near"] = round(span_near(s["members"], s["score"], thresholds), 3)
         items.append(item)
         kept = rec.get("kept")
         notes.append(ReviewNote(item.key, note.id, note.text, spans,

@@ -112,7 +112,7 @@ def explained(record: dict[str, Any], why: Explanation | None) -> dict[str, Any]
 
 def audit_record(item: WorkItem, merged: Sequence[Any], note: Note, audit_text: bool,
                  why: Explanation | None = None) -> dict[str, Any]:
-    """A note's line of ``audit.jsonl``: its spans (offsets, label, score, voters; text only
+    """A note's line of ``audit.jsonl``: its spans (offsets, label, score, members; text only
     with ``audit_text``); under the inverse rule also what hid each span (``hidden_by``) and
     how many words each release path kept (``kept``: path -> count; offsets of each kept word
     are in ``--mode spans``, never text here)."""
@@ -120,7 +120,7 @@ def audit_record(item: WorkItem, merged: Sequence[Any], note: Note, audit_text: 
     for m in merged:
         d = m.to_dict() if hasattr(m, "to_dict") else dict(m)
         if why is not None:
-            d["hidden_by"] = why.hidden_by(d["start"], d["end"], d.get("voters") or ())
+            d["hidden_by"] = why.hidden_by(d["start"], d["end"], d.get("members") or ())
         if audit_text:
             d["text"] = note.text[d["start"] : d["end"]]
         spans.append(d)

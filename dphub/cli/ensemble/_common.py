@@ -50,6 +50,13 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}g}"
 
 
+def _eps(x: float | None) -> str:
+    """An ε as every command shows it (3 significant digits, rounded up; issue 56)."""
+    from dphub.privacy.statement import format_epsilon
+
+    return "-" if x is None else format_epsilon(x)
+
+
 def _say(msg: str) -> None:
     """Status lines of slow set-up steps (ONNX export), on stderr; never note text."""
     typer.echo(msg, err=True)

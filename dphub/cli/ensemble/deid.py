@@ -8,6 +8,11 @@ run skipped notes that failed (:data:`dphub.runner.EXIT_SOME_FAILED`).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +41,14 @@ from dphub.cli.ensemble._surrogates import (  # issue 28: --dates/--ages/--place
     PLACES_OPT,
     surrogate_options,
 )
-from dphub.cli.options import FLOAT, MAX_THREADS, apply_threads, threads_option, unit_interval
+from dphub.cli.options import (
+    FLOAT,
+    MAX_THREADS,
+    apply_threads,
+    reads_notes,
+    threads_option,
+    unit_interval,
+)
 from dphub.errors import ConfigError
 
 DEFAULT_OUT_SUFFIX = ".deid"
@@ -71,6 +83,68 @@ def _resolve_out(input_path: Path, out: Path | None, resume: bool) -> Path:
     return dflt
 
 
+#: the INPUT (and --out) that means one note on stdin (and the result on stdout)
+STDIO = "-"
+#: modes whose output is one note's text (what stdout can carry)
+_TEXT_MODES = ("tag", "redact", "surrogate")
+
+
+def _is_stdio(path: Path | None) -> bool:
+    return path is not None and str(path) == STDIO
+
+
+def _stdio_preflight(input_path: Path, out: Path | None, mode: str, resume: bool) -> bool:
+    """Whether this run reads one note from stdin; refuse what cannot go with it, before any model
+    is loaded. ``--out -`` without ``-`` as INPUT is refused too (a corpus has many notes)."""
+    if not _is_stdio(input_path):
+        if _is_stdio(out):
+            raise ConfigError("--out - (stdout) takes one note: give INPUT - and the note on stdin")
+        return False
+    if out is not None and not _is_stdio(out):
+        raise ConfigError("INPUT - writes the de-identified note to stdout: leave out --out "
+                          "(or pass --out -)")
+    if resume:
+        raise ConfigError("--resume has nothing to continue with INPUT - (one note on stdin)")
+    if mode not in _TEXT_MODES:
+        raise ConfigError(f"INPUT - writes one note's text to stdout: --mode must be one of "
+                          f"{', '.join(_TEXT_MODES)}, not {mode!r}")
+    if sys.stdin is None or sys.stdin.isatty():
+        raise ConfigError("INPUT - reads one note from stdin, and stdin is a terminal: "
+                          "e.g. `dphub deid - --model rules:default < note.txt`")
+    return True
+
+
+@contextlib.contextmanager
+def _stdin_note() -> Iterator[tuple[Path, Path]]:
+    """(input directory holding stdin's note as ``stdin.txt``, output directory), private (0700
+    and 0600: the note is PHI) and removed afterwards, whatever happens."""
+    from dphub.formats._base import decode
+    from dphub.io import atomic_write_text
+
+    data = sys.stdin.buffer.read()
+    if not data:
+        raise ConfigError("stdin is empty: pipe one note in, e.g. `dphub deid - < note.txt`")
+    text = decode(data, "stdin")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    with tempfile.TemporaryDirectory(prefix="dphub-stdin-") as tmp:
+        os.chmod(tmp, 0o700)
+        src = Path(tmp, "in")
+        src.mkdir(mode=0o700)
+        atomic_write_text(src / "stdin.txt", text)
+        os.chmod(src / "stdin.txt", 0o600)
+        yield src, Path(tmp, "out")
+
+
+def _stdout_note(out: Path, code: int) -> int:
+    """Write the de-identified note of a stdin run to stdout, exactly as the run wrote it."""
+    result = out / "stdin.txt"
+    if code == 0 and result.is_file():
+        sys.stdout.write(result.read_text(encoding="utf-8"))
+        sys.stdout.flush()
+    return code
+
+
 def _preflight(input_path: Path, mode: str, key_file: Path | None,
                patient_id_from: str | None) -> bytes | None:
     """Check the run's own arguments before any member is loaded, and return the key.
@@ -82,7 +156,8 @@ def _preflight(input_path: Path, mode: str, key_file: Path | None,
 
     if mode not in MODES:
         raise ConfigError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
-    check_input(input_path)
+    if not _is_stdio(input_path):
+        check_input(input_path)
     patient_pattern(patient_id_from)
     if mode != "surrogate":
         return None
@@ -96,10 +171,35 @@ def _preflight(input_path: Path, mode: str, key_file: Path | None,
     return load_key(key_file)
 
 
+def _deid_run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
+         batch_size: int, workers: int | None, resume: bool, audit_text: bool,
+         fmt: str | None, engine: Any = None, patient_id_from: str | None = None,
+         render_options: dict[str, Any] | None = None, manifest: Path | None = None,
+         stdio: bool = False) -> int:
+    """Run the de-identification; with ``stdio``, ``input_path`` is ``-``: stdin's note is
+    de-identified in a private temporary directory and written to stdout (messages to stderr)."""
+    if stdio:
+        from dphub.formats import reading
+
+        # the temporary copy is UTF-8, whatever --encoding stdin was decoded with
+        with _stdin_note() as (src, tmp_out), reading(encoding="utf-8"):
+            code = _run(src, tmp_out, ensemble, mode=mode, key_file=key_file,
+                        batch_size=batch_size, workers=workers, resume=False,
+                        audit_text=False, fmt="text", engine=engine,
+                        patient_id_from=patient_id_from, render_options=render_options,
+                        manifest=None, quiet=True)
+            return _stdout_note(tmp_out, code)
+    return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
+                workers=workers, resume=resume, audit_text=audit_text, fmt=fmt, engine=engine,
+                patient_id_from=patient_id_from, render_options=render_options,
+                manifest=manifest)
+
+
 def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
          batch_size: int, workers: int | None, resume: bool, audit_text: bool,
          fmt: str | None, engine: Any = None, patient_id_from: str | None = None,
-         render_options: dict[str, Any] | None = None, manifest: Path | None = None) -> int:
+         render_options: dict[str, Any] | None = None, manifest: Path | None = None,
+         quiet: bool = False) -> int:
     from dphub.runner import run_deid
 
     if workers is not None and engine is None:  # with Ray: threads per actor, set there
@@ -131,7 +231,8 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
         msg = f"the run in {out} is already complete ({report.skipped} note(s)); nothing to do"
     elif report.skipped:
         msg += f", {report.skipped} already done"
-    typer.echo(msg)
+    if not quiet:
+        typer.echo(msg)
     for err in report.errors:
         typer.echo(f"failed: {err}", err=True)
     if report.failed:
@@ -213,13 +314,15 @@ def _ray_engine(engine: str, address: str | None, ray_workers: int, threads: int
 
 
 @ensemble_app.command("deid")
+@reads_notes
 def deid_cmd(
     input_path: Path = typer.Argument(
-        ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
+        ..., metavar="INPUT", help="Directory of .txt, a JSONL or CSV file, a corpus, or - for one note on stdin "
+        "(the de-identified note goes to stdout)."
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", show_default="INPUT.deid beside the input",
-        help="Output directory (refused if it exists, unless --resume).",
+        help="Output directory (refused if it exists, unless --resume); - with INPUT -: stdout.",
     ),
     owner_model: Path | None = typer.Option(
         None, "--owner-model", show_default="none",
@@ -254,12 +357,13 @@ def deid_cmd(
     from dphub.ensemble.core import build_ensemble
     from dphub.ensemble.manifest import Manifest
 
+    stdio = _stdio_preflight(input_path, out, mode, resume)
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
         mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
         age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon,
         date_count=date_count)
-    out = _resolve_out(input_path, out, resume)
+    out = Path(STDIO) if stdio else _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     if workers is not None:  # before ONNX sessions are made: they take torch's thread count
         apply_threads(workers)
@@ -278,16 +382,18 @@ def deid_cmd(
                               batch_size=batch_size, int8=int8, runtime=runtime, progress=_say,
                               safe_words=safe_words)
     _site_words(ensemble, manifest_path, safe_words)
-    return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
-                workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
-                engine=run_engine, patient_id_from=patient_id_from,
-                render_options=render_options,
-                manifest=manifest_path if manifest_path.is_file() else None)
+    return _deid_run(input_path, out, ensemble, mode=mode, key_file=key_file,
+                     batch_size=batch_size, workers=workers, resume=resume,
+                     audit_text=audit_text, fmt=fmt, engine=run_engine,
+                     patient_id_from=patient_id_from, render_options=render_options,
+                     manifest=manifest_path if manifest_path.is_file() else None, stdio=stdio)
 
 
+@reads_notes
 def deid_top_cmd(
     input_path: Path = typer.Argument(
-        ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
+        ..., metavar="INPUT", help="Directory of .txt, a JSONL or CSV file, a corpus, or - for one note on stdin "
+        "(the de-identified note goes to stdout)."
     ),
     model: str = typer.Option(
         ..., "--model", help="A model directory, org/name[@revision], rules:default, "
@@ -295,7 +401,7 @@ def deid_top_cmd(
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", show_default="INPUT.deid beside the input",
-        help="Output directory (refused if it exists, unless --resume).",
+        help="Output directory (refused if it exists, unless --resume); - with INPUT -: stdout.",
     ),
     threshold: float | None = typer.Option(
         None, "--threshold", parser=unit_interval, metavar=FLOAT, show_default="decode (Viterbi)",
@@ -328,12 +434,13 @@ def deid_top_cmd(
     from dphub.ensemble.kinds import parse_spec
     from dphub.ensemble.manifest import MemberEntry, card_privacy, entry_from_spec, weights_digest
 
+    stdio = _stdio_preflight(input_path, out, mode, resume)
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
         mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
         age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon,
         date_count=date_count)
-    out = _resolve_out(input_path, out, resume)
+    out = Path(STDIO) if stdio else _resolve_out(input_path, out, resume)
     _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
     kind, _ = parse_spec(model)
     if not kind.model:  # rules:default, deidpl:DIR, presidio:default ...
@@ -376,7 +483,8 @@ def deid_top_cmd(
     ensemble = Ensemble([slot])
     if runtime not in (None, "torch") and kind.model:
         ensemble.runtime = runtime
-    return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
-                batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
-                fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe),
-                patient_id_from=patient_id_from, render_options=render_options)
+    return _deid_run(input_path, out, ensemble, mode=mode, key_file=key_file,
+                     batch_size=batch_size, workers=workers, resume=resume,
+                     audit_text=audit_text, fmt=fmt,
+                     engine=_ray_engine(engine, address, ray_workers, workers, recipe),
+                     patient_id_from=patient_id_from, render_options=render_options, stdio=stdio)
