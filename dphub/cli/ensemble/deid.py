@@ -16,6 +16,7 @@ import typer
 from dphub.cli.ensemble._common import (
     AGGREGATE_OPT,
     BATCH_OPT,
+    DEVICE_OPT,
     ENSEMBLE_OPT,
     FORMAT_OPT,
     INT8_OPT,
@@ -232,10 +233,12 @@ def deid_cmd(
     age_epsilon: float | None = AGE_EPSILON_OPT,
     places: str = PLACES_OPT,
     place_epsilon: float | None = PLACE_EPSILON_OPT,
+    device: str | None = DEVICE_OPT,
 ) -> int:
     """De-identify notes with the ensemble (plus --owner-model); writes OUT/audit.jsonl."""
-    from dphub.ensemble.core import build_ensemble
+    from dphub.ensemble.core import build_ensemble, pick_runtime
     from dphub.ensemble.manifest import Manifest
+    from dphub.runtime import set_inference_device
 
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
@@ -246,13 +249,16 @@ def deid_cmd(
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     if workers is not None:  # before ONNX sessions are made: they take torch's thread count
         apply_threads(workers)
+    set_inference_device(device)
 
     def recipe() -> Any:  # what each Ray actor builds its copy of the ensemble from
         from dphub.ray_engine import recipe_from_manifest
 
+        # the driver's concrete runtime, not "auto": every worker computes what the run describes
+        chosen = pick_runtime(manifest, runtime, owner_model=owner_model is not None, int8=int8)
         return recipe_from_manifest(manifest, owner_model=owner_model, aggregate_rule=aggregate,
                                     batch_size=batch_size, int8=int8,
-                                    runtime=runtime, safe_words=safe_words)
+                                    runtime=chosen[0], safe_words=safe_words)
 
     run_engine = _ray_engine(engine, address, ray_workers, workers, recipe)
     # built here too with --engine ray: it checks every member before Ray starts, and the run's
@@ -304,11 +310,13 @@ def deid_top_cmd(
     age_epsilon: float | None = AGE_EPSILON_OPT,
     places: str = PLACES_OPT,
     place_epsilon: float | None = PLACE_EPSILON_OPT,
+    device: str | None = DEVICE_OPT,
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
-    from dphub.ensemble.core import Ensemble, Slot, member_from_entry
+    from dphub.ensemble.core import Ensemble, Slot, member_from_entry, pick_runtime
     from dphub.ensemble.kinds import parse_spec
     from dphub.ensemble.manifest import MemberEntry, card_privacy, entry_from_spec, weights_digest
+    from dphub.runtime import set_inference_device
 
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
@@ -318,6 +326,8 @@ def deid_top_cmd(
     out = _resolve_out(input_path, out, resume)
     _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
     kind, _ = parse_spec(model)
+    set_inference_device(device)
+    chosen = "torch"
     if not kind.model:  # rules:default, deidpl:DIR, presidio:default ...
         entry = entry_from_spec(model, threshold=threshold)
         slot = member_from_entry(entry)
@@ -338,10 +348,13 @@ def deid_top_cmd(
                               "--runtime onnx-int8")
         if int8:
             member.quantize_int8()
-        if runtime not in (None, "torch"):
+        chosen, why = pick_runtime(None, runtime, owner_model=True, int8=int8)
+        if why is not None:
+            _say(f"runtime: {chosen} ({why}); --runtime overrides")
+        if chosen != "torch":
             if workers is not None:
                 apply_threads(workers)
-            member.use_runtime(runtime, progress=_say)
+            member.use_runtime(chosen, progress=_say)
         # the weights digest as revision: a resumed run refuses other weights (outputs would mix)
         slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
                     weights_digest(p))
@@ -356,8 +369,7 @@ def deid_top_cmd(
                               ensemble.runtime)
 
     ensemble = Ensemble([slot])
-    if runtime not in (None, "torch") and kind.model:
-        ensemble.runtime = runtime
+    ensemble.runtime = chosen
     return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
                 batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
                 fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe),
