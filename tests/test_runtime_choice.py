@@ -41,7 +41,7 @@ def test_cpu_runtime_follows_the_native_bf16_flags(flags: frozenset[str], want: 
                                                    torch_says_bf16: None) -> None:
     name, why = runtime.choose_runtime("cpu", flags=flags)
     assert name == want
-    assert ("native bf16" == why) == (want == "torch-bf16")
+    assert (why == "native bf16") == (want == "torch-bf16")
 
 
 def test_cpu_without_pytorch_bf16_support_gets_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,3 +258,29 @@ def test_the_training_loop_registers_the_crf_sampler() -> None:
     text = src.read_text(encoding="utf-8")
     wrap = text.index("make_private(")
     assert 0 <= text.rfind("register_grad_sampler()", 0, wrap) < wrap
+
+
+def test_timing_line_keeps_start_up_apart_from_the_notes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dphub.cli.ensemble import deid
+
+    monkeypatch.setattr(deid, "process_age", lambda: 12.0)
+    monkeypatch.setattr(deid.time, "monotonic", lambda: 1000.0)
+    line = deid.timing_line(995.0, 1000.0, 50)  # the process started at 988, notes from 995
+    assert line == "timing: start-up 7.0 s; 50 note(s) in 5.0 s (10.0 notes/s, 100 ms/note)"
+    assert deid.process_age() is not None or not Path("/proc/self/stat").exists()
+
+
+def test_cli_prints_the_timing_line_with_its_progress(
+        tmp_path: Path, note_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("DPHUB_PROGRESS", "plain")
+    capsys.readouterr()
+    assert main(["deid", str(note_dir), "--model", "rules:default",
+                 "--out", str(tmp_path / "o")]) in (0, None)
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("timing:")]
+    assert "start-up " in line and "6 note(s) in " in line and "notes/s" in line
+    monkeypatch.setenv("DPHUB_PROGRESS", "off")
+    assert main(["deid", str(note_dir), "--model", "rules:default",
+                 "--out", str(tmp_path / "o2")]) in (0, None)
+    assert "timing:" not in capsys.readouterr().err

@@ -8,6 +8,8 @@ run skipped notes that failed (:data:`dphub.runner.EXIT_SOME_FAILED`).
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,35 @@ def _preflight(input_path: Path, mode: str, key_file: Path | None,
     return load_key(key_file)
 
 
+def process_age() -> float | None:
+    """Seconds since this process started (Linux ``/proc``), or None elsewhere."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def timing_line(run_start: float, run_end: float, notes: int) -> str:
+    """Start-up and per-note cost of a run, apart (issue 55): a one-shot wall time mixes them.
+
+    Start-up is from the process's start (imports, models, tokenizers, ONNX sessions) to the
+    first note, else from the command's; the notes' part is the run itself (reading, every
+    member, aggregation, writing). Numbers only, never note text.
+    """
+    from dphub.progress import command_start
+
+    age = process_age()
+    t0 = (time.monotonic() - age) if age is not None else command_start()
+    startup = "?" if t0 is None else f"{max(0.0, run_start - t0):.1f} s"
+    took = max(run_end - run_start, 1e-9)
+    return (f"timing: start-up {startup}; {notes} note(s) in {took:.1f} s "
+            f"({notes / took:.1f} notes/s, {1000 * took / notes:.0f} ms/note)")
+
+
 def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
          batch_size: int, workers: int | None, resume: bool, audit_text: bool,
          fmt: str | None, engine: Any = None, patient_id_from: str | None = None,
@@ -117,6 +148,7 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
     from dphub.io import disk_full_as_error
     from dphub.progress import ProgressReporter
 
+    started = time.monotonic()
     with ProgressReporter() as reporter, disk_full_as_error(out):
         report = run_deid(input_path, out, ensemble, mode=mode, key=key, fmt=fmt,
                           batch_size=batch_size, resume=resume, audit_text=audit_text,
@@ -133,6 +165,8 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
     elif report.skipped:
         msg += f", {report.skipped} already done"
     typer.echo(msg)
+    if report.done and reporter.mode != "off":  # with the progress lines (DPHUB_PROGRESS=off)
+        _say(timing_line(started, time.monotonic(), report.done))
     for err in report.errors:
         typer.echo(f"failed: {err}", err=True)
     if report.failed:
