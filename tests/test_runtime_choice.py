@@ -284,3 +284,26 @@ def test_cli_prints_the_timing_line_with_its_progress(
     assert main(["deid", str(note_dir), "--model", "rules:default",
                  "--out", str(tmp_path / "o2")]) in (0, None)
     assert "timing:" not in capsys.readouterr().err
+
+
+def test_a_resume_where_auto_picks_otherwise_is_refused_not_mixed(
+        tiny_tagger_dir: Path, tmp_path: Path, note_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A run begun on a CPU without native bf16 (auto: torch), resumed on one with it (auto:
+    torch-bf16): one error line, nothing rewritten; --runtime torch continues it."""
+    m = tmp_path / "ens.toml"
+    assert main(["ensemble", "add", str(tiny_tagger_dir), "-e", str(m)]) in (0, None)
+    out = tmp_path / "out"
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: False)
+    assert main(["ensemble", "deid", str(note_dir), "--out", str(out), "-e", str(m)]) in (0, None)
+    before = {p.name: p.read_bytes() for p in out.glob("*.txt")}
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: True)
+    monkeypatch.setattr(runtime, "cpu_flags", lambda path="/proc/cpuinfo": BF16)
+    capsys.readouterr()
+    assert main(["ensemble", "deid", str(note_dir), "--out", str(out), "-e", str(m),
+                 "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.glob("*.txt")} == before
+    assert main(["ensemble", "deid", str(note_dir), "--out", str(out), "-e", str(m),
+                 "--resume", "--runtime", "torch"]) in (0, None)
