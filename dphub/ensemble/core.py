@@ -327,8 +327,6 @@ def build_ensemble(
     rule (refused with another rule: they would change nothing).
     """
     runtime, why = pick_runtime(manifest, runtime, owner_model=owner_model is not None, int8=int8)
-    if why is not None and progress is not None:
-        progress(f"runtime: {runtime} ({why}); --runtime overrides")
     if int8 and runtime != "torch":
         raise ConfigError(f"--int8 (torch dynamic quantization) and --runtime {runtime} exclude "
                           "each other; use --runtime onnx-int8")
@@ -344,6 +342,8 @@ def build_ensemble(
     vocab = load_safe_vocab(extra=list(safe_words)) if parsed.uses_safe_vocabulary else None
     ensemble = Ensemble(slots, parsed, safe_vocab=vocab)
     apply_runtime(ensemble, runtime, progress=progress)
+    if why is not None and progress is not None:  # once the ensemble stands (no line before an error)
+        progress(f"runtime: {runtime} ({why}); --runtime overrides")
     return ensemble
 
 
