@@ -307,3 +307,24 @@ def test_a_resume_where_auto_picks_otherwise_is_refused_not_mixed(
     assert {p.name: p.read_bytes() for p in out.glob("*.txt")} == before
     assert main(["ensemble", "deid", str(note_dir), "--out", str(out), "-e", str(m),
                  "--resume", "--runtime", "torch"]) in (0, None)
+
+
+def test_top_level_deid_of_one_model_picks_and_says_the_runtime(
+        tiny_tagger_dir: Path, tmp_path: Path, note_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(runtime, "native_bf16", lambda kind: True)
+    monkeypatch.setattr(runtime, "cpu_flags", lambda path="/proc/cpuinfo": AMX)
+    capsys.readouterr()
+    out = tmp_path / "o"
+    assert main(["deid", str(note_dir), "--model", str(tiny_tagger_dir), "--out", str(out),
+                 "--threads", "1"]) in (0, None)
+    assert "runtime: torch-bf16 (native bf16)" in capsys.readouterr().err
+    assert json.loads((out / ".dphub-run" / "run.json").read_text())["settings"][
+        "ensemble"]["runtime"] == "torch-bf16"
+    monkeypatch.setattr(runtime, "cpu_flags", lambda path="/proc/cpuinfo": AVX2_ONLY)
+    out2 = tmp_path / "o2"
+    assert main(["deid", str(note_dir), "--model", str(tiny_tagger_dir), "--out", str(out2),
+                 "--threads", "1"]) in (0, None)
+    assert "runtime: torch (no native bf16" in capsys.readouterr().err
+    assert "runtime" not in json.loads((out2 / ".dphub-run" / "run.json").read_text())[
+        "settings"]["ensemble"]
