@@ -328,3 +328,12 @@ def test_top_level_deid_of_one_model_picks_and_says_the_runtime(
     assert "runtime: torch (no native bf16" in capsys.readouterr().err
     assert "runtime" not in json.loads((out2 / ".dphub-run" / "run.json").read_text())[
         "settings"]["ensemble"]
+
+
+def test_torch_int8_refused_off_the_cpu(tiny_tagger_dir: Path) -> None:
+    from dphub.ensemble.members import ModelMember
+
+    member = ModelMember.load(tiny_tagger_dir)
+    member.tagger.device = torch.device("cuda")  # as a GPU member would be
+    with pytest.raises(ConfigError, match="runs on the CPU"):
+        member.quantize_int8()
