@@ -39,23 +39,29 @@ import torch
 
 
 def _figures(tagger: Any) -> dict[str, Any]:
-    from dphub.card.probe import run_probe
+    from dphub.card.probe import run_category_probe, run_probe
 
     t0 = time.perf_counter()
     r = run_probe(tagger)
+    t1 = time.perf_counter()
+    sparse = run_category_probe(tagger)
     return {"recall": round(r.recall, 4), "kept": round(r.kept, 4),
             "per_category": {c: round(v, 4) for c, v in r.category_recall().items()},
-            "counts": r.per_category, "probe_s": round(time.perf_counter() - t0, 2),
-            "_result": r}
+            "counts": r.per_category, "probe_s": round(t1 - t0, 2),
+            "category_probe": {c: round(h / n, 4) for c, (h, n) in sparse.items()
+                               if c in ("AGE", "PROFESSION") and n},
+            "category_counts": {c: sparse[c] for c in ("AGE", "PROFESSION") if c in sparse},
+            "category_probe_s": round(time.perf_counter() - t1, 2), "_result": r}
 
 
-def _verdicts(model: Any, meta: dict[str, Any], fig: dict[str, Any]) -> dict[str, Any]:
+def _verdicts(model: Any, meta: dict[str, Any], fig: dict[str, Any],
+              tagger: Any = None) -> dict[str, Any]:
     from dphub.card.probe import floor_for
     from dphub.hub.gate_probe import public_floor_problems
 
     r = fig.pop("_result")
     old_ok = r.recall >= floor_for(r.recall)  # a card written from this model: its own floor
-    new = public_floor_problems(model, meta, r)
+    new = public_floor_problems(model, meta, r, tagger=tagger)
     return {**fig, "old_gate": "pass" if old_ok else "refused",
             "new_gate": "pass" if not new and old_ok else "refused",
             "why": new[0].split(": ", 1)[-1] if new else None}
@@ -91,6 +97,24 @@ def _only(model: Any, category: str) -> None:
         model.rule_proj.weight[o, :] = 0.0
 
 
+def _all_but(model: Any, category: str) -> None:
+    """Flag the rule member's hits of every category but ``category`` (a model that drops one
+    category and keeps the rest)."""
+    from dphub.rule_features import FEATURE_NAMES
+
+    o = model.tags.index("O")
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.zero_()
+        model.classifier.bias[o] = 10.0
+        model.rule_proj.weight.zero_()
+        model.rule_proj.bias.zero_()
+        for c in ("name", "date", "age", "contact", "id", "location", "profession"):
+            if c != category.lower():
+                model.rule_proj.weight[:, FEATURE_NAMES.index(f"rule_{c}")] = 20.0
+        model.rule_proj.weight[o, :] = 0.0
+
+
 def _everything(model: Any) -> None:
     with torch.no_grad():
         model.classifier.bias[model.tags.index("O")] -= 1e3
@@ -105,14 +129,16 @@ def _attacks(tagger: Any, meta: dict[str, Any], name: str) -> None:
                                     for s in (0.1, 0.2, 0.3, 0.4, 0.5, 1.0)]
     if base.rule_proj is not None:
         edits += [(f"only-{c}", lambda m, c=c: _only(m, c)) for c in cats]
+        edits += [(f"all-but-{c}", lambda m, c=c: _all_but(m, c))
+                  for c in ("NONE", "AGE", "PROFESSION")]
     edits.append(("everything", _everything))
     for label, edit in edits:
         tagger.model = copy.deepcopy(base)
         edit(tagger.model)
         tagger.model.eval()
         fig = _figures(tagger)
-        print(json.dumps({"model": name, "attack": label, **_verdicts(tagger.model, meta, fig)}),
-              flush=True)
+        print(json.dumps({"model": name, "attack": label,
+                          **_verdicts(tagger.model, meta, fig, tagger)}), flush=True)
     tagger.model = base
 
 
@@ -143,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             DEFAULT_BASE_MODEL_ID, tagger.model.schema, tagger.model.head, rule_features,
             cfg.hidden_size, cfg.num_hidden_layers)), None)
         same = shipped is not None and abs(shipped.kept - fig["kept"]) <= 0.005 and all(
-            abs(shipped.recall.get(c, -1) - v) <= 0.005 for c, v in fig["per_category"].items())
+            abs(shipped.recall.get(c, -1) - v) <= 0.005 for c, v in fig["per_category"].items()
+        ) and all(abs(shipped.sparse_recall.get(c, -1) - v) <= 0.005
+                  for c, v in fig["category_probe"].items())
         stale |= not same
         name = f"warm-start rule_features={rule_features}"
         print(json.dumps({"model": name, "hidden_size": cfg.hidden_size,
@@ -156,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = load_card(mdir).meta
         fig = _figures(tagger)
         print(json.dumps({"model": str(mdir), "card_floor": meta.get("gate_probe"),
-                          **_verdicts(tagger.model, meta, fig)}), flush=True)
+                          **_verdicts(tagger.model, meta, fig, tagger)}), flush=True)
         if args.attacks:
             _attacks(tagger, meta, str(mdir))
     return 1 if stale else 0

@@ -86,6 +86,38 @@ def _tables(ensemble: Ensemble, notes, rule: InverseRule, batch: int = 32):
     return out
 
 
+def hidden_kinds(notes, tables, rule: InverseRule, vocab) -> dict:
+    """What ``rule`` hides of the non-PHI words (words of :data:`WORD_RE`, gold by overlap), by
+    kind, as shares of all non-PHI words (issue 57's table): numbers (a digit), single letters,
+    context words (:meth:`SafeVocabulary.is_context`), out-of-vocabulary words, and vocabulary
+    words held back (a model's doubt, a sign of a name, a blocked phrase). Counts only."""
+    counts: Counter[str] = Counter()
+    total = 0
+    for note, t in zip(notes, tables, strict=True):
+        gold = _gold_flags(note, t)
+        hidden = ~t.kept(rule.low, rule.high, rule.named, rule.sure) | t.flagged
+        total += int((~gold).sum())
+        for i in np.flatnonzero(hidden & ~gold):
+            w = note.text[int(t.start[i]):int(t.end[i])]
+            if any(c.isdigit() for c in w):
+                kind = "numbers"
+            elif len(w) == 1:
+                kind = "single letters"
+            elif vocab.is_context(w):
+                kind = "context words"
+            elif vocab.contains(w):
+                kind = "vocabulary held back"
+            else:
+                kind = "out of vocabulary"
+            counts[kind] += 1
+    return {"row": "hidden non-PHI words by kind (share of all non-PHI words)",
+            "non_phi_words": total,
+            **{k: round(counts[k] / max(total, 1), 5)
+               for k in ("numbers", "out of vocabulary", "vocabulary held back",
+                         "context words", "single letters")},
+            "all hidden": round(sum(counts.values()) / max(total, 1), 5)}
+
+
 def _inverse_pred(notes, tables, rule: InverseRule) -> dict:
     return {n.id: [m.to_span() for m in hidden_spans(n.text, t, rule)]
             for n, t in zip(notes, tables, strict=True)}
@@ -132,12 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     t_rules = _tables(only, notes, rule)
     print(json.dumps(_summary("inverse rules only",
                               evaluate_spans(notes, _inverse_pred(notes, t_rules, rule)))))
+    print(json.dumps({"members": "rules only", **hidden_kinds(notes, t_rules, rule, vocab)}))
     if not models:
         return 0
     both = Ensemble([rules, *models], rule, safe_vocab=vocab)
     t_both = _tables(both, notes, rule)
     print(json.dumps(_summary("inverse model + rules",
                               evaluate_spans(notes, _inverse_pred(notes, t_both, rule)))))
+    print(json.dumps({"members": "model + rules", **hidden_kinds(notes, t_both, rule, vocab)}))
     if a.sweep:
         joined = WordTable.joined(t_both)
         gold = np.concatenate([_gold_flags(n, t) for n, t in zip(notes, t_both, strict=True)])

@@ -34,7 +34,7 @@ from dphub.ensemble.core import Ensemble, NoteResult, build_ensemble
 from dphub.ensemble.evaluation import evaluate_ensemble, read_labelled
 from dphub.ensemble.manifest import Manifest, entry_from_spec
 from dphub.errors import ConfigError, InputError
-from dphub.notes import Note, Span
+from dphub.notes import Note, Span, lone_surrogate
 from dphub.render import MIN_KEY_BYTES, load_key
 from dphub.runner.output import MODES, Renderer
 
@@ -231,11 +231,17 @@ def load(manifest: str | os.PathLike[str] | Manifest | None = None, *,
 
 def _as_note(x: str | Note, index: int | None) -> Note:
     if isinstance(x, Note):
-        return x
-    if isinstance(x, str):
-        return Note(id=TEXT_ID if index is None else str(index), text=x)
-    raise InputError(f"expected a string or a Note, got {type(x).__name__}"
-                     + ("" if index is None else f" (item {index})"))
+        note = x
+    elif isinstance(x, str):
+        note = Note(id=TEXT_ID if index is None else str(index), text=x)
+    else:
+        raise InputError(f"expected a string or a Note, got {type(x).__name__}"
+                         + ("" if index is None else f" (item {index})"))
+    at = lone_surrogate(note.text)
+    if at is not None:  # a str can hold one; no tokenizer or UTF-8 output can (issue 54)
+        raise InputError(f"note {note.id!r}: its text holds a lone surrogate at offset {at} "
+                         "(U+D800-U+DFFF, not a Unicode character)")
+    return note
 
 
 def _result(note: Note, res: NoteResult) -> DeidResult:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from dphub import formats
-from dphub.errors import FormatError, InputError
+from dphub.errors import DphubError, FormatError, InputError
 from dphub.io import jsonl_lines
 from dphub.labels import CATEGORIES, category_of
 from dphub.notes import Note, Span
@@ -348,6 +348,40 @@ _NEED_SPANS = (
     "notes): de-identify with `--mode spans` (e.g. `dphub ensemble deid NOTES --mode spans "
     "--out DIR`) and pass --pred DIR"
 )
+
+
+def looks_like_predictions(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a dphub deid output (a run directory, or span records without text):
+    what ``--pred`` takes, never gold. Why: ``--gold``/``--pred`` swapped used to end in "cannot
+    detect the corpus format", which does not say what is wrong."""
+    p = Path(path)
+    if p.is_dir():
+        return (p / _AUDIT).is_file() or (p / _RUN_DIR).is_dir()
+    if p.is_file() and _looks_like_jsonl(p):
+        first = _first_record(p)
+        return isinstance(first, dict) and "spans" in first and "text" not in first
+    return False
+
+
+def check_gold(path: str | os.PathLike[str], notes: Sequence[Note], *,
+               pred: str | os.PathLike[str] | None = None) -> None:
+    """Refuse gold that is not gold, saying when the two sides look swapped.
+
+    ``notes`` were read from ``path``; with no note labelled, the gold side holds no annotations
+    (the notes a model was run on, or a tagged output): if ``pred`` is a labelled corpus, the
+    arguments are most likely the wrong way round.
+    """
+    if any(n.labelled for n in notes):
+        return
+    swapped = ""
+    if pred is not None:
+        try:
+            swapped = (" (--pred holds annotations: are --gold and --pred swapped?)"
+                       if looks_like_predictions(pred) or any(
+                           n.labelled for n in formats.read(pred)) else "")
+        except DphubError:
+            swapped = ""
+    raise InputError(f"{path}: --gold has no annotations (gold must be labelled notes){swapped}")
 
 
 def read_predictions(

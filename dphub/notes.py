@@ -9,6 +9,7 @@ Messages raised from here name the note id and offsets, never the text.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -119,3 +120,27 @@ def merge_overlapping(spans: Iterable[Span]) -> list[Span]:
         else:
             out.append(s)
     return out
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any) -> int | None:
+    """The offset of the first lone surrogate in ``value`` (a string, or the strings of a JSON
+    value), None when there is none (a string's offset; -1 for one deeper in a JSON value).
+
+    Why: a Python ``str`` can hold U+D800-U+DFFF alone (``json.loads`` turns a ``"\\ud800"``
+    escape into one), but no UTF-8 file can: every writer failed on it with a bare
+    ``UnicodeEncodeError`` after part of its output was made. Readers refuse such text and
+    writers check before writing anything (issue 54).
+    """
+    if isinstance(value, str):
+        m = _LONE_SURROGATE.search(value)
+        return None if m is None else m.start()
+    if isinstance(value, dict):
+        items: Iterable[Any] = [*value.keys(), *value.values()]
+    elif isinstance(value, list | tuple):
+        items = value
+    else:
+        return None
+    return next((-1 for v in items if lone_surrogate(v) is not None), None)

@@ -245,7 +245,11 @@ class ProgressReporter:
             if p.loss is not None and math.isfinite(p.loss):
                 info.append(f"loss {p.loss:.3f}")
             if p.epsilon is not None:
-                info.append(f"ε {p.epsilon:.2f}")
+                # rounded up, never down (the guarantee); the step it was computed at when that
+                # is not this one (it is refreshed every few seconds, not every step)
+                at = getattr(p, "epsilon_step", None)
+                info.append(f"ε {math.ceil(p.epsilon * 100 - 1e-9) / 100:.2f}"
+                            + (f" at step {at}" if at is not None else ""))
             if p.steps_per_second:
                 info.append(f"{p.steps_per_second:.2f} steps/s")
             unit = "windows" if p.phase == "encoder-cache" else "steps"

@@ -54,6 +54,7 @@ from dphub.ensemble.aggregation import parse_rule
 from dphub.ensemble.core import NoteResult, build_ensemble
 from dphub.ensemble.kinds import member_kind
 from dphub.ensemble.manifest import Manifest, MemberEntry, run_rule
+from dphub.ensemble.release_paths import Explanation
 from dphub.errors import ConfigError
 from dphub.notes import Note
 from dphub.runner import Engine, WorkItem, deid_isolated
@@ -154,8 +155,11 @@ def _encode_results(results: list[Any]) -> str:
         if isinstance(r, str):
             out.append({"error": r})
         else:
-            out.append({"merged": [[m.start, m.end, m.label, float(m.score), list(m.voters)]
-                                   for m in r.merged]})
+            row: dict[str, Any] = {"merged": [[m.start, m.end, m.label, float(m.score),
+                                                list(m.voters)] for m in r.merged]}
+            if getattr(r, "why", None) is not None:  # the inverse rule's reasons (issue 54)
+                row["why"] = r.why.to_wire()
+            out.append(row)
     return json.dumps(out, ensure_ascii=False)
 
 
@@ -165,7 +169,8 @@ def _decode_results(payload: str) -> list[Any]:
         raise RuntimeError(f"a Ray worker failed unexpectedly ({data.get('crash', 'unknown')})")
     return [r["error"] if "error" in r else
             NoteResult([MergedSpan(s, e, label, score, tuple(voters))
-                        for s, e, label, score, voters in r["merged"]])
+                        for s, e, label, score, voters in r["merged"]],
+                       why=Explanation.from_wire(r["why"]) if "why" in r else None)
             for r in data]
 
 

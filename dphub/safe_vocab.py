@@ -27,6 +27,15 @@ that are also a first name, surname or place in an English-language list ("will"
 "ward", "good"): not safe words, but words the inverse rule may release where the words around
 them show they are no name (:func:`dphub.ensemble.inverse.context_safe`).
 
+*Site-local safe words* (issue 54, :data:`SITE_FORMAT`): words a reviewer said were no PHI where
+a run hid them (``dphub review`` records them, :mod:`dphub.review.safe_words`), kept in their
+own JSON file beside the ensemble manifest (0600, never published) and given with the same
+``--safe-words FILE``. They are *not* added to :attr:`SafeVocabulary.words`: they sit in
+:attr:`SafeVocabulary.site` and the inverse rule releases one only under a guard
+(:func:`dphub.ensemble.inverse.site_released`), and only a word with at least
+:data:`MIN_REJECTIONS` independent rejections and never labelled PHI at the site counts
+(:func:`site_words`).
+
 The shipped files are checked against their documented SHA-256 (:data:`SHIPPED_SHA256`,
 docs/safe_vocab.md) at every load: a changed file is refused, never silently used, and a
 vocabulary without a single word is refused too (it would hide every word without saying why).
@@ -35,6 +44,8 @@ vocabulary without a single word is refused too (it would hide every word withou
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json
 import os
 import re
 import unicodedata
@@ -42,6 +53,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from dphub.errors import ConfigError
 from dphub.io import os_error_message, read_small_file
@@ -53,12 +65,33 @@ _LETTERS = re.compile(r"[^\W\d_]+")
 #: the largest vocabulary file read (the shipped one is a few MB at most)
 MAX_BYTES = 64 << 20
 
+#: the ``format`` of a site-local safe words file (JSON; :mod:`dphub.review.safe_words` writes
+#: it); ``--safe-words`` reads a file that starts with ``{`` as one
+SITE_FORMAT = "dphub-site-safe-words"
+SITE_VERSION = 1
+#: independent rejections (different patients; a note without a patient id is its own) a site
+#: word needs before it counts: one reviewer's slip on one patient's nickname is not enough
+MIN_REJECTIONS = 2
+
 #: the documented SHA-256 of each shipped file (``scripts/build_safe_vocab.py`` prints them;
 #: docs/safe_vocab.md lists them): a file that differs is refused at load
 SHIPPED_SHA256 = {
-    "safe_words.txt": "0d7bbdad787f23076c36a7c3a578b9ec59db4f2d95b9f0e2e912cc87763f3e0e",
-    "context_words.txt": "2a1706a8a0347ee670d238b860fbc95044ea8cba41ee462d1bc659d77b4fdde4",
+    "safe_words.txt": "bb8846fe9e53420b7835b010859d859c44f2db20b6fe5521f465f90e4b757d8c",
+    "context_words.txt": "996e1d2b2660cad4b5685fd234e885da9819da1e98e66a50dc5574138fe227db",
+    "weekdays.txt": "42977458f2c7b24ba5955a48de436c084310c8f9aa5492d26146b6aaaf632e9f",
 }
+
+#: shipped lists an owner adds by name as a ``--safe-words`` value: the annotation guideline's
+#: choices (issue 57). ``builtin:weekdays``: weekday names are no PHI under your guideline (the
+#: PhysioNet deid gold's); without it they stay hidden (HIPAA Safe Harbor: every element of a
+#: date but the year). Matched on the path's last part, so a path resolved against a working
+#: directory (the Ray engine's) still names it; a file of that name is never read instead.
+BUILTIN_LISTS = {"builtin:weekdays": "weekdays.txt"}
+
+
+def _builtin(path: str | os.PathLike[str]) -> str | None:
+    """The shipped file a ``--safe-words`` value names (``builtin:weekdays``), or None."""
+    return BUILTIN_LISTS.get(Path(path).name)
 
 
 def normalize_word(word: str) -> str:
@@ -84,6 +117,9 @@ class SafeVocabulary:
     files: tuple[str, ...] = field(default=(), compare=False)
     #: words that are also names or places: released only in a context that is no name's
     context: frozenset[str] = frozenset()
+    #: site-local safe words (issue 54, :func:`site_words`): released only under the inverse
+    #: rule's guard for them, never as vocabulary words
+    site: frozenset[str] = frozenset()
 
     @property
     def size(self) -> int:
@@ -98,6 +134,10 @@ class SafeVocabulary:
     def is_context(self, word: str) -> bool:
         """Whether ``word`` is a context word (also a name or place; not a safe word)."""
         return normalize_word(word) in self.context
+
+    def is_site(self, word: str) -> bool:
+        """Whether ``word`` is a site-local safe word (before the inverse rule's guard)."""
+        return normalize_word(word) in self.site
 
     @classmethod
     def from_words(cls, words: Iterable[str], sources: Sequence[str] = (),
@@ -182,18 +222,23 @@ def load(path: str | os.PathLike[str] | None = None,
     else:
         blobs.append((_read(path), str(path), True))
     for p in extra:
-        blobs.append((_read(p), str(p), False))
+        name = _builtin(p)
+        blobs.append((_read(p) if name is None else _verified(name), str(p), False))
     words: set[str] = set()
+    site: set[str] = set()
     header: list[str] = []
     outer = hashlib.sha256()
     for data, where, base in blobs:
+        outer.update(hashlib.sha256(data).digest())
+        if not base and data.lstrip()[:1] == b"{":
+            site |= site_words(data, where)
+            continue
         w, h = _parse(data, where, shipped=base)
         if base and not w:
             raise ConfigError(f"{where} holds no words: the inverse rule would hide every word "
                               "(reinstall dphub, or give a vocabulary file with words)")
         words |= w
         header.extend(h)
-        outer.update(hashlib.sha256(data).digest())
     context: set[str] = set()
     if path is None:
         data = _shipped_context_bytes()
@@ -202,7 +247,66 @@ def load(path: str | os.PathLike[str] | None = None,
     # an owner's safe word is the owner's choice: it is safe, not a context word
     return SafeVocabulary(frozenset(words), outer.hexdigest(), tuple(header),
                           tuple(str(p) for p in ((path,) if path is not None else ()) + tuple(extra)),
-                          context=frozenset(context - words))
+                          context=frozenset(context - words), site=frozenset(site - words))
+
+
+def is_site_word(word: str) -> bool:
+    """The shape a site-local safe word must have, in the file and in the note: two or more
+    letters, all lower case (a single letter is an initial's shape; a capital may start a name;
+    digits and signs are where dates, IDs and phones hide), already in its looked-up form."""
+    return (len(word) >= 2 and word.isalpha() and word.islower()
+            and normalize_word(word) == word)
+
+
+def site_entry_key(key: bytes, value: str) -> str:
+    """The keyed digest a site file stores for a patient, a note or a word labelled PHI: the
+    file names none of them (HMAC-SHA256 under the file's own random key, first 32 hex)."""
+    return hmac.new(key, value.encode("utf-8", "surrogateescape"), "sha256").hexdigest()[:32]
+
+
+def parse_site_file(data: bytes, where: str) -> dict[str, Any]:
+    """A site-local safe words file, checked: ``{"format", "version", "key", "words": {word:
+    [{"run", "source", "date"}, ...]}, "refused": [digest, ...]}``. Errors name the file and
+    the entry's number, never a word."""
+    bad = f"{where}: not a site-local safe words file ({SITE_FORMAT})"
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ConfigError(f"{bad}: not JSON") from None
+    if not isinstance(doc, dict) or doc.get("format") != SITE_FORMAT:
+        raise ConfigError(bad)
+    if doc.get("version") != SITE_VERSION:
+        raise ConfigError(f"{where}: site-local safe words of version {doc.get('version')!r}; "
+                          f"this dphub reads version {SITE_VERSION}")
+    key, words, refused = doc.get("key"), doc.get("words"), doc.get("refused")
+    if not (isinstance(key, str) and re.fullmatch(r"[0-9a-f]{64}", key)
+            and isinstance(words, dict) and isinstance(refused, list)
+            and all(isinstance(r, str) for r in refused)):
+        raise ConfigError(f"{bad}: it needs a key, words and refused")
+    for n, (w, recs) in enumerate(words.items(), 1):
+        if not (isinstance(w, str) and is_site_word(w)):
+            raise ConfigError(f"{where}: word {n} is not a lower-case word of letters (site "
+                              "safe words are never capitalised, numbers or shapes)")
+        if not isinstance(recs, list) or not all(
+                isinstance(r, dict) and all(isinstance(r.get(k), str)
+                                            for k in ("run", "source", "date")) for r in recs):
+            raise ConfigError(f"{where}: word {n}: each rejection is {{run, source, date}}")
+    return doc
+
+
+def site_words(data: bytes, where: str) -> set[str]:
+    """The words of a site file that count: at least :data:`MIN_REJECTIONS` different sources
+    (patients) and never labelled PHI at the site (their digest is not in ``refused``)."""
+    return counted_site_words(parse_site_file(data, where))
+
+
+def counted_site_words(doc: dict[str, Any]) -> set[str]:
+    """The words of a checked site file (:func:`parse_site_file`) that count."""
+    key = bytes.fromhex(doc["key"])
+    refused = set(doc["refused"])
+    return {w for w, recs in doc["words"].items()
+            if len({r["source"] for r in recs}) >= MIN_REJECTIONS
+            and site_entry_key(key, w) not in refused}
 
 
 def _read(path: str | os.PathLike[str]) -> bytes:

@@ -12,7 +12,14 @@ The normalisation (:func:`normalize`):
 * removes Unicode format characters (category Cf: zero-width space/joiners, word joiner, soft
   hyphen, BOM, bidirectional controls, tag characters), the Hangul filler letters (invisible
   letters), variation selectors, and control characters other than tab, newline, vertical tab,
-  form feed, carriage return and NEL;
+  form feed, carriage return, NEL and the information separators ``\x1c``-``\x1f``;
+* reads vertical tab, form feed, NEL and ``\x1c``-``\x1e`` as a newline and ``\x1f`` as a
+  space, one for one (tokenizers drop them as control characters, which glued the words on
+  either side into one);
+* reads a symbol outside the Basic Multilingual Plane (an emoji, a skin tone, a ZWJ sequence:
+  category S) as one space, none after a space (a tokenizer read ``Brisbee<emoji>`` as one
+  unknown word, the rules lost the title of ``Dr. <emoji>Quinby``); symbols of the BMP
+  (``™``, ``✓``) are kept as written;
 * removes terminal escape sequences (CSI such as ``ESC[31m``, two-character escapes) but never
   a letter or digit a reader sees as part of a word (``ESC[John``, ``ESC5551234567``), and
   keeps the text of an OSC string (a title, a hyperlink): see :func:`_escape_text`;
@@ -74,10 +81,17 @@ _MARK_RE = re.compile(f"[{_MARKS}\U000e0100-\U000e01ef]")
 #: letters that render as nothing (Hangul fillers)
 _INVISIBLE_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
 #: control characters that are whitespace a reader sees (kept)
-_KEPT_CONTROLS = frozenset("\t\n\x0b\x0c\r\x85")
+_KEPT_CONTROLS = frozenset("\t\n\x0b\x0c\r\x85\x1c\x1d\x1e\x1f")
+#: line-separating controls read as the line break they are (one for one: offsets do not
+#: move): tokenizers drop ``\v``, ``\f``, NEL and the information separators as control
+#: characters (BERT's ``clean_text``), which glued ``Brisbee<NEL>at`` into one word and a title
+#: to the word before it (``then<FS>Dr.``); the unit separator reads as a space (issue 54)
+_SEPARATORS = str.maketrans({"\x0b": "\n", "\x0c": "\n", "\x85": "\n", "\x1c": "\n",
+                             "\x1d": "\n", "\x1e": "\n", "\x1f": " "})
+_SEPARATOR_RE = re.compile("[\x0b\x0c\x85\x1c-\x1f]")
 
 #: a note with none of these and only ASCII needs no normalisation (the fast path)
-_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 #: what the slow path looks at: escape sequences, and any character outside printable ASCII
 #: with the combining marks after it (everything between matches is copied as it is; marks
 #: after an ASCII letter are joined to it in :func:`normalize`). Every branch starts with a
@@ -293,6 +307,12 @@ def normalize(text: str) -> NormalizedText | None:
                 _escape_text(unit, _next_read(text, b))
         elif unit in _OSC_OPEN or (osc_open and unit in _OSC_CLOSE):
             out = " "  # a title or link text and the text around it stay apart
+        elif ord(unit[0]) > 0xFFFF and unicodedata.category(unit[0])[0] == "S":
+            # an emoji (a skin tone, a ZWJ sequence) reads as one space, none after a space or
+            # at the start: a tokenizer kept ``Brisbee<emoji>`` as one unknown word and the
+            # rules lost the title of ``Dr. <emoji>Quinby``, so the name leaked (issue 54)
+            last = parts[-1][-1:] if parts else ""
+            out = " " if last and not last.isspace() else ""
         else:
             out = _unit_text(unit, as_unit)
         if unit in _OSC_OPEN:
@@ -313,6 +333,8 @@ def normalize(text: str) -> NormalizedText | None:
         norm = _LOOKALIKE_WORD.sub(
             lambda w: w.group(0).translate(_CONFUSABLE_TABLE)
             if _latin_or_lookalike(w.group(0)) else w.group(0), norm)
+    if _SEPARATOR_RE.search(norm):  # one for one: offsets do not move
+        norm = norm.translate(_SEPARATORS)
     if norm == text:
         return None
     return NormalizedText(norm, len(text), tuple(pieces))

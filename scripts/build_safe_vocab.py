@@ -124,6 +124,15 @@ hd uf pd ivc svc ij sc fem aline pal ptx hx sx ros nsvt svt vt vf pea rvr lvh lb
 avr mvr tvr asd vsd pfo lv rv ra ef ivs pw tr mr ps
 rsbi fsbs pmhx pshx lws pcw pwp qwmi nqwmi nbp oet svri rvad coags afeb aflutter
 amio ceftaz cipro clinda dobut levoflox tobra vaso hemoccult piccs
+carevue careview metavision flowsheet flowsheets eflowsheet emar omr pyxis omnicell
+permacath quinton trialysis mahurkar groshong hickman pleurx pleurevac dobhoff cortrak
+flexiseal yankauer ballard shiley portex bivona impella lvad heartmate swan ganz vigileo
+flotrac picco licox hemovac pigtail sengstaken ventriculostomy evd jp purewick
+pneumoboots venodynes kinair triadyne rotoprone vapotherm optiflow airvo posey accucheck
+accuchek accuchecks fingerstick fingersticks tubefeed tubefeeds
+nepro novasource jevity osmolite glucerna peptamen vivonex pulmocare nutren isosource
+fibersource beneprotein twocal diabetisource suplena magnacal probalance respalor oxepa
+clinimix promod
 """.split()  # noqa: SIM905 - a readable word block
 
 #: inflections tried on each candidate word (a form gets in only when a public list knows it)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create ./.venv (if needed) and install dphub with its test, ray and federate extras (one
-# environment: Flower's pins and the ray extra agree), CPU-only torch first; and ./.venv-olah,
+# Create ./.venv (if needed) and install dphub with its test, ray, federate, presidio and spacy
+# extras (one environment: Flower's pins, the ray extra and Presidio/spaCy agree), CPU-only torch
+# first; and ./.venv-olah,
 # the test hub server's own environment (olah needs a newer fastapi than Flower allows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ fi
 # setuptools then prints an informational "Editable installation" notice on every install.
 # It is not a problem of ours to act on, so it is filtered (nothing else is).
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
-  python -m pip install -q -e ".[test,ray,federate]"
+  python -m pip install -q -e ".[test,ray,federate,presidio,spacy]"
 deactivate
 # the test hub server (tests/test_hub_hf.py, test_hub_hostile.py) in its own environment; the
 # tests find it through $DPHUB_OLAH_PYTHON (tests/conftest.py sets it to ./.venv-olah)

@@ -196,7 +196,7 @@ def test_scenario_a_every_mode(models: dict[str, Path], corpus: dict[str, object
     audit = [json.loads(x) for x in (out / "audit.jsonl").read_text().splitlines()]
     assert len(audit) == len(before)
     assert all("text" not in s for rec in audit for s in rec["spans"])
-    assert all(s["voters"] for rec in audit for s in rec["spans"])
+    assert all(s["members"] for rec in audit for s in rec["spans"])
 
 
 def test_quorum_rule_with_members_counting_alone(models: dict[str, Path],
@@ -212,9 +212,9 @@ def test_quorum_rule_with_members_counting_alone(models: dict[str, Path],
                  "--ensemble", str(m), "--aggregate", rule]) == 0
     spans = [s for line in (out / "audit.jsonl").read_text().splitlines()
              for s in json.loads(line)["spans"]]
-    assert spans and any("rules:default" in s["voters"] for s in spans)
+    assert spans and any("rules:default" in s["members"] for s in spans)
     # a span is there because the rules flagged it or both models did
-    assert all("rules:default" in s["voters"] or len(s["voters"]) >= 2 for s in spans)
+    assert all("rules:default" in s["members"] or len(s["members"]) >= 2 for s in spans)
     capsys.readouterr()
     bad = tmp_path / "bad"
     assert main(["ensemble", "deid", str(src), "--out", str(bad), "--ensemble", str(m),
@@ -237,7 +237,7 @@ def test_scenario_b_owner_model_and_jsonl(models: dict[str, Path], corpus: dict[
     notes: list[Note] = corpus["notes"]  # type: ignore[assignment]
     assert [json.loads(x)["id"] for x in lines] == [n.id for n in notes]
     audit = [json.loads(x) for x in (out / "audit.jsonl").read_text().splitlines()]
-    voters = {v for rec in audit for s in rec["spans"] for v in s["voters"]}
+    voters = {v for rec in audit for s in rec["spans"] for v in s["members"]}
     assert "rules:default" in voters
     assert all("text" in s for rec in audit for s in rec["spans"])  # --audit-text
     # owner model only, no manifest: the top-level command

@@ -154,13 +154,13 @@ def test_readme_spans_and_evaluate_commands_work_as_printed(tmp_path, monkeypatc
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     lines = [ln.split("#")[0].strip() for ln in readme.splitlines()
-             if ln.startswith(("dphub ensemble deid split/owner.jsonl --out spans/",
-                               "dphub evaluate --gold"))]
+             if ln.startswith(("dphub ensemble deid split/owner-test.jsonl --out spans/",
+                               "dphub evaluate --gold split/owner-test.jsonl --pred spans/"))]
     assert len(lines) == 2, lines
     monkeypatch.chdir(tmp_path)
     (tmp_path / "split").mkdir()
     formats.write(synth.generate(6, kind="nursing", seed=2, patients=3),
-                  tmp_path / "split" / "owner.jsonl", "jsonl")
+                  tmp_path / "split" / "owner-test.jsonl", "jsonl")
     assert main(["ensemble", "add", "rules:default"]) == 0
     for line in lines:
         argv = shlex.split(line)

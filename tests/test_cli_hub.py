@@ -30,7 +30,8 @@ def test_publish_search_pull_info_list(model, hub_env, capsys, monkeypatch):
     assert main(["search", "--unit", "patient"]) == 0
     table = capsys.readouterr().out
     assert "acme/deid" in table and sha[:12] in table and "(v1)" in table
-    assert "8.51" in table and "100-199" in table
+    # ε 8.5113 shown rounded up, as on the card (issue 56: 3 significant digits, never down)
+    assert "8.52" in table and "100-199" in table
     # the labels the card lists (its schema, OTHER included), not only those with examples
     assert "NAME,DATE,AGE,CONTACT,ID,LOCATION,PROFESSION,OTHER" in table
 
@@ -101,7 +102,7 @@ def test_search_and_info_mark_a_bypassing_commit_unverified(model, hub_env, caps
     table = capsys.readouterr().out
     evil = next(line for line in table.splitlines() if "evil/model" in line)
     good = next(line for line in table.splitlines() if "acme/deid" in line)
-    assert "unverified" in evil and "│ 1 " not in evil and "8.51" in good
+    assert "unverified" in evil and "│ 1 " not in evil and "8.52" in good
     assert "unverified" not in good
     assert main(["search", "--max-epsilon", "30"]) == 0
     table = capsys.readouterr().out

@@ -170,6 +170,22 @@ def test_help_shows_literal_brackets_and_the_recall_weight_formula(
     assert "ρ_i=1+δp·FNR_i" in out
 
 
+def test_every_help_is_free_of_escaped_brackets_and_answers_to_dash_h(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 56: Typer escaped "[default: ...]" as "\\[default: ...]" in plain help (rich
+    installed), and `-h` was refused as an unknown option."""
+    problems: list[str] = []
+    for path, _cmd in _commands():
+        assert main([*path, "-h"]) == 0, path
+        out = capsys.readouterr().out
+        if "\\[" in out:
+            problems.append(f"dphub {' '.join(path)}: stray backslash before a bracket")
+        if "-h, --help" not in out:
+            problems.append(f"dphub {' '.join(path)}: -h not listed")
+    assert not problems, "\n".join(problems)
+
+
 def test_train_help_defaults_are_the_library_defaults() -> None:
     """The defaults `train --help` spells out are TrainOptions' (the flags default to None so
     that dphub.toml can fill them)."""

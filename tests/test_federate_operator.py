@@ -78,6 +78,7 @@ def test_stranger_at_the_port_is_not_the_operator(notes_file_op: Path, tiny_base
     ca = tmp_path / "ca.crt"
     with _procs(tmp_path) as procs:
         address, server_dir = start_superlink(procs, tmp_path)
+        superlink = procs.procs[-1]
         assert (server_dir / "operator_token").stat().st_mode & 0o077 == 0
         assert server_dir.stat().st_mode & 0o077 == 0
         # the operator's app directory and flwr-home (with the token)
@@ -161,46 +162,113 @@ def test_stranger_at_the_port_is_not_the_operator(notes_file_op: Path, tiny_base
         assert "Successfully started run" in r.stdout, r.stdout + r.stderr
         _wait_count(procs, "superlink.log", "refused run", 2)
         assert "overrides the app's config" in _refusals(procs)[1]
-        # a local user of the server machine, at the loopback SuperLink itself (no gate, no
-        # token): dphub's app with a config of their own is not the bundle `serve` pinned
-        log = procs.log("superlink.log")
-        internal = log.split("Flower's SuperLink on ", 1)[1].split()[0]
-        local = _home(tmp_path / "local-home", "dphub", internal,
-                      server_dir / "loopback-ca.crt")
+        # a bundle other than the one `serve` pinned, even submitted with the token: refused
         other = tmp_path / "other-app"
         write_app_dir(other, FederationConfig(out=tmp_path / "m2", options={}, min_sites=1,
-                                              rounds=1), control=internal,
-                      root_certificates=server_dir / "loopback-ca.crt")
-        r = _flwr(procs.env, local, "run", str(other), "dphub")
+                                              rounds=1), control=address, root_certificates=ca)
+        r = _flwr(procs.env, operator, "run", str(other), "dphub")
         assert "Successfully started run" in r.stdout, r.stdout + r.stderr
         _wait_count(procs, "superlink.log", "refused run", 3)
         assert "is not the pinned" in _refusals(procs)[2]
         assert not (tmp_path / "m2").exists() and not (tmp_path / "m").exists()
+        # a local user of the server machine, at Flower's SuperLink itself (no gate, no
+        # token): there is no port to reach, and its socket is not theirs to open
+        _local_user_cannot_reach_the_superlink(procs, superlink, address, server_dir)
         # the operator lists the runs and reads one's log through the gate
         r = _flwr(procs.env, operator, "ls", "dphub", "--format", "json")
         runs = json.loads(r.stdout)["runs"]
         assert len(runs) == 3, r.stdout
         r = _flwr(procs.env, operator, "log", str(runs[0]["run-id"]), "dphub", "--show")
         assert r.returncode == 0 and "operator's token" not in r.stdout + r.stderr, r.stderr
-        # nor can a local process take a ServerApp task without the SuperExec secret
-        _no_task_without_secret(procs.log("superlink.log"), server_dir)
         os.killpg(site.pid, signal.SIGTERM)
         assert site.wait(timeout=60) == 0
     assert not _ours(str(tmp_path))
 
 
-def _no_task_without_secret(log: str, server_dir: Path) -> None:
+def _socket_of(log: str) -> Path:
+    return Path(log.split("Flower's SuperLink on ", 1)[1].split()[0])
+
+
+def _listening_inet(root_pid: int) -> set[tuple[str, int]]:
+    """Every TCP address a process of ``root_pid``'s tree listens on."""
+    import psutil
+
+    top = psutil.Process(root_pid)
+    found = set()
+    for p in [top, *top.children(recursive=True)]:
+        for c in p.net_connections(kind="inet"):
+            if c.status == psutil.CONN_LISTEN:
+                found.add((c.laddr.ip, c.laddr.port))
+    return found
+
+
+_AS_STRANGER = """
+import socket, sys
+path, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(path)
+    print("unix: CONNECTED")
+except OSError as e:
+    print("unix:", type(e).__name__)
+t = socket.socket()
+try:
+    t.connect(("127.0.0.1", port))
+    print("tcp: CONNECTED")
+except OSError as e:
+    print("tcp:", type(e).__name__)
+"""
+
+
+def _local_user_cannot_reach_the_superlink(procs, superlink: subprocess.Popen, address: str,
+                                           server_dir: Path) -> None:
+    """Issue 53: on TCP loopback any local user was the operator. Now Flower's SuperLink
+    listens on no TCP port at all (only the gate, on the public address, does), and its Unix
+    socket lies in a 0700 directory of the server's user: another uid's ``connect`` is refused
+    by the kernel (tried for real as ``nobody`` where the test runs as root)."""
+    import shutil
+
+    log = procs.log("superlink.log")
+    sock = _socket_of(log)
+    public_port = int(address.rsplit(":", 1)[1])
+    assert _listening_inet(superlink.pid) == {("127.0.0.1", public_port)}
+    st = sock.parent.stat()
+    assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700
+    # the server's own user reaches the socket, but takes no ServerApp task without the secret
+    _no_task_without_secret(sock, server_dir)
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        return
+    import sys
+
+    import psutil
+
+    # the Flower process's own loopback port (what it was told to bind): nothing answers
+    flower = next(p for p in psutil.Process(superlink.pid).children(recursive=True)
+                  if "dphub.federate.unix_superlink" in " ".join(p.cmdline()))
+    argv = flower.cmdline()
+    port = argv[argv.index("--port") + 1]
+    r = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                        sys.executable, "-I", "-c", _AS_STRANGER, str(sock), port],
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["unix:", "PermissionError", "tcp:", "ConnectionRefusedError"], \
+        r.stdout
+
+
+def _no_task_without_secret(sock: Path, server_dir: Path) -> None:
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.constant import TaskType
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
     from flwr.supercore.runtime import RuntimeHttpClient
 
-    internal = log.split("Flower's SuperLink on ", 1)[1].split()[0]
+    from dphub.federate.server_runner import over_socket
+
+    ca = (server_dir / "loopback-ca.crt").read_bytes()
     # no retry invoker: Flower's own answers a 401 with SIGINT to its process
-    client = RuntimeHttpClient.from_server_address(
-        server_address=internal, insecure=False,
-        root_certificates=(server_dir / "loopback-ca.crt").read_bytes(),
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")])
+    client = over_socket(RuntimeHttpClient.from_server_address(
+        server_address="127.0.0.1", insecure=False, root_certificates=ca,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")]), sock, ca)
     try:
         with pytest.raises(httpx.HTTPStatusError) as e:
             client.AcquireTask(AcquireTaskRequest(
@@ -340,7 +408,7 @@ def test_server_pin_follows_serve_and_a_damaged_pin_refuses_every_run(tmp_path: 
     d.mkdir()
     plan = SuperLinkPlan(server_dir=d, host="127.0.0.1", port=1, certfile=d, keyfile=d,
                          app_hash=None, token="t", secret_file=d, loopback=(d, d, d),
-                         internal_port=2)
+                         socket_dir=d)
     assert pinned_app(plan) is None  # no serve --server-dir yet: any dphub bundle
     pin_app(d, "a" * 64)
     assert pinned_app(plan) == "a" * 64
@@ -350,3 +418,63 @@ def test_server_pin_follows_serve_and_a_damaged_pin_refuses_every_run(tmp_path: 
     assert pinned_app(plan) == "0" * 64  # matches no bundle
     plan.app_hash = "c" * 64  # --app-hash wins
     assert pinned_app(plan) == "c" * 64
+
+
+def test_flowers_superlink_is_handed_the_socket_never_a_port(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`unix_superlink` runs Flower's own entry point with uvicorn's host and port replaced by
+    the socket; a second HTTP server is refused; bad usage is one line."""
+    pytest.importorskip("flwr")
+    import uvicorn
+    from flwr.superlink import cli as flwr_cli
+
+    from dphub.federate import unix_superlink
+
+    seen: list[dict] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: seen.append(kw))
+
+    def fake_flower() -> None:  # what flwr.superlink.cli.flower_superlink does, in short
+        import sys
+
+        assert sys.argv[1:] == ["--host", "127.0.0.1", "--port", "9"]
+        uvicorn.run(app="app", host="127.0.0.1", port=9, ssl_keyfile="k", workers=1)
+        uvicorn.run(app="app", host="0.0.0.0", port=9)
+
+    monkeypatch.setattr(flwr_cli, "flower_superlink", fake_flower)
+    monkeypatch.setattr("sys.argv", ["x"])
+    with pytest.raises(RuntimeError, match="second HTTP server"):
+        unix_superlink.main(["--uds", "/d/s.sock", "--", "--host", "127.0.0.1", "--port", "9"])
+    assert seen == [{"app": "app", "uds": "/d/s.sock", "ssl_keyfile": "k", "workers": 1}]
+    with pytest.raises(SystemExit, match="usage"):
+        unix_superlink.main(["--host", "127.0.0.1"])
+
+
+def test_the_socket_directory_is_private_and_short(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("flwr")
+    import shutil
+    import tempfile
+
+    from dphub.errors import ConfigError
+    from dphub.federate.superlink import SOCKET_NAME, socket_dir
+
+    short = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(short))
+        d = socket_dir()
+        assert d.parent == short and d.stat().st_mode & 0o777 == 0o700
+        assert d.stat().st_uid == os.geteuid() and not (d / SOCKET_NAME).exists()
+    finally:
+        shutil.rmtree(short)
+    deep = tmp_path / ("x" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    d = socket_dir()  # a TMPDIR too long for a socket: the system's /tmp
+    try:
+        assert d.parent == Path("/tmp") and d.stat().st_mode & 0o777 == 0o700
+    finally:
+        d.rmdir()
+    assert list(deep.iterdir()) == []  # nothing left behind
+    monkeypatch.setattr(os, "fsencode", lambda p: b"x" * 200)
+    with pytest.raises(ConfigError, match="too long a path for a Unix socket"):
+        socket_dir()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,30 @@ from dphub.federate.server import (
     FederationServer,
 )
 from dphub.federate.site import RoundOrder, Site
+from dphub.privacy import randomness
 from dphub.privacy.federation import site_epsilon
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 ROUNDS, LOCAL, LR = 2, 2, 0.1
 ROGUE = 1  # the index of the site that lies
+#: the honest round's DP noise, drawn from a fixed seed (below)
+NOISE_SEED = 20261208
+
+
+class _SeededOS:
+    """``os`` for :mod:`dphub.privacy.randomness` with a seeded ``urandom``.
+
+    The tests below are about the rogue; with fresh OS noise the three tiny honest sites' probe
+    recalls spread past the margin in about one draw in ten (an honest site dropped, the
+    fixture's premise gone). One fixed, checked draw makes each test deterministic; that DP runs
+    draw from the OS is tested in tests/test_train_guarantee.py."""
+
+    def __init__(self, seed: int) -> None:
+        self._r = random.Random(seed)
+
+    def urandom(self, n: int) -> bytes:
+        return self._r.getrandbits(8 * n).to_bytes(n, "little")
 
 
 def _cfg(base: Path, out: Path, **kw) -> FederationConfig:
@@ -48,15 +67,17 @@ def round1(tiny_base_model: Path, tmp_path_factory: pytest.TempPathFactory
     order = RoundOrder(round=1, rounds=ROUNDS, local_steps=LOCAL, target_epsilon=8.0,
                        frozen_digest=server.frozen_digest)
     replies = []
-    for i, (n, seed) in enumerate([(8, 2), (6, 3), (7, 4)]):
-        notes = synth.generate(n, kind="nursing", seed=seed, patients=max(2, n // 3))
-        for note in notes:
-            note.patient_id = f"site{i}-{note.patient_id}"
-        path = root / f"site-{i}.jsonl"
-        formats.write(notes, path, "jsonl")
-        site = Site(path, root / f"site-{i}",
-                    {**OPTIONS, "lr": LR, "base_model": str(tiny_base_model)})
-        replies.append(site.train_round(order, server.weights))
+    with pytest.MonkeyPatch.context() as seeded:
+        seeded.setattr(randomness, "os", _SeededOS(NOISE_SEED))
+        for i, (n, seed) in enumerate([(8, 2), (6, 3), (7, 4)]):
+            notes = synth.generate(n, kind="nursing", seed=seed, patients=max(2, n // 3))
+            for note in notes:
+                note.patient_id = f"site{i}-{note.patient_id}"
+            path = root / f"site-{i}.jsonl"
+            formats.write(notes, path, "jsonl")
+            site = Site(path, root / f"site-{i}",
+                        {**OPTIONS, "lr": LR, "base_model": str(tiny_base_model)})
+            replies.append(site.train_round(order, server.weights))
     return {k: v.clone() for k, v in server.weights.items()}, replies
 
 

@@ -71,8 +71,12 @@ def round1(sites: list[Path], tiny_base_model: Path,
     return {k: v.clone() for k, v in server.weights.items()}, replies
 
 
-def _server(base: Path, out: Path, weights: dict, **kw) -> FederationServer:
-    server = FederationServer(_cfg(base, out, **kw))
+def _server(base: Path, out: Path, weights: dict, options_delta: float | None = None,
+            **kw) -> FederationServer:
+    cfg = _cfg(base, out, **kw)
+    if options_delta is not None:
+        cfg.options = {**cfg.options, "delta": options_delta}
+    server = FederationServer(cfg)
     server.weights = {k: v.clone() for k, v in weights.items()}  # the round's global weights
     return server
 
@@ -404,3 +408,164 @@ def test_kill_9_of_simulate_leaves_no_ray_process(sites: list[Path], tiny_base_m
         for p in seen.values():
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+# ------------------------------------------------------------------ issue 53: the δ cap
+
+
+def _lie(r: dict, **edits) -> dict:
+    """A self-consistent lie: the edited report with its ε recomputed (it passes the
+    "epsilon below its own accounting" check)."""
+    out = {**r, **edits}
+    out["epsilon"] = site_epsilon(out)
+    return out
+
+
+def test_a_report_above_the_federations_delta_cap_is_refused(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    """δ = 0.01 buys ε ≈ half for the same σ: a report whose δ is above min(1e-5, 1/(10 N))
+    (no δ in the recipe) is dropped like ε above target, whatever its own accounting says."""
+    g, honest = round1
+    (w0, r0), _ = honest
+    assert float(r0["delta"]) <= 1e-5
+    server = _server(tiny_base_model, tmp_path / "m", g)
+    for d in (0.01, 1e-3, 2e-5):
+        lie = _lie(r0, delta=d)
+        assert lie["epsilon"] < r0["epsilon"]  # what the lie buys
+        assert server.aggregate(1, [(w0, lie)]) == 0, d
+        assert "delta above the federation's cap" in server.dropped[0], (d, server.dropped)
+    # the neighbours: δ = 0, NaN, above 1, a string
+    for d in (0.0, math.nan, 1.5, "1e-5"):
+        assert server.aggregate(1, [(w0, {**r0, "delta": d})]) == 0, d
+    assert server.aggregate(1, [(w0, r0)]) == 1  # the honest report still passes
+
+
+def test_the_delta_cap_is_the_recipes_when_it_sets_one(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    g, honest = round1
+    (w0, r0), _ = honest
+    strict = _server(tiny_base_model, tmp_path / "a", g, options_delta=1e-6)
+    assert strict.aggregate(1, [(w0, r0)]) == 0  # the site's 1e-5 is above this recipe's δ
+    assert "delta above the federation's cap" in strict.dropped[0]
+    loose = _server(tiny_base_model, tmp_path / "b", g, options_delta=1e-4)
+    assert loose.aggregate(1, [(w0, _lie(r0, delta=1e-4))]) == 1  # what the terms allow
+    assert loose.aggregate(1, [(w0, _lie(r0, delta=2e-4))]) == 0
+
+
+def test_a_recorded_report_above_the_delta_cap_is_refused_on_resume(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    g, honest = round1
+    server = _server(tiny_base_model, tmp_path / "m", g, state_dir=tmp_path / "state")
+    server.aggregate(1, [honest[0]])
+    path = tmp_path / "state" / SERVER_STATE
+    raw = json.loads(path.read_text())
+    row = next(iter(raw["sites"].values()))
+    row.update(_lie({**row, "site_id": "0" * 16}, delta=1e-3))
+    row.pop("site_id")
+    path.write_text(json.dumps(raw))
+    with pytest.raises(Exception, match="delta above the federation's cap"):
+        FederationServer(_cfg(tiny_base_model, tmp_path / "m", state_dir=tmp_path / "state"))
+
+
+# ------------------------------------------------------------------ issue 53: the card's defences
+
+
+def test_the_card_states_the_servers_defences_and_its_drops(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    """The federated card says which defences the server ran (bounds, median clipping, the
+    probe check's margin, the trim) and how many replies it dropped per round; `card
+    validate` requires it on a card of dphub 0.2.0 or later and checks it agrees with the
+    block; an older card without it stays valid."""
+    from dphub import card
+    from dphub.federate.reports import ADAM_RMS_BOUND, ADAM_STEP_BOUND
+    from dphub.hub.validate import validate_card
+    from dphub.privacy.federation import federation_problems
+
+    g, honest = round1
+    (w0, r0), (w1, r1) = honest
+    server = _server(tiny_base_model, tmp_path / "m", g, aggregation="trimmed-mean")
+    assert server.aggregate(1, [(w0, r0), (w1, {**r1, "delta": 5.0})]) == 1
+    meta = server.write()
+    validate_card(tmp_path / "m")
+    dp = meta["differential_privacy"]
+    rob = dp["federation"]["robustness"]
+    assert rob == {"update_bounds": {"per_coordinate": ADAM_STEP_BOUND, "rms": ADAM_RMS_BOUND},
+                   "norm_clipping": "median",
+                   "probe_check": {"margin": robust.PROBE_MARGIN,
+                                   "min_sites": robust.PROBE_MIN_SITES},
+                   "trim": {"proportion": robust.TRIM_PROPORTION, "at_least_one_from_sites": 3},
+                   "dropped_per_round": [1]}
+    assert "delta" not in json.dumps(rob)  # counts and settings only, no reason text
+
+    def problems(edit) -> list[str]:
+        bad = copy.deepcopy(meta)
+        edit(bad["differential_privacy"])
+        return card.meta_problems(bad)
+
+    def without(release: str):
+        def edit(d: dict) -> None:
+            d["library_versions"]["dphub"] = release
+            del d["federation"]["robustness"]
+        return edit
+
+    assert any("robustness" in p for p in problems(without("0.2.0")))
+    assert any("robustness" in p for p in problems(without("1.0.0rc1")))
+    assert problems(without("0.1.0")) == []  # a card written before it existed
+    assert federation_problems({**dp, "federation": {**dp["federation"], "robustness": {
+        **rob, "dropped_per_round": [0, 1]}}})  # rounds disagree
+    assert problems(lambda d: d["federation"]["robustness"].pop("trim"))  # trimmed-mean
+    assert problems(lambda d: d["federation"].update(aggregation="mean"))  # trim without it
+    assert problems(lambda d: d["federation"]["robustness"].update(note="Mr Smith"))
+    assert problems(lambda d: d["federation"]["robustness"].update(dropped_per_round=[-1]))
+    assert problems(lambda d: d["federation"]["robustness"]["probe_check"].update(margin=2))
+
+
+def test_drops_per_round_survive_a_resume(round1: tuple[dict, list], tiny_base_model: Path,
+                                          tmp_path: Path) -> None:
+    g, honest = round1
+    (w0, r0), (w1, r1) = honest
+    server = _server(tiny_base_model, tmp_path / "m", g, state_dir=tmp_path / "state")
+    server.aggregate(1, [(w0, r0), (w1, {**r1, "delta": 5.0})])
+    again = FederationServer(_cfg(tiny_base_model, tmp_path / "m", state_dir=tmp_path / "state"))
+    assert again.dropped_per_round == [1]
+    path = tmp_path / "state" / SERVER_STATE
+    raw = json.loads(path.read_text())
+    for bad in ([-1], "1", [True], [0, 0, 0]):
+        path.write_text(json.dumps({**raw, "dropped_per_round": bad}))
+        with pytest.raises(Exception, match="recorded drops are invalid"):
+            FederationServer(_cfg(tiny_base_model, tmp_path / "m",
+                                  state_dir=tmp_path / "state"))
+    del raw["dropped_per_round"]  # a checkpoint written before this: not recorded
+    path.write_text(json.dumps(raw))
+    assert FederationServer(_cfg(tiny_base_model, tmp_path / "m", state_dir=tmp_path /
+                                 "state")).dropped_per_round == [None]
+
+
+def test_a_card_row_beyond_its_sites_own_policy_is_refused(
+        round1: tuple[dict, list], tiny_base_model: Path, tmp_path: Path) -> None:
+    """The card's neighbour of the report check: a row whose δ (or ε) its own recorded policy
+    would have refused, recomputed so its accounting agrees, no longer validates."""
+    from dphub.privacy.federation import federation_problems
+
+    g, honest = round1
+    server = _server(tiny_base_model, tmp_path / "m", g)
+    assert server.aggregate(1, [honest[0]]) == 1
+    dp = server.write()["differential_privacy"]
+    row = dp["federation"]["site_accounting"][0]
+    assert row["policy"]["delta"] is None and federation_problems(dp) == []
+
+    def lied(**edits) -> dict:
+        bad = copy.deepcopy(dp)
+        r = bad["federation"]["site_accounting"][0]
+        r.update(edits)
+        r["epsilon"] = site_epsilon(r)
+        bad["federation"]["epsilon_range"] = [r["epsilon"], r["epsilon"]]
+        bad["epsilon"], bad["delta"] = r["epsilon"], max(bad["delta"], r["delta"])
+        return bad
+
+    assert any("above the site's own policy (1e-05)" in p
+               for p in federation_problems(lied(delta=1e-3)))
+    assert federation_problems(lied(delta=row["delta"])) == []  # the recomputation alone: fine
+    many = lied(steps=ROUNDS * LOCAL, noise_multiplier=0.3)
+    assert float(many["epsilon"]) > row["policy"]["max_epsilon"]
+    assert any("epsilon: above the site's own policy" in p for p in federation_problems(many))

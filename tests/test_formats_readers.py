@@ -25,9 +25,9 @@ def _phys(tmp: Path, text: str, phrase: str | None = None, deid: str | None = No
 
 def test_registry_names_every_format() -> None:
     assert set(formats.FORMATS) == {"physionet", "deidpl", "i2b2", "brat", "jsonl", "conll",
-                                    "text"}
+                                    "csv", "text"}
     with pytest.raises(ConfigError, match="unknown corpus format"):
-        formats.read(".", format="csv")
+        formats.read(".", format="xlsx")
 
 
 def test_unknown_option_is_a_config_error(tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ def test_text_directory_ids_sorted_recursive_hidden_skipped(tmp_path: Path) -> N
 def test_missing_path_and_undetectable_file(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="no such file"):
         formats.read(tmp_path / "nope.jsonl")
-    f = tmp_path / "notes.csv"
+    f = tmp_path / "notes.xlsx"  # a CSV is a format since issue 56
     f.write_text("a,b\n")
     with pytest.raises(FormatError, match="cannot detect"):
         formats.detect_format(f)

@@ -19,7 +19,7 @@ import pytest
 from hub_fixtures import card_meta, copy_model, set_hyperparams, write_card
 
 from dphub.card import probe_floor
-from dphub.card.probe import category_counts, run_probe
+from dphub.card.probe import category_counts, run_category_probe, run_probe
 from dphub.card.probe_floor import PublicBaseFigures, public_base
 from dphub.cli.main import main
 from dphub.encoders import DEFAULT_BASE_MODEL_ID
@@ -38,12 +38,20 @@ def _figures(model_dir: Path) -> tuple[dict[str, float], float]:
     return result.category_recall(), result.kept
 
 
+def _sparse(model_dir: Path) -> dict[str, float]:
+    """Recall on the category probe (AGE, PROFESSION: too few words in the probe notes)."""
+    from dphub.tagger import Tagger
+
+    counts = run_category_probe(Tagger.load(model_dir))
+    return {c: counts[c][0] / counts[c][1] for c in ("AGE", "PROFESSION")}
+
+
 def _entry(model_dir: Path, *, rule_features: bool, **over: Any) -> PublicBaseFigures:
     """The figures of ``model_dir`` as its public warm start's (the tiny model stands for it)."""
     recall, kept = _figures(model_dir)
     fields = {"base_model": DEFAULT_BASE_MODEL_ID, "label_schema": "hipaa", "head": "crf",
               "rule_features": rule_features, "hidden_size": 32, "num_hidden_layers": 2,
-              "recall": recall, "kept": kept, **over}
+              "recall": recall, "kept": kept, "sparse_recall": _sparse(model_dir), **over}
     return PublicBaseFigures(**fields)
 
 
@@ -324,3 +332,81 @@ def test_shipped_figures_are_the_cached_warm_starts(rule_features: bool) -> None
     recall, kept = _figures(wdir)
     assert recall == pytest.approx(dict(entry.recall), abs=0.005)
     assert kept == pytest.approx(entry.kept, abs=0.005)
+
+
+def all_but(category: str) -> Callable[[dict[str, Any], list[str]], None]:
+    """A model that flags the rule member's hits of every category but one (it drops one)."""
+    def edit(t: dict[str, Any], tags: list[str]) -> None:
+        from dphub.rule_features import FEATURE_NAMES
+
+        o = tags.index("O")
+        t["classifier.weight"].zero_()
+        t["classifier.bias"].zero_()
+        t["classifier.bias"][o] = 10.0
+        t["rule_proj.weight"].zero_()
+        for c in ("name", "date", "age", "contact", "id", "location", "profession"):
+            if c != category.lower():
+                t["rule_proj.weight"][:, FEATURE_NAMES.index(f"rule_{c}")] = 20.0
+        t["rule_proj.weight"][o] = 0.0
+    return edit
+
+
+def test_a_model_that_drops_only_age_is_refused(rule_model: Path, hub_env: dict[str, Path],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """AGE has 3 words in the probe notes, too few to hold; the category probe (12 public
+    discharge summaries, 12 AGE words) holds it: a model that keeps every category but AGE was
+    passed, and is refused now, naming AGE alone."""
+    from dphub.hub.gate import check_publishable
+
+    (entry,) = probe_floor.PUBLIC_WARM_STARTS  # as shipped: no public base finds a profession
+    monkeypatch.setattr(probe_floor, "PUBLIC_WARM_STARTS", (PublicBaseFigures(**{
+        **entry.__dict__, "sparse_recall": {**entry.sparse_recall, "PROFESSION": 0.0}}),))
+    _edit(rule_model, all_but("NONE"))  # every rule category: the control
+    check_publishable(rule_model)
+    assert _sparse(rule_model)["AGE"] >= 0.5
+    _edit(rule_model, all_but("AGE"))
+    assert _sparse(rule_model)["AGE"] == 0.0
+    recall, _ = _figures(rule_model)
+    assert recall["AGE"] == 0.0 and recall["NAME"] == 1.0  # only 3 AGE words there
+    _refused_everywhere(rule_model, hub_env, FAR_BELOW + r".*seen\): AGE 0% \(floor 50%\)\. ")
+
+
+def test_profession_is_not_held_where_the_public_base_finds_none(
+        rule_model: Path, hub_env: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No public warm start flags a profession word (0 of 12 on the category probe, shipped
+    figures): its floor is 0, so a model that drops PROFESSION passes (docs/hub.md says what
+    guards it instead). With a base that finds them, the same model is refused."""
+    from dphub.hub.gate import check_publishable
+
+    (entry,) = probe_floor.PUBLIC_WARM_STARTS
+    _edit(rule_model, all_but("PROFESSION"))
+    finds_none = PublicBaseFigures(**{**entry.__dict__, "sparse_recall": {
+        **entry.sparse_recall, "PROFESSION": 0.0}})
+    monkeypatch.setattr(probe_floor, "PUBLIC_WARM_STARTS", (finds_none,))
+    check_publishable(rule_model)
+    finds_all = PublicBaseFigures(**{**entry.__dict__, "sparse_recall": {
+        **entry.sparse_recall, "PROFESSION": 1.0}})
+    monkeypatch.setattr(probe_floor, "PUBLIC_WARM_STARTS", (finds_all,))
+    assert _sparse(rule_model)["PROFESSION"] < 0.5
+    with pytest.raises(PublishRefused, match=r"PROFESSION \d+% \(floor 50%\)"):
+        check_publishable(rule_model)
+
+
+def test_sparse_categories_are_held_on_the_category_probe_when_the_floor_is_words() -> None:
+    base = PublicBaseFigures(DEFAULT_BASE_MODEL_ID, "hipaa", "crf", True, 32, 2,
+                             {"AGE": 0.0, "NAME": 0.8}, 0.9,
+                             sparse_recall={"AGE": 0.5, "PROFESSION": 0.0})
+    main_counts = {"AGE": (0, 3), "NAME": (8, 10)}
+    assert probe_floor.floor_shortfalls(main_counts, 0.9, base) == []  # no category probe
+    sparse = {"AGE": (2, 12), "PROFESSION": (0, 12)}
+    assert probe_floor.floor_shortfalls(main_counts, 0.9, base, sparse) == ["AGE 17% (floor 25%)"]
+    assert probe_floor.floor_shortfalls(main_counts, 0.9, base, {"AGE": (3, 12)}) == []
+    assert probe_floor.floor_shortfalls(main_counts, 0.9, base, {"AGE": (0, 9)}) == []  # too few
+    # a floor of one word is noise: the --no-rule-features warm start finds 2 of 12 AGE words
+    one_word = PublicBaseFigures(**{**base.__dict__, "sparse_recall": {"AGE": 2 / 12}})
+    assert probe_floor.floor_shortfalls(main_counts, 0.9, one_word, {"AGE": (0, 12)}) == []
+    # the shipped figures: AGE held for the default (rule features), not without them
+    rf, plain = probe_floor.PUBLIC_WARM_STARTS
+    assert rf.rule_features and rf.sparse_recall["AGE"] * 0.5 * 12 >= 3
+    assert not plain.rule_features and plain.sparse_recall["AGE"] * 0.5 * 12 < 3
+    assert rf.sparse_recall["PROFESSION"] == plain.sparse_recall["PROFESSION"] == 0.0

@@ -30,6 +30,7 @@ from dphub.notes import Note
 from dphub.privacy import ledger as L
 from dphub.privacy.composition import GaussianSteps, Part, history_epsilon
 from dphub.privacy.policy import Policy
+from dphub.privacy.statement import format_epsilon
 
 
 @pytest.fixture(autouse=True)
@@ -210,13 +211,13 @@ def test_four_independent_trainings_compose_and_the_policy_refuses_the_crossing(
     assert "exceeds the maximum" in line[0] and "Traceback" not in err
     assert not (tmp_path / "m4").exists()
     assert main(["ledger", "show", str(corpora["renamed"])]) == 0
-    assert f"spent: ε = {three:.4g}" in capsys.readouterr().out
+    assert f"spent: ε = {format_epsilon(three)}" in capsys.readouterr().out
     assert main(["train", str(corpora["renamed"]), "--out", "m4", *common,
                  "--allow-above-policy"]) == 0
     assert "training anyway (--allow-above-policy)" in capsys.readouterr().err
     assert main(["ledger", "show", str(corpora["same"])]) == 0
     out = capsys.readouterr().out
-    assert f"spent: ε = {four:.4g}" in out and "rdp composition of 4 release(s)" in out
+    assert f"spent: ε = {format_epsilon(four)}" in out and "rdp composition of 4 release(s)" in out
     # publish: the model's patients lost more than the hub's policy allows
     from dphub.hub.ops import ledger_problem
     from dphub.hub.policy import load_hub_policy

@@ -111,7 +111,8 @@ def test_more_look_alikes_are_not_released(text: str) -> None:
     "K 3/10/26",
     "Jan 3", "3 Jan", "March 10",
     "in 2019", "HR 2019",  # years
-    "67 yo", "67 y/o", "67 year old", "3 months old", "age 67", "aged 91", "in her 90s",
+    # ages of 90 and more (below 90 an age is no identifier: test_measures_clinician.py)
+    "97 yo", "92 y/o", "90 year old", "3 months old", "aged 91", "age 100", "in her 90s",
     "his 80's", "pt in 90s", "Pt 91", "now 100s",  # a bare decade of 90 and over may be an age
     "617-555-0143", "(617) 555-0143", "call 617- 555- 1234", "HR 617 555 1234", "rate 55 1234", "call 555 1234 x12.", "call 555.0143", "+1 617 555 0143", "Ph 555-1234",
     "MRN 1234567", "id 4", "#2", "no. 3",
@@ -144,7 +145,8 @@ def test_faker_identifiers_in_plain_sentences_are_not_released() -> None:
         values += [day.strftime(f) for f in formats]
         values += [fake.phone_number(), fake.street_address(), fake.ssn(), fake.zipcode(),
                    fake.numerify("MRN #######"), fake.numerify("Room ###"),
-                   f"{fake.random_int(18, 104)} year old", f"{fake.random_int(18, 104)} yo"]
+                   # ages over 89 (HIPAA Safe Harbor); younger ages come back (issue 57)
+                   f"{fake.random_int(90, 104)} year old", f"{fake.random_int(90, 104)} yo"]
     for value in values:
         text = f"pt seen on {value} today"
         start = text.index(value)

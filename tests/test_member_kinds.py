@@ -50,7 +50,7 @@ def test_the_documented_kind_runs_in_an_ensemble(words_kind: Any, tmp_path: Path
     assert "Hallworth" not in text and "Quenby" not in text
     assert "Seen by Dr" in text
     voters = {v for line in (out / "audit.jsonl").read_text().splitlines()
-              for s in json.loads(line)["spans"] for v in s["voters"]}
+              for s in json.loads(line)["spans"] for v in s["members"]}
     assert "words" in voters
     # the top-level command reads the same spec through the registry
     assert main(["deid", str(src), "--model", "words:Quenby", "--out", str(tmp_path / "one")]) == 0

@@ -338,3 +338,40 @@ def test_elapsed_counts_from_the_command_start_and_deid_reports_before_its_first
     assert main(["deid", str(src), "--model", "rules:default", "--out", str(tmp_path / "o2")]) == 0
     start = progress.command_start()
     assert start is not None and ProgressReporter(NotATerminal()).created == start
+
+
+def test_progress_lines_say_which_step_their_epsilon_is_of(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """Issue 56: the ε on progress lines was recomputed only at checkpoints and shown as the
+    current one. It is now refreshed every few seconds (its cost bounded) and, when it is not
+    this step's, the line says which step it is of; it is rounded up, never down."""
+    from types import SimpleNamespace
+
+    from dphub.train import loop as loop_mod
+
+    calls: list[int] = []
+    now = [0.0]
+
+    class Accountant:
+        def get_epsilon(self, delta: float) -> float:
+            calls.append(fake.step)
+            return 0.5 + 0.001 * fake.step
+
+    events: list[Progress] = []
+    fake = SimpleNamespace(
+        on_progress=events.append, step=0, engine=SimpleNamespace(accountant=Accountant()),
+        opts=SimpleNamespace(checkpoint_every=1000), plan=SimpleNamespace(steps=5000,
+                                                                          delta=1e-5),
+        _eps=None, _eps_step=None, _eps_at=-float("inf"), _eps_cost=0.0, _t0=0.0, _done=0)
+    monkeypatch.setattr(loop_mod.time, "monotonic", lambda: now[0])
+    for step in range(1, 61):  # 60 steps, 0.5 s each: 30 s
+        fake.step = step
+        now[0] += 0.5
+        loop_mod.TrainLoop._report(fake, 0.1)  # type: ignore[arg-type]
+    # computed at the first step and then every EPSILON_REFRESH_S (5 s = 10 steps)
+    assert calls == [1, 11, 21, 31, 41, 51]
+    assert events[14].epsilon_step == 11 and events[10].epsilon_step is None
+    out = NotATerminal()
+    rep = ProgressReporter(out, clock=FakeClock(), grace=0)
+    rep.train_callback()(events[14])
+    assert "ε 0.52 at step 11" in out.getvalue()  # 0.511 rounded up

@@ -227,8 +227,10 @@ def test_cli_distill_public_then_validate(teacher_dir: Path, tiny_base_model: Pa
                  "1", "--threads", "1"])
     cap = capsys.readouterr()
     assert code == 0, cap.err
-    eps = load_card(teacher_dir).dp["epsilon"]
-    assert f"ε = {eps:.3f}" in cap.out and "public student" in cap.out
+    from dphub.privacy.statement import format_epsilon
+
+    eps = load_card(teacher_dir).dp["epsilon"]  # shown as everywhere: rounded up (issue 56)
+    assert f"ε = {format_epsilon(eps)}," in cap.out and "public student" in cap.out
     assert load_card(out).dp["post_processing"]["teacher"]["repo"] == "local-teacher-1"
     assert main(["card", "validate", str(out)]) == 0
     # without --epochs: the student's 8, not dphub train's 32 full-batch DP epochs

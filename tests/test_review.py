@@ -60,7 +60,7 @@ def test_spans_rendered_match_the_audit(run, tmp_path: Path) -> None:
     data = _page_data(r.text)
     want = audit(out)
     for n in data["notes"]:
-        got = [{k: s[k] for k in ("start", "end", "label", "score", "voters")} for s in n["spans"]]
+        got = [{k: s[k] for k in ("start", "end", "label", "score", "members")} for s in n["spans"]]
         assert got == want[n["id"]]
         assert n["text"] == TEXTS[n["id"]]
     # the disagreeing note first, then the others in the run's order

@@ -69,8 +69,8 @@ def test_review_page_in_chromium(tmp_path: Path, tiny_base_model: Path) -> None:
                 got = page.eval_on_selector_all(
                     f'section.note[data-id="{nid}"] .phi[data-start]',
                     "els => els.map(e => [+e.dataset.start, +e.dataset.end, e.dataset.label,"
-                    " e.dataset.voters, e.textContent])")
-                assert got == [[s["start"], s["end"], s["label"], ",".join(s["voters"]),
+                    " e.dataset.members, e.textContent])")
+                assert got == [[s["start"], s["end"], s["label"], ",".join(s["members"]),
                                 TEXTS[nid][s["start"]:s["end"]]] for s in want[nid]]
             assert page.locator("section.note").first.get_attribute("data-id") == "y"
             # filter by category: only the note with a DATE stays
@@ -177,6 +177,11 @@ def test_review_page_with_emoji_and_line_separators_in_chromium(tmp_path: Path) 
             assert card.locator(f'.phi[data-start="{c0}"]').inner_text() == "Ysolde Crane"
             card.locator(f'.phi[data-start="{c0}"]').click()
             page.click("#m-reject")
+            # a key on a span after two emoji: the retype lands on that span's characters
+            a0 = u16("a", at("a", "555-0134")[0])
+            page.locator(f'section.note[data-id="a"] .phi[data-start="{a0}"]').focus()
+            page.keyboard.press("8")  # OTHER
+            assert page.evaluate("() => document.activeElement.dataset.tag") == "PHONE→OTHER"
             page.click("#save")
             sync_api.expect(page.locator("#msg")).to_have_text(re.compile(r"^saved"),
                                                                timeout=30_000)
@@ -189,14 +194,182 @@ def test_review_page_with_emoji_and_line_separators_in_chromium(tmp_path: Path) 
             page.click("#save")
             sync_api.expect(page.locator("#msg")).to_have_text(re.compile(r"^saved 3"),
                                                                timeout=30_000)
+            # the refused tab still has unsaved changes: reloading asks first (beforeunload),
+            # then shows the first tab's corrections, and its own save adds to them
+            assert other.locator("#unsaved").is_visible()
+            asked: list[str] = []
+            other.on("dialog", lambda d: (asked.append(d.type), d.accept()))
+            other.reload()
+            assert asked == ["beforeunload"]
+            assert other.locator("#unsaved").is_hidden()
+            card = other.locator('section.note[data-id="c"]')
+            assert "rejected" in card.locator(f'.phi[data-start="{c0}"]').get_attribute("class")
+            c1 = u16("c", at("c", "555-0199")[0])
+            card.locator(f'.phi[data-start="{c1}"]').focus()
+            other.keyboard.press("5")  # ID
+            other.click("#save")
+            sync_api.expect(other.locator("#msg")).to_have_text(re.compile(r"^saved 3"),
+                                                                timeout=30_000)
             browser.close()
         assert not errors
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
     saved = {n.id: [(n.text[s.start:s.end], s.label) for s in n.spans] for n in read_labelled(corr)}
+    # both pages' corrections, each on its own characters
     assert saved == {
-        "a": [("Yolanda Brisbee", "NAME"), ("555-0134", "PHONE"), ("Quarrytown", "LOCATION")],
+        "a": [("Yolanda Brisbee", "NAME"), ("555-0134", "OTHER"), ("Quarrytown", "LOCATION")],
         "b": [("Quinby Marlowe", "DOCTOR"), ("Elmsworth Clinic", "HOSPITAL"),
               ("Quarrytown", "LOCATION")],
-        "c": [("555-0199", "PHONE")]}
+        "c": [("555-0199", "ID")]}
+
+
+#: the focused element as the test reads it: a span's kind, offsets, tag, accessible name
+_ACTIVE = """() => { const e = document.activeElement;
+    return {id: e.id, stop: e.dataset ? e.dataset.stop !== undefined : false,
+            kind: e.dataset ? e.dataset.kind || null : null,
+            start: e.dataset && e.dataset.start ? +e.dataset.start : null,
+            text: e.textContent, aria: e.getAttribute("aria-label")}; }"""
+#: each stop of a note: kind, its text, the tag written after it (its ::after content), classes
+_TAGS = """(nid) => [...document.querySelectorAll(`section.note[data-id="${nid}"] .text [data-stop]`)]
+    .map(e => { const s = [...e.parentElement.querySelectorAll(
+        `[data-kind="${e.dataset.kind}"][data-start="${e.dataset.start}"]`)];
+      const last = s[s.length - 1];
+      return [e.dataset.kind, s.map(x => x.textContent).join(""),
+              getComputedStyle(last, "::after").content, e.className]; })"""
+
+
+def _press_until(page, key: str, test: str, most: int = 60) -> dict:
+    """Press ``key`` until the focused element passes ``test`` (a JS predicate); keys only."""
+    for _ in range(most):
+        page.keyboard.press(key)
+        got = page.evaluate(_ACTIVE)
+        if page.evaluate(f"(a) => ({test})(a)", got):
+            return got
+    raise AssertionError(f"{key} never reached {test}")
+
+
+def test_keyboard_only_review_in_chromium(tmp_path: Path) -> None:
+    # issue 54 #3: a reviewer works without a mouse and without guessing: Tab reaches the spans,
+    # each carries its label as visible text, a/r/digits/g correct them, Escape closes the
+    # detail, the page says it has unsaved changes, and Enter on "save" writes them
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from review_fixtures import TEXTS, at, make_run
+
+    from dphub.ensemble.evaluation import read_labelled
+
+    run, notes, gold = make_run(tmp_path)
+    corr = tmp_path / "private" / "corrections.jsonl"
+    proc, url = _serve(run, notes, corr, Path(os.environ["DPHUB_HOME"]), "--gold", str(gold))
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            assert page.locator("#readonly").is_hidden()  # this page can save
+            assert page.locator("#unsaved").is_hidden()
+            # the label is written on every span (a tag after it), not only its colour; the
+            # marks of "members disagree", "near a threshold", "false positive" and "missed"
+            # differ in glyph and line
+            assert page.evaluate(_TAGS, "y") == [
+                ["run", "Quinby Marlowe", '"DOCTOR"', "phi cat-NAME"],
+                ["run", "03/04/2021", '"DATE ≠ FP"', "phi cat-DATE disagree fp"],
+                ["run", "Elmsworth Clinic", '"HOSPITAL ≠ ≈"', "phi cat-LOCATION disagree near"],
+                ["miss", "home", '"✗ missed LOCATION-OTHER"', "miss"]]
+            style = page.evaluate("""() => {
+                const d = document.querySelector('.phi.disagree'), m = document.querySelector('.miss');
+                return [getComputedStyle(d).borderBottomStyle, getComputedStyle(m).textDecorationStyle]; }""")
+            assert style == ["dashed", "wavy"]
+            # the released text beside the original: what the output file holds
+            assert page.locator('section.note[data-id="y"] .released').inner_text() == \
+                json.loads((run / notes.name).read_text().split("\n")[1])["text"]
+            # Tab from the top of the page to the first span (note y, the most doubtful)
+            got = _press_until(page, "Tab", "a => a.stop")
+            assert (got["kind"], got["text"]) == ("run", "Quinby Marlowe")
+            assert got["aria"] == "hidden as DOCTOR: Quinby Marlowe"
+            page.keyboard.press("a")  # accept
+            got = page.evaluate(_ACTIVE)  # the focus stays on the span after it is redrawn
+            assert got["text"] == "Quinby Marlowe" and "accepted" in got["aria"]
+            assert page.locator("#unsaved").is_visible()  # and the page says so
+            page.keyboard.press("n")
+            assert page.evaluate(_ACTIVE)["text"] == "03/04/2021"
+            page.keyboard.press("Enter")  # the detail opens, its first button focused
+            assert page.locator("#menu").is_visible()
+            assert page.evaluate(_ACTIVE)["id"] == "m-accept"
+            page.keyboard.press("Escape")  # closes it and gives the focus back
+            assert page.locator("#menu").is_hidden()
+            assert page.evaluate(_ACTIVE)["text"] == "03/04/2021"
+            page.keyboard.press("r")  # reject: not PHI
+            assert page.evaluate(_ACTIVE)["aria"].startswith("rejected, not PHI")
+            page.keyboard.press("ArrowRight")
+            assert page.evaluate(_ACTIVE)["text"] == "Elmsworth Clinic"
+            page.keyboard.press("8")  # retype: 8 is the eighth category, OTHER
+            page.keyboard.press("n")
+            got = page.evaluate(_ACTIVE)
+            assert (got["kind"], got["text"]) == ("miss", "home")
+            page.keyboard.press("g")  # the gold's label for the missed span
+            got = page.evaluate(_ACTIVE)
+            assert (got["kind"], got["text"]) == ("added", "home")
+            assert page.evaluate(_TAGS, "y") == [
+                ["run", "Quinby Marlowe", '"✓ DOCTOR"', "phi cat-NAME accepted"],
+                ["run", "03/04/2021", '"not PHI ≠ FP"', "phi cat-DATE disagree fp rejected"],
+                ["run", "Elmsworth Clinic", '"HOSPITAL→OTHER ≠ ≈"',
+                 "phi cat-LOCATION disagree near retyped"],
+                ["added", "home", '"+ LOCATION"', "added cat-LOCATION"]]
+            assert page.locator('section.note[data-id="y"] input.reviewed').is_checked()
+            # back up to the save button, keys only, and press it
+            _press_until(page, "Shift+Tab", "a => a.id === 'save'")
+            page.keyboard.press("Enter")
+            sync_api.expect(page.locator("#msg")).to_have_text(re.compile(r"^saved 1"),
+                                                               timeout=30_000)
+            assert page.locator("#unsaved").is_hidden()
+            browser.close()
+        assert not errors
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    saved = {n.id: [(n.text[s.start:s.end], s.label) for s in n.spans] for n in read_labelled(corr)}
+    assert saved == {"y": [("Quinby Marlowe", "DOCTOR"), ("Elmsworth Clinic", "OTHER"),
+                           ("home", "LOCATION")]}
+    assert TEXTS["y"][slice(*at("y", "home"))] == "home"
+
+
+def test_read_only_pages_say_so_before_any_work_in_chromium(tmp_path: Path) -> None:
+    # issue 54 #3: the self-contained file, and a served page saved to disk and opened from it
+    # (file://), let a reviewer work and then lost the work silently; now the notice is there
+    # before the first key, and no correction is taken
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from review_fixtures import make_run
+
+    from dphub.review.page import render_page, write_page
+    from dphub.review.run import load_review
+
+    run, notes, _ = make_run(tmp_path)
+    review = load_review(run, notes)
+    html = tmp_path / "page.html"
+    write_page(review, html)  # what `dphub review --html` writes
+    saved_copy = tmp_path / "saved-copy.html"  # "Save page as" of the page the server sends
+    saved_copy.write_text(render_page(review, save_url="/corrections", token="t" * 43,
+                                      nonce="n" * 22, revision="none"))
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        for path, says in ((html, "this is the self-contained file"),
+                           (saved_copy, "this page was opened from a file")):
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+            page.goto(path.as_uri())
+            notice = page.locator("#readonly")
+            assert notice.is_visible()
+            assert notice.inner_text().startswith(f"Read-only: {says}")
+            assert page.locator("#save").is_disabled()
+            page.locator('section.note[data-id="y"] .phi[data-stop]').first.focus()
+            page.keyboard.press("r")
+            assert page.locator(".phi.rejected").count() == 0  # nothing taken...
+            assert page.locator("#msg").inner_text().startswith("read-only")  # ...and said
+            assert page.locator("#unsaved").is_hidden()
+            assert not errors
+            page.close()
+        browser.close()

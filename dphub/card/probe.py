@@ -35,6 +35,12 @@ PROBE_VERSION = 1
 #: characters, 124 PHI phrases, 237 PHI word tokens with this dphub and Faker)
 PROBE_SEED = 38_001
 PROBE_KINDS = (("nursing", 6), ("discharge", 2))
+#: the category probe (issue 53): public notes for the categories the probe notes hold too few
+#: words of to be held one by one (AGE 3, PROFESSION 2 there): 12 discharge summaries of the
+#: next public seed (12 AGE and 12 PROFESSION word tokens with this dphub and Faker). Run by the
+#: gate only for a model with shipped public figures for them (:mod:`dphub.card.probe_floor`)
+CATEGORY_PROBE_SEED = PROBE_SEED + 1
+CATEGORY_PROBE_KINDS = (("discharge", 12),)
 #: dphub-wide minimum token recall on the probe notes: no card can state a lower floor. The tiny
 #: random and DP-trained models of the test suite reach 0.92-1.0 there, the tiny public base of
 #: tests/test_pretrain.py (a few steps on low-density realistic notes) 0.07 (docs/hub.md); a model
@@ -79,6 +85,19 @@ def _probe_notes() -> tuple[Note, ...]:
     out: list[Note] = []
     for kind, n in PROBE_KINDS:
         out += generate(n, kind=kind, seed=PROBE_SEED)
+    return tuple(out)
+
+
+def category_probe_notes() -> list[Note]:
+    """The public category-probe notes (same dphub and Faker version, same notes)."""
+    return list(_category_probe_notes())
+
+
+@functools.lru_cache(maxsize=1)
+def _category_probe_notes() -> tuple[Note, ...]:
+    out: list[Note] = []
+    for kind, n in CATEGORY_PROBE_KINDS:
+        out += generate(n, kind=kind, seed=CATEGORY_PROBE_SEED)
     return tuple(out)
 
 
@@ -151,6 +170,13 @@ def run_probe(tagger: Tagger) -> ProbeResult:
     per_category, kept = category_counts(notes, spans)
     return ProbeResult(recall, tokens, float(seen["max"]), bool(seen["nonfinite"]),
                        per_category, kept)
+
+
+def run_category_probe(tagger: Tagger) -> dict[str, tuple[int, int]]:
+    """Tag the category-probe notes: category -> (gold word tokens flagged, all of them)."""
+    notes = category_probe_notes()
+    spans = [spans_from_scores(ts, None) for ts in tagger.token_scores(notes, marginals=True)]
+    return category_counts(notes, spans)[0]
 
 
 def floor_for(recall: float) -> float:

@@ -28,7 +28,7 @@ Light: no torch (the gate reads it before it decides to run the model).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: a model's recall in a category must reach this share of its public warm start's recall there
 #: (measured, docs/hub.md "The public floor": the honest ε-8 DP model of the dev corpus is at or
@@ -38,8 +38,15 @@ RECALL_SHARE = 0.5
 #: start's (a model that flags everything keeps none: recall 1.0, and useless)
 KEPT_SHARE = 0.5
 #: categories with fewer gold word tokens in the probe notes than this are not held one by one
-#: (probe version 1: AGE has 3, PROFESSION 2; a single word would swing their recall by a third)
+#: there (probe version 1: AGE has 3, PROFESSION 2; a single word would swing their recall by a
+#: third): they are held on the category probe (:func:`dphub.card.probe.run_category_probe`,
+#: 12 of each) against the warm start's figures there (``sparse_recall``). PROFESSION cannot be
+#: held: no public warm start flags a single profession word (0 of 12, floor 0); docs/hub.md
 MIN_CATEGORY_TOKENS = 10
+#: a category is held only where its floor is at least this many word tokens of the notes it is
+#: measured on: below that a single word decides (the --no-rule-features warm start finds 2 of
+#: the category probe's 12 AGE words: a floor of one word is noise, not a fact)
+MIN_FLOOR_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,9 @@ class PublicBaseFigures:
     recall: Mapping[str, float]
     #: share of the probe notes' non-PHI word tokens it leaves unflagged
     kept: float
+    #: category -> token recall on the category-probe notes, for the categories too sparse in
+    #: the probe notes (issue 53: AGE, PROFESSION)
+    sparse_recall: Mapping[str, float] = field(default_factory=dict)
 
     def matches(self, base_model: object, label_schema: object, head: object,
                 rule_features: bool, hidden_size: object, num_hidden_layers: object) -> bool:
@@ -76,12 +86,12 @@ PUBLIC_WARM_STARTS: tuple[PublicBaseFigures, ...] = (
         _MINILM, "hipaa", "crf", rule_features=True, hidden_size=384, num_hidden_layers=6,
         recall={"AGE": 0.0, "CONTACT": 0.6857, "DATE": 0.8986, "ID": 0.8462, "LOCATION": 0.5,
                 "NAME": 1.0, "PROFESSION": 0.0},
-        kept=0.9969),
+        kept=0.9969, sparse_recall={"AGE": 0.5, "PROFESSION": 0.0}),
     PublicBaseFigures(
         _MINILM, "hipaa", "crf", rule_features=False, hidden_size=384, num_hidden_layers=6,
         recall={"AGE": 0.6667, "CONTACT": 0.6, "DATE": 0.8841, "ID": 0.6923, "LOCATION": 0.5625,
                 "NAME": 1.0, "PROFESSION": 0.0},
-        kept=0.9938),
+        kept=0.9938, sparse_recall={"AGE": 0.1667, "PROFESSION": 0.0}),
 )
 
 
@@ -97,15 +107,25 @@ def public_base(base_model: object, label_schema: object, head: object, rule_fea
 
 
 def floor_shortfalls(recall: Mapping[str, tuple[int, int]], kept: float,
-                     base: PublicBaseFigures) -> list[str]:
+                     base: PublicBaseFigures,
+                     sparse: Mapping[str, tuple[int, int]] | None = None) -> list[str]:
     """What a model's probe figures miss of the floors ``base`` sets, each as words with the
-    figures ("CONTACT 3% (floor 48%)"); empty: it passes."""
+    figures ("CONTACT 3% (floor 48%)"); empty: it passes. ``sparse``: the model's counts on
+    the category probe, for the categories the probe notes hold too few words of."""
     out: list[str] = []
-    for cat, base_recall in sorted(base.recall.items()):
+    for cat in sorted({*base.recall, *base.sparse_recall}):
         hit, total = recall.get(cat, (0, 0))
+        base_recall = base.recall.get(cat, 0.0)
         if total < MIN_CATEGORY_TOKENS:
-            continue
+            if sparse is None or cat not in base.sparse_recall:
+                continue
+            hit, total = sparse.get(cat, (0, 0))
+            base_recall = base.sparse_recall[cat]
+            if total < MIN_CATEGORY_TOKENS:
+                continue
         floor = RECALL_SHARE * base_recall
+        if floor * total < MIN_FLOOR_TOKENS:
+            continue
         if hit / total < floor:
             out.append(f"{cat} {hit / total:.0%} (floor {floor:.0%})")
     kept_floor = KEPT_SHARE * base.kept

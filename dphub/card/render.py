@@ -31,7 +31,7 @@ from dphub.cards import asset
 from dphub.errors import CardError
 from dphub.io import atomic_write_text
 from dphub.labels import SCHEMAS
-from dphub.privacy.statement import NOT_COVERED, WEAK_EPSILON, privacy_statement
+from dphub.privacy.statement import NOT_COVERED, WEAK_EPSILON, format_epsilon, privacy_statement
 
 # --------------------------------------------------------------------------- rendering
 
@@ -444,7 +444,7 @@ def _body(meta: Mapping[str, Any]) -> str:
     labels = labels_of(data.get("label_schema")) or list(data.get("phi_per_category") or [])
     if dp.get("private"):
         headline = (
-            f", with differential privacy at ε = {_fmt(dp.get('epsilon'))}, "
+            f", with differential privacy at ε = {format_epsilon(dp.get('epsilon'))}, "
             f"δ = {_fmt(dp.get('delta'))} per *{dp.get('privacy_unit', '?')}*"
         ) + _weak_headline(dp.get("epsilon"))
     elif dp.get("local_only"):
@@ -500,7 +500,7 @@ def _lineage_title(e: Mapping[str, Any]) -> str:
 def _lineage_rows(dp: Mapping[str, Any]) -> str:
     rows = [
         f"| {_lineage_title(e)} | {_fmt(e.get('repo'))}@{_fmt(e.get('revision'))} "
-        f"(ε = {_fmt(e.get('epsilon'))}, δ = {_fmt(e.get('delta'))}, "
+        f"(ε = {format_epsilon(e.get('epsilon'))}, δ = {_fmt(e.get('delta'))}, "
         f"unit {_fmt(e.get('privacy_unit'))}) |"
         for e in dp.get("lineage") or []
         if isinstance(e, dict)

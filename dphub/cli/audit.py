@@ -24,10 +24,11 @@ import typer
 
 from dphub import config as project
 from dphub.cli import train as T
-from dphub.cli.options import apply_threads, threads_option
+from dphub.cli.options import apply_threads, reads_notes, threads_option
 from dphub.errors import ConfigError
 
 
+@reads_notes
 def audit(
     data: Path | None = T.DATA_OPT,
     out: Path | None = T.OUT_OPT,
@@ -100,10 +101,11 @@ def audit(
     It is a LOWER bound, not a proof: a sanity check of the mechanism; the proven ε is the
     guarantee.
     """
-    apply_threads(threads)
     flags = {k: v for k, v in locals().items() if k not in (
         "method", "canaries", "canary_notes", "canary_kind", "canary_note_chars", "candidates",
         "confidence", "abstain", "threads", "allow_above_policy")}
+    T.early_output_check(out, project.load_project_config(), force=force)  # before torch
+    apply_threads(threads)
     from dphub import audit as auditing
 
     try:

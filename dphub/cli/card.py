@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from dphub.errors import CardError
+from dphub.privacy.statement import format_epsilon
 
 card_app = typer.Typer(
     name="card",
@@ -83,7 +84,7 @@ def show(
     table.add_column("field", style="bold")
     table.add_column("value")
     for key, value in summary.items():
-        table.add_row(key, _fmt(value))
+        table.add_row(key, format_epsilon(value) if key == "epsilon" else _fmt(value))
     console = Console(highlight=False, soft_wrap=True)
     console.print(table)
     heading = "PRIVACY" if card.private else (
@@ -114,7 +115,7 @@ def _print_audit(card: Any, console: Any) -> None:
     elif block.get("verdict") == "inconclusive":
         heading = "EMPIRICAL AUDIT: INCONCLUSIVE (it could not have failed at this ε)"
     console.print(f"\n[bold]{heading}[/bold]", markup=True)
-    typer.echo(f"proven ε = {_fmt(card.epsilon)}; audited lower bound "
+    typer.echo(f"proven ε = {format_epsilon(card.epsilon)}; audited lower bound "
                f"ε ≥ {_fmt(block.get('epsilon_lower_bound'))}")
     typer.echo(describe(block, markdown=False))
 
@@ -147,7 +148,7 @@ def validate(
     unchecked = _unchecked(card)
     s = dp_summary(card)
     if s["private"]:
-        what = f"private, epsilon={_fmt(s['epsilon'])}, delta={_fmt(s['delta'])}, unit={s['unit']}"
+        what = f"private, epsilon={format_epsilon(s['epsilon'])}, delta={_fmt(s['delta'])}, unit={s['unit']}"
     elif s["local_only"]:
         what = f"NOT PRIVATE, {LOCAL_ONLY_STATEMENT}"
     else:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dphub.cli.options import reads_notes
 from dphub.errors import ConfigError
 
 data_app = typer.Typer(
@@ -66,6 +67,7 @@ def synth(
 
 
 @data_app.command("split")
+@reads_notes
 def split(
     path: Path = typer.Argument(..., metavar="PATH", help="Corpus file or directory."),
     by: str = typer.Option("patient", "--by", help="Split unit: patient | note."),
@@ -100,6 +102,7 @@ def split(
 
 
 @data_app.command("stats")
+@reads_notes
 def stats(
     path: Path = typer.Argument(..., metavar="PATH", help="Corpus file or directory."),
     format: str | None = typer.Option(

@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dphub.cli.options import apply_threads, threads_option
-from dphub.errors import ConfigError
+from dphub.cli.options import apply_threads, reads_notes, threads_option
+from dphub.errors import ConfigError, InputError
 
 
 def _pct(x: float) -> str:
@@ -55,6 +55,7 @@ def print_result(result: dict[str, Any], console: Console, *, title: str = "eval
     )
 
 
+@reads_notes
 def evaluate_cmd(
     gold: Path = typer.Option(..., "--gold", help="Gold annotations (any supported format)."),
     pred: Path | None = typer.Option(
@@ -97,7 +98,7 @@ def evaluate_cmd(
 ) -> None:
     """Score predictions against gold: token-binary, entity, phrase recall, leaks, utility."""
     from dphub import formats
-    from dphub.evaluate import evaluate_spans, read_predictions
+    from dphub.evaluate import check_gold, evaluate_spans, looks_like_predictions, read_predictions
     from dphub.io import atomic_write_text
 
     if (pred is None) == (model is None):
@@ -105,7 +106,13 @@ def evaluate_cmd(
     if write_card and model is None:
         raise ConfigError("--write-card needs --model")
     apply_threads(threads)
+    if looks_like_predictions(gold):  # issue 56: say so, not "cannot detect the corpus format"
+        raise InputError(
+            f"{gold}: --gold holds a `dphub deid` output (predictions), not labelled "
+            f"notes{': are --gold and --pred swapped?' if pred is not None else ''}"
+        )
     gold_notes = list(formats.read(gold, format=gold_format))
+    check_gold(gold, gold_notes, pred=pred)
     if model is not None:
         from dphub.progress import ProgressReporter
         from dphub.tagger import Tagger

@@ -203,20 +203,21 @@ def superlink(
         help="Run only the app bundle with this SHA-256 (default: the one `dphub federate "
         "serve --server-dir` wrote last)."),
 ) -> None:
-    """Run the server: Flower's SuperLink on loopback behind a gate that serves SuperNodes
-    and, with the operator's token, flwr; only dphub's installed ServerApp runs, until
-    stopped."""
+    """Run the server: Flower's SuperLink on a Unix socket only this user can open, behind a
+    gate that serves SuperNodes and, with the operator's token, flwr; only dphub's installed
+    ServerApp runs, until stopped."""
     _need_flwr()
     from dphub.federate.superlink import plan_superlink, run_superlink
 
+    exe = _flower_command("flower-superlink")
     plan = plan_superlink(server_dir, address=address, certfile=certfile, keyfile=keyfile,
                           app_hash=app_hash)
-    exe = _flower_command("flower-superlink")
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(exe).parent), env.get("PATH", "")])
     typer.echo(f"superlink: gate on {address} (Fleet API; Control API with the operator "
-               f"token in {plan.server_dir}); Flower's SuperLink on {plan.internal}", err=True)
-    run_superlink(plan, exe, env=env)
+               f"token in {plan.server_dir}); Flower's SuperLink on {plan.internal} (this "
+               "user only)", err=True)
+    run_superlink(plan, env=env)
     typer.echo("stopped", err=True)
 
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from dphub import config
 from dphub.cli.options import FLOAT, positive_float
-from dphub.errors import ConfigError
+from dphub.errors import ConfigError, HubError
 
 if TYPE_CHECKING:  # the hub package loads the card schema: not for `dphub --help`
     from dphub.hub.common import RepoRevision
@@ -43,6 +43,13 @@ def _fmt(v: float | str | None, spec: str = ".3g") -> str:
     return "—" if v is None else format(v, spec)
 
 
+def _eps(v: float | None) -> str:
+    """An ε as every command shows it (3 significant digits, rounded up)."""
+    from dphub.privacy.statement import format_epsilon
+
+    return "—" if v is None else format_epsilon(v)
+
+
 UNVERIFIED = "unverified"
 
 
@@ -61,7 +68,7 @@ def _table(rows: list[RepoRevision], title: str, *, reasons: bool = False) -> Ta
         s = r.summary
         rev = r.revision[:12] + (f" ({', '.join(r.tags)})" if r.tags else "")
         if s.verified:
-            eps, delta, unit = _fmt(s.epsilon), _fmt(s.delta), s.unit or "—"
+            eps, delta, unit = _eps(s.epsilon), _fmt(s.delta), s.unit or "—"
         else:
             eps = delta = unit = UNVERIFIED
         cells = [r.repo, rev, eps, delta, unit, s.base_model or "—", ",".join(s.labels) or "—",
@@ -102,10 +109,14 @@ def publish_cmd(
         "maximum over every release the privacy ledger records (`dphub ledger show`); the "
         "card's own ε is still held to the policy.",
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Publish a new revision even when the repo's latest revision "
+        "already holds exactly these files (weights and card).",
+    ),
 ) -> None:
     """Check a model directory against the publish gate and push it as a new revision."""
     from dphub.hub.common import default_hub
-    from dphub.hub.ops import ledger_problem, publish
+    from dphub.hub.ops import ledger_problem, publish, unchanged_head
     from dphub.hub.policy import load_hub_policy
 
     if model_dir is None:
@@ -117,6 +128,11 @@ def publish_cmd(
         if not repo:
             raise ConfigError("no --repo given and no [hub] repo in dphub.toml")
     hub = resolve_hub(hub)
+    head = None if force else unchanged_head(model_dir, repo, hub=hub)
+    if head is not None:  # issue 56: not a second, identical revision
+        typer.echo(f"unchanged: {repo}@{head} already holds exactly these files (weights and "
+                   "card); nothing published (--force publishes a new revision anyway)")
+        return
     sha, s = publish(model_dir, repo, hub=hub, message=message, tag=tag,
                      allow_above_policy=allow_above_policy)
     spent = None if s.public or not allow_above_policy else ledger_problem(
@@ -124,7 +140,7 @@ def publish_cmd(
     if spent:
         typer.echo(f"warning: {spent}; published anyway (--allow-above-policy)", err=True)
     what = ("public synthetic data only, epsilon=0" if s.public
-            else f"epsilon={s.epsilon:.3g}, delta={s.delta:g}, unit={s.unit}")
+            else f"epsilon={_eps(s.epsilon)}, delta={s.delta:g}, unit={s.unit}")
     typer.echo(f"published {repo}@{sha} ({what})" + (f" tagged {tag}" if tag else ""))
 
 
@@ -151,8 +167,14 @@ def pull_cmd(
         max_epsilon = config.get(cfg, "hub", "max_epsilon")
     if require_unit is None:
         require_unit = config.get(cfg, "hub", "require_unit")
-    e = pull(spec, hub=resolve_hub(hub), max_epsilon=max_epsilon, require_unit=require_unit)
-    typer.echo(f"pulled {e.name}@{e.revision} (epsilon={_fmt(e.epsilon)}, delta={_fmt(e.delta)}, "
+    try:
+        e = pull(spec, hub=resolve_hub(hub), max_epsilon=max_epsilon, require_unit=require_unit)
+    except HubError as err:
+        if Path(spec).expanduser().is_dir():  # issue 56: a local model needs no pull
+            raise HubError(f"{err.message}; {spec} is a local model directory: use it as it is "
+                           f"(e.g. `dphub ensemble add {spec}`), no pull needed") from None
+        raise
+    typer.echo(f"pulled {e.name}@{e.revision} (epsilon={_eps(e.epsilon)}, delta={_fmt(e.delta)}, "
                f"unit={e.unit}) -> {e.path}")
 
 
@@ -211,7 +233,7 @@ def list_cmd(
         for col in ("repo", "revision", "ε", "δ", "unit", "hub", "path"):
             t.add_column(col, overflow="fold")
         for e in Registry().list():
-            t.add_row(e.name, e.revision[:12], _fmt(e.epsilon), _fmt(e.delta), e.unit or "—",
+            t.add_row(e.name, e.revision[:12], _eps(e.epsilon), _fmt(e.delta), e.unit or "—",
                       e.hub, str(e.path))
         _console().print(t)
         return

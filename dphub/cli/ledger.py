@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from dphub.cli.options import reads_notes
+from dphub.privacy.statement import format_epsilon
+
 if TYPE_CHECKING:
     from dphub.privacy.ledger import Spend
 
@@ -25,6 +28,7 @@ ledger_app = typer.Typer(
 
 
 @ledger_app.command("show")
+@reads_notes
 def show(
     data: Path | None = typer.Argument(
         None, metavar="[DATA]", show_default="every dataset recorded",
@@ -54,7 +58,7 @@ def show(
                 parents = f", {how} {','.join(p[:12] for p in rec.parents)}"
             group = f" (≤ {rec.group_size} per patient)" if (
                 rec.privacy_unit not in (L.PATIENT_UNIT,) and rec.group_size) else ""
-            typer.echo(f"  {rec.release[:12]}  {rec.kind:<15} ε = {rec.epsilon:.4g}, "
+            typer.echo(f"  {rec.release[:12]}  {rec.kind:<15} ε = {format_epsilon(rec.epsilon)}, "
                        f"δ = {rec.delta:.2g}, unit {rec.privacy_unit}{group}, "
                        f"{shared.describe(s.footprint)}{parents}")
         typer.echo(_total_line(s.spend))
@@ -69,13 +73,13 @@ def _total_line(spend: Spend) -> str:
         lines.append(f"  spent per patient: NOT BOUNDED ({len(spend.unbounded)} {units}-level "
                      "release(s): group size unknown, or too large for group privacy)")
         if spend.total is not None:
-            lines.append(f"  the patient-level releases alone: ε = {spend.total.epsilon:.4g}, "
+            lines.append(f"  the patient-level releases alone: ε = {format_epsilon(spend.total.epsilon)}, "
                          f"δ = {spend.total.delta:.2g}")
     elif spend.total is not None:
         t = spend.total
-        lines.append(f"  spent: ε = {t.epsilon:.4g}, δ = {t.delta:.2g} per patient "
+        lines.append(f"  spent: ε = {format_epsilon(t.epsilon)}, δ = {t.delta:.2g} per patient "
                      f"({t.method} composition of {len(spend.parts)} release(s); basic sum "
-                     f"ε = {t.basic_epsilon:.4g})")
+                     f"ε = {format_epsilon(t.basic_epsilon)})")
     elif not spend.metric:
         lines.append("  no release used these patients")
     if spend.metric:

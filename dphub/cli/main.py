@@ -79,7 +79,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     # Plain help text: rich markup would eat literal brackets such as `org/name[@revision]`.
     rich_markup_mode=None,
+    # `-h` as well as `--help`, on every command (click passes it down to sub-contexts).
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+# Typer escapes the "[default: ...]" of every option for rich's HTML export whenever rich is
+# installed, even with rich_markup_mode=None, so plain help showed "\[default: ...]". Plain help
+# is what we render: tell Typer's help builder that rich is not in use (its only other uses are the
+# rich renderers, which rich_markup_mode=None already bypasses).
+typer.core.HAS_RICH = False
 
 
 def _version(value: bool) -> None:

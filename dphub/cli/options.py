@@ -9,14 +9,17 @@ such values at parse time, as a usage error (exit 2).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 
-__all__ = ["FLOAT", "MAX_THREADS", "apply_threads", "finite_float", "threads_option"]
+__all__ = ["FLOAT", "MAX_THREADS", "apply_threads", "finite_float", "reads_notes",
+           "threads_option"]
 
 #: metavar of the options parsed by :func:`finite_float`
 FLOAT = "<float>"
@@ -90,3 +93,51 @@ def apply_threads(threads: int | None) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The reading options every command that reads notes takes (issue 56), as (parameter, option).
+_READING_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("encoding", typer.Option(
+        None, "--encoding", metavar="CODEC", show_default="utf-8",
+        help="Text encoding of the notes (e.g. cp1252, latin-1); a note that does not decode "
+             "is refused with its file and line.")),
+    ("text_column", typer.Option(
+        None, "--text-column", metavar="NAME", show_default="text, note_text, TEXT ...",
+        help="CSV/TSV input: the column holding the note text.")),
+    ("id_column", typer.Option(
+        None, "--id-column", metavar="NAME", show_default="id, note_id, row_id ..., else the "
+        "record number", help="CSV/TSV input: the column holding the note id.")),
+    ("patient_column", typer.Option(
+        None, "--patient-column", metavar="NAME", show_default="patient_id, subject_id, "
+        "person_id ..., else none", help="CSV/TSV input: the column holding the patient id.")),
+)
+
+
+def reads_notes(func: F) -> F:
+    """Give a command that reads notes ``--encoding`` and the CSV column options, in force (see
+    :func:`dphub.formats.reading`) while it runs.
+
+    Why a decorator: the options must reach every reader behind a dozen commands (train, deid,
+    evaluate, data ...) through layers that pass only a path and a format; declaring them once
+    keeps their names, help and behaviour the same everywhere.
+    """
+    sig = inspect.signature(func)
+    names = [name for name, _ in _READING_OPTIONS]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from dphub.formats import reading
+
+        settings = {name: kwargs.pop(name, None) for name in names}
+        with reading(**settings):
+            return func(*args, **kwargs)
+
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                               annotation=str | None) for name, option in _READING_OPTIONS]
+    wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[*sig.parameters.values(), *extra])
+    wrapper.__annotations__ = {**getattr(func, "__annotations__", {}),
+                               **dict.fromkeys(names, str | None)}
+    return wrapper  # type: ignore[return-value]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from dphub.cli.options import reads_notes
 from dphub.errors import ConfigError
 
 
@@ -24,6 +25,7 @@ def _need_extra() -> None:
             from None
 
 
+@reads_notes
 def review_cmd(
     run_dir: Path = typer.Argument(..., metavar="DIR",
                                    help="The --out DIR of a finished `dphub ensemble deid`."),
@@ -42,6 +44,18 @@ def review_cmd(
                              help="Port on 127.0.0.1 (0: a free one)."),
     fmt: str | None = typer.Option(None, "--format", show_default="the run's, else detected",
                                       help="The notes' format, if not detected."),
+    safe_words: Path | None = typer.Option(
+        None, "--safe-words", metavar="FILE",
+        show_default="site-safe-words.json beside the ensemble manifest, when it exists",
+        help="Record the hidden words a reviewer rejects here: site-local safe words for the "
+             "inverse rule (JSON, 0600, never published; apply them with `dphub ensemble deid "
+             "--safe-words FILE`; docs/review.md)."),
+    no_safe_words: bool = typer.Option(False, "--no-safe-words",
+                                       help="Record no site-local safe words."),
+    manifest_path: Path = typer.Option(
+        Path("dphub-ensemble.toml"), "--ensemble", "--manifest", "-e", envvar="DPHUB_ENSEMBLE",
+        show_default="dphub-ensemble.toml in the working directory",
+        help="The ensemble manifest beside which site-local safe words are kept."),
 ) -> None:
     """See what a run hid and correct it: a page on 127.0.0.1 (or one HTML file)."""
     _need_extra()
@@ -68,14 +82,41 @@ def review_cmd(
         return
     path = check_corrections_path(
         corrections or default_corrections_path(run_dir, review.run_id), run_dir, inputs)
+    site = _safe_words_path(safe_words, no_safe_words, manifest_path, run_dir, inputs)
+    from dphub.review.corrections import unwritable
     from dphub.review.server import bind_loopback, make_app, new_token, serve, url
+
+    why = unwritable(path)
+    if why is not None:  # the page says so too, at its top: reading works, correcting does not
+        typer.echo(f"warning: corrections cannot be saved to {path} ({why}): the page is "
+                   "read-only; give --corrections FILE where you can write", err=True)
 
     token = new_token()
     sock = bind_loopback(port)
     typer.echo(f"review page of {run_dir} ({len(review.notes)} notes), on this machine only:")
     typer.echo(f"  {url(sock, token)}")
     typer.echo(f"corrections are saved to {path}; Ctrl-C stops the server", err=True)
-    serve(make_app(review, path, token), sock)
+    if site is not None:
+        typer.echo(f"rejected words are recorded as site-local safe words in {site} (never "
+                   f"published; apply: dphub ensemble deid --safe-words {site})", err=True)
+    serve(make_app(review, path, token, safe_words=site), sock)
+
+
+def _safe_words_path(given: Path | None, off: bool, manifest_path: Path, run_dir: Path,
+                     inputs: list[Path]) -> Path | None:
+    """Where rejections are recorded: ``--safe-words``, else beside an existing manifest (said
+    on stderr), else nowhere; ``--no-safe-words``: nowhere."""
+    from dphub.review.safe_words import check_safe_words_path, default_safe_words_path
+
+    if off:
+        if given is not None:
+            raise ConfigError("--safe-words and --no-safe-words exclude each other")
+        return None
+    if given is None:
+        if not manifest_path.expanduser().is_file():
+            return None
+        given = default_safe_words_path(manifest_path)
+    return check_safe_words_path(given, run_dir, inputs)
 
 
 def review_hub_cmd(

@@ -15,7 +15,14 @@ import typer
 
 from dphub import config as project
 from dphub.cli.hub import HUB_DEFAULT, HUB_HELP, resolve_hub
-from dphub.cli.options import FLOAT, apply_threads, finite_float, positive_float, threads_option
+from dphub.cli.options import (
+    FLOAT,
+    apply_threads,
+    finite_float,
+    positive_float,
+    reads_notes,
+    threads_option,
+)
 from dphub.errors import ConfigError
 
 #: (section, key) in dphub.toml for each TrainOptions field that the project file may set.
@@ -305,6 +312,7 @@ ALLOW_ABOVE_POLICY_OPT = typer.Option(
 )
 
 
+@reads_notes
 def train(
     data: Path | None = DATA_OPT,
     out: Path | None = OUT_OPT,
@@ -357,14 +365,16 @@ def train(
 
     Every option left out is taken from dphub.toml (run `dphub init`), else the default shown.
     """
-    from dphub import train as training
-    from dphub.hub.bases import pull_base_model
-
-    apply_threads(threads)
     flags = {k: v for k, v in locals().items()
              if k not in ("training", "threads", "audit", "hub", "pull_base_model",
                           "allow_above_policy")}
     cfg = project.load_project_config()
+    early_output_check(out, cfg, force=force)  # before torch is even imported
+    from dphub import train as training
+    from dphub.hub.bases import pull_base_model
+    from dphub.privacy.statement import format_epsilon
+
+    apply_threads(threads)
     opts = build_options(flags, cfg, resume=resume, no_dp=no_dp, force=force)
     pulled = pull_base_model(opts.base_model, hub=resolve_hub(hub))
     if pulled is not None:
@@ -387,13 +397,37 @@ def train(
         claim = float(dp.get("epsilon", result.epsilon))
         if dp.get("composition"):
             extra += (f"; composed with its --init-from model ({dp['composition']['method']}), "
-                      f"the card claims ε = {claim:.3f}, δ = {float(dp['delta']):.2g}")
+                      f"the card claims ε = {format_epsilon(claim)}, δ = {float(dp['delta']):.2g}")
         typer.echo(
-            f"wrote {result.out_dir}: ε = {result.epsilon:.3f}, δ = {result.delta:.2g}, "
+            f"wrote {result.out_dir}: ε = {format_epsilon(result.epsilon)}, δ = {result.delta:.2g}, "
             f"unit = {opts.privacy_unit}, {result.steps} steps, σ = {result.noise_multiplier:.3f}"
             f"{extra}"
         )
         _warn_above_policy(claim, opts.privacy_unit, cfg)
+
+
+def early_output_check(out: Path | None, cfg: dict[str, Any], *, force: bool) -> Path | None:
+    """Refuse an output directory that the run would refuse anyway, before anything slow
+    (importing torch, pulling a base, reading the notes: 8-10 s before the refusal); say where
+    the model goes when the path comes from dphub.toml. Returns the output path (None: none yet,
+    the library then says what is missing).
+
+    The library's :func:`dphub.train.check_output_dir` still runs in full (overlap with the data,
+    ``--force`` on a directory dphub did not write); this is the cheap part of it, repeated early.
+    """
+    path = out
+    if path is None:
+        value = project.get(cfg, *CONFIG_KEYS["out"])
+        path = project.project_path(cfg, str(value)) if value is not None else None
+        if path is not None:  # issue 56: not a silent ./model
+            typer.echo(f"output: {path} (dphub.toml [output] dir; --out to change)", err=True)
+    if path is None:
+        return None
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path}: exists and is not a directory; choose another --out")
+    if not force and path.is_dir() and any(path.iterdir()):
+        raise ConfigError(f"{path}: output directory exists and is not empty (use --force)")
+    return path
 
 
 def build_options(flags: dict[str, Any], cfg: dict[str, Any], **fixed: Any) -> Any:

@@ -147,8 +147,19 @@ class MergedSpan:
             "end": self.end,
             "label": self.label,
             "score": round(self.score, 6),
-            "voters": list(self.voters),
+            # "members", the word the CLI and the API use (audit.jsonl said "voters" before
+            # issue 56; readers accept both: see span_members)
+            "members": list(self.voters),
         }
+
+
+def span_members(record: Mapping[str, Any]) -> list[str]:
+    """The members of an audit span record: ``members``, or ``voters`` in runs written before
+    issue 56 (one name now, the old one still read)."""
+    found = record.get("members")
+    if found is None:
+        found = record.get("voters")
+    return [str(v) for v in found or ()]
 
 
 def _listed(names: Sequence[str], most: int = 8) -> str:

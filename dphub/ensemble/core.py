@@ -27,6 +27,7 @@ from dphub.ensemble.manifest import (
     weights_digest,
 )
 from dphub.ensemble.members import Member, ModelMember
+from dphub.ensemble.release_paths import Explanation
 from dphub.ensemble.words import snap_to_words, trim_spans, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
@@ -78,6 +79,9 @@ class NoteResult:
 
     merged: list[MergedSpan]
     by_member: dict[str, list[Span]] = field(default_factory=dict)
+    #: under a rule that explains itself (inverse): each kept word's release path and the words
+    #: the rule hid alone (:mod:`dphub.ensemble.release_paths`); None otherwise
+    why: Explanation | None = None
 
     @property
     def spans(self) -> list[Span]:
@@ -119,6 +123,16 @@ class Ensemble:
         models = {s.name: s.tag_threshold for s in self.slots if isinstance(s.member, ModelMember)}
         return self.rule.merge(note.text, by_member, models=models, vocabulary=self.vocabulary
                                if self.rule.uses_safe_vocabulary else None)
+
+    def combine_explained(self, note: Note, by_member: dict[str, list[Span]]
+                          ) -> tuple[list[MergedSpan], Explanation | None]:
+        """:meth:`combine` and, under a rule that explains itself (inverse), why each word was
+        kept or hidden (one pass: the same word table)."""
+        explain = getattr(self.rule, "explain", None)
+        if explain is None:
+            return self.combine(note, by_member), None
+        models = {s.name: s.tag_threshold for s in self.slots if isinstance(s.member, ModelMember)}
+        return explain(note.text, by_member, models=models, vocabulary=self.vocabulary)
 
     def member_spans(self, notes: Sequence[Note], *,
                      on_chunk: Callable[[int, int], None] | None = None
@@ -221,11 +235,12 @@ class Ensemble:
     def deid(self, notes: Sequence[Note], *,
              on_chunk: Callable[[int, int], None] | None = None) -> list[NoteResult]:
         """Merged spans per note; ``on_chunk`` as in :meth:`member_spans` (long notes)."""
-        return [
-            NoteResult(self.combine(note, by_member), by_member)
-            for note, by_member in zip(notes, self.member_spans(notes, on_chunk=on_chunk),
-                                       strict=True)
-        ]
+        out = []
+        for note, by_member in zip(notes, self.member_spans(notes, on_chunk=on_chunk),
+                                   strict=True):
+            merged, why = self.combine_explained(note, by_member)
+            out.append(NoteResult(merged, by_member, why))
+        return out
 
 
 def shared_encoder_groups(slots: Sequence[Slot]) -> dict[str, Any]:

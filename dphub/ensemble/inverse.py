@@ -88,13 +88,23 @@ import numpy as np
 from dphub.ensemble.aggregate import MergedSpan, aggregate
 from dphub.ensemble.measures import measurement_ranges, refused_numbers
 from dphub.ensemble.members import ModelMember
+from dphub.ensemble.release_paths import CODE as PATH_CODE
+from dphub.ensemble.release_paths import (
+    HIDDEN_CODE,
+    PATHS,
+    UNEXPLAINED,
+    UNEXPLAINED_CODE,
+    VOUCHES,
+    Explanation,
+    ReleasePath,
+)
 from dphub.ensemble.releases import shape_released
 from dphub.ensemble.words import LETTER_RUN, WORD_RE, joined_by_apostrophe
 from dphub.errors import ConfigError
 from dphub.labels import UNTYPED, category_of
 from dphub.notes import Note, Span
 from dphub.rules.lexicon import dictionaries
-from dphub.safe_vocab import SafeVocabulary, normalize_word
+from dphub.safe_vocab import SafeVocabulary, is_site_word, normalize_word
 from dphub.scores import LabelThresholds, TokenScores
 from dphub.textnorm import normalized_text
 
@@ -205,6 +215,15 @@ class InverseRule:
         """One note's merged spans (:func:`inverse_aggregate`)."""
         return inverse_aggregate(text, member_spans, self, vocabulary, models=models)
 
+    def explain(self, text: str, member_spans: Mapping[str, Sequence[Span]], *,
+                vocabulary: SafeVocabulary,
+                models: Mapping[str, float | LabelThresholds | None]
+                ) -> tuple[list[MergedSpan], Explanation]:
+        """:meth:`merge`'s spans and why (each kept word's release path, the words the rule hid
+        that no member flagged): one word table serves both."""
+        table = word_table(text, member_spans, vocabulary, models=models)
+        return hidden_spans(text, table, self), explanation(table, self)
+
     def __str__(self) -> str:
         tail = "" if self.named is None and self.sure is None else \
             f",{self.high if self.named is None else self.named:g}"
@@ -297,6 +316,49 @@ class WordTable:
     #: no context word (:data:`FUNCTION_WORDS`): with SURE and a model member they come back
     #: whatever P
     function: np.ndarray | None = None
+    #: which source vouched for a vouched word (an index into
+    #: :data:`dphub.ensemble.release_paths.VOUCHES`; -1: none), so each kept word can name its
+    #: release path (:meth:`release_paths`)
+    vouch: np.ndarray | None = None
+
+    def release_paths(self, low: float, high: float, named: float | None = None,
+                      sure: float | None = None) -> np.ndarray:
+        """Per word, the code of the path that let it back (an index into
+        :data:`dphub.ensemble.release_paths.PATHS`), ``HIDDEN_CODE`` for a hidden word and
+        ``UNEXPLAINED_CODE`` for a kept word no path accounts for (a bug the audit shows).
+
+        The conditions are those of :meth:`kept`, one path at a time, in the order of ``PATHS``;
+        which words are kept is :meth:`kept`'s answer, so the two never disagree on that.
+        """
+        keep = self.kept(low, high, named, sure)
+        codes = np.where(keep, UNEXPLAINED_CODE, HIDDEN_CODE).astype(np.int8)
+        none = np.zeros_like(self.safe)
+        signs = none if self.named is None or not self.model else self.named
+        unknown = (self.letters & ~self.safe & ~signs) if self.model else none
+        other = unknown if self.lower is None else unknown & self.lower
+        capitals = none if self.capitals is None else unknown & self.capitals
+        context = none if self.context is None or not self.model else self.context & ~signs
+        strict = high if named is None else min(named, high)
+        bar = np.where(signs, strict, high)
+        ladder = sure is not None and self.model and self.refused is not None
+        if ladder and self.strong is not None:
+            bar = np.where(signs & ~self.strong, max(strict, min(low, high)), bar)
+        vouch = np.full(len(self.safe), -1, dtype=np.int8) if self.vouch is None else self.vouch
+        vouched = (self.safe | self.measure) & (self.p < bar)
+        candidates: list[tuple[ReleasePath, np.ndarray]] = [
+            (path, vouched & (vouch == k)) for k, path in enumerate(VOUCHES)]
+        candidates += [
+            (ReleasePath.CONTEXT_WORD, context & (self.p < strict)),
+            (ReleasePath.UNKNOWN_LOWER, other & (self.p < low)),
+            (ReleasePath.CAPITALS, capitals & (self.p < min(low, strict))),
+        ]
+        if ladder:
+            if self.function is not None:
+                candidates.append((ReleasePath.CLOSED_CLASS, self.function))
+            candidates.append((ReleasePath.SURE, ~self.refused & (self.p < sure)))
+        for path, mask in candidates:
+            codes[keep & (codes == UNEXPLAINED_CODE) & mask] = PATH_CODE[path]
+        return codes
 
     def kept(self, low: float, high: float, named: float | None = None,
              sure: float | None = None) -> np.ndarray:
@@ -385,8 +447,11 @@ def word_table(
     ci = 0
     found = list(WORD_RE.finditer(text))
     shorthand = shorthand_letters(text)
-    released = context_released(text, found, vocab) | shape_released(
-        text, found, vocab, measures, NAME_CUES_BEFORE, NAME_CUES_AFTER)
+    signed, strong, placed = _signs(text, found, vocab)
+    by_context = context_released(text, found, vocab)
+    by_shape = shape_released(text, found, vocab, measures, NAME_CUES_BEFORE, NAME_CUES_AFTER)
+    by_site = site_released(found, vocab, placed)
+    vouch = np.full(len(found), -1, dtype=np.int8)  # which source vouched (release_paths.VOUCHES)
     for wi, m in enumerate(found):
         a, b = m.start(), m.end()
         while ci < len(cover) and cover[ci][1] <= a:
@@ -396,16 +461,25 @@ def word_table(
         word = m.group()
         if any(c.isdigit() for c in word):
             k = bisect.bisect_right(m_starts, a) - 1
-            rows.append((a, b, hit, p, False,
-                         k >= 0 and measures[k][0] <= a and b <= measures[k][1], False))
+            measure = k >= 0 and measures[k][0] <= a and b <= measures[k][1]
+            if measure:
+                vouch[wi] = PATH_CODE[ReleasePath.MEASUREMENT]
+            rows.append((a, b, hit, p, False, measure, False))
         else:
-            safe = (vocab.contains(word) or a in shorthand or wi in released
-                    or _clitic(text, found, wi, vocab) or _value_key(text, found, wi, measures))
-            rows.append((a, b, hit, p, safe, False, True))
+            source = (ReleasePath.VOCABULARY if vocab.contains(word)
+                      else ReleasePath.SHORTHAND if a in shorthand
+                      else ReleasePath.CONTEXT if wi in by_context
+                      else ReleasePath.SHAPE if wi in by_shape
+                      else ReleasePath.SITE_WORD if wi in by_site
+                      else ReleasePath.CLITIC if _clitic(text, found, wi, vocab)
+                      else ReleasePath.VALUE_KEY if _value_key(text, found, wi, measures)
+                      else None)
+            if source is not None:
+                vouch[wi] = PATH_CODE[source]
+            rows.append((a, b, hit, p, source is not None, False, True))
     cols = list(zip(*rows, strict=True)) if rows else [()] * 7
     blocked = np.zeros(len(found), dtype=bool)
     blocked[sorted(blocked_words(text, found, vocab))] = True
-    signed, strong = _signs(text, found, vocab)
     named = np.zeros(len(found), dtype=bool)
     named[sorted(signed)] = True
     strong_mask = np.zeros(len(found), dtype=bool)
@@ -424,7 +498,33 @@ def word_table(
                      np.array(cols[4], dtype=bool), np.array(cols[5], dtype=bool), flagged,
                      np.array(cols[6], dtype=bool), bool(models), blocked, named, context,
                      lower, capitals, sure_refused(text, found, vocab, strong), strong_mask,
-                     function)
+                     function, vouch)
+
+
+def site_released(words: Sequence[re.Match[str]], vocab: SafeVocabulary,
+                  placed: set[int]) -> set[int]:
+    """Indices of the words a site-local safe word vouches for (issue 54;
+    :attr:`dphub.safe_vocab.SafeVocabulary.site`): a vouched word then, released as a vocabulary
+    word is (no member flags it, every model's P below HIGH, not blocked) — but only when this
+    occurrence is written in lower-case letters as the file's word is
+    (:func:`dphub.safe_vocab.is_site_word`: never capitalised, a single letter, digits or a
+    shape), stands where no name stands (``placed``: every sign of :func:`name_signs` but the
+    lists: after a name cue or an initial, before a cue after a name, the other half of a name),
+    and the word is in neither the rule member's first-name and surname lists nor the
+    vocabulary's context words (names that are also words: ``smith``, ``rose``). The wider
+    census list of names-only-in-context (``monday``, a surname too) is left to the signs of
+    place, as the rule member itself reads it. A reviewer's "not PHI" then never lets back a
+    word written or placed as a name, nor one a model is sure of."""
+    if not vocab.site:
+        return set()
+    names = dictionaries().names
+    out: set[int] = set()
+    for i, m in enumerate(words):
+        w = m.group()
+        if (i not in placed and is_site_word(w) and w in vocab.site and w not in names
+                and not vocab.is_context(w)):
+            out.add(i)
+    return out
 
 
 def inverse_aggregate(
@@ -447,6 +547,18 @@ def hidden_spans(text: str, table: WordTable, rule: InverseRule) -> list[MergedS
     hidden = [MergedSpan(int(table.start[i]), int(table.end[i]), UNTYPED, float(table.p[i]), ())
               for i in np.flatnonzero(out)]
     return _join(text, sorted([*table.flags, *hidden], key=lambda s: (s.start, s.end)))
+
+
+def explanation(table: WordTable, rule: InverseRule) -> Explanation:
+    """Each kept word of ``table`` with its release path under ``rule``, and the words the
+    rule hid that no member flagged (:mod:`dphub.ensemble.release_paths`)."""
+    codes = table.release_paths(rule.low, rule.high, rule.named, rule.sure)
+    kept = tuple((int(table.start[i]), int(table.end[i]),
+                  UNEXPLAINED if codes[i] == UNEXPLAINED_CODE else PATHS[codes[i]].value)
+                 for i in np.flatnonzero(codes != HIDDEN_CODE))
+    hidden = tuple((int(table.start[i]), int(table.end[i]))
+                   for i in np.flatnonzero((codes == HIDDEN_CODE) & ~table.flagged))
+    return Explanation(kept, hidden)
 
 
 def _max_p(word_p: Sequence[tuple[int, int, float]], starts: Sequence[int], longest: int,
@@ -588,11 +700,13 @@ def context_released(text: str, words: Sequence[re.Match[str]], vocab: SafeVocab
 
 
 #: words that head an institution's or a street's name: the words before them are its name
-#: ("University Hospital", "Good Samaritan Medical Center", "Grace Church", "Main Street")
+#: ("University Hospital", "Good Samaritan Medical Center", "Grace Church", "Main Street"), and
+#: a company's suffix ("Acme Corp", issue 57; not "inc": in a note it says "increased")
 INSTITUTION_HEADS = frozenset("""
 hospital hospitals hosp clinic clinics center centre ctr cntr church chapel cathedral infirmary
 institute college university univ school academy sanatorium hospice street avenue ave road
 boulevard blvd lane parkway highway terrace
+corp corporation incorporated llc ltd
 """.split())  # noqa: SIM905 - a readable word block
 #: words that end an institution's name going back: the name starts after them
 _NAME_STOPS = frozenset("""
@@ -735,7 +849,11 @@ def strong_name_signs(text: str, words: Sequence[re.Match[str]],
     lists, after an initial, beside a cue that is no common word (a title, kin, a role, a place
     name's part, a professional suffix, a phone: every cue but :data:`COMMON_CUES`), and a
     capitalised word joined to such a capitalised one by a hyphen, spaces or an initial's
-    stop (``Xyz-Smith MD``, ``Xyz Zorbak`` after ``patient``): the other half of a name.
+    stop (``Xyz-Smith MD``, ``Xyz Zorbak`` after ``patient``): the other half of a name;
+    issue 57: one in capitals beside such a capitalised one on a line that is not in capitals
+    (``Dr. Xavier ZORBAK``), the lower-case half of a name split by a space (``Jo hnson``) and
+    an unknown or capitalised word after ``works for`` / ``employed by`` / ``retired from``
+    (:func:`_split_and_employer`).
 
     On the dev corpus's 95 training patients every PHI word a DP model gave P < 0.0005 with a
     sign of a name had a strong one (docs/recall_first.md)."""
@@ -752,21 +870,71 @@ _NAME_JOIN = re.compile(r"[-\u2010\u2011]|[ \t]+|\.[ \t]+")
 def _other_half(text: str, words: Sequence[re.Match[str]], i: int, j: int,
                 vocab: SafeVocabulary) -> bool:
     """Whether word ``j``, beside word ``i``, is the other half of its name: both capitalised
-    as names are (not in capitals: in a line of capitals a capital says nothing), ``j`` a
-    word of letters outside the vocabulary, joined by :data:`_NAME_JOIN`."""
+    as names are, or one of them in capitals on a line that is not (``Dr. Xavier ZORBAK``,
+    ``JOHN Zorbak, MD``, issue 57: in a line of capitals a capital says nothing), ``j`` a word
+    of letters outside the vocabulary, joined by :data:`_NAME_JOIN`."""
     a, b = (j, i) if j < i else (i, j)
     wj, wi = words[j].group(), words[i].group()
-    return (wj.isalpha() and all(w[:1].isupper() and not w.isupper() for w in (wi, wj))
-            and not vocab.contains(wj)
-            and _NAME_JOIN.fullmatch(text, words[a].end(), words[b].start()) is not None)
+    if not (wj.isalpha() and not vocab.contains(wj)
+            and _NAME_JOIN.fullmatch(text, words[a].end(), words[b].start()) is not None):
+        return False
+    if all(w[:1].isupper() and not w.isupper() for w in (wi, wj)):
+        return True
+    shouting = [w for w in (wi, wj) if w.isupper() and len(w) > 1]
+    return (len(shouting) == 1 and all(w[:1].isupper() for w in (wi, wj))
+            and _mixed_line(text, words[a].start()))
+
+
+def _mixed_line(text: str, at: int) -> bool:
+    """Whether the line holding offset ``at`` has a lower-case letter (no line of capitals)."""
+    start = text.rfind("\n", 0, at) + 1
+    end = text.find("\n", at)
+    return any(c.islower() for c in text[start:end if end >= 0 else len(text)])
+
+
+#: a name broken by a space (issue 57, ``Jo hnson``): a capitalised word outside the vocabulary
+#: (or in the name lists), one space or tab, then a lower-case word of letters outside it
+_SPLIT_GAP = re.compile(r"[ \t]")
+#: the verbs and nouns of employment: the word after ``works for``, ``employed by``, ``retired
+#: from`` names an employer (issue 57: a company's name in lower case)
+_EMPLOYER_VERBS = frozenset("""
+work works worked working employed employee employer job retired retiring contractor
+""".split())  # noqa: SIM905 - a readable word block
+_EMPLOYER_LINKS = frozenset(("for", "at", "by", "with", "from"))
+
+
+def _split_and_employer(text: str, words: Sequence[re.Match[str]], vocab: SafeVocabulary,
+                        strong: set[int]) -> set[int]:
+    """Strong signs of issue 57: the lower-case half of a name split by a space (``Jo
+    hnson``: the capitalised half outside the vocabulary or in the name lists, the lower-case
+    half outside the vocabulary; or the capitalised half with a strong sign: ``by Joh nson``)
+    and a word outside the vocabulary, or a capitalised one,
+    after ``works for`` / ``employed by`` / ``retired from`` (a company in lower case)."""
+    names = dictionaries().all_names
+    out: set[int] = set()
+    for i in range(1, len(words)):
+        w, prev = words[i].group(), words[i - 1].group()
+        pw = normalize_word(prev)
+        if (w.isalpha() and w.islower() and not vocab.contains(w)
+                and prev.isalpha() and prev[:1].isupper() and not prev.isupper()
+                and (not vocab.contains(prev) or pw in names or i - 1 in strong)
+                and _SPLIT_GAP.fullmatch(text, words[i - 1].end(), words[i].start())):
+            out.add(i)
+        if (i >= 2 and pw in _EMPLOYER_LINKS
+                and normalize_word(words[i - 2].group()) in _EMPLOYER_VERBS
+                and w.isalpha() and (not vocab.contains(w) or not w.islower())):
+            out.add(i)
+    return out
 
 
 def _signs(text: str, words: Sequence[re.Match[str]],
-           vocab: SafeVocabulary) -> tuple[set[int], set[int]]:
-    """(every sign of a name, the strong ones): :func:`name_signs`, :func:`strong_name_signs`."""
+           vocab: SafeVocabulary) -> tuple[set[int], set[int], set[int]]:
+    """(every sign of a name, the strong ones, the signs of its place: every sign but being in
+    the name lists): :func:`name_signs`, :func:`strong_name_signs`, :func:`site_released`."""
     names = dictionaries().all_names
     out: set[int] = set()
     strong: set[int] = set()
+    placed: set[int] = set()
     n = len(words)
     for i, m in enumerate(words):
         w = m.group()
@@ -775,6 +943,7 @@ def _signs(text: str, words: Sequence[re.Match[str]],
             before = text[text.rfind("\n", 0, m.start()) + 1:m.start()].rstrip()
             if before and before[-1] not in _SENTENCE_END:
                 out.add(i)
+                placed.add(i)
                 # strong inside a sentence, after a word or a comma (``patient Xyz``, ``Son,
                 # Ed``); after a sign (``BUN & Crea``, ``+Flatus``, ``~ Tmax``) it is weak
                 if letters and (before[-1].isalnum() or before[-1] in ",;"):
@@ -789,6 +958,12 @@ def _signs(text: str, words: Sequence[re.Match[str]],
         listed = normalize_word(w) in names and not vocab.is_context(w)
         if cue_before or initial or cue_after or listed:
             out.add(i)
+        # a site word in lower case is read as a lower-case context word is: a function word
+        # beside it (``on monday and``) is no sign of a name (:data:`WEAK_CUES`)
+        site = w.islower() and vocab.is_site(w)
+        if (initial or (cue_before and not (site and cue in WEAK_CUES))
+                or (cue_after and not (site and after in WEAK_CUES))):
+            placed.add(i)
         # an initial is strong in a name's case (``E SMITH``, ``J. Smith``; ``w good`` is
         # shorthand); a cue after is none before a number (``PA 27-41``: a pressure)
         named_case = w[:1].isupper() and words[i - 1].group().isupper() if i else False
@@ -807,7 +982,8 @@ def _signs(text: str, words: Sequence[re.Match[str]],
     # capitalised one with a strong sign (one step: a line in capitals is no chain of names)
     halves = {j for i in strong for j in (i - 1, i + 1)
               if 0 <= j < n and j not in strong and _other_half(text, words, i, j, vocab)}
-    return out | halves, strong | halves
+    halves |= _split_and_employer(text, words, vocab, strong | halves)
+    return out | halves, strong | halves, placed | halves
 
 
 #: between a single capital and the lower-case word or number after it: spaces, or a colon, an

@@ -60,7 +60,22 @@ Never a measurement, whatever the context (the guards apply to every pattern):
   or a date-shaped pair (``3/14 5``: what follows a date may be part of it); before a term with
   letters (``no O2``, ``her FiO2``) only the place, identifier and month words refuse;
   a value followed by an age word (``yo``, ``y/o``, ``year(s)``, ``yr``, ``old``) or a month name.
-  Ages are never released: no context reads ``yo``, ``year(s) old`` or ``age``.
+  Ages of 90 or more are never released; an age below 90 is no identifier under HIPAA's Safe
+  Harbor and comes back only through the age context of issue 57 (below).
+
+Issue 57, measurements read as a clinician writes them (``_issue57_ranges``): blood gases in any
+order and with any separator when a pH is in the chain (``7.38-33-169``, ``7.47,35,124,2,26,98%``;
+never with a date-shaped pair, a year or a part of four digits), a ventilator mode joined by a
+slash (``AC/800/10/40%``) or its setting before the next one's name (``psv 13/peep``), glued terms
+after a comma (``ac8,tv800``), a volume by a rate (``500x10``), a keyword's change (``PS from 15
+to 12``), a value after ``up to``/``down to`` that no day can be (above 31, or a decimal),
+weaning indices and scores (``RSBI 64``, ``NIF -30``), a name glued to its value by a dash
+(``HR- 75``, ``fio2-40%``) or a bracket (``Platelets low (55)``), pain scores after ``rated`` and
+before ``cp``/``headache`` (never after a preposition of time: ``on 8/10 cp``), device sizes
+(``#8 ett``), pulse grades (``3+/3+``), decades from 110 (``in 180s``), doses before their
+frequency (``25 qhs``), orientation (``a+ox3``), an ordinal degree (``1st degree``), a line's
+time stamp (``0730:``) and ages below 90 (``74 YR OLD``, ``83 yo``, ``age 67``). A ventilator
+pair of a date's shape alone (``PSV 12/10``) stays hidden.
 
 Ordinals (``2nd``, ``3rd``) stay hidden: ``the 3rd`` is a date as often as a step. Keywords that
 are also common words or abbreviations of a person or place (``pt``, ``st``, ``in``) are left out.
@@ -102,7 +117,10 @@ _DOSE = (r"mg|mcg|µg|ug|g|gm|gr|kg|lbs?|oz|ml|cc|l|dl|liters?|litres?|units?|iu
          # plurals and the shorthand of hand-written doses (``40mgs``, ``2 mics``, ``5 mcq``)
          r"mgs|mcgs|mcq|mcqs|mics?|ugs|mls|ccs|grams?|meqs|"
          r"capsules?|puffs?|drops?|sprays?|patch(?:es)?|amps?|vials?|bags?|doses?|gtts?|fr|french|"
-         r"gauge|ga|iv|ivp|po|pr|sq|sc|sl|im|ng|ngt|x")
+         r"gauge|ga|iv|ivp|po|pr|sq|sc|sl|im|ng|ngt|x|"
+         # issue 57: a dose before its frequency (``25 qhs``, ``6.25 tid``), a rate per hour or
+         # day written out (``20/hour``), a pressure's points (``5-15 points``)
+         r"qhs|qd|qod|bid|tid|qid|qam|qpm|prn|/hours?|/day|points?")
 _VITAL = (r"mm\s?hg|cm\s?h2o|bpm|breaths?/min|beats?/min|/min|%|°\s?[fc]?|degrees?|kcal|cal|cm|mm|"
           r"mm3|k/ul|secs?|seconds?")
 _DURATION = r"days?|weeks?|wks?|hours?|hrs?|minutes?|mins?|months?"
@@ -121,6 +139,8 @@ _KEYWORDS = (r"bp|blood\s+pressure|[sdm]?[an]?bp|sbp|dbp|abp|nbp|nibp|art\s+line
              r"mb|ef|cvp|map|pap|pas|pad|pcwp|wedge|ci|co|svr|icp|cpp|fio2|peep|ps|psv|tv|vt|"
              r"vte|mv|ve|pip|plateau|pplat|ipap|epap|cpap|etco2|uo|u/o|uop|urine\s+output|"
              r"i/o|intake|output|balance|los|gcs|rass|cam|braden|morse|"
+             # issue 57: weaning indices and scores (``RSBI 64``, ``NIF -30``, ``CIWA 12``)
+             r"rsbi|nif|mip|ciwa|nihss|sofa|apache(?:\s+ii)?|abgs?|vbgs?|"
              r"sr|sb|nsr|afib|af|paced|sinus\s+(?:rhythm|tach(?:ycardia)?|brady(?:cardia)?)")
 #: a few words between a keyword and its value (``HR in the 80s``, ``SBP low 90s``)
 _BETWEEN = (r"(?:\s*(?:of|was|is|are|were|=|:|~|>|<|>=|<=|approx\.?|about|around|at|in|the|"
@@ -129,14 +149,20 @@ _BETWEEN = (r"(?:\s*(?:of|was|is|are|were|=|:|~|>|<|>=|<=|approx\.?|about|around
             # a change of the value (``PS weaned from 16 to 14``, ``cvp has been 12``)
             r"increased|decreased|inc|dec|increasing|decreasing|weaned|titrated|changed|"
             r"dropped|drifted|rose|fell|went|been|has|had|now|getting|initially|currently|still|"
-            r"running)\b|\s*[=:~<>])*\s*")
+            r"running)\b|\s*[=:~<>(]|"
+            # issue 57: a dash glued to the name (``HR- 75``, ``peep-5``)
+            r"(?<=[a-z2])-(?=\s?\d))*\s*")
 #: a keyword's value: numbers, ranges of numbers, decades, joined by ``/`` (``120/80``,
 #: ``100-120/50-60s``, an ABG ``7.35/40/90``)
 _KW_NUM = rf"{_VALUE_BODY}(?:'?s)?"
+#: month names (as :data:`_MONTHS`, which is defined with the guards below)
+_MONTHS_AHEAD = (r"jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec|january|february|march|"
+                 r"april|june|july|august|september|october|november|december")
 _KW_RANGE = rf"{_KW_NUM}(?:\s?(?:-|to)\s?{_KW_NUM})?"
 _AFTER_KEYWORD = re.compile(
-    rf"(?<![\w])(?:{_KEYWORDS})(?:'?s)?{_BETWEEN}({_NOT_BEFORE}{_KW_RANGE}(?:/{_KW_RANGE}){{0,4}})"
-    rf"{_NOT_AFTER}", re.IGNORECASE)
+    rf"(?<![\w])(?:{_KEYWORDS})(?:'?s)?{_BETWEEN}((?:(?<=[a-z2]-)|{_NOT_BEFORE}){_KW_RANGE}(?:/{_KW_RANGE}){{0,4}})"
+    # issue 57: or the next value's name after a slash (``cr 1.9/bun 38``), never a month's
+    rf"(?:{_NOT_AFTER}|(?=/(?!(?:{_MONTHS_AHEAD})\b)[a-z]{{2,}}\b))", re.IGNORECASE)
 #: an arterial or venous blood gas without its name: a pH and two to four more values
 #: or any chain of three to six numbers joined by ``/`` with a decimal in it (ventilator
 #: settings ``500/14/5/0.5``): a date has no decimal point
@@ -152,9 +178,10 @@ _SETTINGS = re.compile(r"(?<![\w.,/:#'+-])(?=[\d/.%]*(?:%|(?<![\d.])\.\d))"
 #: 3/10``; ``R AC 11/17``, a line placed in the antecubital fossa on a date), whatever the mode
 _VENT = re.compile(
     r"(?<![\w/])(?P<mode>a/?c|simv|cmv|prvc|psv|cpap|bipap|ps|assist\s+control|(?:vent\s+)?settings?)"
-    r"(?:\s+(?:mode|of|at|on|now|is|was|=|:)\b|\s*[=:])*\s*"
+    r"(?:\s+(?:mode|of|at|on|now|is|was|=|:)\b|\s*[=:]|/(?=\d))*\s*"
     r"(?P<num>(?:\d{1,4}|\.\d{1,3})%?(?:\s?[/x*]\s?(?:\d{1,4}|\.\d{1,3})(?:%|\s?(?:peep|ps|p)\b)?){0,4})"
-    r"(?![\d/:]|[.-]\d|\w)", re.IGNORECASE)
+    # issue 57: a setting before the next one's name (``psv 13/peep``)
+    r"(?:(?=/(?:peep|ps|fio2|p)\b)|(?![\d/:]|[.-]\d|\w))", re.IGNORECASE)
 #: a date's shape after a ventilator mode: ``11/17``, ``11/17/05``
 _DATE_SHAPE = re.compile(r"\d{1,2}\s?[/-]\s?\d{1,2}(?:\s?[/-]\s?\d{2,4})?")
 #: a pressure or its range over another (``126-148/55-65``, ``150-160/80``, ``110/60s``) whose
@@ -206,9 +233,13 @@ _BALANCE = re.compile(r"(?:(?<=\s)|^)([+-]\s?\d{1,4}(?:\.\d{1,2})?)(?![\d/:.-]|\
                       re.MULTILINE)
 #: the pain scale: ``pain 3/10``, ``3/10 pain``
 _PAIN = re.compile(
-    r"(?:pain(?:\s+(?:score|scale|level))?\b[^\n\d]{0,12}?(?<![\w/#.-])(\d{1,2}(?:-\d{1,2})?/10)"
+    r"(?:(?:pain|rat(?:es|ed|ing))(?:\s+(?:score|scale|level))?\b[^\n\d]{0,12}?(?<![\w/#.-])(\d{1,2}(?:-\d{1,2})?/10)"
     r"(?![\d/]|[.-]\d))|(?:(?<![\w/#.-])(\d{1,2}(?:-\d{1,2})?/10)(?![\d/]|[.-]\d)"
-    r"\s*(?:pain|on\s+(?:the\s+)?pain))", re.IGNORECASE)
+    r"\s*(?:pain|on\s+(?:the\s+)?pain|c/?p|cpain|chest\s+pain|discomfort|h/?a|headache)\b)",
+    re.IGNORECASE)
+#: before a date: a preposition of time (``on 8/10 cp``)
+_TIME_PREPOSITION = re.compile(r"\b(?:on|since|until|till|from|by|of|before|after)[ \t]*$",
+                               re.IGNORECASE)
 #: a clock time: ``14:30``, ``4:30pm``, ``4pm``, ``@ 0400``, ``~ 1745``, ``0400 hrs``, a shift
 #: ``1900-0700`` (one end no year)
 _TIME = re.compile(
@@ -241,7 +272,9 @@ _GUARD_AFTER = re.compile(
 #: (``617- 555- 0143``), or followed by a group of digits as a phone's are (``617 555 0143``):
 #: part of a phone, date or code
 _CHAIN_BEFORE = re.compile(r"\d\s?[-/:.]\s?$")
-_CHAIN_AFTER = re.compile(r"\s?[-/:]\s?\d|[.,]\d|\s\d{3}[\s.-]\d|\s\d{4}(?!\d)")
+_CHAIN_AFTER = re.compile(r"\s?[-/:]\s?\d|[.,]\d|\s\d{3}[\s.-]\d|\s\d{4}(?!\d)"
+                          # issue 57: an area code in brackets before a phone's digits
+                          r"|\)\s?\d")
 #: two whole numbers that could be a month and a day
 _PAIR = re.compile(r"(?<![\d.])(?=(\d{1,2})'?s?\s?(?:/|-|to)\s?(\d{1,2})(?![\d.]))")
 _UNIT_NOW = re.compile(rf"\s?(?:{_DOSE}|{_VITAL})(?![a-z0-9])", re.IGNORECASE)
@@ -322,6 +355,123 @@ def _guard_words(text: str, start: int, end: int, *, term: bool = False) -> bool
     return bool(guard.search(before) or _GUARD_AFTER.match(text[end:end + 20]))
 
 
+# --- issue 57: measurements read as a clinician writes them -------------------------------------
+#: a blood gas in any order and with any separator (``7.38-33-169``, ``169-33-7.38-20--4``,
+#: ``abg 7.47,35,124,2,26,98%``): three to seven values joined by ``-``, ``/`` or ``,`` one of
+#: which is a pH (6.80 to 7.79 with two decimals); the others of at most three digits (a
+#: signed base excess ``--4``, a saturation ``98%``). No date has a two-decimal pH in it, no
+#: phone or ID such short parts; a chain with a year, a part of four digits or more, a phone's
+#: groups or two whole numbers that could be a month and a day is still refused
+#: (:func:`_gas_refused`)
+_GAS_VALUE = r"(?:-?\d{1,3}(?:\.\d{1,2})?%?)"
+_GAS_SEP = r"(?:--?|/|,[ \t]?)"
+_GAS_ANY = re.compile(
+    rf"(?:(?<=[A-Za-z]-)|(?<![\w.,/:#'+-]))(?=[^\s]*?(?<![\d.])(?:7\.[0-7]\d|6\.[89]\d)(?![\d.]))"
+    rf"{_GAS_VALUE}(?:{_GAS_SEP}{_GAS_VALUE}){{2,6}}(?![\w/:]|[.,-]\d)")
+#: an age below 90 (HIPAA's Safe Harbor names only ages over 89): a whole number of one or two
+#: digits before an age word (``74 YR OLD``, ``83 yo``, ``47yo``, ``78 y.o.``, ``47 y old``,
+#: ``74-year-old``) or after ``age``/``aged``; a number of 90 or more never comes back
+_AGE = re.compile(
+    r"(?<![\w.,/:#'+-])(?P<n>\d{1,2})(?P<glued>yo\b)?(?(glued)|(?=[ \t-]*(?:yo\b|y/o\b|y\.o\b|"
+    r"(?:yrs?|years?|y)[ \t-]*old\b)))", re.IGNORECASE)
+_AGE_AFTER_WORD = re.compile(r"\bage[d]?[ \t]*[:=]?[ \t]*(?P<n>\d{1,2})(?![\w/:]|[.,-]\d)",
+                             re.IGNORECASE)
+#: below this an age is no identifier (HIPAA Safe Harbor: ages over 89 are)
+AGE_PHI = 90
+#: a device's size after ``#`` before the device (``#8 ett``, ``#18 angio``, ``# 7.5 trach``)
+_DEVICE = re.compile(
+    r"(?<![\w#])#[ \t]?(?P<n>\d{1,2}(?:\.\d)?)(?=[ \t]*(?:fr|french|g|ga|gauge|ett|et|tube|"
+    r"trach|shiley|portex|ngt|ogt|foley|picc|iv|angio|cath|catheter|jp|ct|chest\s+tube|"
+    r"mac|miller|oett|nett|oral|nasal)\b)", re.IGNORECASE)
+#: a decade of values from 110 (``in 180s``, ``to 120's``): no age (``in her 100s`` is one),
+#: no day, no year (a year's decade has four digits)
+_HIGH_DECADE = re.compile(r"(?<![\w.,/:#'+-])(?:1[1-9]|2\d)0'?s(?![\w/:]|[.,-]\d)")
+#: a pulse or edema grade (``2+``, ``3+/3+``, ``2-3+``): a sign glued to one digit up to 4
+_GRADE = re.compile(r"(?<![\w.,/:#'+-])[0-4](?:-[0-4])?\+(?:/[0-4]\+)?(?![\w/:]|\d)")
+#: a tidal volume by a rate (``500x10``, ``800 x 12``): no date, phone or ID has this shape
+_TV_RATE = re.compile(r"(?<![\w.,/:#'+-])[2-9]\d\d[ \t]?[x*×][ \t]?\d{1,2}"
+                      r"(?![\w/:]|[.-]\d)", re.IGNORECASE)
+#: orientation (``a+ox3``, ``ox 4``) and an ordinal degree (``1st degree``, ``3rd deg``)
+_ORIENTED = re.compile(r"(?<![\w/#-])ox[ \t]?[0-4](?![\w/]|[.-]\d)"
+                       r"|(?<![\w.,/:#'+-])[1-3](?:st|nd|rd)(?=[ \t]+deg(?:ree)?s?\b)",
+                       re.IGNORECASE)
+#: a term of letters and digits after another and a comma (``ac8,tv800``)
+_GLUED_AFTER_COMMA = re.compile(r"(?<=[^\W_][\d%],)(?=[^\W_]*\d)(?=[^\W_]*[^\W\d_])[^\W_]+"
+                                r"(?![\w/]|[.,:-]\d)")
+#: a clock time heading a line or an entry (``0730:``, ``1530 -``): hours and minutes; a year's
+#: shape is refused (:func:`_year`)
+_STAMP = re.compile(r"(?:(?<=\n)|^)[ \t]*(?P<t>(?:[01]\d|2[0-3])[0-5]\d)"
+                    r"(?=[ \t]*:(?![ \t]?\d)|[ \t]+-[ \t]+\D)",
+                    re.MULTILINE)
+#: before a number: another number across a space, a dot, a bracket or a dash (a phone's groups)
+_GROUP_BEFORE = re.compile(r"\d[ \t.)-]{1,2}$")
+#: a fraction glued to its fluid (``1/2NS``)
+_FRACTION_GLUED = re.compile(r"(?<![\w.,/:#'+-])(?:1/2|1/4|3/4)(?:ns|nss|nl)\b", re.IGNORECASE)
+#: a change after a value's name (``PS from 15 to 12``, ``peep from 10 to 5``): a descending
+#: pair there is the change, not a month and a day
+_FROM_TO = re.compile(rf"(?<![\w])(?:{_KEYWORDS})(?:'?s)?[ \t]+(?:(?:was|were|is|been|has|had|"
+                      r"weaned|titrated|changed|decreased|increased|dropped|went|down|up)[ \t]+)*"
+                      rf"from[ \t]+(?P<a>{_VALUE_BODY})[ \t]+to[ \t]+(?P<b>{_VALUE_BODY})"
+                      r"(?![\w/:]|[.,-]\d)", re.IGNORECASE)
+#: a value after ``up to`` / ``down to`` / ``increased to``: only one that no day, month, age
+#: or short year can be (above 31, or with a decimal below 10); a keyword's own value is read
+#: by :data:`_AFTER_KEYWORD`
+_UP_DOWN = re.compile(r"\b(?:up|down|increased|decreased|weaned|titrated|dropped|came)[ \t]+to"
+                      r"[ \t]+(?P<n>\d{2,3}(?:'?s)?|\d\.\d{1,2})(?![\w/:]|[.,-]\d)", re.IGNORECASE)
+
+
+def _gas_refused(chain: str) -> bool:
+    """Whether a blood gas chain could still be a date, a phone or an ID: two whole numbers
+    joined by ``-`` or ``/`` that could be a month and a day (``7.40-12-10``), a year, four
+    digits or more."""
+    parts = re.findall(r"\d+(?:\.\d+)?", chain)
+    if any(len(p.split(".")[0]) >= 4 or _YEAR.fullmatch(p) for p in parts):
+        return True
+    wholes = re.findall(r"(?<![\d.])(\d{1,2})(?:-(?!-)|/)(\d{1,2})(?![\d.])", chain)
+    return any(1 <= int(a) <= 12 or (1 <= int(a) <= 31 and 1 <= int(b) <= 12) for a, b in wholes)
+
+
+def _issue57_ranges(text: str) -> list[tuple[int, int]]:
+    """The measurements of issue 57 (each pattern above says why it is no PHI); every one is
+    guarded as the others are (:func:`_guarded`: a place, ID, age or month word beside it, a
+    chain to a date or a phone)."""
+    out: list[tuple[int, int]] = []
+    for m in _GAS_ANY.finditer(text):
+        if not _gas_refused(m.group()) and not _guard_words(text, m.start(), m.end()):
+            out.append(m.span())
+    for pat in (_AGE, _AGE_AFTER_WORD):
+        for m in pat.finditer(text):
+            if int(m.group("n")) >= AGE_PHI or _CHAIN_BEFORE.search(
+                    text, max(0, m.start() - 3), m.start()):
+                continue
+            before = text[max(text.rfind("\n", 0, m.start()) + 1, m.start() - 30):m.start()]
+            if pat is _AGE and _GUARD_BEFORE_TERM.search(before):
+                continue  # ``rm 12 yo`` never; a month or a date before: part of it
+            out.append((m.start("n"), m.end() if pat is _AGE else m.end("n")))
+    for m in _DEVICE.finditer(text):
+        if not _guard_words(text, m.start(), m.end()):
+            out.append(m.span("n"))
+    for pat in (_HIGH_DECADE, _GRADE, _TV_RATE, _ORIENTED, _GLUED_AFTER_COMMA, _FRACTION_GLUED):
+        for m in pat.finditer(text):
+            if pat is _GLUED_AFTER_COMMA and not _glued_term(m.group()):
+                continue
+            if _GROUP_BEFORE.search(text, max(0, m.start() - 3), m.start()):
+                continue  # ``555 800x12``: a phone's digit group before it
+            if not _guarded(text, m.start(), m.end(), term=pat in (_ORIENTED, _GLUED_AFTER_COMMA)):
+                out.append(m.span())
+    for m in _STAMP.finditer(text):
+        if not _YEAR.fullmatch(m.group("t")):
+            out.append(m.span("t"))
+    for m in _FROM_TO.finditer(text):
+        if not _guarded(text, m.start("a"), m.end("b")):
+            out.extend((m.span("a"), m.span("b")))
+    for m in _UP_DOWN.finditer(text):
+        n = re.sub(r"'?[sS]$", "", m.group("n"))
+        if ("." in n or int(n) > 31) and not _guarded(text, m.start("n"), m.end("n")):
+            out.append(m.span("n"))
+    return out
+
+
 def measurement_ranges(text: str) -> list[tuple[int, int]]:
     """Character ranges ``[start, end)`` of the numbers of ``text`` read as measurements, read as
     the members read the note (:mod:`dphub.textnorm`: a zero-width space or a soft hyphen inside
@@ -348,8 +498,12 @@ def _ranges(text: str) -> list[tuple[int, int]]:
         out.append((m.start(1), m.end()))
     for m in _AFTER_KEYWORD.finditer(text):
         num = m.group(1)
-        if (_YEAR.fullmatch(num) or (_date_pair(num) and not _ascending(num))
-                or _guarded(text, m.start(1), m.end(1))):
+        # a name glued to its value by a dash (``fio2-40%``): the name's digit is no chain
+        glued = re.fullmatch(r"[A-Za-z]+\d?-", text[m.start():m.start(1)]) is not None
+        guarded = (_guard_words(text, m.start(1), m.end(1))
+                   or _CHAIN_AFTER.match(text, m.end(1)) is not None) if glued else \
+            _guarded(text, m.start(1), m.end(1))
+        if _YEAR.fullmatch(num) or (_date_pair(num) and not _ascending(num)) or guarded:
             continue
         out.append((m.start(1), m.end(1)))
     for m in _VENT.finditer(text):
@@ -393,10 +547,15 @@ def _ranges(text: str) -> list[tuple[int, int]]:
     for m in _BALANCE.finditer(text):
         if _guarded(text, m.start(1), m.end(1)):
             continue
+        if re.search(r"\d[ \t]*$", text[max(0, m.start(1) - 4):m.start(1)]):
+            continue  # ``555 - 1234``: a phone's or an ID's groups around a dash (issue 57)
         out.append((m.start(1), m.end(1)))
     for m in _PAIN.finditer(text):
         g = 1 if m.group(1) else 2
+        if _TIME_PREPOSITION.search(text, max(0, m.start(g) - 8), m.start(g)):
+            continue  # ``on 8/10 cp``: a date, then the pain
         out.append((m.start(g), m.end(g)))
+    out.extend(_issue57_ranges(text))
     return _merged(out)
 
 

@@ -8,8 +8,8 @@ shared secret, the Runtime API's task hand-out (``--superexec-auth-secret-file``
 API has no account authentication (OIDC is Flower's enterprise edition), so whoever reaches
 the port is the operator (issue 53).
 
-So ``dphub federate superlink`` keeps Flower's SuperLink on loopback and puts this gate on the
-public address. It terminates TLS with the server's certificate and forwards:
+So ``dphub federate superlink`` keeps Flower's SuperLink on a Unix socket only the server's
+user can open (:mod:`dphub.federate.unix_superlink`) and puts this gate on the public address. It terminates TLS with the server's certificate and forwards:
 
 * the Fleet API's routes (:data:`FLEET_ROUTES`, Flower's ``/v1/fleet/...``) to anyone: the
   SuperLink still checks each SuperNode's signed key behind it;
@@ -34,6 +34,7 @@ import re
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -83,8 +84,12 @@ def is_operator(request: Request, token: str) -> bool:
         given.strip().encode(), token.encode())
 
 
-def gate_app(upstream: str, token: str, upstream_ca: bytes) -> Starlette:
-    """The gate's ASGI app, forwarding to ``upstream`` (``https://127.0.0.1:PORT``) over TLS
+#: the name the SuperLink's loopback certificate is for (TLS over its Unix socket)
+UPSTREAM_URL = "https://127.0.0.1"
+
+
+def gate_app(upstream: Path, token: str, upstream_ca: bytes) -> Starlette:
+    """The gate's ASGI app, forwarding to the SuperLink's Unix socket ``upstream`` over TLS
     checked against the SuperLink's own loopback CA (``upstream_ca``, PEM)."""
     ctx = ssl.create_default_context(cadata=upstream_ca.decode("ascii"))
     state: dict[str, httpx.AsyncClient] = {}
@@ -92,7 +97,8 @@ def gate_app(upstream: str, token: str, upstream_ca: bytes) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state["client"] = httpx.AsyncClient(
-            base_url=upstream, verify=ctx, timeout=httpx.Timeout(30.0, read=None))
+            base_url=UPSTREAM_URL, timeout=httpx.Timeout(30.0, read=None),
+            transport=httpx.AsyncHTTPTransport(uds=str(upstream), verify=ctx))
         try:
             yield
         finally:

@@ -40,6 +40,7 @@ from dphub import card
 from dphub.errors import DphubError
 from dphub.privacy import accounting
 from dphub.privacy.federation import site_epsilon
+from dphub.train.options import default_delta
 
 #: Adam moves a coordinate by at most ≈ 3.2 × lr per step (default betas); 10 leaves margin for
 #: bias correction's first steps, and still bounds what one site can do to the average.
@@ -110,13 +111,25 @@ def _range(r: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
+def delta_cap(units_low: int, recipe_delta: float | None) -> float:
+    """The largest δ a site of the federation trains at: the recipe's δ when it sets one (a
+    site trains at no more), else ``min(1e-5, 1/(10 N))`` (:func:`default_delta`) at the
+    fewest units the site's range admits (the loosest δ of any N in it)."""
+    if recipe_delta is not None:
+        return float(recipe_delta)
+    return default_delta(max(1, units_low))
+
+
 def check_report(rep: Mapping[str, Any], *, privacy_unit: str, accountant: str,
                  label_schema: str, batch_size: int, max_steps: int,
-                 local_steps: int, target_epsilon: float | None = None) -> dict[str, Any]:
+                 local_steps: int, target_epsilon: float | None = None,
+                 recipe_delta: float | None = None) -> dict[str, Any]:
     """The report as a plain dict once every check passes (raises :class:`Rejected`).
 
     ``target_epsilon``: the federation's; a site never spends past it (it stops), so a report
-    above it is a lie that would reach the card."""
+    above it is a lie that would reach the card. ``recipe_delta``: the federation's δ (None:
+    the default); a report with a larger δ is refused the same way (:func:`delta_cap`): a
+    larger δ buys a smaller ε for the same noise, and the card would carry both."""
     rep = dict(rep)
     _schema_error(_REPORT, rep, "report")
     for k in ("sample_rate", "noise_multiplier", "delta", "epsilon"):
@@ -157,6 +170,9 @@ def check_report(rep: Mapping[str, Any], *, privacy_unit: str, accountant: str,
         raise Rejected("report: units disagree with sample_rate and the batch size")
     if float(rep["delta"]) > (1 / lo) * (1 + 1e-9):
         raise Rejected("report: delta exceeds 1/N")
+    if float(rep["delta"]) > delta_cap(lo, recipe_delta) * (1 + 1e-9):
+        raise Rejected("report: delta above the federation's cap (its recipe's delta, else "
+                       "min(1e-5, 1/(10 N)))")
     b_lo, b_hi = _range(rep["expected_batch"])
     if max(1, round(q * max(lo, n_lo))) > b_hi or max(1, round(q * min(hi, n_hi))) < b_lo:
         raise Rejected("report: expected_batch disagrees with sample_rate and units")

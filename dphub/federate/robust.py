@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from dphub.card.probe import probe_notes, token_recall
+from dphub.federate import reports
 from dphub.scores import spans_from_scores
 from dphub.tagger import Tagger
 
@@ -43,6 +44,25 @@ PROBE_MARGIN = 0.10
 PROBE_MIN_SITES = 3
 #: trimmed-mean: the share cut at each end, per coordinate; at least one per end from 3 sites on
 TRIM_PROPORTION = 0.2
+
+
+def card_block(aggregation: str, dropped_per_round: Sequence[int | None]) -> dict[str, Any]:
+    """The card's ``federation.robustness``: the server's defences as run (settings only) and
+    how many site replies it dropped in each round (None: not recorded, a resumed older
+    checkpoint). Each drop is decided from the sites' reports, their DP-trained weights and
+    the public probe notes: post-processing of what the guarantee covers, so its count is
+    inside it."""
+    block: dict[str, Any] = {
+        # multiples of lr x local steps (rule tensors: x rule_lr_scale), per tensor
+        "update_bounds": {"per_coordinate": reports.ADAM_STEP_BOUND,
+                          "rms": reports.ADAM_RMS_BOUND},
+        "norm_clipping": "median",
+        "probe_check": {"margin": PROBE_MARGIN, "min_sites": PROBE_MIN_SITES},
+        "dropped_per_round": list(dropped_per_round),
+    }
+    if aggregation == "trimmed-mean":
+        block["trim"] = {"proportion": TRIM_PROPORTION, "at_least_one_from_sites": 3}
+    return block
 
 
 def updates(trained: Sequence[Mapping[str, torch.Tensor]],

@@ -137,6 +137,9 @@ class FederationServer:
     round: int = 0
     sites: dict[str, dict[str, Any]] = field(default_factory=dict)
     bytes_per_round: list[int] = field(default_factory=list)
+    #: how many replies the server dropped in each round (None: resumed from a checkpoint that
+    #: did not record it); the card states it (robust.card_block)
+    dropped_per_round: list[int | None] = field(default_factory=list)
     #: site id -> the Flower node that first reported it, checkpointed: a resumed server keeps
     #: the bindings (a node cannot add a second id after a restart). Only when none of a
     #: resumed round's nodes is a known one (Flower numbered the nodes afresh: the simulation,
@@ -215,11 +218,18 @@ class FederationServer:
                                      batch_size=self.opts.batch_size,
                                      max_steps=self.cfg.rounds * self.cfg.local_steps,
                                      local_steps=self.cfg.local_steps,
-                                     target_epsilon=self.cfg.target_epsilon)
+                                     target_epsilon=self.cfg.target_epsilon,
+                                     recipe_delta=self.opts.delta)
             except reports.Rejected as e:
                 raise ConfigError(f"{d}: a site's recorded report is invalid ({e.message}); "
                                   "delete this --state-dir to start the federation again") from None
         self.bytes_per_round = raw.get("bytes_per_round", [])
+        drops = raw.get("dropped_per_round", [])
+        if not (isinstance(drops, list) and len(drops) <= rnd and all(
+                d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
+                for d in drops)):
+            raise ConfigError(f"{d}: the server's recorded drops are invalid; {again}")
+        self.dropped_per_round = [*drops, *[None] * (rnd - len(drops))]
         log.info("server: resumed after round %d", self.round)
 
     def _load_weights(self, path: Path, rounds: int) -> dict[str, torch.Tensor]:
@@ -271,7 +281,8 @@ class FederationServer:
                                                      for k, v in self.weights.items()}))
         atomic_write_text(d / SERVER_STATE, json.dumps({
             "fingerprint": self._fingerprint(), "round": self.round, "sites": self.sites,
-            "nodes": self.nodes, "bytes_per_round": self.bytes_per_round}, indent=2) + "\n")
+            "nodes": self.nodes, "bytes_per_round": self.bytes_per_round,
+            "dropped_per_round": self.dropped_per_round}, indent=2) + "\n")
 
     # ------------------------------------------------------------------ rounds
 
@@ -309,7 +320,8 @@ class FederationServer:
                     rep, privacy_unit=self.opts.privacy_unit, accountant=self.opts.accountant,
                     label_schema=self.opts.label_schema, batch_size=self.opts.batch_size,
                     max_steps=self.cfg.rounds * self.cfg.local_steps,
-                    local_steps=self.cfg.local_steps, target_epsilon=self.cfg.target_epsilon)
+                    local_steps=self.cfg.local_steps, target_epsilon=self.cfg.target_epsilon,
+                    recipe_delta=self.opts.delta)
                 sid = clean["site_id"]
                 self._check_identity(sid, node, ids[sid])
                 reports.check_continuity(clean, self.sites.get(sid))
@@ -334,6 +346,8 @@ class FederationServer:
         if trained:
             self.weights = self._combine(trained)
         self.round = rnd
+        drops = self.dropped_per_round[:rnd - 1]
+        self.dropped_per_round = [*drops, *[None] * (rnd - 1 - len(drops)), len(self.dropped)]
         self.checkpoint()
         return len(trained)
 
@@ -484,6 +498,8 @@ class FederationServer:
                 "assumption": ASSUMPTION,
                 "flwr_version": flwr_version,
                 "site_accounting": accounting_rows,
+                "robustness": robust.card_block(self.cfg.aggregation,
+                                                self.dropped_per_round[:self.round]),
             }
             dataset = merge_dataset_blocks(datasets)
             meta = card.card_meta(dp, dataset, base_model=src.base_public_id)

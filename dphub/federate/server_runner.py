@@ -16,9 +16,12 @@ installed :data:`dphub.federate.apps.server_app`.
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
+import httpx
 from flwr.common.config import get_fused_config_from_fab
 from flwr.common.constant import SubStatus
 from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
@@ -34,6 +37,7 @@ from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.grid import HttpGrid
 
+from dphub.errors import ConfigError
 from dphub.federate import apps
 from dphub.federate.site_runner import AppRefused, check_fab, poll_tasks
 
@@ -42,27 +46,52 @@ log = logging.getLogger(__name__)
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
 
 
-def _poll_client(address: str, secret: bytes, ca: bytes) -> RuntimeHttpClient:
+#: the host name in the SuperLink's loopback certificate (its TLS runs over the Unix socket)
+_TLS_NAME = "127.0.0.1"
+
+
+def over_socket(client: RuntimeHttpClient, path: Path, ca: bytes) -> RuntimeHttpClient:
+    """Make a Runtime API client of Flower's dial the SuperLink's Unix socket ``path``.
+
+    Flower's client takes an address only (``https://HOST:PORT``); its HTTP client is an
+    ``httpx.Client``, replaced here by one with a Unix-socket transport and the same TLS check
+    (the loopback CA, the name ``127.0.0.1``). A Flower whose client is built otherwise is
+    refused rather than left dialling TCP.
+    """
+    old = getattr(client, "_client", None)
+    if not isinstance(old, httpx.Client):
+        raise ConfigError("this Flower's Runtime API client cannot dial a Unix socket: "
+                          "install the Flower version dphub names (flwr 1.42)")
+    ctx = ssl.create_default_context(cadata=ca.decode("ascii"))
+    client._client = httpx.Client(  # noqa: SLF001 - see above
+        transport=httpx.HTTPTransport(uds=str(path), verify=ctx), timeout=old.timeout,
+        follow_redirects=True)
+    old.close()
+    return client
+
+
+def _poll_client(path: Path, secret: bytes, ca: bytes) -> RuntimeHttpClient:
     """The Runtime API client that asks for ServerApp tasks, signing with the shared secret."""
     retry = make_simple_http_retry_invoker()
     retry.max_tries = 1  # the polling loop retries itself (and notices a dead SuperLink)
-    return RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=False, root_certificates=ca,
+    return over_socket(RuntimeHttpClient.from_server_address(
+        server_address=_TLS_NAME, insecure=False, root_certificates=ca,
         interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec"),
                       SuperExecAuthHttpInterceptor(master_secret=secret,
                                                    protected_methods={ACQUIRE})],
-        retry_invoker=retry)
+        retry_invoker=retry), path, ca)
 
 
-def run_server_task(address: str, token: str, ca: bytes, *, app_hash: str | None = None) -> str:
+def run_server_task(path: Path, token: str, ca: bytes, *, app_hash: str | None = None) -> str:
     """One ServerApp task: check its bundle and run config, run dphub's installed ServerApp.
 
     Returns what happened (``completed``, ``refused: ...``, ``failed``) for the server's log.
     """
-    grid = HttpGrid(runtime_api_address=address, insecure=False, root_certificates=ca,
+    grid = HttpGrid(runtime_api_address=_TLS_NAME, insecure=False, root_certificates=ca,
                     token=token)
-    # Flower's own flwr-serverapp talks to the Runtime API through the grid's client too
-    client = grid._runtime_client  # noqa: SLF001
+    # Flower's own flwr-serverapp talks to the Runtime API through the grid's client too;
+    # made once here, and the grid keeps it (it reconnects only after close)
+    client = over_socket(grid._runtime_client, path, ca)  # noqa: SLF001
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
     heartbeat.start()
     context = None
@@ -104,12 +133,12 @@ def run_server_task(address: str, token: str, ca: bytes, *, app_hash: str | None
     return outcome
 
 
-def serve_server_tasks(address: str, stop: threading.Event, *, secret: bytes, ca: bytes,
+def serve_server_tasks(path: Path, stop: threading.Event, *, secret: bytes, ca: bytes,
                        app_hash: Callable[[], str | None] = lambda: None,
                        alive: Callable[[], bool] = lambda: True, poll: float = 1.0) -> None:
     """Take the SuperLink's ServerApp tasks, one at a time, until ``stop`` is set; each run's
     bundle must have the hash ``app_hash()`` gives at that moment (when it gives one)."""
-    poll_tasks(_poll_client(address, secret, ca), TaskType.SERVER_APP.value,
-               lambda token: run_server_task(address, token, ca, app_hash=app_hash()), stop,
+    poll_tasks(_poll_client(path, secret, ca), TaskType.SERVER_APP.value,
+               lambda token: run_server_task(path, token, ca, app_hash=app_hash()), stop,
                alive=alive, gone="the SuperLink stopped (see its log above)", poll=poll,
                who="server")

@@ -4,9 +4,11 @@ Flower 1.42's open-source SuperLink gives whoever reaches its port the operator'
 Control API has no account authentication) and, by default, runs whatever ServerApp a run
 submits. This command sets the SuperLink up so that neither holds:
 
-* Flower's SuperLink listens on **loopback only** (a free port of ``127.0.0.1``), with TLS on a
-  certificate this command makes for ``127.0.0.1`` (Flower requires TLS for
-  ``--enable-supernode-auth``), only registered SuperNodes, no dependency installation,
+* Flower's SuperLink listens on **a Unix socket only** (:mod:`dphub.federate.unix_superlink`),
+  in a directory of the server's user made 0700, so no other local user can connect to it (on
+  TCP loopback any local user was the operator); with TLS on a certificate this command makes
+  for ``127.0.0.1`` (Flower requires TLS for ``--enable-supernode-auth``), only registered
+  SuperNodes, no dependency installation,
   ``--isolation process`` (it starts no app process of its own) and
   ``--superexec-auth-secret-file`` (only a holder of the secret takes ServerApp tasks);
 * the **gate** (:mod:`dphub.federate.gate`) serves the public ``--host``/``--port`` with the
@@ -30,6 +32,8 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,10 +141,33 @@ def loopback_certificates(server_dir: Path) -> tuple[Path, Path, Path]:
     return ca_p, cert_p, key_p
 
 
-def _free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: a Unix socket's path is at most 107 bytes on Linux
+_MAX_SOCKET_PATH = 100
+SOCKET_NAME = "superlink.sock"
+
+
+def socket_dir() -> Path:
+    """A fresh directory for the SuperLink's socket: made by this user, 0700 (``mkdtemp``,
+    atomic in the sticky temp directory), so the kernel lets no other uid reach the socket."""
+    for parent in dict.fromkeys([tempfile.gettempdir(), "/tmp"]):  # noqa: S108 - mkdtemp
+        d = Path(tempfile.mkdtemp(prefix="dphub-superlink-", dir=parent))
+        if len(os.fsencode(d / SOCKET_NAME)) <= _MAX_SOCKET_PATH:
+            break
+        os.rmdir(d)  # a long TMPDIR: the system's /tmp instead
+    else:
+        raise ConfigError(f"{d}: too long a path for a Unix socket (set TMPDIR shorter)")
+    st = d.stat()
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ConfigError(f"{d}: the SuperLink's socket directory is not private")
+    return d
+
+
+def _hold_loopback_port() -> socket.socket:
+    """A loopback port held bound (no ``SO_REUSEADDR``, not listening): given to Flower as its
+    ``--port``, so that a Flower that bound TCP after all could not (fail-closed)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 @dataclass
@@ -156,11 +183,12 @@ class SuperLinkPlan:
     token: str
     secret_file: Path
     loopback: tuple[Path, Path, Path]
-    internal_port: int
+    socket_dir: Path
 
     @property
-    def internal(self) -> str:
-        return f"127.0.0.1:{self.internal_port}"
+    def internal(self) -> Path:
+        """The SuperLink's Unix socket (only this user can connect)."""
+        return self.socket_dir / SOCKET_NAME
 
 
 def plan_superlink(server_dir: Path, *, address: str, certfile: Path, keyfile: Path,
@@ -189,24 +217,39 @@ def plan_superlink(server_dir: Path, *, address: str, certfile: Path, keyfile: P
                          certfile=Path(certfile).resolve(), keyfile=Path(keyfile).resolve(),
                          app_hash=app_hash, token=token, secret_file=(d / SUPEREXEC_SECRET)
                          .resolve(), loopback=loopback_certificates(d),
-                         internal_port=_free_loopback_port())
+                         socket_dir=socket_dir())
 
 
-def superlink_argv(plan: SuperLinkPlan, exe: str = "flower-superlink") -> list[str]:
-    """Flower's SuperLink as this command runs it: loopback, TLS, registered SuperNodes only,
-    no app process of Flower's, the Runtime API's task hand-out behind the shared secret."""
+def superlink_argv(plan: SuperLinkPlan, held_port: int,
+                   python: str = sys.executable) -> list[str]:
+    """Flower's SuperLink as this command runs it: on the private Unix socket (``held_port`` is
+    a port this process holds, see :func:`_hold_loopback_port`), TLS, registered SuperNodes
+    only, no app process of Flower's, the Runtime API's task hand-out behind the shared
+    secret."""
     ca, cert, key = plan.loopback
-    return [exe, "--host", "127.0.0.1", "--port", str(plan.internal_port),
+    return [python, "-m", "dphub.federate.unix_superlink", "--uds", str(plan.internal), "--",
+            "--host", "127.0.0.1", "--port", str(held_port),
             "--enable-supernode-auth", "--disable-runtime-dependency-installation",
             "--isolation", "process", "--superexec-auth-secret-file", str(plan.secret_file),
             "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+
+
+def _remove_socket_dir(plan: SuperLinkPlan) -> None:
+    import shutil
+
+    shutil.rmtree(plan.socket_dir, ignore_errors=True)
 
 
 class _Stopped(Exception):
     """SIGTERM/SIGINT reached `superlink`."""
 
 
-def run_superlink(plan: SuperLinkPlan, exe: str, *, env: dict[str, str] | None = None) -> None:
+#: Flower's switches for its legacy gRPC servers (TCP): never on here
+_FLOWER_GRPC_SWITCHES = ("FLWR_INTERNAL_GRPC_CONTROL_API", "FLWR_INTERNAL_GRPC_FLEET_API")
+
+
+def run_superlink(plan: SuperLinkPlan, *, env: dict[str, str] | None = None,
+                  python: str = sys.executable) -> None:
     """Run the SuperLink (a child), its ServerApp tasks (a thread) and the gate (here) until
     SIGTERM/SIGINT; a SuperLink that exits on its own ends the command with one line."""
     import uvicorn  # comes with Flower (dphub[federate])
@@ -217,10 +260,18 @@ def run_superlink(plan: SuperLinkPlan, exe: str, *, env: dict[str, str] | None =
     secret = plan.secret_file.read_bytes()
     stop = threading.Event()
     failed: list[str] = []
-    child = subprocess.Popen(superlink_argv(plan, exe), env=env, start_new_session=True,
-                             preexec_fn=_die_with_parent)
+    env = {k: v for k, v in (os.environ if env is None else env).items()
+           if k not in _FLOWER_GRPC_SWITCHES}
+    held = _hold_loopback_port()
+    try:
+        child = subprocess.Popen(superlink_argv(plan, held.getsockname()[1], python), env=env,
+                                 start_new_session=True, preexec_fn=_die_with_parent)
+    except BaseException:
+        held.close()
+        _remove_socket_dir(plan)
+        raise
     config = uvicorn.Config(
-        gate.gate_app(f"https://{plan.internal}", plan.token, ca_pem), host=plan.host,
+        gate.gate_app(plan.internal, plan.token, ca_pem), host=plan.host,
         port=plan.port, ssl_certfile=str(plan.certfile), ssl_keyfile=str(plan.keyfile),
         log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)
@@ -254,5 +305,7 @@ def run_superlink(plan: SuperLinkPlan, exe: str, *, env: dict[str, str] | None =
         stop.set()
         _stop_group(child)
         runner.join(timeout=10)
+        held.close()
+        _remove_socket_dir(plan)
     if failed:
         raise ConfigError(failed[0])

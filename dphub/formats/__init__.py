@@ -9,7 +9,7 @@
     formats.count("notes/", format="text")
 
 Formats (one module each, registered in :data:`FORMATS`): ``physionet``, ``deidpl``, ``i2b2``,
-``brat``, ``jsonl``, ``conll``, ``text``; each module's docstring defines its layout. Adding a
+``brat``, ``jsonl``, ``conll``, ``csv``, ``text``; each module's docstring defines its layout. Adding a
 format is one module exposing a :class:`FormatSpec` and one entry in ``_SPECS`` below.
 
 Contract of every reader: notes come out lazily (JSONL, CoNLL and PhysioNet records are streamed
@@ -20,6 +20,10 @@ every format shares: the path exists, note ids are unique, and the corpus is not
 Overlapping gold spans with the same label are merged (``overlaps="merge"``, the default;
 ``"error"`` refuses any overlap, ``"keep"`` keeps them for counting; see
 :data:`dphub.formats._base.OVERLAP_POLICIES`), with different labels they are an error.
+
+How notes are decoded (``encoding``, UTF-8 by default) and which CSV columns hold the text, id and
+patient id are reading settings, set for a block with :func:`reading` (the CLI's ``--encoding``,
+``--text-column`` ...): every reader honours them.
 
 Writers write atomically (temp file or directory, renamed into place when complete): a failure
 leaves nothing behind, an existing target is refused unless ``overwrite=True``, and spans are
@@ -36,23 +40,25 @@ from pathlib import Path
 from typing import Any
 
 from dphub.errors import ConfigError, FormatError, InputError
-from dphub.formats._base import FormatSpec, not_a_file_reason
+from dphub.formats._base import FormatSpec, ReadSettings, not_a_file_reason, read_settings, reading
 from dphub.formats.brat import BRAT
 from dphub.formats.conll import CONLL
 from dphub.formats.i2b2 import I2B2
 from dphub.formats.jsonl import JSONL
 from dphub.formats.physionet import DEIDPL, PHYSIONET
+from dphub.formats.table import CSV
 from dphub.formats.text import TEXT
-from dphub.notes import Note, check_spans
+from dphub.notes import Note, check_spans, lone_surrogate
 
 # Order matters for detection: the first format whose sniff() accepts a path wins.
-_SPECS: tuple[FormatSpec, ...] = (PHYSIONET, DEIDPL, BRAT, I2B2, JSONL, CONLL, TEXT)
+_SPECS: tuple[FormatSpec, ...] = (PHYSIONET, DEIDPL, BRAT, I2B2, JSONL, CONLL, CSV, TEXT)
 
 #: Registered formats by name.
 FORMATS: dict[str, FormatSpec] = {spec.name: spec for spec in _SPECS}
 
 __all__ = [
-    "FORMATS", "FormatSpec", "count", "detect_format", "get_format", "read", "read_each", "write",
+    "FORMATS", "FormatSpec", "ReadSettings", "count", "detect_format", "get_format", "read",
+    "read_each", "read_settings", "reading", "write",
 ]
 
 
@@ -239,12 +245,26 @@ def write(
     return spec.write(_validated(notes), path, **options)
 
 
+def _check_unicode(note: Note) -> None:
+    """Refuse, before anything is written, a note no UTF-8 file can hold (a lone surrogate in its
+    text, id, patient id or metadata), naming where, never the text."""
+    for what, value in (("text", note.text), ("id", note.id), ("patient id", note.patient_id),
+                        ("metadata", note.metadata)):
+        at = lone_surrogate(value)
+        if at is not None:
+            place = f" at offset {at}" if at >= 0 and what == "text" else ""
+            raise InputError(
+                f"note {note.id!r}: its {what} holds a lone surrogate{place} (U+D800-U+DFFF, "
+                "not a Unicode character; no UTF-8 file can hold it): nothing was written")
+
+
 def _validated(notes: Iterable[Note]) -> Iterator[Note]:
     seen: set[str] = set()
     for note in notes:
         if note.id in seen:
             raise InputError(f"duplicate note id {note.id!r}: nothing was written")
         seen.add(note.id)
+        _check_unicode(note)
         try:
             spans = check_spans(note.spans, len(note.text), where=f"note {note.id}")
         except InputError as e:

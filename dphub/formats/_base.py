@@ -13,11 +13,13 @@ note ids.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,97 @@ class FormatSpec:
 
 
 # --------------------------------------------------------------------------------------------
+# reading settings
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """How notes are read, whatever the format: the text encoding and the CSV columns.
+
+    Why a setting rather than a reader argument: ``--encoding`` and the CSV column options must
+    reach every reader behind every command (train, deid's runner, evaluate, data ...), through
+    layers that only pass a path and a format. The CLI sets them once per command with
+    :func:`reading`; library callers may do the same or pass the CSV reader's own arguments.
+    """
+
+    encoding: str = "utf-8"
+    text_column: str | None = None
+    id_column: str | None = None
+    patient_column: str | None = None
+
+
+_SETTINGS = ReadSettings()
+
+
+def check_encoding(name: str) -> str:
+    """The codec's canonical name; ConfigError for an unknown codec or one whose bytes are not a
+    superset of ASCII (UTF-16/32: lines and CSV records are split on ASCII bytes)."""
+    try:
+        info = codecs.lookup(name)
+    except (LookupError, TypeError, ValueError):
+        raise ConfigError(f"unknown encoding {name!r} (e.g. utf-8, cp1252, latin-1)") from None
+    try:
+        ascii_safe = "a\n,".encode(info.name) == b"a\n,"
+    except (UnicodeError, LookupError):  # pragma: no cover - every text codec encodes ASCII
+        ascii_safe = False
+    if not ascii_safe:
+        raise ConfigError(
+            f"encoding {name!r} is not ASCII-compatible: convert the notes to UTF-8 first "
+            f"(e.g. `iconv -f {name} -t UTF-8 IN > OUT`)"
+        )
+    return info.name
+
+
+@contextmanager
+def reading(**settings: str | None) -> Iterator[ReadSettings]:
+    """Read notes with these :class:`ReadSettings` (``encoding``, ``text_column`` ...) inside the
+    block; None leaves a setting as it is. A plain module value, not a ContextVar: the runner reads
+    notes on helper threads, which do not inherit a context."""
+    global _SETTINGS
+    known = set(ReadSettings.__dataclass_fields__)
+    unknown = set(settings) - known
+    if unknown:
+        raise ConfigError(f"unknown reading settings {', '.join(sorted(unknown))}")
+    changes = {k: v for k, v in settings.items() if v is not None}
+    if "encoding" in changes:
+        changes["encoding"] = check_encoding(str(changes["encoding"]))
+    previous = _SETTINGS
+    _SETTINGS = replace(previous, **changes)
+    try:
+        yield _SETTINGS
+    finally:
+        _SETTINGS = previous
+
+
+def read_settings() -> ReadSettings:
+    """The :class:`ReadSettings` in force (see :func:`reading`)."""
+    return _SETTINGS
+
+
+def decode_error(path: Path | str, line: int, column: int | None = None) -> FormatError:
+    """The one message for bytes that are not text in the encoding in force: it names the file,
+    the place and the option that fixes it (never the bytes themselves)."""
+    enc = _SETTINGS.encoding
+    name = "UTF-8" if enc == "utf-8" else enc
+    return FormatError(
+        f"{path}:{line}: not valid {name} ("
+        f"{'a bad byte' if column is None else f'bad byte at column {column}'}); if the notes are in "
+        "another encoding, pass it with --encoding (e.g. --encoding cp1252)"
+    )
+
+
+def decode(data: bytes, path: Path | str) -> str:
+    """``data`` decoded with the encoding in force, exactly (a BOM is kept: offsets count it)."""
+    try:
+        text = data.decode(_SETTINGS.encoding)
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise decode_error(path, line, col) from None
+    return text
+
+
+# --------------------------------------------------------------------------------------------
 # input
 
 
@@ -108,7 +201,8 @@ def require_nonempty_file(path: Path) -> None:
 
 
 def iter_lines(path: Path, *, allow_empty: bool = False) -> Iterator[tuple[int, str]]:
-    """Yield ``(line number, line)`` with line endings kept, decoding each line as strict UTF-8.
+    """Yield ``(line number, line)`` with line endings kept, decoding each line strictly in the
+    encoding in force (UTF-8 unless :func:`reading` says otherwise).
 
     Reads bytes and splits on ``\\n`` only, so ``\\r`` stays part of the text (offsets into
     CRLF files stay right) and nothing but the current line is held in memory. A UTF-8 BOM at the
@@ -120,21 +214,21 @@ def iter_lines(path: Path, *, allow_empty: bool = False) -> Iterator[tuple[int, 
             return
     else:
         require_nonempty_file(path)
+    encoding = _SETTINGS.encoding
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode(encoding)
             except UnicodeDecodeError as e:
-                raise FormatError(
-                    f"{path}:{lineno}: not valid UTF-8 (bad byte at column {e.start + 1})"
-                ) from None
+                raise decode_error(path, lineno, e.start + 1) from None
             if lineno == 1 and line.startswith("\ufeff"):
                 line = line[1:]
             yield lineno, line
 
 
 def read_text(path: Path, *, allow_empty: bool = False) -> str:
-    """Read a whole file as strict UTF-8, exactly (no newline translation)."""
+    """Read a whole file strictly in the encoding in force (UTF-8 by default), exactly (no
+    newline translation)."""
     if not path.is_file():
         raise FormatError(f"{path}: {not_a_file_reason(path)}")
     try:
@@ -143,12 +237,7 @@ def read_text(path: Path, *, allow_empty: bool = False) -> str:
         raise FormatError(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
     if not data and not allow_empty:
         raise FormatError(f"{path}: file is empty")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise FormatError(f"{path}:{line}: not valid UTF-8 (bad byte at column {col})") from None
+    return decode(data, path)
 
 
 def same_text(a: str, b: str) -> bool:

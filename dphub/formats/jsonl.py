@@ -29,7 +29,7 @@ from dphub.formats._base import (
     parse_int,
 )
 from dphub.io import atomic_open
-from dphub.notes import Note, Span
+from dphub.notes import Note, Span, lone_surrogate
 
 
 def _ident(value: Any, *, what: str, where: str) -> str:
@@ -61,6 +61,13 @@ def parse_record(obj: Any, *, where: str, overlaps: str = DEFAULT_OVERLAPS) -> N
         metadata = {k: v for k, v in meta.items() if k not in ("note_id", "patient_id")}
     elif not isinstance(metadata, dict):
         raise FormatError(f"{where}: note {note_id}: 'metadata' must be an object")
+    for what, value in (("text", text), ("id", raw_id), ("patient_id", raw_pid),
+                        ("metadata", metadata)):
+        at = lone_surrogate(value)
+        if at is not None:  # json.loads decodes a "\ud800" escape to one: no UTF-8 can hold it
+            place = f" at offset {at}" if at >= 0 and what == "text" else ""
+            raise FormatError(f"{where}: note {note_id}: '{what}' holds a lone surrogate "
+                              f"escape{place} (\\ud800-\\udfff: not a Unicode character)")
     labelled = "spans" in obj
     raw_spans = obj.get("spans") or []
     if not isinstance(raw_spans, list):

@@ -77,13 +77,16 @@ def probe_problems(model_dir: Path, meta: dict[str, Any], *, require_block: bool
                 f"notes, below the floor of {floor:.0%} (the card's gate_probe.floor, at least "
                 f"{MIN_PROBE_FLOOR:.0%}): a model that misses the PHI of public synthetic notes "
                 "would leave patients' notes unredacted"]
-    return public_floor_problems(tagger.model, meta, result)
+    return public_floor_problems(tagger.model, meta, result, tagger=tagger)
 
 
-def public_floor_problems(model: Any, meta: dict[str, Any], result: Any) -> list[str]:
+def public_floor_problems(model: Any, meta: dict[str, Any], result: Any, *,
+                          tagger: Any = None) -> list[str]:
     """The floors the model's public warm start sets (:mod:`dphub.card.probe_floor`), checked
-    on the probe figures just measured (``result``); empty when it passes or dphub has no
-    figures for a model of this kind."""
+    on the probe figures just measured (``result``) and, for the categories too sparse there,
+    on the category probe (run here with ``tagger``, only when the warm start has figures for
+    it); empty when it passes or dphub has no figures for a model of this kind."""
+    from dphub.card.probe import run_category_probe
     from dphub.card.probe_floor import floor_shortfalls, public_base
 
     cfg = getattr(getattr(model, "encoder", None), "config", None)
@@ -93,7 +96,8 @@ def public_floor_problems(model: Any, meta: dict[str, Any], result: Any) -> list
                        getattr(cfg, "hidden_size", None), getattr(cfg, "num_hidden_layers", None))
     if base is None:
         return []
-    short = floor_shortfalls(result.per_category, result.kept, base)
+    sparse = run_category_probe(tagger) if tagger is not None and base.sparse_recall else None
+    short = floor_shortfalls(result.per_category, result.kept, base, sparse)
     if not short:
         return []
     return [f"on dphub's public probe notes the model is far below the public warm start of its "

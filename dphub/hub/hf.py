@@ -215,6 +215,40 @@ class HFHub:
             shutil.rmtree(scratch, ignore_errors=True)
         return hashes
 
+    def same_as_head(self, model_dir: Path, repo_id: str) -> str | None:
+        """The head commit of ``repo_id`` when it holds exactly the files of ``model_dir`` (same
+        names; LFS files by SHA-256, others by git blob id), else None."""
+        try:
+            sha = self.resolve(repo_id, None)
+            listing = self.listing(repo_id, sha)
+        except HubError:
+            return None
+        root = Path(model_dir).resolve()
+        local = {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}
+        if set(local) != set(listing):
+            return None
+        for path, f in listing.items():
+            if f.lfs is not None:
+                if file_sha256(local[path]) != f.lfs.sha256:
+                    return None
+            elif file_git_sha1(local[path]) != f.blob_id:
+                return None
+        return sha
+
+    @_hub_call
+    def card_summary(self, repo_id: str, sha: str) -> CardSummary:
+        """The card summary of commit ``sha`` from the server's card data (no download)."""
+        try:
+            info = self.api.model_info(repo_id, revision=sha)
+        except Exception as e:  # noqa: BLE001
+            raise _hub_error(repo_id, e) from None
+        return self._summary(info.card_data)
+
+    @_hub_call
+    def repo_ids(self) -> list[str]:
+        """The ids of the hub's DP models (what a did-you-mean chooses among)."""
+        return [r.repo for r in self.latest()]
+
     def _summary(self, card_data: Any) -> CardSummary:
         """Card summary from the server's card data; ε is verified by recomputation here,
         because whatever sits in a repo may never have gone through dphub's publish gate."""

@@ -319,6 +319,21 @@ class LocalHub:
             listing[e.path] = e.oid
         return listing
 
+    def same_as_head(self, model_dir: Path, repo_id: str) -> str | None:
+        """The head commit of ``repo_id`` when it holds exactly the files of ``model_dir`` (same
+        names, same git blob ids: weights, card and all), else None."""
+        if not self.exists(repo_id):
+            return None
+        try:
+            sha = self.resolve(repo_id, None)
+        except HubError:
+            return None
+        remote = {e.path: e.oid for e in self.tree(repo_id, sha)}
+        root = Path(model_dir).resolve()
+        local = {p.relative_to(root).as_posix(): file_git_sha1(p)
+                 for p in sorted(root.rglob("*")) if p.is_file()}
+        return sha if local == remote else None
+
     def card_summary(self, repo_id: str, sha: str) -> CardSummary:
         """Summary of the card at ``sha``; its ε counts as verified only if the card passes the
         gate's card checks (schema + accounting recomputation), since a commit can reach the

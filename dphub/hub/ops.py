@@ -7,14 +7,17 @@ anything else (or ``file://``) a local git hub directory.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import math
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from dphub.errors import PublishRefused, PullRefused
+from dphub.errors import DphubError, HubError, PublishRefused, PullRefused
 from dphub.hub.common import CardSummary, RepoRevision, default_hub
 from dphub.hub.gate import GateViolation, check_publishable, check_shareable
 from dphub.hub.hf import HFHub
@@ -30,6 +33,7 @@ from dphub.hub.policy import (
 )
 from dphub.io import file_sha256
 from dphub.privacy.ledger import policy_problem, release_spend
+from dphub.privacy.statement import format_epsilon
 from dphub.registry import Entry, Registry
 from dphub.repo_ids import check_repo_id, parse_repo_spec
 
@@ -43,6 +47,9 @@ class Backend(Protocol):
     def download_verified(self, repo_id: str, sha: str, dest: Path) -> dict[str, str]: ...
     def revisions(self, repo_id: str) -> list[RepoRevision]: ...
     def latest(self) -> list[RepoRevision]: ...
+    def repo_ids(self) -> Iterable[str]: ...
+    def card_summary(self, repo_id: str, sha: str) -> CardSummary: ...
+    def same_as_head(self, model_dir: Path, repo_id: str) -> str | None: ...
 
 
 def open_hub(hub: str | None = None, *, api: Any = None) -> Backend:
@@ -67,6 +74,15 @@ def ledger_problem(model_dir: str | Path, policy: Policy) -> str | None:
     except OSError:
         return None  # the gate has already refused a directory without its weights
     return None if found is None else policy_problem(found[1], policy.max_epsilon)
+
+
+def unchanged_head(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
+                   api: Any = None) -> str | None:
+    """The head revision of ``repo_id`` when it already holds exactly ``model_dir``'s files
+    (weights, card, everything), else None. Why: publishing an unchanged model again made a new
+    revision silently (issue 56); ``dphub publish`` now says so unless ``--force``."""
+    check_repo_id(repo_id)
+    return open_hub(hub, api=api).same_as_head(Path(model_dir), repo_id)
 
 
 def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
@@ -96,7 +112,7 @@ def publish(model_dir: str | Path, repo_id: str, *, hub: str | None = None,
     # the repo id, never the local directory's name (which may name a patient, a ward, a user)
     msg = message or (
         f"Publish {repo_id} (public synthetic data only, epsilon=0)" if summary.public
-        else f"Publish {repo_id} (epsilon={summary.epsilon:g}, "
+        else f"Publish {repo_id} (epsilon={format_epsilon(summary.epsilon)}, "
              f"delta={summary.delta:g}, unit={summary.unit})")
     sha = backend.publish(Path(model_dir), repo_id, msg, tag)
     return sha, summary
@@ -128,7 +144,7 @@ def check_policy(summary: CardSummary, *, max_epsilon: float | None = None,
               "[hub] max_epsilon / require_unit in dphub.toml)"
     eps = summary.epsilon
     if eps is not None and math.isfinite(eps) and eps > eff.max_epsilon:
-        raise GateViolation(f"epsilon {eps:.4g} exceeds --max-epsilon {eff.max_epsilon:g}"
+        raise GateViolation(f"epsilon {format_epsilon(eps)} exceeds --max-epsilon {eff.max_epsilon:g}"
                             + ("" if max_epsilon is not None else default))
     if eps is not None and math.isfinite(eps):
         raise GateViolation(f"privacy unit {summary.unit} is weaker than the required "
@@ -150,8 +166,16 @@ def pull(spec: str, *, hub: str | None = None, max_epsilon: float | None = None,
     pull_policy(max_epsilon=max_epsilon, require_unit=require_unit, policy=policy)  # fail early
     backend = open_hub(hub, api=api)
     reg = registry or Registry()
-    sha = backend.resolve(repo_id, revision)
+    try:
+        sha = backend.resolve(repo_id, revision)
+    except HubError as e:
+        raise HubError(e.message + did_you_mean(repo_id, backend)) from None
     where = f"{repo_id}@{sha[:12]}"
+    claim = _claimed_refusal(backend, repo_id, sha, max_epsilon=max_epsilon,
+                             require_unit=require_unit, policy=policy)
+    if claim is not None:  # issue 56: refused from the card alone, before any download
+        raise PullRefused(f"refusing {where}: {claim} (read from its card before any "
+                          "download); nothing was registered")
     stage = Path(tempfile.mkdtemp(prefix=".pull.", dir=reg.staging_dir()))
     try:
         files = stage / "files"
@@ -182,6 +206,41 @@ def pull(spec: str, *, hub: str | None = None, max_epsilon: float | None = None,
     return reg.add(entry)
 
 
+def _claimed_refusal(backend: Backend, repo_id: str, sha: str, *, max_epsilon: float | None,
+                     require_unit: str | None, policy: Policy | None) -> str | None:
+    """Why the policy refuses what the card of ``sha`` claims, read before any download (None:
+    the claim passes, or the card cannot be read without downloading).
+
+    Only ever a refusal: a claimed ε that exceeds the cap (or a weaker unit) is refused at once,
+    instead of after the whole download; a claim that passes proves nothing, and the card and the
+    weights are checked in full after the download as before.
+    """
+    try:
+        summary = backend.card_summary(repo_id, sha)
+    except (DphubError, AttributeError, TypeError, ValueError):
+        return None  # the download reports it, with the full checks (a server's odd card data)
+    eps = summary.epsilon
+    if summary.public or eps is None or not math.isfinite(eps):
+        return None
+    try:
+        check_policy(summary, max_epsilon=max_epsilon, require_unit=require_unit, policy=policy)
+    except GateViolation as e:
+        return e.message
+    return None
+
+
+def did_you_mean(repo_id: str, backend: Backend | None = None, *,
+                 local: list[str] | None = None) -> str:
+    """``"; did you mean a/b?"`` naming the closest repo ids of the hub (and of ``local``, e.g.
+    the local registry's), or ``""``. Best effort: a hub that cannot list adds nothing."""
+    ids: list[str] = list(local or [])
+    if backend is not None:
+        with contextlib.suppress(DphubError, OSError):
+            ids.extend(backend.repo_ids())
+    close = difflib.get_close_matches(repo_id, sorted(set(ids) - {repo_id}), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
 def search(*, hub: str | None = None, max_epsilon: float | None = None, unit: str | None = None,
            label: str | None = None, language: str | None = None,
            api: Any = None) -> list[RepoRevision]:
@@ -205,5 +264,5 @@ def list_models(*, hub: str | None = None, api: Any = None) -> list[RepoRevision
     return open_hub(hub, api=api).latest()
 
 
-__all__ = ["Backend", "check_policy", "info", "list_models", "open_hub", "publish",
+__all__ = ["Backend", "check_policy", "did_you_mean", "unchanged_head", "info", "list_models", "open_hub", "publish",
            "pull", "pull_policy", "search"]

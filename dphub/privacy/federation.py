@@ -17,6 +17,7 @@ The card's top-level accounting fields are those of the worst site, so every exi
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,43 @@ def site_epsilon(site: Mapping[str, Any]) -> float:
                                   float(site["delta"]))
 
 
+#: federated cards of this dphub release and later state the server's defences (issue 53);
+#: older cards, which could not, stay valid without them
+ROBUSTNESS_SINCE = (0, 2, 0)
+
+
+def _dphub_release(dp: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The dphub version that wrote the card (``library_versions.dphub``), as numbers."""
+    versions = dp.get("library_versions")
+    text = versions.get("dphub") if isinstance(versions, Mapping) else None
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text) if isinstance(text, str) else None
+    return tuple(int(x or 0) for x in m.groups()) if m else None
+
+
+def robustness_problems(dp: Mapping[str, Any]) -> list[str]:
+    """The federation block's ``robustness`` (the server's defences and its drops per round):
+    required from :data:`ROBUSTNESS_SINCE` on, and consistent with the block when present."""
+    fed = dp.get("federation")
+    if not isinstance(fed, Mapping):
+        return []
+    where = "differential_privacy.federation.robustness"
+    rob = fed.get("robustness")
+    if rob is None:
+        release = _dphub_release(dp)
+        if release is not None and release >= ROBUSTNESS_SINCE:
+            return [f"{where}: required field is missing (a federated card of dphub "
+                    f"{'.'.join(map(str, ROBUSTNESS_SINCE))} or later states the server's "
+                    "defences)"]
+        return []
+    problems: list[str] = []
+    if len(rob["dropped_per_round"]) != int(fed["rounds"]):
+        problems.append(f"{where}.dropped_per_round: {len(rob['dropped_per_round'])} rounds "
+                        f"recorded, the federation ran {int(fed['rounds'])}")
+    if (fed["aggregation"] == "trimmed-mean") != ("trim" in rob):
+        problems.append(f"{where}.trim: stated if and only if the aggregation is trimmed-mean")
+    return problems
+
+
 def federation_problems(dp: Mapping[str, Any]) -> list[str]:
     """Everything wrong with a card's ``federation`` block (none when it has none).
 
@@ -62,7 +100,7 @@ def federation_problems(dp: Mapping[str, Any]) -> list[str]:
     sites = fed.get("site_accounting") or []
     if not sites:
         return ["differential_privacy.federation.site_accounting: no site recorded"]
-    problems: list[str] = []
+    problems: list[str] = robustness_problems(dp)
     if fed.get("composition") != PARALLEL_COMPOSITION:
         problems.append("differential_privacy.federation.composition: must be "
                         f"{PARALLEL_COMPOSITION!r} (disjoint patients per site)")
@@ -84,6 +122,18 @@ def federation_problems(dp: Mapping[str, Any]) -> list[str]:
                             f"{max_steps}")
         if str(site.get("privacy_unit", dp.get("privacy_unit"))) != dp.get("privacy_unit"):
             problems.append(f"{where}.privacy_unit: differs from the card's")
+        policy = site.get("policy")
+        if isinstance(policy, Mapping):
+            # the site's own policy refuses a δ above its cap (min(1e-5, 1/(10 N)) when it
+            # sets none) and an ε above its maximum: a row beyond its policy is not the site's
+            cap = float(policy["delta"]) if policy.get("delta") is not None else 1e-5
+            if float(site["delta"]) > cap * (1 + 1e-9):
+                problems.append(f"{where}.delta: {float(site['delta']):.3g} is above the "
+                                f"site's own policy ({cap:.3g})")
+            if accounting.below(float(policy["max_epsilon"]), float(site["epsilon"]),
+                                accounting.CLAIM_RTOL):
+                problems.append(f"{where}.epsilon: above the site's own policy "
+                                f"({float(policy['max_epsilon']):g})")
     if not recomputed:
         return problems
     worst = max(recomputed)

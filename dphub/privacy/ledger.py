@@ -13,14 +13,20 @@ What it holds, in ``<dphub home>/ledger/`` (directory 0700, files 0600, never pu
   history when it is one DP-SGD run, the weights digests of its parents (and whether its claim
   composes them), the largest number of units one patient had in it (the group size), and two
   sets of keyed digests: of its patients (HMAC-SHA256 of each patient id under the key) and of
-  its notes' normalised text (HMAC-SHA256 under the same key). Never a patient id, a note, a
-  path, a note text or a plain hash of one (a plain hash would let anyone holding the file test
-  a guessed note). A keyed digest means nothing outside this home, so it never goes on a card.
+  its notes' normalised text (HMAC-SHA256 under the same key); and (format 3) each note's
+  keyed near-duplicate sketch (:mod:`dphub.privacy.note_sketch`: keyed digests of MinHash
+  bands). Never a patient id, a note, a path, a note text or a plain hash of one (a plain hash
+  would let anyone holding the file test a guessed note). A keyed digest means nothing outside
+  this home, so it never goes on a card.
 
 A dataset is recognised by its patients **or** its notes: two runs on the same notes, on a
-superset, or on the same notes with the patient ids renamed, share digests whatever the paths.
-Any shared patient or note links a release to a dataset (a note seen by both is a patient seen
-by both); the figure composes every linked release (an upper bound for each patient involved).
+superset, on a subset, on the same notes with the patient ids renamed, or on the same notes
+edited (a character changed, words added: a near-duplicate by its sketch) share digests
+whatever the paths. Any shared patient or note (or near-duplicate note) links a release to a
+dataset (a note seen by both is a patient seen by both); the figure composes every linked
+release (an upper bound for each patient involved). Records of formats 1 and 2 have no sketch:
+they link by exact digests only (their notes' texts are not in the ledger to sketch them); a
+ledger of an older format is read and written back as format 3 at its next record.
 
 Records are only added, never replaced: what was spent stays spent (a federated site's record
 grows with its rounds; a site whose state was reset starts a new record). A ledger with records
@@ -46,6 +52,7 @@ from typing import Any
 from dphub.errors import ConfigError
 from dphub.io import atomic_write_text, dphub_home, private_key, read_small_file
 from dphub.notes import Note
+from dphub.privacy import note_sketch
 from dphub.privacy.composition import Composed, GaussianSteps, Part, compose
 from dphub.textnorm import normalize
 
@@ -53,9 +60,10 @@ LEDGER_DIR = "ledger"
 KEY_FILE = "patient.key"
 LEDGER_FILE = "ledger.json"
 LOCK_FILE = ".lock"
-LEDGER_FORMAT = 2
-#: formats read (format 1: no note digests, no group size; its parents always composed)
-READ_FORMATS = (1, 2)
+LEDGER_FORMAT = 3
+#: formats read (format 1: no note digests, no group size; its parents always composed;
+#: format 2: no near-duplicate sketches)
+READ_FORMATS = (1, 2, 3)
 #: Largest ledger file read (a record per release; a million patients' digests is ~70 MB)
 MAX_LEDGER_BYTES = 512 * 1024 * 1024
 _KEY_BYTES = 32
@@ -137,14 +145,24 @@ def note_digests(notes: Iterable[Note], key: bytes | None = None) -> frozenset[s
                      for t in texts)
 
 
+def note_sketches(notes: Iterable[Note], key: bytes | None = None) -> frozenset[str]:
+    """The keyed near-duplicate sketches of the notes' normalised texts (empty notes have
+    none; :mod:`dphub.privacy.note_sketch`)."""
+    key = ledger_key() if key is None else key
+    texts = {t for t in (note_text_key(n.text) for n in notes) if t}
+    return frozenset(s for s in (note_sketch.sketch(t, key) for t in texts) if s)
+
+
 @dataclass(frozen=True)
 class Footprint:
     """What the ledger knows of a dataset: the keyed digests of its patients and of its notes,
-    and the largest number of notes one patient has in it."""
+    the largest number of notes one patient has in it, and its notes' near-duplicate
+    sketches."""
 
     patients: frozenset[str]
     notes: frozenset[str] = frozenset()
     notes_per_patient: int | None = None
+    sketches: frozenset[str] = frozenset()
 
     def group_size(self, unit: str) -> int | None:
         """Units per patient at most (the group of group privacy): 1 for patient-level; the
@@ -162,7 +180,21 @@ def footprint(notes: Sequence[Note], key: bytes | None = None) -> Footprint:
         pid = f"p:{n.patient_id}" if n.patient_id else f"n:{n.id}"
         per[pid] = per.get(pid, 0) + 1
     return Footprint(patient_digests(notes, key), note_digests(notes, key),
-                     max(per.values()) if per else None)
+                     max(per.values()) if per else None, note_sketches(notes, key))
+
+
+def shared_notes(a: Footprint | Release, b: Footprint | Release) -> int:
+    """How many of ``b``'s notes ``a`` also holds: the same text (exact digest) or a
+    near-duplicate (sketch), whichever finds more."""
+    exact = len(a.notes & b.notes)
+    if not (a.sketches and b.sketches):
+        return exact
+    return max(exact, note_sketch.near_duplicates(b.sketches, a.sketches))
+
+
+def links(a: Footprint | Release, b: Footprint | Release) -> bool:
+    """Whether ``a`` and ``b`` share a patient or a note (exact or near-duplicate)."""
+    return bool(a.patients & b.patients) or shared_notes(a, b) > 0
 
 
 def dataset_digest(digests: Iterable[str]) -> str:
@@ -191,6 +223,12 @@ class Release:
     group_size: int | None = None
     #: whether the claim composes ``parents`` (False: a parent declared disjoint)
     composes_parents: bool = True
+    #: the notes' near-duplicate sketches (format 3; empty in older records)
+    sketches: frozenset[str] = frozenset()
+
+    @property
+    def footprint(self) -> Footprint:
+        return Footprint(self.patients, self.notes, sketches=self.sketches)
 
     @property
     def dataset(self) -> str:
@@ -203,6 +241,7 @@ class Release:
                 "dataset": self.dataset, "patients": sorted(self.patients),
                 "notes": sorted(self.notes), "group_size": self.group_size,
                 "composes_parents": self.composes_parents,
+                "sketches": sorted(self.sketches),
                 "created": round(float(self.created), 3)}
 
     @classmethod
@@ -214,7 +253,7 @@ class Release:
                    tuple(map(str, d.get("parents") or [])), float(d.get("created") or 0.0),
                    frozenset(map(str, d.get("notes") or [])),
                    None if group is None else int(group),
-                   bool(d.get("composes_parents", True)))
+                   bool(d.get("composes_parents", True)), _sketches(d.get("sketches")))
 
     def part(self) -> Part:
         return Part(self.epsilon, self.delta, self.history)
@@ -303,7 +342,7 @@ class Ledger:
         fp = _as_footprint(fp)
         out = []
         for r in self.releases:
-            o = Overlap(len(r.patients & fp.patients), len(r.notes & fp.notes))
+            o = Overlap(len(r.patients & fp.patients), shared_notes(r, fp))
             if o.patients or o.notes:
                 out.append((r, o))
         return out
@@ -345,6 +384,15 @@ class Ledger:
                 parts.append(part)
         return Spend(compose(parts) if parts else None, tuple(unbounded), tuple(metric),
                      tuple(parts))
+
+
+def _sketches(value: Any) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(
+            isinstance(v, str) and note_sketch.is_sketch(v) for v in value):
+        raise ValueError("sketches")
+    return frozenset(value)
 
 
 def _read(path: Path) -> Ledger:
@@ -393,7 +441,7 @@ def _merged(old: Release | None, new: Release) -> Release:
     if old is None:
         return new
     return replace(new, patients=old.patients | new.patients, notes=old.notes | new.notes,
-                   created=old.created)
+                   sketches=old.sketches | new.sketches, created=old.created)
 
 
 def _add(path: Path, release: Release) -> None:
@@ -443,7 +491,7 @@ def record_inherited(release: str, parent: str) -> None:
         fp = ancestry_footprint(ledger, [parent])
         _add(path, Release(release, "public_student", rec.epsilon, rec.delta, rec.privacy_unit,
                            fp.patients, rec.history, (parent,), notes=fp.notes,
-                           group_size=rec.group_size))
+                           group_size=rec.group_size, sketches=fp.sketches))
 
 
 def _site_record_id(site_id: str, run: int) -> str:
@@ -486,7 +534,7 @@ def record_federated_round(site_id: str, steps: GaussianSteps, *, epsilon: float
             else _site_record_id(site_id, run)
         _add(path, Release(rid, "federated_round", epsilon, delta, privacy_unit, fp.patients,
                            (steps,), notes=fp.notes,
-                           group_size=fp.group_size(privacy_unit)))
+                           group_size=fp.group_size(privacy_unit), sketches=fp.sketches))
 
 
 def site_round_problem(site_id: str, so_far: GaussianSteps, target: Part,
@@ -541,7 +589,7 @@ def record_surrogates(run_id: str, mechanisms: Sequence[tuple[str, float, str]],
         for name, eps, unit in mechanisms:  # keyed: the run's name (a path) stays unguessable
             rid = hmac.new(key, f"surrogate:{run_id}:{name}".encode(), hashlib.sha256).hexdigest()
             _add(path, Release(rid, "surrogate", float(eps), 0.0, f"{name} per {unit}",
-                               fp.patients, notes=fp.notes))
+                               fp.patients, notes=fp.notes, sketches=fp.sketches))
 
 
 def release_spend(release: str) -> tuple[Release, Spend] | None:
@@ -554,7 +602,7 @@ def release_spend(release: str) -> tuple[Release, Spend] | None:
     rec = ledger.find(release)
     if rec is None:
         return None
-    return rec, ledger.spend(Footprint(rec.patients, rec.notes))
+    return rec, ledger.spend(rec.footprint)
 
 
 def policy_problem(spend: Spend, max_epsilon: float) -> str | None:
@@ -601,7 +649,7 @@ def all_datasets(ledger: Ledger) -> list[DatasetSpend]:
     """Every dataset released from here (one per distinct patient set), oldest first."""
     seen: dict[str, Footprint] = {}
     for r in sorted(ledger.releases, key=lambda r: r.created):
-        seen.setdefault(r.dataset, Footprint(r.patients, r.notes))
+        seen.setdefault(r.dataset, r.footprint)
     return [dataset_spend(ledger, fp) for fp in seen.values()]
 
 
@@ -609,6 +657,7 @@ def ancestry_footprint(ledger: Ledger, parents: Sequence[str]) -> Footprint:
     """The patients and notes of the recorded parents and their recorded ancestors."""
     pats: set[str] = set()
     notes: set[str] = set()
+    sketches: set[str] = set()
     todo, seen = list(parents), set()
     while todo:
         sha = todo.pop()
@@ -619,8 +668,9 @@ def ancestry_footprint(ledger: Ledger, parents: Sequence[str]) -> Footprint:
         if rec is not None:
             pats |= rec.patients
             notes |= rec.notes
+            sketches |= rec.sketches
             todo.extend(rec.parents)
-    return Footprint(frozenset(pats), frozenset(notes))
+    return Footprint(frozenset(pats), frozenset(notes), sketches=frozenset(sketches))
 
 
 def ancestry(ledger: Ledger, parents: Sequence[str]) -> frozenset[str]:
@@ -630,7 +680,7 @@ def ancestry(ledger: Ledger, parents: Sequence[str]) -> frozenset[str]:
 
 __all__ = ["KINDS", "DatasetSpend", "Footprint", "Ledger", "Overlap", "Release", "Spend",
            "all_datasets", "amend_release", "ancestry", "ancestry_footprint", "dataset_digest",
-           "dataset_spend", "footprint", "ledger_dir", "ledger_key", "load_ledger",
-           "note_digests", "note_text_key", "patient_digests", "policy_problem",
+           "dataset_spend", "footprint", "ledger_dir", "ledger_key", "links", "load_ledger",
+           "note_digests", "note_sketches", "note_text_key", "shared_notes", "patient_digests", "policy_problem",
            "record_federated_round", "record_inherited", "record_release", "record_surrogates",
            "release_spend", "site_round_problem"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dphub.errors import ConfigError
+from dphub.privacy.statement import format_epsilon
 
 #: privacy units, strongest first (as ``dphub.hub.common.PRIVACY_UNITS``)
 PRIVACY_UNITS = ("patient", "note", "sequence")
@@ -103,7 +104,8 @@ def policy_violation(epsilon: float | None, unit: str | None,
             or not math.isfinite(epsilon):
         return f"the model has no finite epsilon (the policy requires {policy.describe()})"
     if epsilon > policy.max_epsilon:
-        return f"epsilon {epsilon:.4g} exceeds the policy's maximum {policy.max_epsilon:g}"
+        return (f"epsilon {format_epsilon(epsilon)} exceeds the policy's maximum "
+                f"{policy.max_epsilon:g}")
     if UNIT_STRENGTH.get(unit or "", -1) < UNIT_STRENGTH[policy.min_unit]:
         return (f"privacy unit {unit} is weaker than the policy's minimum {policy.min_unit} "
                 "(patient > note > sequence)")

@@ -74,6 +74,39 @@ _WEAK_UNIT_WARNING: dict[str, str] = {
 }
 
 
+#: Significant digits an ε is shown with, everywhere (cards, publish, search, pull, train, ledger).
+EPSILON_DIGITS = 3
+
+
+def format_epsilon(eps: Any) -> str:
+    """ε as people read it: :data:`EPSILON_DIGITS` significant digits, rounded *up* (never down:
+    a shown ε below the true one would overstate the guarantee), trailing zeros dropped.
+
+    Why one function: ``publish`` and ``search`` showed 8 where the card said 7.999 for the same
+    model (issue 56). 7.9993 -> "8", 8.5087 -> "8.51", 0.12301 -> "0.124". The exact value stays
+    in the card's front matter; this is only how it is written for a reader.
+    """
+    if eps is None:
+        return "none"
+    if isinstance(eps, bool) or not isinstance(eps, int | float):
+        return str(eps)
+    if math.isnan(eps):
+        return "nan"
+    if math.isinf(eps):
+        return "infinity"
+    if eps == 0:
+        return "0"
+    from decimal import ROUND_CEILING, Decimal
+
+    d = Decimal(repr(float(eps)))
+    exp = d.adjusted() - (EPSILON_DIGITS - 1)
+    up = d.quantize(Decimal(1).scaleb(exp), rounding=ROUND_CEILING)
+    text = format(up, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
 def _fmt(x: float | None) -> str:
     if x is None:
         return "none"
@@ -136,7 +169,7 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
         ("This model carries the guarantee of the model it was distilled from, which was "
          "trained with differential privacy (DP-SGD) at " if student else
          "This model was trained with differential privacy (DP-SGD) at ")
-        + f"**epsilon = {_fmt(eps)}**, **delta = {_fmt(delta)}** with the privacy unit "
+        + f"**epsilon = {format_epsilon(eps)}**, **delta = {_fmt(delta)}** with the privacy unit "
         f"*{unit}*. The guarantee {unit_description(unit)}."
     )
     cap = dp.get("max_examples_per_unit")
@@ -161,7 +194,7 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
             meaning = (
                 f"What it means: the odds of telling apart whether any one {unit}'s data was "
                 f"used may grow by a factor of up to e^epsilon, astronomically large at "
-                f"epsilon = {_fmt(eps)}, except with probability delta: the formal bound does "
+                f"epsilon = {format_epsilon(eps)}, except with probability delta: the formal bound does "
                 f"not keep the two cases hard to tell apart. An epsilon above {WEAK_EPSILON:g} "
                 "is a weak formal guarantee: treat this model's protection as limited. Smaller "
                 "epsilon is stronger protection."
@@ -185,7 +218,7 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
     teachers = [e for e in dp.get("lineage") or [] if e.get("role") == "teacher"]
     if lineage:
         parts = [
-            f"{e.get('repo')}@{e.get('revision')} (epsilon = {_fmt(e.get('epsilon'))}, "
+            f"{e.get('repo')}@{e.get('revision')} (epsilon = {format_epsilon(e.get('epsilon'))}, "
             f"delta = {_fmt(e.get('delta'))}, unit {e.get('privacy_unit')})"
             for e in lineage
         ]
@@ -198,7 +231,7 @@ def _private(dp: Mapping[str, Any]) -> list[str]:
             paras.append(
                 "This model was fine-tuned from " + "; ".join(parts) + ", which may have been "
                 "trained on the same units. The epsilon and delta above cover both: this "
-                f"training run's own (epsilon = {_fmt(comp.get('run_epsilon'))}, delta = "
+                f"training run's own (epsilon = {format_epsilon(comp.get('run_epsilon'))}, delta = "
                 f"{_fmt(comp.get('run_delta'))}) composed with the source model's, {how}."
             )
         else:
@@ -238,7 +271,7 @@ def _weak_words(eps: Any, unit: str) -> str | None:
 def _teacher_words(dp: Mapping[str, Any], teachers: list[Any]) -> str:
     """The teachers of a distilled model: which ones the claim composes, and how."""
     def part(e: Mapping[str, Any]) -> str:
-        return (f"{e.get('repo')}@{e.get('revision')} (epsilon = {_fmt(e.get('epsilon'))}, "
+        return (f"{e.get('repo')}@{e.get('revision')} (epsilon = {format_epsilon(e.get('epsilon'))}, "
                 f"delta = {_fmt(e.get('delta'))}, unit {e.get('privacy_unit')})")
 
     composed = [part(e) for e in teachers if e.get("composed") is True]
@@ -249,7 +282,7 @@ def _teacher_words(dp: Mapping[str, Any], teachers: list[Any]) -> str:
         words += (
             " Teachers that may have been trained on the same units: " + "; ".join(composed)
             + ". The epsilon and delta above are this training run's own (epsilon = "
-            f"{_fmt(comp.get('run_epsilon'))}, delta = {_fmt(comp.get('run_delta'))}) plus "
+            f"{format_epsilon(comp.get('run_epsilon'))}, delta = {_fmt(comp.get('run_delta'))}) plus "
             "theirs, by basic composition (epsilons and deltas add up): a valid upper bound "
             "whichever of these datasets a unit was in."
         )
@@ -284,7 +317,7 @@ def _cross_check_words(dp: Mapping[str, Any]) -> str:
         return "no independent cross-check recorded."
     return (
         f"independently recomputed with {cc.get('library', '?')} ({cc.get('method', '?')}) as "
-        f"epsilon = {_fmt(cc.get('epsilon'))}."
+        f"epsilon = {format_epsilon(cc.get('epsilon'))}."
     )
 
 
@@ -298,7 +331,7 @@ def summary(dp: Mapping[str, Any]) -> str:
     whose = "its teacher's" if dp.get("training_data") == DP_POST_PROCESSING else "its"
     return (
         f"**In short:** the weights of this model protect each *{unit}* of {whose} training data "
-        f"with epsilon = {_fmt(dp.get('epsilon'))}, delta = {_fmt(dp.get('delta'))} "
+        f"with epsilon = {format_epsilon(dp.get('epsilon'))}, delta = {_fmt(dp.get('delta'))} "
         f"(DP-SGD: per-{unit} clipping, Gaussian noise and Poisson sampling drawn from {source}). "
         "Outside that guarantee the card publishes only coarse ranges of the dataset's counts, "
         "the sample rate, and evaluation results if the trainer added them."

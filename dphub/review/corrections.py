@@ -63,7 +63,8 @@ def corrections_revision(path: Path) -> str:
     """
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:32]
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no file (a file where a directory is
+        # expected: the page then says it cannot save)
         return NO_REVISION
 
 
@@ -99,6 +100,24 @@ def check_corrections_path(path: Path, run_dir: Path, inputs: Sequence[Path]) ->
     if p.exists() and not p.is_file():
         raise ConfigError(f"{path}: not a regular file")
     return p
+
+
+def unwritable(path: Path) -> str | None:
+    """Why corrections cannot be saved to ``path`` (None: they can), said on the page before
+    the reviewer starts, not after a review is lost.
+
+    A save writes a temp file beside ``path`` and renames it (and makes missing directories),
+    so what counts is the nearest existing directory above it, not the file's own mode.
+    """
+    p = Path(path)
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"no permission to write in {parent}"
+    return None
 
 
 def _int(v: Any, where: str) -> int:

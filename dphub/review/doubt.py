@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dphub.ensemble.aggregate import span_members
+
 #: the width of the band around a member's threshold in which a score counts as doubtful
 NEAR = 0.2
 
@@ -48,26 +50,33 @@ def span_disagrees(voters: Sequence[str], members: Sequence[str]) -> bool:
     return 0 < len(set(voters) & set(members)) < len(set(members))
 
 
+def span_near(voters: Sequence[str], score: float | None,
+              thresholds: Mapping[str, float]) -> float:
+    """How near one span's score lies to a voter's threshold: ``1 - |score - t| / NEAR`` at
+    best over its voters with a threshold, 0 outside the band (the page marks a span above 0)."""
+    best = 0.0
+    if score is None:
+        return best
+    for v in voters:
+        t = thresholds.get(v)
+        if t is not None:
+            best = max(best, 1.0 - abs(float(score) - t) / NEAR)
+    return best
+
+
 def note_doubt(spans: Sequence[Mapping[str, Any]], members: Sequence[str],
                thresholds: Mapping[str, float]) -> Doubt:
-    """The doubt of one note from its audit spans (``voters``, ``score``, ``label``)."""
+    """The doubt of one note from its audit spans (``members``, ``score``, ``label``)."""
     disagree = inverse = 0
     near = 0.0
     for s in spans:
-        voters = list(s.get("voters") or ())
+        voters = span_members(s)
         if not voters:
             inverse += 1
             continue
         if span_disagrees(voters, members):
             disagree += 1
-        score = s.get("score")
-        best = 0.0
-        for v in voters:
-            t = thresholds.get(v)
-            if t is None or score is None:
-                continue
-            best = max(best, 1.0 - abs(float(score) - t) / NEAR)
-        near += best
+        near += span_near(voters, s.get("score"), thresholds)
     return Doubt(disagree, near, inverse)
 
 

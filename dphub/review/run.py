@@ -20,21 +20,26 @@ from typing import Any
 
 import numpy as np
 
+from dphub.ensemble.aggregate import span_members
 from dphub.ensemble.words import WORD_RE
-from dphub.errors import InputError
+from dphub.errors import DphubError, InputError
 from dphub.evaluate import evaluate_spans
 from dphub.formats import read as read_notes
 from dphub.io import jsonl_lines, read_small_file
 from dphub.labels import CATEGORIES, UNTYPED, category_of
 from dphub.notes import Note, Span
-from dphub.review.doubt import Doubt, doubt_order, note_doubt, span_disagrees
-from dphub.runner import AUDIT, PARAMS, RUN_DIR, iter_input
+from dphub.review.doubt import Doubt, doubt_order, note_doubt, span_disagrees, span_near
+from dphub.runner import AUDIT, PARAMS, RUN_DIR, WorkItem, input_layout, iter_input
 from dphub.runner.state import note_digest, note_digest_key, note_key_fingerprint
 
 #: the largest run.json read (it holds settings, not notes)
 _PARAMS_CAP = 1 << 20
 #: categories a span can show: HIPAA's plus the inverse rule's untyped PHI
 SHOWN_CATEGORIES = (*CATEGORIES, UNTYPED)
+#: output modes whose files hold the released text (spans and brat hold annotations)
+TEXT_MODES = ("tag", "redact", "surrogate")
+#: the largest output file read to show the released text beside a note
+_RELEASED_CAP = 64 << 20
 
 
 @dataclass
@@ -48,10 +53,18 @@ class ReviewNote:
     doubt: Doubt
     misses: list[dict[str, Any]] = field(default_factory=list)
     patient_id: str | None = None
+    #: the text the run's output file holds for this note (None: not text, or not found)
+    released: str | None = None
+    #: an inverse run's kept words per release path (``audit.jsonl``'s ``kept``; None otherwise)
+    kept: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "id": self.id, "text": self.text, "spans": self.spans,
-                "misses": self.misses, "doubt": self.doubt.to_dict()}
+        out = {"key": self.key, "id": self.id, "text": self.text, "spans": self.spans,
+               "misses": self.misses, "doubt": self.doubt.to_dict(),
+               "released": self.released}
+        if self.kept is not None:
+            out["kept"] = self.kept
+        return out
 
 
 @dataclass
@@ -68,6 +81,8 @@ class Review:
     checked: bool = False
     #: the run's random id (``run.json``; None for runs of an older dphub)
     run_id: str | None = None
+    #: where the released text comes from (``{"mode", "path"}``, ``"why"`` when it is not shown)
+    release: dict[str, Any] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         """Hidden spans per category over the run (categories without a span left out)."""
@@ -96,6 +111,7 @@ class Review:
         return {
             "run": {"name": self.run_dir.name, "rule": self.rule, "members": self.members,
                     "thresholds": self.thresholds, "checked": self.checked},
+            "release": self.release,
             "categories": list(SHOWN_CATEGORIES),
             "label_categories": list(CATEGORIES),
             "counts": self.counts(),
@@ -173,16 +189,19 @@ def _audit(run_dir: Path) -> dict[str, dict[str, Any]]:
 def _span(d: Any, text_len: int, where: str, members: Sequence[str]) -> dict[str, Any]:
     try:
         start, end, label = int(d["start"]), int(d["end"]), str(d["label"])
-        voters = [str(v) for v in d.get("voters") or ()]
+        voters = span_members(d)
         score = None if d.get("score") is None else float(d["score"])
     except (KeyError, TypeError, ValueError):
         raise InputError(f"{where}: a span without start, end and label") from None
     if not 0 <= start < end <= text_len:
         raise InputError(f"{where}: a span [{start}, {end}) outside the note's {text_len} "
                          "characters (were these the notes the run read?)")
-    return {"start": start, "end": end, "label": label, "category": category_of(label),
-            "voters": voters, "score": score, "inverse": not voters,
-            "disagree": span_disagrees(voters, members), "gold": None}
+    out = {"start": start, "end": end, "label": label, "category": category_of(label),
+           "members": voters, "score": score, "inverse": not voters,
+           "disagree": span_disagrees(voters, members), "gold": None}
+    if isinstance(d.get("hidden_by"), list):  # an inverse run: members and/or the rule
+        out["hidden_by"] = [str(v) for v in d["hidden_by"]]
+    return out
 
 
 def _ranges(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -202,6 +221,14 @@ def _mark_gold(note: ReviewNote, gold: Note) -> None:
         pred_mask[s["start"] : s["end"]] = True
         s["gold"] = "tp" if gold_mask[s["start"] : s["end"]].any() else "fp"
     for a, b in _ranges(gold_mask & ~pred_mask):
+        # a miss is what leaks: the blank between two hidden words is not one (issue 54: 9 of
+        # 32 "misses" were such blanks, shown in red and impossible to mark)
+        while a < b and note.text[a].isspace():
+            a += 1
+        while b > a and note.text[b - 1].isspace():
+            b -= 1
+        if a == b:
+            continue
         label = next((g.label for g in gold.spans if g.start < b and a < g.end), UNTYPED)
         note.misses.append({"start": a, "end": b, "label": label,
                             "category": category_of(label)})
@@ -223,6 +250,7 @@ def load_review(run_dir: Path, notes_path: Path, *, gold_path: Path | None = Non
     rule, members, thresholds = _members(settings)
     audit = _audit(run_dir)
     notes: list[ReviewNote] = []
+    items: list[WorkItem] = []
     for item in iter_input(Path(notes_path), fmt or settings.get("format")):
         rec = audit.pop(item.key, None)
         # a finished run read every note of its input: one it did not audit, or one that no
@@ -244,14 +272,23 @@ def load_review(run_dir: Path, notes_path: Path, *, gold_path: Path | None = Non
         where = f"{AUDIT}, {item.key}"
         spans = sorted((_span(d, len(note.text), where, members) for d in rec["spans"]),
                        key=lambda s: (s["start"], s["end"]))
+        for s in spans:  # the page marks spans whose score lies near a voter's threshold
+            s["near"] = round(span_near(s["members"], s["score"], thresholds), 3)
+        items.append(item)
+        kept = rec.get("kept")
         notes.append(ReviewNote(item.key, note.id, note.text, spans,
                                 note_doubt(spans, members, thresholds),
-                                patient_id=note.patient_id))
+                                patient_id=note.patient_id,
+                                kept={str(k): int(v) for k, v in kept.items()
+                                      if isinstance(v, int) and not isinstance(v, bool)}
+                                if isinstance(kept, dict) else None))
     if audit:
         raise InputError(f"{len(audit)} audited note(s) are not in {notes_path} (first: "
                          f"{next(iter(audit))}); give the notes the run read")
     if not notes:
         raise InputError(f"{run_dir}: no note to review")
+    release = _released(run_dir, settings, Path(notes_path), fmt or settings.get("format"),
+                        items, notes)
     order = doubt_order([n.doubt for n in notes])
     notes = [notes[i] for i in order]
     if isinstance(params.get("notes"), int) and params["notes"] != len(notes):
@@ -259,7 +296,70 @@ def load_review(run_dir: Path, notes_path: Path, *, gold_path: Path | None = Non
                          f"{len(notes)}; give the notes the run read")
     scores = _gold(notes, gold_path) if gold_path is not None else None
     return Review(run_dir, rule, members, thresholds, notes, scores, checked=key is not None,
-                  run_id=params.get("run_id") if isinstance(params.get("run_id"), str) else None)
+                  run_id=params.get("run_id") if isinstance(params.get("run_id"), str) else None,
+                  release=release)
+
+
+def _released(run_dir: Path, settings: Mapping[str, Any], notes_path: Path, fmt: str | None,
+              items: Sequence[WorkItem], notes: Sequence[ReviewNote]) -> dict[str, Any]:
+    """Fill each note's ``released`` from the run's output files (what was handed out, read
+    back, not re-rendered: a surrogate run's key is not needed and the page cannot differ from
+    the file); returns ``{"mode", "path"}`` and ``"why"`` when some or all are not shown.
+
+    The runner's layout (:mod:`dphub.runner`): a JSONL input gives one JSONL output named like
+    the input, records in input order; other inputs give ``OUT/<stem>.txt`` per note."""
+    mode = settings.get("mode")
+    info: dict[str, Any] = {"mode": mode}
+    if mode not in TEXT_MODES:
+        return {**info, "why": f"this run's output ({mode} mode) holds annotations, not text: "
+                "nothing released to show"}
+    missing = 0
+    if input_layout(notes_path, fmt) == "jsonl":
+        src = settings.get("input")
+        path = run_dir / (Path(src).name if isinstance(src, str) else notes_path.name)
+        info["path"] = str(path)
+        texts = _jsonl_texts(path)
+        for i, note in enumerate(notes):  # records in input order, as ``notes`` still are
+            rec = texts[i] if texts is not None and i < len(texts) else None
+            if rec is not None and rec[0] == note.id:
+                note.released = rec[1]
+            else:
+                missing += 1
+    else:
+        info["path"] = str(run_dir)
+        for item, note in zip(items, notes, strict=True):
+            note.released = _read_text(run_dir / f"{item.stem}.txt") if item.stem else None
+            missing += note.released is None
+    if missing:
+        info["why"] = (f"{missing} of {len(notes)} note(s) have no released text in "
+                       f"{info['path']} (moved, renamed or unreadable)")
+    return info
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return read_small_file(path, _RELEASED_CAP, what="an output file").decode("utf-8")
+    except (OSError, UnicodeDecodeError, DphubError):
+        return None
+
+
+def _jsonl_texts(path: Path) -> list[tuple[str, str] | None] | None:
+    """(id, text) of each record of the run's JSONL output, in order (None: unreadable)."""
+    out: list[tuple[str, str] | None] = []
+    try:
+        for _, line in jsonl_lines(path):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                out.append(None)
+                continue
+            ok = isinstance(rec, dict) and isinstance(rec.get("text"), str)
+            out.append((str(rec.get("id")), rec["text"]) if ok else None)
+    except (OSError, DphubError):
+        return None
+    return out
 
 
 def _gold(notes: Sequence[ReviewNote], gold_path: Path) -> dict[str, Any]:

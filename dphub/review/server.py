@@ -10,7 +10,8 @@ is off (request lines carry the token), and the save handler turns every error i
 message: the only file the server writes is the corrections file
 (:func:`dphub.review.corrections.save_corrections`).
 
-Issue 54: what the page sends is checked (:func:`dphub.review.units.check_payload`) and its
+Issue 54: a page whose corrections cannot be written (:func:`dphub.review.corrections.unwritable`)
+says so at its top and takes no correction, so no review is lost at the save. What the page sends is checked (:func:`dphub.review.units.check_payload`) and its
 UTF-16 offsets converted to code points before anything else; a save must name the revision of
 the corrections file its page was loaded with, so a second tab's stale save gets 409 instead of
 silently replacing the first one's corrections.
@@ -22,6 +23,7 @@ import json
 import secrets
 import socket
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -33,13 +35,17 @@ from dphub.errors import DphubError
 from dphub.review.corrections import (
     StaleRevision,
     corrections_revision,
+    labelled_notes,
     load_corrections,
     remove_stale_temps,
     save_corrections,
+    unwritable,
 )
 from dphub.review.page import render_page
 from dphub.review.run import Review
+from dphub.review.safe_words import record_safe_words
 from dphub.review.units import corrections_from_page
+from dphub.safe_vocab import load as load_safe_vocab
 
 LOOPBACK_HOSTS = frozenset(("127.0.0.1", "localhost", "[::1]", "::1"))
 #: the largest corrections request read (offsets and labels, never text)
@@ -100,9 +106,13 @@ _HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
             "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY"}
 
 
-def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
-    """The Starlette app: ``GET /`` the page, ``POST /corrections`` saves the labelled notes."""
+def make_app(review: Review, corrections_path: Path, token: str,
+             safe_words: Path | None = None) -> ASGIApp:
+    """The Starlette app: ``GET /`` the page, ``POST /corrections`` saves the labelled notes
+    (and, with ``safe_words``, records the rejected words there:
+    :func:`dphub.review.safe_words.record_safe_words`)."""
     texts = {n.key: n.text for n in review.notes}
+    vocab = load_safe_vocab() if safe_words is not None else None
     remove_stale_temps(corrections_path)  # a save killed mid-write left note text in a temp
 
     async def page(request: Request) -> Response:
@@ -112,8 +122,12 @@ def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
             earlier = load_corrections(review, corrections_path)
         except DphubError as e:
             return _text(409, f"error: {e.message}")
+        why = unwritable(corrections_path)  # said at the top of the page, before any work
         html = render_page(review, save_url="/corrections", token=token, corrections=earlier,
-                           nonce=nonce, revision=revision)
+                           nonce=nonce, revision=revision,
+                           readonly=None if why is None else
+                           f"corrections cannot be saved to {corrections_path} ({why}); "
+                           "restart `dphub review` with --corrections FILE where you can write")
         csp = (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
                "connect-src 'self'; img-src 'none'; base-uri 'none'; form-action 'none'; "
                "frame-ancestors 'none'")
@@ -127,6 +141,10 @@ def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
             body += chunk
             if len(body) > MAX_BODY:
                 return JSONResponse({"error": "corrections too large"}, 413, headers=_HEADERS)
+        why = unwritable(corrections_path)
+        if why is not None:
+            return JSONResponse({"error": f"corrections cannot be saved ({why})"}, 409,
+                                headers=_HEADERS)
         try:
             payload = json.loads(body)
             # the page's offsets are UTF-16 units: checked and converted here, at the boundary
@@ -144,8 +162,20 @@ def make_app(review: Review, corrections_path: Path, token: str) -> ASGIApp:
             return JSONResponse({"error": f"internal error ({type(e).__name__}); the "
                                  "corrections file is as it was or fully replaced, never half "
                                  "written"}, 500, headers=_HEADERS)
+        site: dict[str, Any] | None = None
+        if safe_words is not None:  # the corrections are saved: a failure here is told apart
+            try:
+                got = record_safe_words(review, labelled_notes(review, corrections), safe_words,
+                                        vocab=vocab)
+                site = {"counted": got.counted, "waiting": got.waiting}
+            except DphubError as e:  # names the file, never a word
+                site = {"error": e.message}
+            except Exception as e:  # noqa: BLE001 - a bug: never its message (note text)
+                site = {"error": f"internal error ({type(e).__name__}); the safe words file "
+                                 "is as it was or fully replaced"}
         return JSONResponse({"notes": n, "path": str(corrections_path),
-                             "revision": corrections_revision(corrections_path)},
+                             "revision": corrections_revision(corrections_path),
+                             "safe_words": site},
                             headers=_HEADERS)
 
     app = Starlette(routes=[Route("/", page, methods=["GET"]),

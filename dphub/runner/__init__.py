@@ -34,7 +34,10 @@ half-written output or a note written twice is a privacy and correctness problem
   here; :mod:`dphub.ray_engine` runs the same batches on Ray actors. Reading, rendering, writing
   and the journal stay in this process whatever the engine, so the bytes are the same.
 * ``OUT/audit.jsonl``: per note, in input order, the spans removed (offsets in code points,
-  label, score) and the members that voted; no text unless ``audit_text``; ``text_hmac``, a
+  label, score) and the members that voted; under the inverse rule also what hid each span
+  (``hidden_by``: members, ``inverse``) and how many words each release path kept (``kept``;
+  ``--mode spans`` lists each kept word's offsets and path: :mod:`dphub.ensemble.release_paths`);
+  no text unless ``audit_text``; ``text_hmac``, a
   digest of the note's text keyed by a per-user secret (``$DPHUB_HOME/review/note.key``,
   :func:`~dphub.runner.state.note_digest_key`), so ``dphub review`` can check that its
   ``--notes`` are the text the run read without the audit confirming any guess of a hidden
@@ -320,8 +323,9 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 if isinstance(res, str):
                     raise InputError(res)
                 spans = [m.to_span() for m in res.merged]
-                content: dict[str, Any] = {"key": it.key,
-                                           "audit": audit_record(it, res.merged, note, audit_text)}
+                why = getattr(res, "why", None)  # issue 54: the inverse rule's reasons
+                content: dict[str, Any] = {"key": it.key, "audit": audit_record(
+                    it, res.merged, note, audit_text, why)}
                 if digest_key is not None:  # issue 54: review checks --notes against it
                     content["audit"]["text_hmac"] = note_digest(digest_key, note.text)
                 if vocab_digest:  # issue 26: which safe words let this note's words back
@@ -331,10 +335,10 @@ def _locked_run(src: Path, dst: Path, ensemble: Any, renderer: Renderer,
                 if renderer.date_count:  # issue 38: one date mention per note
                     content["audit"]["date_count"] = renderer.date_count
                 if jsonl_out:
-                    content["record"] = json.dumps(renderer.jsonl_record(note, spans),
+                    content["record"] = json.dumps(renderer.jsonl_record(note, spans, why),
                                                    ensure_ascii=False, sort_keys=True)
                 else:
-                    _write_output(dst, renderer, wrote, it, note, spans)
+                    _write_output(dst, renderer, wrote, it, note, spans, why)
                 contents.append(content)
                 entries.append({"key": it.key, "index": it.index, "status": "done", "part": part})
             except InputError as e:
@@ -413,9 +417,9 @@ def _record_surrogates(mechanisms: dict[str, Any], dst: Path, notes: list[Note])
 
 
 def _write_output(dst: Path, renderer: Renderer, wrote: list[bool], it: WorkItem, note: Note,
-                  spans: list[Span]) -> None:
+                  spans: list[Span], why: Any = None) -> None:
     """A note's output files under ``dst`` (mirrored sub-directories 0700, atomic writes)."""
-    for suffix, content in renderer.files(note, spans).items():
+    for suffix, content in renderer.files(note, spans, why).items():
         target = dst / f"{it.stem}{suffix}"
         try:
             if not target.parent.is_dir():  # mirrored sub-directories: 0700 like OUT

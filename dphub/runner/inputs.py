@@ -23,7 +23,7 @@ from typing import Any
 
 from dphub import formats
 from dphub.errors import ConfigError, DphubError, InputError
-from dphub.formats._base import read_sidecar
+from dphub.formats._base import read_settings, read_sidecar
 from dphub.notes import Note
 from dphub.runner.state import RUN_DIR
 
@@ -64,6 +64,14 @@ def os_reason(e: OSError) -> str:
     return e.strerror or type(e).__name__
 
 
+#: what a note that does not decode is told (issue 56: name the option that fixes it)
+ENCODING_HINT = "if the notes are in another encoding, pass it with --encoding (e.g. cp1252)"
+
+
+def _encoding_name(encoding: str) -> str:
+    return "UTF-8" if encoding == "utf-8" else encoding
+
+
 def _iter_txt_dir(root: Path) -> Iterator[WorkItem]:
     files = sorted(p for p in root.rglob("*.txt") if p.is_file() and RUN_DIR not in p.parts)
     for i, f in enumerate(files):
@@ -74,13 +82,15 @@ def _iter_txt_dir(root: Path) -> Iterator[WorkItem]:
         except OSError as e:  # permissions, a vanished file, an I/O error: this note alone
             yield WorkItem(rel, i, None, f"{rel}: cannot read ({os_reason(e)})", stem)
             continue
+        encoding = read_settings().encoding
         try:
-            text = data.decode("utf-8")
+            text = data.decode(encoding)
         except UnicodeDecodeError as e:
-            yield WorkItem(rel, i, None, f"{rel}: not valid UTF-8 (byte {e.start})", stem)
+            yield WorkItem(rel, i, None, f"{rel}: not valid {_encoding_name(encoding)} (byte "
+                           f"{e.start}); {ENCODING_HINT}", stem)
             continue
-        if text.startswith("\ufeff"):
-            text = text[1:]
+        # a BOM is kept, as the text format and brat read it: offsets count the file's code
+        # points exactly, so spans of this run and a gold read from the same files agree
         try:  # the patient id of a .meta.json sidecar, as the text format reads it
             side = read_sidecar(f)
         except (DphubError, OSError, UnicodeDecodeError):
@@ -154,10 +164,12 @@ def _iter_jsonl(path: Path) -> Iterator[WorkItem]:
             key = f"line {lineno}"
             if not raw.strip():
                 continue
+            encoding = read_settings().encoding
             try:
-                rec = json.loads(raw.decode("utf-8"))
+                rec = json.loads(raw.decode(encoding))
             except UnicodeDecodeError:
-                yield WorkItem(key, i, None, f"{path.name} line {lineno}: not valid UTF-8")
+                yield WorkItem(key, i, None, f"{path.name} line {lineno}: not valid "
+                               f"{_encoding_name(encoding)}; {ENCODING_HINT}")
                 continue
             except json.JSONDecodeError as e:
                 yield WorkItem(key, i, None, f"{path.name} line {lineno}: not valid JSON "

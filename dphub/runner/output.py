@@ -10,8 +10,8 @@ record of each note, and its audit record (offsets, label, score, members; text 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
@@ -20,6 +20,18 @@ from dphub.render import date_count as _date_count
 from dphub.runner.inputs import WorkItem
 
 MODES = ("tag", "redact", "surrogate", "spans", "brat")
+
+
+class Explanation(Protocol):
+    """Why a rule kept and hid what it did (the inverse rule's
+    :class:`dphub.ensemble.release_paths.Explanation`; the runner sits beside the ensemble, not
+    above it, so it reads it by this shape)."""
+
+    kept: tuple[tuple[int, int, str], ...]
+
+    def counts(self) -> dict[str, int]: ...
+
+    def hidden_by(self, start: int, end: int, members: Iterable[str]) -> list[str]: ...
 
 
 #: the options of :class:`dphub.render.SurrogateRenderer` that choose a DP mechanism (issue 28)
@@ -69,24 +81,50 @@ class Renderer:
         """Pre-pass of ``--date-unit patient``: the renderer learns every date of the patient."""
         self._renderer.observe(*self._shown(note, spans))
 
-    def files(self, note: Note, spans: Sequence[Span]) -> dict[str, str]:
+    def files(self, note: Note, spans: Sequence[Span], why: Explanation | None = None
+              ) -> dict[str, str]:
         out = self._renderer.render(*self._shown(note, spans))
         if self.mode == "brat":  # a brat document is the text plus its annotations
             return {".txt": note.text, ".ann": out}
+        if self.mode == "spans" and why is not None:
+            out = json.dumps(explained(json.loads(out), why), ensure_ascii=False) + "\n"
         return {self._renderer.suffix: out}
 
-    def jsonl_record(self, note: Note, spans: Sequence[Span]) -> dict[str, Any]:
+    def jsonl_record(self, note: Note, spans: Sequence[Span], why: Explanation | None = None
+                     ) -> dict[str, Any]:
         out = self._renderer.render(*self._shown(note, spans))
         if self.mode == "spans":
-            return json.loads(out)
+            return explained(json.loads(out), why)
         return {"id": note.id, "text": out}
 
 
-def audit_record(item: WorkItem, merged: Sequence[Any], note: Note, audit_text: bool) -> dict[str, Any]:
+def explained(record: dict[str, Any], why: Explanation | None) -> dict[str, Any]:
+    """A ``--mode spans`` record of an inverse run with why (issue 54 item 5): each span's
+    ``hidden_by`` (its members, ``inverse`` when the rule hid a word of it alone) and ``kept``,
+    every kept word as ``[start, end, release path]`` (offsets, never text)."""
+    if why is None:
+        return record
+    for s in record["spans"]:
+        s["hidden_by"] = why.hidden_by(s["start"], s["end"], s.get("members") or ())
+    record["kept"] = [list(k) for k in why.kept]
+    return record
+
+
+def audit_record(item: WorkItem, merged: Sequence[Any], note: Note, audit_text: bool,
+                 why: Explanation | None = None) -> dict[str, Any]:
+    """A note's line of ``audit.jsonl``: its spans (offsets, label, score, members; text only
+    with ``audit_text``); under the inverse rule also what hid each span (``hidden_by``) and
+    how many words each release path kept (``kept``: path -> count; offsets of each kept word
+    are in ``--mode spans``, never text here)."""
     spans = []
     for m in merged:
         d = m.to_dict() if hasattr(m, "to_dict") else dict(m)
+        if why is not None:
+            d["hidden_by"] = why.hidden_by(d["start"], d["end"], d.get("members") or ())
         if audit_text:
             d["text"] = note.text[d["start"] : d["end"]]
         spans.append(d)
-    return {"key": item.key, "id": note.id, "spans": spans}
+    rec: dict[str, Any] = {"key": item.key, "id": note.id, "spans": spans}
+    if why is not None:
+        rec["kept"] = why.counts()
+    return rec

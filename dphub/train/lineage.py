@@ -43,7 +43,7 @@ def settle_lineage(opts: TrainOptions, src: ModelSource, fp: L.Footprint) -> Non
                 "its card was edited: use the model as it was written")
     if opts.disjoint_teacher and parent is not None:
         anc = L.ancestry_footprint(ledger, [parent])
-        if anc.patients & fp.patients or anc.notes & fp.notes:
+        if L.links(anc, fp):
             raise ConfigError(
                 "--disjoint-teacher: the privacy ledger records that the --init-from model (or "
                 "one it descends from) was trained on some of these patients or notes, so its "
@@ -66,7 +66,7 @@ def refuse_false_disjoint(teachers: Sequence[Mapping[str, Any]], notes: Sequence
     fp = L.footprint(notes)
     for t in known:
         anc = L.ancestry_footprint(ledger, [str(t["revision"])])
-        if anc.patients & fp.patients or anc.notes & fp.notes:
+        if L.links(anc, fp):
             raise ConfigError(
                 f"--disjoint-teacher {t.get('repo')}: the privacy ledger records that this member "
                 "(or one it descends from) was trained on some of these patients or notes, so "
@@ -256,6 +256,7 @@ def record_run(opts: TrainOptions, src: ModelSource, plan: PrivacyPlan,
         history=run_steps(opts, plan) if dp.get("composition") is None else (),
         parents=(src.parent_weights_sha256,) if src.parent_weights_sha256 else (),
         notes=fp.notes,
+        sketches=fp.sketches,
         group_size=fp.group_size(unit),
         composes_parents=not opts.disjoint_teacher,
     ))

@@ -18,6 +18,9 @@ class Progress:
     loss: float | None
     epsilon: float | None
     steps_per_second: float | None
+    #: the step ``epsilon`` was computed at (None: this one); it is recomputed every few seconds,
+    #: not every step (one accountant call costs 0.2-1 s), so a line says which step it is of
+    epsilon_step: int | None = None
 
 
 @dataclass

@@ -50,6 +50,13 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}g}"
 
 
+def _eps(x: float | None) -> str:
+    """An ε as every command shows it (3 significant digits, rounded up; issue 56)."""
+    from dphub.privacy.statement import format_epsilon
+
+    return "-" if x is None else format_epsilon(x)
+
+
 def _say(msg: str) -> None:
     """Status lines of slow set-up steps (ONNX export), on stderr; never note text."""
     typer.echo(msg, err=True)
@@ -73,8 +80,10 @@ AGGREGATE_OPT = typer.Option(
 SAFE_WORDS_OPT = typer.Option(
     [], "--safe-words", metavar="FILE",
     help="With --aggregate inverse: your own safe words (one word per line), added to the "
-         "shipped vocabulary; each word added comes back whenever the models let it "
-         "(repeatable; docs/recall_first.md).",
+         "shipped vocabulary; each word added comes back whenever the models let it; "
+         "'builtin:weekdays' adds weekday names where your guideline does not count them as "
+         "PHI; or a site-local safe words file that `dphub review` records (JSON: released "
+         "only under its guard) (repeatable; docs/recall_first.md, docs/review.md).",
 )
 RUNTIME_OPT = typer.Option(
     None, "--runtime", show_default="the manifest's, else auto",

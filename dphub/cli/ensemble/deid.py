@@ -8,8 +8,12 @@ run skipped notes that failed (:data:`dphub.runner.EXIT_SOME_FAILED`).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +43,14 @@ from dphub.cli.ensemble._surrogates import (  # issue 28: --dates/--ages/--place
     PLACES_OPT,
     surrogate_options,
 )
-from dphub.cli.options import FLOAT, MAX_THREADS, apply_threads, threads_option, unit_interval
+from dphub.cli.options import (
+    FLOAT,
+    MAX_THREADS,
+    apply_threads,
+    reads_notes,
+    threads_option,
+    unit_interval,
+)
 from dphub.errors import ConfigError
 
 DEFAULT_OUT_SUFFIX = ".deid"
@@ -74,6 +85,68 @@ def _resolve_out(input_path: Path, out: Path | None, resume: bool) -> Path:
     return dflt
 
 
+#: the INPUT (and --out) that means one note on stdin (and the result on stdout)
+STDIO = "-"
+#: modes whose output is one note's text (what stdout can carry)
+_TEXT_MODES = ("tag", "redact", "surrogate")
+
+
+def _is_stdio(path: Path | None) -> bool:
+    return path is not None and str(path) == STDIO
+
+
+def _stdio_preflight(input_path: Path, out: Path | None, mode: str, resume: bool) -> bool:
+    """Whether this run reads one note from stdin; refuse what cannot go with it, before any model
+    is loaded. ``--out -`` without ``-`` as INPUT is refused too (a corpus has many notes)."""
+    if not _is_stdio(input_path):
+        if _is_stdio(out):
+            raise ConfigError("--out - (stdout) takes one note: give INPUT - and the note on stdin")
+        return False
+    if out is not None and not _is_stdio(out):
+        raise ConfigError("INPUT - writes the de-identified note to stdout: leave out --out "
+                          "(or pass --out -)")
+    if resume:
+        raise ConfigError("--resume has nothing to continue with INPUT - (one note on stdin)")
+    if mode not in _TEXT_MODES:
+        raise ConfigError(f"INPUT - writes one note's text to stdout: --mode must be one of "
+                          f"{', '.join(_TEXT_MODES)}, not {mode!r}")
+    if sys.stdin is None or sys.stdin.isatty():
+        raise ConfigError("INPUT - reads one note from stdin, and stdin is a terminal: "
+                          "e.g. `dphub deid - --model rules:default < note.txt`")
+    return True
+
+
+@contextlib.contextmanager
+def _stdin_note() -> Iterator[tuple[Path, Path]]:
+    """(input directory holding stdin's note as ``stdin.txt``, output directory), private (0700
+    and 0600: the note is PHI) and removed afterwards, whatever happens."""
+    from dphub.formats._base import decode
+    from dphub.io import atomic_write_text
+
+    data = sys.stdin.buffer.read()
+    if not data:
+        raise ConfigError("stdin is empty: pipe one note in, e.g. `dphub deid - < note.txt`")
+    text = decode(data, "stdin")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    with tempfile.TemporaryDirectory(prefix="dphub-stdin-") as tmp:
+        os.chmod(tmp, 0o700)
+        src = Path(tmp, "in")
+        src.mkdir(mode=0o700)
+        atomic_write_text(src / "stdin.txt", text)
+        os.chmod(src / "stdin.txt", 0o600)
+        yield src, Path(tmp, "out")
+
+
+def _stdout_note(out: Path, code: int) -> int:
+    """Write the de-identified note of a stdin run to stdout, exactly as the run wrote it."""
+    result = out / "stdin.txt"
+    if code == 0 and result.is_file():
+        sys.stdout.write(result.read_text(encoding="utf-8"))
+        sys.stdout.flush()
+    return code
+
+
 def _preflight(input_path: Path, mode: str, key_file: Path | None,
                patient_id_from: str | None) -> bytes | None:
     """Check the run's own arguments before any member is loaded, and return the key.
@@ -85,7 +158,8 @@ def _preflight(input_path: Path, mode: str, key_file: Path | None,
 
     if mode not in MODES:
         raise ConfigError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
-    check_input(input_path)
+    if not _is_stdio(input_path):
+        check_input(input_path)
     patient_pattern(patient_id_from)
     if mode != "surrogate":
         return None
@@ -128,10 +202,35 @@ def timing_line(run_start: float, run_end: float, notes: int) -> str:
             f"({notes / took:.1f} notes/s, {1000 * took / notes:.0f} ms/note)")
 
 
+def _deid_run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
+         batch_size: int, workers: int | None, resume: bool, audit_text: bool,
+         fmt: str | None, engine: Any = None, patient_id_from: str | None = None,
+         render_options: dict[str, Any] | None = None, manifest: Path | None = None,
+         stdio: bool = False) -> int:
+    """Run the de-identification; with ``stdio``, ``input_path`` is ``-``: stdin's note is
+    de-identified in a private temporary directory and written to stdout (messages to stderr)."""
+    if stdio:
+        from dphub.formats import reading
+
+        # the temporary copy is UTF-8, whatever --encoding stdin was decoded with
+        with _stdin_note() as (src, tmp_out), reading(encoding="utf-8"):
+            code = _run(src, tmp_out, ensemble, mode=mode, key_file=key_file,
+                        batch_size=batch_size, workers=workers, resume=False,
+                        audit_text=False, fmt="text", engine=engine,
+                        patient_id_from=patient_id_from, render_options=render_options,
+                        manifest=None, quiet=True)
+            return _stdout_note(tmp_out, code)
+    return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
+                workers=workers, resume=resume, audit_text=audit_text, fmt=fmt, engine=engine,
+                patient_id_from=patient_id_from, render_options=render_options,
+                manifest=manifest)
+
+
 def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
          batch_size: int, workers: int | None, resume: bool, audit_text: bool,
          fmt: str | None, engine: Any = None, patient_id_from: str | None = None,
-         render_options: dict[str, Any] | None = None, manifest: Path | None = None) -> int:
+         render_options: dict[str, Any] | None = None, manifest: Path | None = None,
+         quiet: bool = False) -> int:
     from dphub.runner import run_deid
 
     if workers is not None and engine is None:  # with Ray: threads per actor, set there
@@ -164,8 +263,9 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
         msg = f"the run in {out} is already complete ({report.skipped} note(s)); nothing to do"
     elif report.skipped:
         msg += f", {report.skipped} already done"
-    typer.echo(msg)
-    if report.done and reporter.mode != "off":  # with the progress lines (DPHUB_PROGRESS=off)
+    if not quiet:
+        typer.echo(msg)
+    if report.done and reporter.mode != "off" and not quiet:  # with the progress lines
         _say(timing_line(started, time.monotonic(), report.done))
     for err in report.errors:
         typer.echo(f"failed: {err}", err=True)
@@ -215,6 +315,23 @@ RAY_WORKERS_OPT = typer.Option(
 )
 
 
+def _site_words(ensemble: Any, manifest_path: Path, safe_words: list[Path]) -> None:
+    """Say how many site-local safe words apply (issue 54), or that the manifest's sibling file
+    exists and is not applied: it never applies unless named (numbers and paths only)."""
+    from dphub.review.safe_words import DEFAULT_NAME
+
+    vocab = ensemble.safe_vocab
+    if vocab is not None and vocab.site:
+        _say(f"site-local safe words: {len(vocab.site)} word(s) with two or more independent "
+             "rejections, released only in lower case, where no name stands and no model is "
+             "sure of PHI")
+    sibling = manifest_path.expanduser().resolve().parent / DEFAULT_NAME
+    given = {Path(p).expanduser().resolve() for p in safe_words}
+    if sibling.is_file() and sibling not in given:
+        _say(f"note: site-local safe words in {sibling} are not applied; add --safe-words "
+             f"{sibling} (with --aggregate inverse) to apply them")
+
+
 def _ray_engine(engine: str, address: str | None, ray_workers: int, threads: int | None,
                 recipe: Any) -> Any:
     """The runner's engine for ``--engine``: None for local, a Ray engine from the recipe."""
@@ -231,13 +348,15 @@ def _ray_engine(engine: str, address: str | None, ray_workers: int, threads: int
 
 
 @ensemble_app.command("deid")
+@reads_notes
 def deid_cmd(
     input_path: Path = typer.Argument(
-        ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
+        ..., metavar="INPUT", help="Directory of .txt, a JSONL or CSV file, a corpus, or - for one note on stdin "
+        "(the de-identified note goes to stdout)."
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", show_default="INPUT.deid beside the input",
-        help="Output directory (refused if it exists, unless --resume).",
+        help="Output directory (refused if it exists, unless --resume); - with INPUT -: stdout.",
     ),
     owner_model: Path | None = typer.Option(
         None, "--owner-model", show_default="none",
@@ -274,12 +393,13 @@ def deid_cmd(
     from dphub.ensemble.manifest import Manifest
     from dphub.runtime import set_inference_device
 
+    stdio = _stdio_preflight(input_path, out, mode, resume)
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
         mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
         age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon,
         date_count=date_count)
-    out = _resolve_out(input_path, out, resume)
+    out = Path(STDIO) if stdio else _resolve_out(input_path, out, resume)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     if workers is not None:  # before ONNX sessions are made: they take torch's thread count
         apply_threads(workers)
@@ -300,16 +420,19 @@ def deid_cmd(
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
                               batch_size=batch_size, int8=int8, runtime=runtime, progress=_say,
                               safe_words=safe_words)
-    return _run(input_path, out, ensemble, mode=mode, key_file=key_file, batch_size=batch_size,
-                workers=workers, resume=resume, audit_text=audit_text, fmt=fmt,
-                engine=run_engine, patient_id_from=patient_id_from,
-                render_options=render_options,
-                manifest=manifest_path if manifest_path.is_file() else None)
+    _site_words(ensemble, manifest_path, safe_words)
+    return _deid_run(input_path, out, ensemble, mode=mode, key_file=key_file,
+                     batch_size=batch_size, workers=workers, resume=resume,
+                     audit_text=audit_text, fmt=fmt, engine=run_engine,
+                     patient_id_from=patient_id_from, render_options=render_options,
+                     manifest=manifest_path if manifest_path.is_file() else None, stdio=stdio)
 
 
+@reads_notes
 def deid_top_cmd(
     input_path: Path = typer.Argument(
-        ..., metavar="INPUT", help="Directory of .txt, a JSONL file, or a corpus."
+        ..., metavar="INPUT", help="Directory of .txt, a JSONL or CSV file, a corpus, or - for one note on stdin "
+        "(the de-identified note goes to stdout)."
     ),
     model: str = typer.Option(
         ..., "--model", help="A model directory, org/name[@revision], rules:default, "
@@ -317,7 +440,7 @@ def deid_top_cmd(
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o", show_default="INPUT.deid beside the input",
-        help="Output directory (refused if it exists, unless --resume).",
+        help="Output directory (refused if it exists, unless --resume); - with INPUT -: stdout.",
     ),
     threshold: float | None = typer.Option(
         None, "--threshold", parser=unit_interval, metavar=FLOAT, show_default="decode (Viterbi)",
@@ -352,12 +475,13 @@ def deid_top_cmd(
     from dphub.ensemble.manifest import MemberEntry, card_privacy, entry_from_spec, weights_digest
     from dphub.runtime import set_inference_device
 
+    stdio = _stdio_preflight(input_path, out, mode, resume)
     _preflight(input_path, mode, key_file, patient_id_from)
     render_options = surrogate_options(
         mode, dates=dates, date_epsilon=date_epsilon, date_unit=date_unit, ages=ages,
         age_epsilon=age_epsilon, places=places, place_epsilon=place_epsilon,
         date_count=date_count)
-    out = _resolve_out(input_path, out, resume)
+    out = Path(STDIO) if stdio else _resolve_out(input_path, out, resume)
     _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
     kind, _ = parse_spec(model)
     set_inference_device(device)
@@ -404,7 +528,8 @@ def deid_top_cmd(
 
     ensemble = Ensemble([slot])
     ensemble.runtime = chosen
-    return _run(input_path, out, ensemble, mode=mode, key_file=key_file,
-                batch_size=batch_size, workers=workers, resume=resume, audit_text=audit_text,
-                fmt=fmt, engine=_ray_engine(engine, address, ray_workers, workers, recipe),
-                patient_id_from=patient_id_from, render_options=render_options)
+    return _deid_run(input_path, out, ensemble, mode=mode, key_file=key_file,
+                     batch_size=batch_size, workers=workers, resume=resume,
+                     audit_text=audit_text, fmt=fmt,
+                     engine=_ray_engine(engine, address, ray_workers, workers, recipe),
+                     patient_id_from=patient_id_from, render_options=render_options, stdio=stdio)

@@ -23,16 +23,17 @@ from dphub.cli.ensemble._common import (
     RUNTIME_OPT,
     SAFE_WORDS_OPT,
     _changes,
-    _fmt,
+    _eps,
     _say,
     _used,
     ensemble_app,
 )
-from dphub.cli.options import FLOAT, apply_threads, finite_float, threads_option
+from dphub.cli.options import FLOAT, apply_threads, finite_float, reads_notes, threads_option
 from dphub.errors import ConfigError, InputError
 
 
 @ensemble_app.command("calibrate")
+@reads_notes
 def calibrate_cmd(
     labelled: Path = typer.Argument(
         ..., metavar="LABELLED", help="The owner's labelled notes (any format)."
@@ -169,6 +170,7 @@ def _calibrate_inverse(ensemble: Any, notes: Any, target_recall: float, *, holdo
 
 
 @ensemble_app.command("evaluate")
+@reads_notes
 def evaluate_cmd(
     labelled: Path = typer.Argument(..., metavar="LABELLED", help="Labelled notes (any format)."),
     owner_model: Path | None = typer.Option(
@@ -213,7 +215,7 @@ def evaluate_cmd(
                 "non-PHI kept"):
         t.add_column(col, justify="left" if col in ("member", "unit") else "right")
     for r in rows:
-        t.add_row(r["name"], _fmt(r["epsilon"]), r["unit"] or "-",
+        t.add_row(r["name"], _eps(r["epsilon"]), r["unit"] or "-",
                   *(f"{100 * r[k]:.1f}" for k in ("precision", "recall", "f1",
                                                   "phrase_recall_any", "phrase_recall_full",
                                                   "non_phi_tokens_kept")))

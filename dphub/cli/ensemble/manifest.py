@@ -16,7 +16,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dphub.cli.ensemble._common import ENSEMBLE_OPT, _changes, _fmt, _say, _used, ensemble_app
+from dphub.cli.ensemble._common import (
+    ENSEMBLE_OPT,
+    _changes,
+    _eps,
+    _fmt,
+    _say,
+    _used,
+    ensemble_app,
+)
 from dphub.cli.options import FLOAT, positive_float, unit_interval
 
 
@@ -100,7 +108,7 @@ def list_cmd(manifest_path: Path = ENSEMBLE_OPT,
         t.add_column(col)
     for m in manifest.members:
         rev = (m.revision or "-")
-        t.add_row(m.name, m.kind, rev[:19], _fmt(m.epsilon), m.unit or "-",
+        t.add_row(m.name, m.kind, rev[:19], _eps(m.epsilon), m.unit or "-",
                   "decode" if m.threshold is None and member_kind(m.kind).model
                   else _fmt(m.threshold))
     Console().print(t)

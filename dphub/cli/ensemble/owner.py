@@ -20,10 +20,11 @@ from dphub.cli.ensemble._common import (
     ENSEMBLE_OPT,
     FORMAT_OPT,
     RESUME_OPT,
+    _eps,
     _used,
     ensemble_app,
 )
-from dphub.cli.options import FLOAT, apply_threads, positive_float, threads_option
+from dphub.cli.options import FLOAT, apply_threads, positive_float, reads_notes, threads_option
 
 # one declaration of each training option (dphub/cli/train.py)
 from dphub.cli.train import (
@@ -97,11 +98,11 @@ def _report_owner(res: Any) -> None:
     else:
         eps = res.epsilon if res.epsilon is not None else t.epsilon
         delta = res.delta if res.delta is not None else t.delta
-        what = f"ε = {eps:.3f}, δ = {delta:.2g} (DP, publishable)"
+        what = f"ε = {_eps(eps)}, δ = {delta:.2g} (DP, publishable)"
         composed = [e for e in res.teachers if e["composed"]]
         if composed:
             what += (f"; composed with {len(composed)} teacher(s) that may have seen these "
-                     f"patients (this run alone: ε = {t.epsilon:.3f}, δ = {t.delta:.2g}; "
+                     f"patients (this run alone: ε = {_eps(t.epsilon)}, δ = {t.delta:.2g}; "
                      "declare a member trained on other patients with --disjoint-teacher NAME)")
     typer.echo(f"wrote {res.out_dir}: {what}; {res.notes} training notes ({res.gold_notes} with "
                f"gold labels, {res.pseudo_notes} labelled by the ensemble), {t.steps} steps")
@@ -110,6 +111,7 @@ def _report_owner(res: Any) -> None:
 
 
 @ensemble_app.command("distill")
+@reads_notes
 def distill_cmd(
     notes_path: Path = typer.Argument(
         ..., metavar="NOTES", help="The owner's notes (any format; gold spans, if any, ignored)."
@@ -201,6 +203,7 @@ def distill_cmd(
 
 
 @ensemble_app.command("distill-public")
+@reads_notes
 def distill_public_cmd(
     teacher: str = typer.Argument(
         ..., metavar="TEACHER",
@@ -279,7 +282,7 @@ def distill_public_cmd(
                              on_label=reporter.count_callback("label", "notes"),
                              on_progress=reporter.train_callback())
     typer.echo(f"wrote {res.out_dir}: public student of {tm.repo}@{tm.revision[:12]}, "
-               f"ε = {res.epsilon:.3f}, δ = {res.delta:.2g} per {tm.dp.get('privacy_unit')} "
+               f"ε = {_eps(res.epsilon)}, δ = {res.delta:.2g} per {tm.dp.get('privacy_unit')} "
                f"(the teacher's: post-processing, publishable); {res.notes} public synthetic "
                f"notes, {res.pseudo_spans} labelled spans, {res.train.steps} steps")
 
@@ -299,6 +302,7 @@ def _teacher_source(spec: str) -> tuple[Path, str, str | None]:
 
 
 @ensemble_app.command("train")
+@reads_notes
 def train_cmd(
     labelled: Path = typer.Argument(
         ..., metavar="LABELLED", help="The owner's labelled notes (any format)."

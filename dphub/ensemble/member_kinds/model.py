@@ -4,6 +4,8 @@ registered prefix."""
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 from pathlib import Path
 from typing import Any, ClassVar
@@ -11,9 +13,34 @@ from typing import Any, ClassVar
 from dphub.ensemble.core import Slot, TaggerCache, load_model_member
 from dphub.ensemble.kinds import MemberKind, register_member_kind
 from dphub.ensemble.manifest import MemberEntry, card_privacy, model_dir_of, weights_digest
-from dphub.errors import ConfigError
+from dphub.errors import ConfigError, HubError
 from dphub.registry import Registry
 from dphub.repo_ids import parse_repo_spec
+
+
+def _looks_like_path(arg: str, p: Path) -> bool:
+    """Whether a spec that is no directory was meant as a path, not a hub repo: it starts like a
+    path, names something that exists (a file), or lies in a directory that exists (``models/x``
+    with ``./models`` present). Why: ``ensemble add models/nope`` advised ``dphub pull``."""
+    return (arg.startswith((".", "/", "~")) or os.path.lexists(p)
+            or ("/" in arg and p.parent != Path(".") and p.parent.is_dir()))
+
+
+def _close(word: str, candidates: list[str]) -> str:
+    return " or ".join(difflib.get_close_matches(word, sorted(set(candidates)), n=3, cutoff=0.6))
+
+
+def _no_directory(arg: str, p: Path) -> str:
+    """The message for a path that is not a model directory, with the closest siblings."""
+    if os.path.lexists(p):
+        return f"{arg}: not a directory (a model is a directory with model.safetensors and a card)"
+    try:
+        siblings = [str(p.parent / d.name) if str(p.parent) != "." else d.name
+                    for d in p.parent.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    except OSError:
+        siblings = []
+    close = _close(str(p), siblings)
+    return f"{arg}: no such model directory" + (f"; did you mean {close}?" if close else "")
 
 
 class ModelKind(MemberKind):
@@ -37,11 +64,18 @@ class ModelKind(MemberKind):
                 delta=priv.get("delta"),
                 unit=priv.get("privacy_unit"),
             )
+        if _looks_like_path(arg, p):
+            raise ConfigError(_no_directory(arg, p))
         if not re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w.-]+)?", arg):
             raise ConfigError(f"{arg!r} is neither a model directory, a hub repo (org/name[@rev]), "
                               "rules:default, deidpl:DIR nor presidio:default")
         repo, rev = parse_repo_spec(arg)
-        entry = Registry().get(repo, rev)
+        registry = Registry()
+        try:
+            entry = registry.get(repo, rev)
+        except HubError as e:
+            close = _close(repo, [x.name for x in registry.list()])
+            raise HubError(e.message + (f"; did you mean {close}?" if close else "")) from None
         return MemberEntry(
             name=name or repo,
             kind="registry",
