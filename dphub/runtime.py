@@ -67,8 +67,13 @@ from dphub.io import (
 RUNTIMES: tuple[str, ...] = ("torch", "torch-bf16", "onnx", "onnx-int8")
 #: runtimes that run the PyTorch encoder itself (no ONNX graph)
 TORCH_RUNTIMES: tuple[str, ...] = ("torch", "torch-bf16")
-#: what `dphub ensemble deid/evaluate` use when neither the flag nor the manifest names one
-DEFAULT_RUNTIME = "torch"
+#: what `dphub ensemble deid/evaluate` use when neither the flag nor the manifest names one:
+#: :func:`choose_runtime` picks a concrete runtime for the device (issue 55)
+AUTO = "auto"
+DEFAULT_RUNTIME = AUTO
+#: /proc/cpuinfo flags of native bfloat16 dot products (AVX512-BF16, AMX); without one oneDNN
+#: emulates bfloat16 on AVX-512 cores, slower than fp32
+BF16_CPU_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
 #: 2: files are authenticated by an HMAC under the user's key (format 1 caches are rebuilt)
 CACHE_FORMAT = 2
 OPSET = 17
@@ -118,6 +123,94 @@ def check_runtime(name: str) -> str:
     if name not in RUNTIMES:
         raise ConfigError(f"unknown runtime {name!r}; choose one of {', '.join(RUNTIMES)}")
     return name
+
+
+def check_runtime_choice(name: str) -> str:
+    """``name`` if it is a runtime or ``auto`` (:func:`choose_runtime`), else a ConfigError."""
+    if name == AUTO:
+        return name
+    if name not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {name!r}; choose one of "
+                          f"{', '.join((AUTO, *RUNTIMES))}")
+    return name
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (Linux), or None where it cannot be read."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        return None
+    return None
+
+
+def choose_runtime(device: torch.device | str = "cpu", *,
+                   flags: frozenset[str] | None = None) -> tuple[str, str]:
+    """The runtime ``auto`` means on ``device``, and why (printed once by the CLI).
+
+    ``torch-bf16`` where bfloat16 dot products are native: it kept every recall figure of the
+    held-out and inner splits (docs/speed.md) at 1.6-1.7x fp32's speed. On a CPU, native means
+    a flag of :data:`BF16_CPU_FLAGS` in ``/proc/cpuinfo`` (``flags``: given by tests) *and*
+    PyTorch's own oneDNN check; PyTorch alone also says yes on AVX-512 cores that emulate it.
+    Elsewhere fp32 ``torch``: ``onnx-int8`` is faster but lost up to 0.54 recall points at the
+    thresholds the recall-first rule reads, beyond the 0.3-point bar, so it stays a choice the
+    user makes (``--runtime onnx-int8``).
+    """
+    kind = torch.device(device).type
+    if kind == "cuda":
+        if native_bf16("cuda"):
+            return "torch-bf16", "native bf16 on this GPU"
+        return "torch", "this GPU has no native bf16"
+    if kind != "cpu":
+        return "torch", f"no tuned runtime for a {kind} device"
+    if flags is None:
+        flags = cpu_flags()
+    has_flag = flags is None or any(f in flags for f in BF16_CPU_FLAGS)  # None: not Linux
+    if has_flag and native_bf16("cpu"):
+        return "torch-bf16", "native bf16"
+    return "torch", "no native bf16 on this CPU; --runtime onnx-int8 is faster but lost recall"
+
+
+#: the device model members run on unless a caller names one (:func:`set_inference_device`)
+_DEVICE: list[str] = []
+
+
+def choose_device(requested: str | None = None) -> str:
+    """The inference device: ``requested`` (``cpu``, ``cuda``, ``cuda:N``) or, for None or
+    ``auto``, ``cuda`` when PyTorch sees a GPU, else ``cpu``. A GPU asked for and absent is one
+    ConfigError (not a silent fall-back to a CPU twenty times slower)."""
+    name = (requested or AUTO).strip().lower()
+    if name == AUTO:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"unknown device {requested!r}; choose auto, cpu or cuda[:N]") from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type != "cuda":
+        raise ConfigError(f"unknown device {requested!r}; choose auto, cpu or cuda[:N]")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {requested!r}: PyTorch sees no CUDA GPU here; use --device cpu")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {requested!r}: only {torch.cuda.device_count()} CUDA GPU(s)")
+    return str(dev)
+
+
+def set_inference_device(requested: str | None) -> str:
+    """Make :func:`choose_device` of ``requested`` the device of taggers loaded from now on in
+    this process (the CLI's ``--device``); returns it."""
+    dev = choose_device(requested)
+    _DEVICE[:] = [dev]
+    return dev
+
+
+def inference_device() -> str:
+    """The device of taggers loaded without one: :func:`set_inference_device`'s, else auto."""
+    return _DEVICE[0] if _DEVICE else choose_device(None)
 
 
 def native_bf16(kind: str) -> bool:

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-import dphub.privacy.grad_samplers  # noqa: F401  (registers the CRF grad sampler with Opacus)
 from dphub import align
 from dphub import rule_features as rf
 from dphub.errors import ConfigError, ModelError
@@ -32,6 +31,7 @@ from dphub.runtime import (
     bf16_autocast,
     check_bf16,
     check_runtime,
+    inference_device,
     load_encoder,
 )
 from dphub.scores import TokenScores, spans_from_scores
@@ -76,7 +76,9 @@ class Tagger:
     """
 
     def __init__(self, model: TaggerModel, tokenizer: Any, model_dir: Path | None = None,
-                 name: str | None = None, device: str = "cpu") -> None:
+                 name: str | None = None, device: str | None = None) -> None:
+        if device is None:  # a model handed in stays where it is (a server's model, a training run)
+            device = str(next(model.parameters()).device)
         self.model = model.eval().to(device)
         self.tokenizer = tokenizer
         self.model_dir = Path(model_dir) if model_dir else None
@@ -138,6 +140,9 @@ class Tagger:
                 check_bf16(self.device)
             self.runtime, self._onnx = runtime, None
             return None
+        if self.device.type != "cpu":
+            raise ConfigError(f"runtime {runtime} runs on the CPU (ONNX Runtime's CPU provider); "
+                              f"on {self.device.type} use torch or torch-bf16, or --device cpu")
         digest = self.encoder_digest  # from the float weights, before anything else changes
         self._onnx, status = load_encoder(runtime, self.model.encoder, digest, threads=threads,
                                           progress=progress)
@@ -195,7 +200,7 @@ class Tagger:
         return feats
 
     @classmethod
-    def load(cls, model_dir: Path | str, device: str = "cpu") -> Tagger:
+    def load(cls, model_dir: Path | str, device: str | None = None) -> Tagger:
         """Load a model directory (safetensors only, ``trust_remote_code=False``)."""
         from transformers import AutoTokenizer
 
@@ -208,7 +213,8 @@ class Tagger:
                 from None
         if not getattr(tokenizer, "is_fast", False):
             raise ModelError(f"{model_dir}: dphub needs a fast tokenizer (tokenizer.json)")
-        return cls(model, tokenizer, model_dir, device=device)
+        # a model read from disk goes to the inference device: a CUDA GPU when PyTorch sees one
+        return cls(model, tokenizer, model_dir, device=device or inference_device())
 
     def save(self, model_dir: Path) -> None:
         """Write this tagger's model directory (tokenizer files copied from where it was loaded)."""

@@ -4,8 +4,10 @@ and a CRF (or softmax) head, with its losses, CRF marginals and its model direct
 Its contract with ``dphub.train`` is ``from_base``, ``emissions``, ``per_sample_loss`` (one loss
 per window, so Opacus can compute per-sample gradients), ``marginals``, ``decode``,
 ``set_trainable``, ``save``/``load``. The CRF is pytorch-crf's ``torchcrf.CRF``; its per-sample
-gradients come from the grad sampler in :mod:`dphub.privacy.grad_samplers` (registered on import
-here). Inference over notes is :mod:`dphub.tagger`. Over 600 lines because it is one concern: the
+gradients come from the grad sampler in :mod:`dphub.privacy.grad_samplers`, registered by
+:func:`register_grad_sampler` (when a model is built in a process that has loaded Opacus, and by
+the training loop before it wraps the model); inference never loads Opacus (issue 55: it was a
+third of the start-up of ``dphub deid``). Inference over notes is :mod:`dphub.tagger`. Over 600 lines because it is one concern: the
 module and its on-disk form, which must change together.
 
 The model directory is what ``transformers`` expects for ``BertForTokenClassification``
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,6 @@ import torch
 from torch import Tensor, nn
 from torchcrf import CRF
 
-import dphub.privacy.grad_samplers  # noqa: F401  (registers the CRF grad sampler with Opacus)
 from dphub.encoders import quiet_transformers as _quiet_transformers
 from dphub.encoders import resolve_base_model
 from dphub.errors import ConfigError, ModelError
@@ -183,6 +185,18 @@ def soft_crf_nll(crf: CRF, emissions: Tensor, targets: Tensor, mask: Tensor) -> 
     return log_z - (unary + start + pair + end)
 
 
+def register_grad_sampler() -> None:
+    """Register the CRF's per-sample gradient with Opacus (:mod:`dphub.privacy.grad_samplers`).
+
+    Why not at import: Opacus (and the SciPy, sympy and ``torch.distributed`` it loads) took
+    about a third of the start-up of ``dphub deid``, which never trains. Opacus decides at
+    ``make_private`` time how each layer's per-sample gradient is computed, so registering
+    before the model is wrapped is enough; :class:`TaggerModel` does it when built in a process
+    that has Opacus loaded, and the training loop does it before ``make_private``. Idempotent.
+    """
+    import dphub.privacy.grad_samplers  # noqa: F401  (registers on import)
+
+
 class TaggerModel(nn.Module):
     """Encoder → dropout → Linear emissions over BIOES tags → CRF (or softmax).
 
@@ -205,6 +219,8 @@ class TaggerModel(nn.Module):
         rule_features: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        if "opacus" in sys.modules:  # a process that trains: the CRF's sampler before any wrap
+            register_grad_sampler()
         if head not in HEADS:
             raise ConfigError(f"unknown head {head!r}; choose one of {', '.join(HEADS)}")
         self.encoder = encoder

@@ -31,7 +31,14 @@ from dphub.ensemble.release_paths import Explanation
 from dphub.ensemble.words import snap_to_words, trim_spans, word_runs
 from dphub.errors import ConfigError
 from dphub.notes import Note, Span
-from dphub.runtime import DEFAULT_RUNTIME, check_runtime
+from dphub.runtime import (
+    AUTO,
+    DEFAULT_RUNTIME,
+    check_runtime,
+    check_runtime_choice,
+    choose_runtime,
+    inference_device,
+)
 from dphub.safe_vocab import SafeVocabulary
 from dphub.safe_vocab import load as load_safe_vocab
 from dphub.scores import LabelThresholds
@@ -326,14 +333,15 @@ def build_ensemble(
 ) -> Ensemble:
     """The ensemble of a manifest (Scenario A), plus the owner's model when given (Scenario B).
 
-    ``runtime`` (``torch``, ``torch-bf16``, ``onnx``, ``onnx-int8``; default: the manifest's, else
-    :data:`dphub.runtime.DEFAULT_RUNTIME`) runs every model member's encoder there; ONNX graphs
-    are built on first use (``progress`` gets a line first) and cached by encoder digest.
+    ``runtime`` (``torch``, ``torch-bf16``, ``onnx``, ``onnx-int8`` or ``auto``; default: the
+    manifest's, else ``auto``, see :func:`pick_runtime`) runs every model member's encoder there;
+    ONNX graphs are built on first use (``progress`` gets a line first) and cached by encoder
+    digest. An automatic choice is said once through ``progress`` ("runtime: torch-bf16 (native
+    bf16)").
     ``safe_words``: the owner's safe words files, added to the shipped vocabulary of the inverse
     rule (refused with another rule: they would change nothing).
     """
-    runtime = check_runtime(runtime or (manifest.runtime if manifest else None)
-                            or DEFAULT_RUNTIME)
+    runtime, why = pick_runtime(manifest, runtime, owner_model=owner_model is not None, int8=int8)
     if int8 and runtime != "torch":
         raise ConfigError(f"--int8 (torch dynamic quantization) and --runtime {runtime} exclude "
                           "each other; use --runtime onnx-int8")
@@ -349,7 +357,32 @@ def build_ensemble(
     vocab = load_safe_vocab(extra=list(safe_words)) if parsed.uses_safe_vocabulary else None
     ensemble = Ensemble(slots, parsed, safe_vocab=vocab)
     apply_runtime(ensemble, runtime, progress=progress)
+    if why is not None and progress is not None:  # once the ensemble stands (no line before an error)
+        progress(f"runtime: {runtime} ({why}); --runtime overrides")
     return ensemble
+
+
+def pick_runtime(manifest: Manifest | None, runtime: str | None = None, *,
+                 owner_model: bool = False, int8: bool = False,
+                 device: str | None = None) -> tuple[str, str | None]:
+    """The concrete runtime of a run, and why when it was chosen automatically (else None).
+
+    ``runtime`` (the flag) wins, then the manifest's, then ``auto``:
+    :func:`dphub.runtime.choose_runtime` for the inference device (``torch-bf16`` where
+    bfloat16 is native, else ``torch``). ``auto`` means ``torch`` when no member is a model
+    (nothing to run there, and a rules-only run's settings stay as they were) or with ``--int8``
+    (torch's own int8, which excludes the other runtimes). Decided once by the driver, which
+    hands the concrete name to Ray workers, so every worker computes what the run describes.
+    """
+    chosen = check_runtime_choice(runtime or (manifest.runtime if manifest else None)
+                                  or DEFAULT_RUNTIME)
+    if chosen != AUTO:
+        return chosen, None
+    models = owner_model or any(member_kind(e.kind).model
+                                for e in (manifest.members if manifest else []))
+    if not models or int8:
+        return "torch", None
+    return choose_runtime(device or inference_device())
 
 
 def apply_runtime(ensemble: Ensemble, runtime: str, *,

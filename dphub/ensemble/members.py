@@ -75,6 +75,12 @@ class ModelMember:
         """
         import warnings
 
+        device = getattr(self.tagger, "device", None)
+        if device is not None and getattr(device, "type", "cpu") != "cpu":
+            from dphub.errors import ConfigError
+
+            raise ConfigError(f"--int8 (torch dynamic quantization) runs on the CPU, not on "
+                              f"{device.type}; use --device cpu, or torch-bf16 on the GPU")
         _ = getattr(self.tagger, "encoder_digest", None)
 
         import torch

@@ -123,6 +123,9 @@ class TrainLoop:
         if not opts.no_dp:
             from opacus import PrivacyEngine
 
+            from dphub.tagger_model import register_grad_sampler
+
+            register_grad_sampler()  # the CRF's exact per-sample gradient, before the wrap
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.engine = PrivacyEngine(accountant=opts.accountant)

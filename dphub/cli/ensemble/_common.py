@@ -86,9 +86,15 @@ SAFE_WORDS_OPT = typer.Option(
          "only under its guard) (repeatable; docs/recall_first.md, docs/review.md).",
 )
 RUNTIME_OPT = typer.Option(
-    None, "--runtime", show_default="the manifest's, else torch",
-    help="Encoder runtime of model members: torch | torch-bf16 | onnx | onnx-int8 (ONNX graphs "
-         "are built once per encoder and cached; torch-bf16 needs a CPU with native bfloat16).",
+    None, "--runtime", show_default="the manifest's, else auto",
+    help="Encoder runtime of model members: auto | torch | torch-bf16 | onnx | onnx-int8. auto: "
+         "torch-bf16 where the CPU (or GPU) has native bfloat16, else torch; said once on "
+         "stderr. ONNX graphs are built once per encoder and cached; torch-bf16 needs native "
+         "bfloat16.",
+)
+DEVICE_OPT = typer.Option(
+    None, "--device", show_default="auto: cuda when PyTorch sees a GPU, else cpu",
+    help="Where model members run: auto | cpu | cuda | cuda:N (the ONNX runtimes are CPU only).",
 )
 INT8_OPT = typer.Option(False, "--int8", help="Int8 dynamic quantization of model members "
                         "(faster on CPU; check recall with `ensemble evaluate --int8`).")

@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import typer
 from dphub.cli.ensemble._common import (
     AGGREGATE_OPT,
     BATCH_OPT,
+    DEVICE_OPT,
     ENSEMBLE_OPT,
     FORMAT_OPT,
     INT8_OPT,
@@ -171,6 +173,35 @@ def _preflight(input_path: Path, mode: str, key_file: Path | None,
     return load_key(key_file)
 
 
+def process_age() -> float | None:
+    """Seconds since this process started (Linux ``/proc``), or None elsewhere."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def timing_line(run_start: float, run_end: float, notes: int) -> str:
+    """Start-up and per-note cost of a run, apart (issue 55): a one-shot wall time mixes them.
+
+    Start-up is from the process's start (imports, models, tokenizers, ONNX sessions) to the
+    first note, else from the command's; the notes' part is the run itself (reading, every
+    member, aggregation, writing). Numbers only, never note text.
+    """
+    from dphub.progress import command_start
+
+    age = process_age()
+    t0 = (time.monotonic() - age) if age is not None else command_start()
+    startup = "?" if t0 is None else f"{max(0.0, run_start - t0):.1f} s"
+    took = max(run_end - run_start, 1e-9)
+    return (f"timing: start-up {startup}; {notes} note(s) in {took:.1f} s "
+            f"({notes / took:.1f} notes/s, {1000 * took / notes:.0f} ms/note)")
+
+
 def _deid_run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Path | None,
          batch_size: int, workers: int | None, resume: bool, audit_text: bool,
          fmt: str | None, engine: Any = None, patient_id_from: str | None = None,
@@ -216,6 +247,7 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
     from dphub.io import disk_full_as_error
     from dphub.progress import ProgressReporter
 
+    started = time.monotonic()
     with ProgressReporter() as reporter, disk_full_as_error(out):
         report = run_deid(input_path, out, ensemble, mode=mode, key=key, fmt=fmt,
                           batch_size=batch_size, resume=resume, audit_text=audit_text,
@@ -233,6 +265,8 @@ def _run(input_path: Path, out: Path, ensemble: Any, *, mode: str, key_file: Pat
         msg += f", {report.skipped} already done"
     if not quiet:
         typer.echo(msg)
+    if report.done and reporter.mode != "off" and not quiet:  # with the progress lines
+        _say(timing_line(started, time.monotonic(), report.done))
     for err in report.errors:
         typer.echo(f"failed: {err}", err=True)
     if report.failed:
@@ -352,10 +386,12 @@ def deid_cmd(
     age_epsilon: float | None = AGE_EPSILON_OPT,
     places: str = PLACES_OPT,
     place_epsilon: float | None = PLACE_EPSILON_OPT,
+    device: str | None = DEVICE_OPT,
 ) -> int:
     """De-identify notes with the ensemble (plus --owner-model); writes OUT/audit.jsonl."""
-    from dphub.ensemble.core import build_ensemble
+    from dphub.ensemble.core import build_ensemble, pick_runtime
     from dphub.ensemble.manifest import Manifest
+    from dphub.runtime import set_inference_device
 
     stdio = _stdio_preflight(input_path, out, mode, resume)
     _preflight(input_path, mode, key_file, patient_id_from)
@@ -367,13 +403,16 @@ def deid_cmd(
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     if workers is not None:  # before ONNX sessions are made: they take torch's thread count
         apply_threads(workers)
+    set_inference_device(device)
 
     def recipe() -> Any:  # what each Ray actor builds its copy of the ensemble from
         from dphub.ray_engine import recipe_from_manifest
 
+        # the driver's concrete runtime, not "auto": every worker computes what the run describes
+        chosen = pick_runtime(manifest, runtime, owner_model=owner_model is not None, int8=int8)
         return recipe_from_manifest(manifest, owner_model=owner_model, aggregate_rule=aggregate,
                                     batch_size=batch_size, int8=int8,
-                                    runtime=runtime, safe_words=safe_words)
+                                    runtime=chosen[0], safe_words=safe_words)
 
     run_engine = _ray_engine(engine, address, ray_workers, workers, recipe)
     # built here too with --engine ray: it checks every member before Ray starts, and the run's
@@ -428,11 +467,13 @@ def deid_top_cmd(
     age_epsilon: float | None = AGE_EPSILON_OPT,
     places: str = PLACES_OPT,
     place_epsilon: float | None = PLACE_EPSILON_OPT,
+    device: str | None = DEVICE_OPT,
 ) -> int:
     """De-identify notes with one model (or rules:default)."""
-    from dphub.ensemble.core import Ensemble, Slot, member_from_entry
+    from dphub.ensemble.core import Ensemble, Slot, member_from_entry, pick_runtime
     from dphub.ensemble.kinds import parse_spec
     from dphub.ensemble.manifest import MemberEntry, card_privacy, entry_from_spec, weights_digest
+    from dphub.runtime import set_inference_device
 
     stdio = _stdio_preflight(input_path, out, mode, resume)
     _preflight(input_path, mode, key_file, patient_id_from)
@@ -443,6 +484,8 @@ def deid_top_cmd(
     out = Path(STDIO) if stdio else _resolve_out(input_path, out, resume)
     _ray_engine(engine, address, ray_workers, workers, lambda: None)  # check the options first
     kind, _ = parse_spec(model)
+    set_inference_device(device)
+    chosen = "torch"
     if not kind.model:  # rules:default, deidpl:DIR, presidio:default ...
         entry = entry_from_spec(model, threshold=threshold)
         slot = member_from_entry(entry)
@@ -463,10 +506,13 @@ def deid_top_cmd(
                               "--runtime onnx-int8")
         if int8:
             member.quantize_int8()
-        if runtime not in (None, "torch"):
+        chosen, why = pick_runtime(None, runtime, owner_model=True, int8=int8)
+        if why is not None:
+            _say(f"runtime: {chosen} ({why}); --runtime overrides")
+        if chosen != "torch":
             if workers is not None:
                 apply_threads(workers)
-            member.use_runtime(runtime, progress=_say)
+            member.use_runtime(chosen, progress=_say)
         # the weights digest as revision: a resumed run refuses other weights (outputs would mix)
         slot = Slot(member, threshold, priv.get("epsilon"), priv.get("privacy_unit"),
                     weights_digest(p))
@@ -481,8 +527,7 @@ def deid_top_cmd(
                               ensemble.runtime)
 
     ensemble = Ensemble([slot])
-    if runtime not in (None, "torch") and kind.model:
-        ensemble.runtime = runtime
+    ensemble.runtime = chosen
     return _deid_run(input_path, out, ensemble, mode=mode, key_file=key_file,
                      batch_size=batch_size, workers=workers, resume=resume,
                      audit_text=audit_text, fmt=fmt,

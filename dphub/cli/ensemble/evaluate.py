@@ -16,6 +16,7 @@ from rich.table import Table
 
 from dphub.cli.ensemble._common import (
     AGGREGATE_OPT,
+    DEVICE_OPT,
     ENSEMBLE_OPT,
     FORMAT_OPT,
     INT8_OPT,
@@ -183,13 +184,16 @@ def evaluate_cmd(
     manifest_path: Path = ENSEMBLE_OPT,
     threads: int | None = threads_option(),
     safe_words: list[Path] = SAFE_WORDS_OPT,
+    device: str | None = DEVICE_OPT,
 ) -> None:
     """Each member and the aggregate side by side: token P/R/F1, phrase recall, ε, unit."""
     from dphub.ensemble.core import build_ensemble
     from dphub.ensemble.evaluation import evaluate_ensemble, read_labelled
     from dphub.ensemble.manifest import Manifest
+    from dphub.runtime import set_inference_device
 
     apply_threads(threads)
+    set_inference_device(device)
     manifest = Manifest.load(manifest_path, missing_ok=owner_model is not None)
     ensemble = build_ensemble(manifest, owner_model=owner_model, aggregate_rule=aggregate,
                               int8=int8, runtime=runtime, progress=_say, safe_words=safe_words)

@@ -158,7 +158,14 @@ def runtime_cmd(runtime: str | None = typer.Argument(
     from dphub.runtime import DEFAULT_RUNTIME, check_runtime
 
     if runtime is None:
-        typer.echo(Manifest.load(manifest_path).runtime or DEFAULT_RUNTIME)
+        stored = Manifest.load(manifest_path).runtime
+        if stored:
+            typer.echo(stored)
+        else:  # auto: say what it means on this machine
+            from dphub.runtime import choose_runtime, inference_device
+
+            name, why = choose_runtime(inference_device())
+            typer.echo(f"{DEFAULT_RUNTIME} ({name} here: {why})")
         _used(manifest_path)
         return
     from dphub.ensemble.core import prepare_runtime
