@@ -36,13 +36,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from review_loop import _simulated_review  # noqa: E402 (the reviewer review_loop simulates)
 from train_dev_corpus import CORPUS, _split  # noqa: E402
 
 from dphub import formats, safe_vocab  # noqa: E402
 from dphub.ensemble.core import Ensemble, Slot  # noqa: E402
 from dphub.ensemble.inverse import InverseRule, hidden_spans, word_table  # noqa: E402
 from dphub.evaluate import evaluate_spans  # noqa: E402
-from dphub.labels import category_of  # noqa: E402
 from dphub.review.corrections import labelled_notes  # noqa: E402
 from dphub.review.run import Review, load_review  # noqa: E402
 from dphub.review.safe_words import read_site_file, record_safe_words, summarize  # noqa: E402
@@ -67,22 +67,6 @@ def _pool_run(pool, work: Path) -> Review:
         run_deid(notes_path, run_dir, Ensemble([_rules()], RULE), mode="spans", batch_size=16)
         print(json.dumps({"pool_run_seconds": round(time.monotonic() - t0, 1)}), flush=True)
     return load_review(run_dir, notes_path)
-
-
-def _simulated_review(review: Review, keys: list[str], gold: dict) -> dict:
-    """What the page sends for a reviewer who makes each chosen note match its gold labels."""
-    out = {}
-    for key in keys:
-        note = review.note(key)
-        want = {(s.start, s.end): category_of(s.label) for s in gold[note.id].spans}
-        run = {(s["start"], s["end"]): s["label"] for s in note.spans}
-        out[key] = {"reviewed": True,
-                    "rejected": [list(k) for k in run if k not in want],
-                    "retyped": [{"start": a, "end": b, "label": want[(a, b)]}
-                                for (a, b) in run if (a, b) in want and run[(a, b)] != want[(a, b)]],
-                    "added": [{"start": a, "end": b, "label": lab}
-                              for (a, b), lab in want.items() if (a, b) not in run]}
-    return {"notes": out}
 
 
 def _choose(review: Review, n: int, order: str, seed: int | None) -> list[str]:

@@ -332,17 +332,7 @@ class WordTable:
         """
         keep = self.kept(low, high, named, sure)
         codes = np.where(keep, UNEXPLAINED_CODE, HIDDEN_CODE).astype(np.int8)
-        none = np.zeros_like(self.safe)
-        signs = none if self.named is None or not self.model else self.named
-        unknown = (self.letters & ~self.safe & ~signs) if self.model else none
-        other = unknown if self.lower is None else unknown & self.lower
-        capitals = none if self.capitals is None else unknown & self.capitals
-        context = none if self.context is None or not self.model else self.context & ~signs
-        strict = high if named is None else min(named, high)
-        bar = np.where(signs, strict, high)
-        ladder = sure is not None and self.model and self.refused is not None
-        if ladder and self.strong is not None:
-            bar = np.where(signs & ~self.strong, max(strict, min(low, high)), bar)
+        other, capitals, context, strict, bar, ladder = self._classes(low, high, named, sure)
         vouch = np.full(len(self.safe), -1, dtype=np.int8) if self.vouch is None else self.vouch
         vouched = (self.safe | self.measure) & (self.p < bar)
         candidates: list[tuple[ReleasePath, np.ndarray]] = [
@@ -360,6 +350,24 @@ class WordTable:
             codes[keep & (codes == UNEXPLAINED_CODE) & mask] = PATH_CODE[path]
         return codes
 
+    def _classes(self, low: float, high: float, named: float | None, sure: float | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, bool]:
+        """What :meth:`kept` and :meth:`release_paths` both read: the unknown lower-case words,
+        the words in capitals, the context words, the strict bar, each word's bar for vouched
+        words, and whether SURE's ladder applies."""
+        none = np.zeros_like(self.safe)
+        signs = none if self.named is None or not self.model else self.named
+        unknown = (self.letters & ~self.safe & ~signs) if self.model else none
+        other = unknown if self.lower is None else unknown & self.lower
+        capitals = none if self.capitals is None else unknown & self.capitals
+        context = none if self.context is None or not self.model else self.context & ~signs
+        strict = high if named is None else min(named, high)
+        bar = np.where(signs, strict, high)
+        ladder = sure is not None and self.model and self.refused is not None
+        if ladder and self.strong is not None:
+            bar = np.where(signs & ~self.strong, max(strict, min(low, high)), bar)
+        return other, capitals, context, strict, bar, bool(ladder)
+
     def kept(self, low: float, high: float, named: float | None = None,
              sure: float | None = None) -> np.ndarray:
         """Which words come back under ``inverse:LOW,HIGH,NAMED,SURE`` (``named`` None: HIGH;
@@ -367,18 +375,8 @@ class WordTable:
         member P says nothing, so a sign of a name changes nothing, a context word comes back
         only where its neighbours release it and SURE releases nothing: the vocabulary vouches
         alone, as before item 2."""
-        none = np.zeros_like(self.safe)
-        signs = none if self.named is None or not self.model else self.named
-        unknown = (self.letters & ~self.safe & ~signs) if self.model else none
-        other = unknown if self.lower is None else unknown & self.lower
-        capitals = none if self.capitals is None else unknown & self.capitals
-        context = none if self.context is None or not self.model else self.context & ~signs
+        other, capitals, context, strict, bar, ladder = self._classes(low, high, named, sure)
         vouched = self.safe | self.measure
-        strict = high if named is None else min(named, high)
-        bar = np.where(signs, strict, high)
-        ladder = sure is not None and self.model and self.refused is not None
-        if ladder and self.strong is not None:
-            bar = np.where(signs & ~self.strong, max(strict, min(low, high)), bar)
         keep = ~self.flagged & ((vouched & (self.p < bar)) | (other & (self.p < low))
                                 | (context & (self.p < strict))
                                 | (capitals & (self.p < min(low, strict))))
