@@ -141,7 +141,7 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
         with open(path, encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
+                    return frozenset(line.split(":", 1)[-1].split())
     except OSError:
         return None
     return None

@@ -219,6 +219,10 @@ def test_the_server_warns_at_start_when_it_cannot_save(run, tmp_path: Path) -> N
         first = proc.stderr.readline()  # printed before the URL, before anyone opens the page
     finally:
         proc.terminate()
-        proc.communicate(timeout=60)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # a shutdown stuck under load; the warning is the test
+            proc.kill()
+            proc.communicate()
     assert first.startswith(f"warning: corrections cannot be saved to {corr} ({blocker} is not "
                             "a directory): the page is read-only")
