@@ -102,6 +102,12 @@ def test_stranger_at_the_port_is_not_the_operator(notes_file_op: Path, tiny_base
         r = _flwr(procs.env, operator, "supernode", "register",
                   str(tmp_path / "site" / "node_key.pub"), "dphub")
         assert "registered successfully" in r.stdout, r.stdout + r.stderr
+        # the first join either activates now or has already been refused (it tried before the
+        # key was registered; under load its refusal can come after this point): wait for one
+        t0 = time.monotonic()
+        while site.poll() is None and "SuperNode ID" not in procs.log("join.log"):
+            assert time.monotonic() - t0 < 240, procs.log("join.log")
+            time.sleep(1)
         if site.poll() is not None:  # it tried before the key was registered: start again
             site = _join(procs, notes_file_op, tmp_path / "site", address, _free_port(),
                          "join2.log", "--root-certificates", str(ca), "--federation",
