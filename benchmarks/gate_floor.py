@@ -82,8 +82,11 @@ def _push_o(model: Any, strength: float) -> None:
             model.rule_proj.weight += strength * sign[:, None]
 
 
-def _only(model: Any, category: str) -> None:
-    """Flag only the rule member's hits of ``category``."""
+CATEGORIES = ("name", "date", "age", "contact", "id", "location", "profession")
+
+
+def _flag(model: Any, categories: list[str]) -> None:
+    """Flag only the rule member's hits of ``categories``."""
     from dphub.rule_features import FEATURE_NAMES
 
     o = model.tags.index("O")
@@ -93,26 +96,20 @@ def _only(model: Any, category: str) -> None:
         model.classifier.bias[o] = 10.0
         model.rule_proj.weight.zero_()
         model.rule_proj.bias.zero_()
-        model.rule_proj.weight[:, FEATURE_NAMES.index(f"rule_{category.lower()}")] = 20.0
+        for c in categories:
+            model.rule_proj.weight[:, FEATURE_NAMES.index(f"rule_{c.lower()}")] = 20.0
         model.rule_proj.weight[o, :] = 0.0
+
+
+def _only(model: Any, category: str) -> None:
+    """Flag only the rule member's hits of ``category``."""
+    _flag(model, [category])
 
 
 def _all_but(model: Any, category: str) -> None:
     """Flag the rule member's hits of every category but ``category`` (a model that drops one
     category and keeps the rest)."""
-    from dphub.rule_features import FEATURE_NAMES
-
-    o = model.tags.index("O")
-    with torch.no_grad():
-        model.classifier.weight.zero_()
-        model.classifier.bias.zero_()
-        model.classifier.bias[o] = 10.0
-        model.rule_proj.weight.zero_()
-        model.rule_proj.bias.zero_()
-        for c in ("name", "date", "age", "contact", "id", "location", "profession"):
-            if c != category.lower():
-                model.rule_proj.weight[:, FEATURE_NAMES.index(f"rule_{c}")] = 20.0
-        model.rule_proj.weight[o, :] = 0.0
+    _flag(model, [c for c in CATEGORIES if c != category.lower()])
 
 
 def _everything(model: Any) -> None:

@@ -77,27 +77,19 @@ class ProbeResult:
 
 def probe_notes() -> list[Note]:
     """The public probe notes (same dphub and Faker version, same notes)."""
-    return list(_probe_notes())
-
-
-@functools.lru_cache(maxsize=1)
-def _probe_notes() -> tuple[Note, ...]:
-    out: list[Note] = []
-    for kind, n in PROBE_KINDS:
-        out += generate(n, kind=kind, seed=PROBE_SEED)
-    return tuple(out)
+    return list(_generated(PROBE_KINDS, PROBE_SEED))
 
 
 def category_probe_notes() -> list[Note]:
     """The public category-probe notes (same dphub and Faker version, same notes)."""
-    return list(_category_probe_notes())
+    return list(_generated(CATEGORY_PROBE_KINDS, CATEGORY_PROBE_SEED))
 
 
-@functools.lru_cache(maxsize=1)
-def _category_probe_notes() -> tuple[Note, ...]:
+@functools.lru_cache(maxsize=2)
+def _generated(kinds: tuple[tuple[str, int], ...], seed: int) -> tuple[Note, ...]:
     out: list[Note] = []
-    for kind, n in CATEGORY_PROBE_KINDS:
-        out += generate(n, kind=kind, seed=CATEGORY_PROBE_SEED)
+    for kind, n in kinds:
+        out += generate(n, kind=kind, seed=seed)
     return tuple(out)
 
 
