@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -223,7 +224,6 @@ def superlink(
 
 def _flower_command(name: str) -> str:
     """A Flower console script of this environment (beside this Python first)."""
-    import shutil
     import sys
 
     here = Path(sys.executable).parent / name

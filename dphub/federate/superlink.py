@@ -29,6 +29,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -235,8 +236,6 @@ def superlink_argv(plan: SuperLinkPlan, held_port: int,
 
 
 def _remove_socket_dir(plan: SuperLinkPlan) -> None:
-    import shutil
-
     shutil.rmtree(plan.socket_dir, ignore_errors=True)
 
 

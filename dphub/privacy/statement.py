@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 #: What a dphub DP guarantee never covers (recorded in every card's ``not_covered``).
@@ -96,8 +97,6 @@ def format_epsilon(eps: Any) -> str:
         return "infinity"
     if eps == 0:
         return "0"
-    from decimal import ROUND_CEILING, Decimal
-
     d = Decimal(repr(float(eps)))
     exp = d.adjusted() - (EPSILON_DIGITS - 1)
     up = d.quantize(Decimal(1).scaleb(exp), rounding=ROUND_CEILING)
